@@ -1,0 +1,40 @@
+# The two commands: `make run` starts Hydra, `make test` runs every test. Both work on a fresh machine with
+# only Python 3.11+ and make: the virtualenv and dependencies are installed on first use.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PORT   ?= 8000
+HOST   ?= 127.0.0.1
+
+.PHONY: run test lint benchmarks clean
+.DEFAULT_GOAL := run
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Hydra needs Python 3.11 or newer; set PYTHON=python3.11")'
+	@$(PYTHON) -m venv $(VENV) || { echo "hydra: could not create $(VENV); on Debian/Ubuntu: apt-get install python3-venv"; exit 1; }
+	@$(PY) -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	@echo "hydra: installing Hydra and its dependencies into $(VENV) (the first time takes a few minutes)"
+	@$(PY) -m pip install --quiet -e .
+	@touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	@echo "hydra: installing the development dependencies"
+	@$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+run: $(VENV)/.installed
+	@$(PY) scripts/devstack.py run --host $(HOST) --port $(PORT)
+
+test: $(VENV)/.installed-dev
+	@$(PY) scripts/devstack.py test $(ARGS)
+
+lint: $(VENV)/.installed-dev
+	@$(PY) -m ruff check .
+
+benchmarks: $(VENV)/.installed-dev
+	@for script in benchmarks/*.py; do echo "== $$script"; $(PY) $$script --quick || exit 1; done
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache

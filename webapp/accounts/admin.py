@@ -1,0 +1,14 @@
+from django.contrib import admin
+
+from webapp.accounts.models import Membership, Team
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ["name", "created"]
+    inlines = [MembershipInline]

@@ -1,0 +1,33 @@
+"""Create the demo team and user on first start and print how to log in (used by ``make run``)."""
+
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from webapp.accounts.services import demo_team_ensure
+
+DEMO_USERNAME = "demo"
+DEMO_TEAM = "Demo lab"
+
+
+class Command(BaseCommand):
+    help = __doc__
+
+    def handle(self, *args: object, **options: object) -> None:
+        login_file = settings.HYDRA.data_dir / "demo-login.txt"
+        password = secrets.token_urlsafe(12)
+        _, created = demo_team_ensure(username=DEMO_USERNAME, password=password, team_name=DEMO_TEAM)
+        if created:
+            login_file.parent.mkdir(parents=True, exist_ok=True)
+            login_file.write_text(f"{DEMO_USERNAME} {password}\n")
+            login_file.chmod(0o600)
+        if login_file.exists():
+            username, password = login_file.read_text().split()
+            self.stdout.write(f"hydra: log in as {username} / {password}")
+        else:
+            self.stdout.write(
+                f"hydra: log in as {DEMO_USERNAME} (reset its password with: manage.py changepassword {DEMO_USERNAME})"
+            )

@@ -1,0 +1,15 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from webapp.accounts import views
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("teams/", views.team_list, name="team_list"),
+    path("teams/switch/", views.team_switch, name="team_switch"),
+    path("teams/<int:team_id>/", views.team_detail, name="team_detail"),
+    path("teams/<int:team_id>/members/add/", views.member_add, name="member_add"),
+    path("teams/<int:team_id>/members/remove/", views.member_remove, name="member_remove"),
+]

@@ -1,0 +1,8 @@
+from django.urls import path
+
+from webapp.health import views
+
+urlpatterns = [
+    path("health/", views.health_page, name="health"),
+    path("health.json", views.health_json, name="health_json"),
+]

@@ -1,0 +1,127 @@
+"""Typed, JSON-round-trippable configuration of one trial.
+
+Everything the engine needs arrives here; the engine never reads the environment. Paths are kept as
+``str`` so that a spec serializes into the spill store's manifest unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from worker.engine.errors import SpecError
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A GPT-2 causal LM: either built from the size fields or loaded from ``pretrained_dir``.
+
+    ``pretrained_dir`` is a local ``save_pretrained`` directory with safetensors weights (read with
+    ``local_files_only``); when set, the size fields are ignored and its config wins (dropout included).
+    """
+
+    n_layer: int = 4
+    n_embd: int = 32
+    n_head: int = 4
+    vocab_size: int = 256
+    n_positions: int = 32
+    dropout: float = 0.1
+    pretrained_dir: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpec:
+    """``torch.optim.AdamW`` or ``torch.optim.SGD`` (with momentum) hyperparameters, plus clipping.
+
+    ``clip_norm`` is the max global L2 norm of all gradients (``torch.nn.utils.clip_grad_norm_``
+    semantics); ``None`` disables clipping. Weight decay applies to every parameter, as with a plain
+    ``AdamW(model.parameters())``.
+    """
+
+    kind: Literal["adamw", "sgd"] = "adamw"
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    momentum: float = 0.9
+    clip_norm: float | None = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleSpec:
+    """Learning-rate multiplier: linear warm-up from 0, then constant, linear or cosine decay to 0.
+
+    Same definitions as ``transformers.get_{constant,linear,cosine}_schedule_with_warmup``
+    (see :func:`worker.engine.schedule.lr_factor`).
+    """
+
+    warmup_steps: int = 0
+    decay: Literal["constant", "linear", "cosine"] = "cosine"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    """Packed token blocks: ``tokens_path`` is a 1-D ``.npy`` of token ids (see :mod:`worker.engine.data`).
+
+    The last ``val_fraction`` of the blocks (at least one) is the validation split.
+    """
+
+    tokens_path: str
+    seq_len: int = 32
+    val_fraction: float = 0.1
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialSpec:
+    """One trial: model, data, optimization and the device memory budget.
+
+    ``batch_size`` sequences per optimizer step, split into ``micro_batches`` equal micro-batches whose
+    gradients are accumulated. Every ``eval_every`` steps (and after the last one) the model is evaluated
+    on ``eval_batches`` validation micro-batches; ``eval_every=0`` disables evaluation.
+    ``budget_bytes`` bounds the device memory of one unit plus the prefetched next shard.
+    ``bf16`` turns on bf16 autocast (CUDA only) with fp32 master weights.
+    """
+
+    model: ModelSpec = field(default_factory=ModelSpec)
+    data: DataSpec
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
+    batch_size: int = 8
+    micro_batches: int = 1
+    steps: int = 20
+    eval_every: int = 0
+    eval_batches: int = 2
+    seed: int = 0
+    budget_bytes: int = 1 << 30
+    bf16: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batch_size % self.micro_batches:
+            raise SpecError(
+                f"batch_size {self.batch_size} does not split into {self.micro_batches} equal micro-batches"
+            )
+        if self.steps < 1:
+            raise SpecError(f"steps must be at least 1, got {self.steps}")
+        if self.eval_every < 0 or (self.eval_every and self.eval_batches < 1):
+            raise SpecError(f"eval_every={self.eval_every} needs eval_batches >= 1, got {self.eval_batches}")
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.batch_size // self.micro_batches
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrialSpec:
+        raw = dict(raw)
+        optimizer = dict(raw.pop("optimizer"))
+        optimizer["betas"] = tuple(optimizer["betas"])
+        return cls(
+            model=ModelSpec(**raw.pop("model")),
+            data=DataSpec(**raw.pop("data")),
+            optimizer=OptimizerSpec(**optimizer),
+            schedule=ScheduleSpec(**raw.pop("schedule")),
+            **raw,
+        )

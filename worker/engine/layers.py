@@ -1,0 +1,168 @@
+"""Layer adapter: a transformers causal LM as an ordered list of layers built on the meta device.
+
+The contract every layer follows: layer 0 maps ``input_ids`` (B, T) to hidden states (B, T, C); middle
+layers map (B, T, C) to (B, T, C); the last layer maps (hidden (B, T, C), labels (B, T)) to the scalar
+mean causal-LM loss. Each layer runs the model's own submodules with the exact ops of the model's
+``forward`` so that a layer-by-layer run is bit-identical to the whole model.
+
+Parameter ownership is derived by identity: the first layer that registers a parameter owns it; a later
+layer that registers the same tensor (GPT-2's ``lm_head.weight`` is ``wte.weight``) *borrows* it. Owned
+parameters are stored, clipped and stepped once; a borrower's gradient is summed into its owner's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.loss.loss_utils import ForCausalLMLoss
+from transformers.masking_utils import create_causal_mask
+
+from worker.engine.config import ModelSpec
+
+
+class GPT2Embedding(nn.Module):
+    """Token + position embeddings and embedding dropout: input_ids (B, T) -> hidden (B, T, C)."""
+
+    def __init__(self, wte: nn.Embedding, wpe: nn.Embedding, drop: nn.Dropout) -> None:
+        super().__init__()
+        self.wte, self.wpe, self.drop = wte, wpe, drop
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        inputs_embeds = self.wte(input_ids)  # (B, T, C)
+        position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device).unsqueeze(0)  # (1, T)
+        hidden = inputs_embeds + self.wpe(position_ids)
+        return self.drop(hidden)
+
+
+class GPT2BlockLayer(nn.Module):
+    """One transformer block with the causal mask ``GPT2Model`` would build: (B, T, C) -> (B, T, C)."""
+
+    def __init__(self, block: nn.Module, config: GPT2Config) -> None:
+        super().__init__()
+        self.block = block
+        self.config = config
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)  # (1, T)
+        mask = create_causal_mask(
+            config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None, position_ids=position_ids
+        )
+        return self.block(hidden, None, mask, None, encoder_attention_mask=None, use_cache=False,
+                          position_ids=position_ids)
+
+
+class GPT2Head(nn.Module):
+    """Final norm, tied LM head and the shifted cross-entropy: ((B, T, C), (B, T)) -> scalar loss."""
+
+    def __init__(self, ln_f: nn.LayerNorm, lm_head: nn.Linear, vocab_size: int) -> None:
+        super().__init__()
+        self.ln_f, self.lm_head = ln_f, lm_head
+        self.vocab_size = vocab_size
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(self.ln_f(hidden))  # (B, T, V)
+        return ForCausalLMLoss(logits, labels, vocab_size=self.vocab_size)
+
+
+@dataclass(frozen=True)
+class ParamRef:
+    """A parameter as the engine stores it: owned by ``layer`` under ``name``, with its shape."""
+
+    layer: int
+    name: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Borrow:
+    """Layer ``layer`` registers, under ``name``, the parameter ``owner`` of an earlier layer."""
+
+    layer: int
+    name: str
+    owner: ParamRef
+
+
+class LayerStack:
+    """A model as ordered layers on the meta device, with owned and borrowed parameters per layer.
+
+    ``model`` keeps the meta skeleton alive (layers are views into it); nothing here holds real weights.
+    """
+
+    def __init__(self, model: GPT2LMHeadModel) -> None:
+        self.model = model
+        self.config: GPT2Config = model.config
+        transformer = model.transformer
+        self.layers: list[nn.Module] = [
+            GPT2Embedding(transformer.wte, transformer.wpe, transformer.drop),
+            *(GPT2BlockLayer(block, model.config) for block in transformer.h),
+            GPT2Head(transformer.ln_f, model.lm_head, model.config.vocab_size),
+        ]
+        self.names: list[str] = ["embedding", *(f"block.{i}" for i in range(len(transformer.h))), "head"]
+        self.owned: list[list[ParamRef]] = []
+        self.borrowed: list[list[Borrow]] = []
+        seen: dict[int, ParamRef] = {}
+        for index, layer in enumerate(self.layers):
+            owned: list[ParamRef] = []
+            borrowed: list[Borrow] = []
+            for name, param in layer.named_parameters():
+                if id(param) in seen:
+                    borrowed.append(Borrow(index, name, seen[id(param)]))
+                else:
+                    ref = ParamRef(index, name, tuple(param.shape))
+                    seen[id(param)] = ref
+                    owned.append(ref)
+            self.owned.append(owned)
+            self.borrowed.append(borrowed)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def layer_numel(self, index: int) -> int:
+        return sum(ref.numel for ref in self.owned[index])
+
+    def hf_name(self, ref: ParamRef) -> str:
+        """The parameter's name in the full transformers model's state dict."""
+        target = self.layers[ref.layer].get_parameter(ref.name)
+        for name, param in self.model.named_parameters():
+            if param is target:
+                return name
+        raise AssertionError(f"{ref} is not a parameter of the model")
+
+    def bind(self, index: int, name: str, tensor: torch.Tensor) -> nn.Parameter:
+        """Register ``tensor`` (no copy) as parameter ``name`` of layer ``index`` and return it."""
+        module_path, _, leaf = name.rpartition(".")
+        module = self.layers[index].get_submodule(module_path)
+        param = nn.Parameter(tensor, requires_grad=tensor.is_floating_point())
+        module._parameters[leaf] = param
+        return param
+
+
+def gpt2_config(spec: ModelSpec) -> GPT2Config:
+    """The transformers config of ``spec`` (a pretrained directory's own config when one is given)."""
+    if spec.pretrained_dir is not None:
+        config = GPT2Config.from_pretrained(Path(spec.pretrained_dir), local_files_only=True)
+    else:
+        config = GPT2Config(
+            n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head, vocab_size=spec.vocab_size,
+            n_positions=spec.n_positions, resid_pdrop=spec.dropout, embd_pdrop=spec.dropout,
+            attn_pdrop=spec.dropout, bos_token_id=spec.vocab_size - 1, eos_token_id=spec.vocab_size - 1,
+        )
+    config.use_cache = False
+    return config
+
+
+def build_layer_stack(spec: ModelSpec) -> LayerStack:
+    """Build the model on the meta device (no memory) and cut it into layers."""
+    config = gpt2_config(spec)
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(config)
+    return LayerStack(model)

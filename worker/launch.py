@@ -1,0 +1,115 @@
+"""Start one Celery worker process per device of this host: ``python -m worker.launch``.
+
+Each worker has concurrency 1, is named ``<device>@<host>`` and is pinned to its device through its
+environment (`Device.worker_env`). ``--device cpu:0`` starts that one worker in the foreground (``exec``), as
+a lab's process manager (systemd, docker compose) would. SIGINT/SIGTERM stop every worker this command
+started; it waits for them, so nothing is left running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from worker.devices import Device, host_devices
+
+STOP_GRACE_S = 20.0
+
+
+def worker_command(device: Device, host_id: str, *, loglevel: str) -> list[str]:
+    """The command line of the Celery worker bound to `device`."""
+    return [
+        sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+        "--hostname", f"{device.name}@{host_id}",
+        "--concurrency", "1",
+        "--pool", "prefork",
+        "--queues", ",".join(worker_queues(device, host_id)),
+        "--without-gossip",
+        "--loglevel", loglevel,
+    ]
+
+
+def worker_queues(device: Device, host_id: str) -> list[str]:
+    """Queues a device worker consumes: its own, its host's, and the shared default one."""
+    return [f"hydra.{host_id}.{device.name}", f"hydra.{host_id}", "celery"]
+
+
+def _stop(processes: Sequence[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def run_all(devices: Sequence[Device], host_id: str, *, loglevel: str) -> int:
+    """Run a worker per device until one exits or we are told to stop; return an exit status."""
+    processes: list[subprocess.Popen[bytes]] = []
+    stopping = False
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        for device in devices:
+            env = {**os.environ, **device.worker_env()}
+            # A new session: Ctrl-C in the terminal reaches this launcher only, which then stops the
+            # workers in order (Celery's warm shutdown), instead of every process at once.
+            processes.append(
+                subprocess.Popen(worker_command(device, host_id, loglevel=loglevel), env=env, start_new_session=True)
+            )
+            print(f"hydra: worker {device.name}@{host_id} started (pid {processes[-1].pid})", flush=True)
+        while not stopping:
+            exited = [p for p in processes if p.poll() is not None]
+            if exited:
+                print(f"hydra: worker pid {exited[0].pid} exited with {exited[0].returncode}", flush=True)
+                return exited[0].returncode or 1
+            time.sleep(0.5)
+        return 0
+    finally:
+        _stop(processes)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.launch", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", help="start only this device's worker, in the foreground (cpu:N or cuda:N)")
+    parser.add_argument("--loglevel", default="INFO", help="Celery log level (default INFO)")
+    args = parser.parse_args(argv)
+
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+    django.setup()
+    from django.conf import settings
+
+    config = settings.HYDRA
+    try:
+        devices = host_devices(config.devices)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.device:
+        matching = [d for d in devices if d.spec == args.device]
+        if not matching:
+            parser.error(f"--device {args.device} is not one of this host's devices: {[d.spec for d in devices]}")
+        device = matching[0]
+        os.environ.update(device.worker_env())
+        command = worker_command(device, config.host_id, loglevel=args.loglevel)
+        os.execv(command[0], command)
+    return run_all(devices, config.host_id, loglevel=args.loglevel)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
