@@ -1,0 +1,96 @@
+"""Sharded-LRTF against exact expected sequences (worker/scheduling/policy.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.scheduling.policy import Candidate, Slot, TrialLoad, pick, timetable, unit_time_estimate
+
+DEVICES = ["cpu0", "cpu1"]
+
+
+def slots(trials: list[TrialLoad], devices: list[str]) -> list[tuple[str, str, int, float, float]]:
+    return [(s.device, s.trial_id, s.unit, s.start, s.end) for s in timetable(trials, devices)]
+
+
+def test_it_picks_the_longest_remaining_time() -> None:
+    candidates = [Candidate("a", 3.0), Candidate("b", 7.5), Candidate("c", 7.0)]
+    assert pick(candidates, "cpu0") == Candidate("b", 7.5)
+
+
+def test_it_prefers_the_trial_the_device_last_ran_on_a_tie() -> None:
+    candidates = [Candidate("a", 4.0, "cpu1"), Candidate("b", 4.0, "cpu0"), Candidate("c", 4.0, None)]
+    assert pick(candidates, "cpu0").trial_id == "b"
+    assert pick(candidates, "cpu1").trial_id == "a"
+    assert pick(candidates, "cpu2").trial_id == "a"
+
+
+def test_it_picks_nothing_from_nothing() -> None:
+    assert pick([], "cpu0") is None
+
+
+def test_it_smooths_unit_times_towards_measurements() -> None:
+    assert unit_time_estimate(1.0, 2.0) == pytest.approx(1.2)
+
+
+def test_it_interleaves_homogeneous_trials_on_two_devices() -> None:
+    trials = [TrialLoad("A", 3, 1.0), TrialLoad("B", 3, 1.0), TrialLoad("C", 3, 1.0)]
+    # The timetable drawn in policy.py's docstring.
+    assert slots(trials, DEVICES) == [
+        ("cpu0", "A", 0, 0.0, 1.0),
+        ("cpu1", "B", 0, 0.0, 1.0),
+        ("cpu0", "C", 0, 1.0, 2.0),
+        ("cpu1", "B", 1, 1.0, 2.0),
+        ("cpu0", "A", 1, 2.0, 3.0),
+        ("cpu1", "C", 1, 2.0, 3.0),
+        ("cpu0", "A", 2, 3.0, 4.0),
+        ("cpu1", "B", 2, 3.0, 4.0),
+        ("cpu0", "C", 2, 4.0, 5.0),
+    ]
+
+
+def test_it_runs_the_longest_trial_first_with_heterogeneous_lengths() -> None:
+    # A: 4 s in 1 s units, B: 3 s in 1.5 s units, C: one 2 s unit.
+    trials = [TrialLoad("A", 4, 1.0), TrialLoad("B", 2, 1.5), TrialLoad("C", 1, 2.0)]
+    assert slots(trials, DEVICES) == [
+        ("cpu0", "A", 0, 0.0, 1.0),
+        ("cpu1", "B", 0, 0.0, 1.5),
+        ("cpu0", "A", 1, 1.0, 2.0),
+        ("cpu1", "C", 0, 1.5, 3.5),  # A is in flight; C (2 s) outranks B (1.5 s)
+        ("cpu0", "A", 2, 2.0, 3.0),
+        ("cpu0", "B", 1, 3.0, 4.5),  # B (1.5 s) now outranks A (1 s)
+        ("cpu1", "A", 3, 3.5, 4.5),
+    ]
+
+
+def test_it_keeps_two_devices_busy_with_more_trials_than_devices() -> None:
+    trials = [TrialLoad(name, 2, 1.0) for name in "ABCD"]
+    assert slots(trials, DEVICES) == [
+        ("cpu0", "A", 0, 0.0, 1.0),
+        ("cpu1", "B", 0, 0.0, 1.0),
+        ("cpu0", "C", 0, 1.0, 2.0),
+        ("cpu1", "D", 0, 1.0, 2.0),
+        ("cpu0", "A", 1, 2.0, 3.0),
+        ("cpu1", "B", 1, 2.0, 3.0),
+        ("cpu0", "C", 1, 3.0, 4.0),
+        ("cpu1", "D", 1, 3.0, 4.0),
+    ]
+
+
+def test_it_runs_one_unit_of_a_trial_at_a_time_with_fewer_trials_than_devices() -> None:
+    trials = [TrialLoad("A", 3, 1.0), TrialLoad("B", 1, 1.0)]
+    assert slots(trials, ["cpu0", "cpu1", "cpu2"]) == [
+        ("cpu0", "A", 0, 0.0, 1.0),
+        ("cpu1", "B", 0, 0.0, 1.0),
+        ("cpu0", "A", 1, 1.0, 2.0),  # cpu2 waited for A's unit to end; cpu0 claims first and keeps A
+        ("cpu0", "A", 2, 2.0, 3.0),
+    ]
+
+
+def test_it_yields_slots() -> None:
+    assert next(timetable([TrialLoad("A", 1, 0.5)], ["cuda0"])) == Slot("cuda0", "A", 0, 0.0, 0.5)
+
+
+def test_it_needs_a_device() -> None:
+    with pytest.raises(ValueError, match="at least one device"):
+        list(timetable([TrialLoad("A", 1, 1.0)], []))
