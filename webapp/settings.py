@@ -83,6 +83,10 @@ STATICFILES_FINDERS = [
 ]
 STATIC_ROOT = HYDRA.data_dir / "staticfiles"
 MEDIA_ROOT = HYDRA.data_dir / "media"
+# In development static files come straight from the finders (our static/ and the plotly package);
+# production serves what `collectstatic` gathered into STATIC_ROOT.
+WHITENOISE_USE_FINDERS = DEBUG
+WHITENOISE_AUTOREFRESH = DEBUG
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the page's fetch() calls read the token from the cookie

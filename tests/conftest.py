@@ -1,0 +1,66 @@
+"""Shared fixtures: named users in separate teams, and the Redis that `make test` provides."""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+from django.test import Client
+
+from webapp.accounts.models import Membership, Team
+
+PASSWORD = "correct-horse-battery-staple"
+
+
+def _user(django_user_model, username: str):
+    return django_user_model.objects.create_user(username=username, password=PASSWORD)
+
+
+@pytest.fixture
+def alice(django_user_model):
+    user = _user(django_user_model, "alice")
+    team = Team.objects.create(name="Alice lab")
+    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER)
+    return user
+
+
+@pytest.fixture
+def bob(django_user_model):
+    user = _user(django_user_model, "bob")
+    team = Team.objects.create(name="Bob lab")
+    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER)
+    return user
+
+
+@pytest.fixture
+def charlie(django_user_model):
+    """A user in no team."""
+    return _user(django_user_model, "charlie")
+
+
+@pytest.fixture
+def alice_team(alice) -> Team:
+    return Team.objects.get(name="Alice lab")
+
+
+@pytest.fixture
+def bob_team(bob) -> Team:
+    return Team.objects.get(name="Bob lab")
+
+
+@pytest.fixture
+def alice_client(alice) -> Client:
+    client = Client()
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
+def bob_client(bob) -> Client:
+    client = Client()
+    client.force_login(bob)
+    return client
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return settings.HYDRA.redis_url

@@ -1,0 +1,81 @@
+"""Each bad environment variable stops start-up with an error that names it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from webapp.config import load
+
+DEV = {"DEBUG": "1"}
+
+
+def test_it_starts_with_no_environment_in_debug():
+    config = load(DEV)
+    assert config.debug is True
+    assert config.database["ENGINE"] == "django.db.backends.sqlite3"
+    assert config.redis_url == "redis://127.0.0.1:6379/0"
+    assert config.devices == "auto"
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        ({"DEBUG": "maybe"}, "DEBUG"),
+        ({}, "SECRET_KEY"),
+        ({"SECRET_KEY": "short", "ALLOWED_HOSTS": "x"}, "SECRET_KEY"),
+        ({"SECRET_KEY": "k" * 40}, "ALLOWED_HOSTS"),
+        ({**DEV, "ALLOWED_HOSTS": " , "}, "ALLOWED_HOSTS"),
+        ({**DEV, "DATABASE_URL": "mysql://root@localhost/hydra"}, "DATABASE_URL"),
+        ({**DEV, "DATABASE_URL": "postgres://user@localhost:5432/"}, "DATABASE_URL"),
+        ({**DEV, "REDIS_URL": "http://localhost:6379"}, "REDIS_URL"),
+        ({**DEV, "REDIS_URL": "redis://localhost:notaport/0"}, "REDIS_URL"),
+        ({**DEV, "HYDRA_SPILL_DIR": "relative/spill"}, "HYDRA_SPILL_DIR"),
+        ({**DEV, "HYDRA_SPILL_DIR": "/etc/hostname"}, "HYDRA_SPILL_DIR"),
+        ({**DEV, "HYDRA_DEVICES": "gpu:2"}, "HYDRA_DEVICES"),
+        ({**DEV, "HYDRA_DEVICES": "cpu:0"}, "HYDRA_DEVICES"),
+        ({**DEV, "HYDRA_WORKER_DEVICE": "tpu:0"}, "HYDRA_WORKER_DEVICE"),
+        ({**DEV, "HYDRA_MAX_UPLOAD_MB": "lots"}, "HYDRA_MAX_UPLOAD_MB"),
+        ({**DEV, "HYDRA_MAX_UPLOAD_MB": "0"}, "HYDRA_MAX_UPLOAD_MB"),
+        ({**DEV, "HYDRA_HOST_ID": "bad host/name"}, "HYDRA_HOST_ID"),
+    ],
+)
+def test_it_names_the_bad_variable(environ, named):
+    with pytest.raises(ImproperlyConfigured, match=named):
+        load(environ)
+
+
+def test_it_reads_good_values():
+    config = load(
+        {
+            "SECRET_KEY": "s" * 50,
+            "ALLOWED_HOSTS": "hydra.lab.example, 10.0.0.5",
+            "DATABASE_URL": "postgres://hydra:pw@db:5432/hydra",
+            "REDIS_URL": "redis://redis:6379/2",
+            "HYDRA_SPILL_DIR": "/mnt/nvme/hydra",
+            "HYDRA_DEVICES": "cuda:0,1",
+            "HYDRA_MAX_UPLOAD_MB": "5",
+        }
+    )
+    assert config.debug is False
+    assert config.allowed_hosts == ["hydra.lab.example", "10.0.0.5"]
+    assert config.database["NAME"] == "hydra" and config.database["HOST"] == "db"
+    assert config.spill_dir == Path("/mnt/nvme/hydra")
+    assert config.devices == "cuda:0,1"
+    assert config.max_upload_bytes == 5 * 1024 * 1024
+
+
+def test_it_stops_manage_py_with_the_message():
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        env={"PATH": "/usr/bin:/bin", "DEBUG": "1", "HYDRA_DEVICES": "gpus please"},
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and "HYDRA_DEVICES" in result.stderr
