@@ -1,0 +1,33 @@
+"""Fixtures for the scheduler's tests: a real Redis, with a fresh host namespace per test that is removed after."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from worker.scheduling.queue import ShardQueue
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def host_id(redis_client: redis.Redis) -> Iterator[str]:
+    """A host name no other test uses; every key and Celery queue named after it is deleted afterwards."""
+    host = f"test-{uuid.uuid4().hex[:10]}"
+    yield host
+    keys = list(redis_client.scan_iter(match=f"*{host}*", count=1000))
+    if keys:
+        redis_client.delete(*keys)
+
+
+@pytest.fixture
+def shard_queue(redis_client: redis.Redis, host_id: str) -> ShardQueue:
+    return ShardQueue(redis_client, host_id)

@@ -1,0 +1,210 @@
+"""The Redis shard task queue: states, atomic claims, leases and control (worker/scheduling/queue.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from worker.scheduling.policy import Candidate
+from worker.scheduling.queue import InvalidTransition, LeaseLost, ShardQueue, TrialExists, TrialNotFound
+
+SPEC = {"kind": "synthetic", "units": 3}
+
+
+def runnable(queue: ShardQueue, trial_id: str, *, units: int = 3, unit_s: float = 0.5) -> None:
+    """Submit and plan a trial so that it is runnable."""
+    queue.submit(trial_id=trial_id, spec=SPEC, export_dir=f"/exports/{trial_id}")
+    job = queue.claim_plan("cpu0")
+    assert job is not None and job.trial_id == trial_id
+    assert queue.plan_done(job, remaining_units=units, unit_s=unit_s, plan={"shards": 2}) == "runnable"
+
+
+def test_it_plans_a_submitted_trial_then_makes_it_runnable(shard_queue: ShardQueue) -> None:
+    shard_queue.submit(trial_id="t1", spec=SPEC, export_dir="/exports/t1")
+    assert shard_queue.trial("t1").state == "planning"
+    assert shard_queue.survey().planning == 1
+
+    job = shard_queue.claim_plan("cpu1")
+    assert job is not None and (job.trial_id, job.spec) == ("t1", SPEC)
+    assert shard_queue.claim_plan("cpu0") is None
+    assert shard_queue.plan_done(job, remaining_units=4, unit_s=0.25, plan={"shards": 2}) == "runnable"
+
+    record = shard_queue.trial("t1")
+    assert (record.state, record.remaining_units, record.remaining_s, record.plan) == (
+        "runnable", 4, 1.0, {"shards": 2}
+    )
+    assert shard_queue.survey().candidates == [Candidate("t1", 1.0, None)]
+
+
+def test_it_scores_runnable_trials_by_remaining_time(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "short", units=2, unit_s=1.0)
+    runnable(shard_queue, "long", units=5, unit_s=1.0)
+    assert [c.trial_id for c in shard_queue.survey().candidates] == ["long", "short"]
+    assert shard_queue.client.zscore(shard_queue.key("runnable"), "long") == 5.0
+
+
+def test_it_claims_a_trial_once(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1")
+    lease = shard_queue.claim("t1", "cpu0")
+    assert lease is not None and (lease.units_done, lease.remaining_units, lease.spec) == (0, 3, SPEC)
+    assert shard_queue.claim("t1", "cpu1") is None
+    assert shard_queue.trial("t1").state == "running"
+    assert shard_queue.survey().candidates == []
+
+
+def test_it_requeues_after_a_unit_and_finishes_after_the_last(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1", units=2)
+    lease = shard_queue.claim("t1", "cpu0")
+    assert shard_queue.complete(lease, remaining_units=1, unit_s=0.75) == "runnable"
+    record = shard_queue.trial("t1")
+    assert (record.units_done, record.last_device, record.remaining_s) == (1, "cpu0", 0.75)
+    assert shard_queue.survey().candidates == [Candidate("t1", 0.75, "cpu0")]
+
+    lease = shard_queue.claim("t1", "cpu1")
+    assert lease.units_done == 1
+    assert shard_queue.complete(lease, remaining_units=0, unit_s=0.75) == "finished"
+    assert shard_queue.survey().candidates == []
+    assert shard_queue.trial("t1").last_device == "cpu1"
+
+
+def test_it_puts_a_unit_back_when_its_lease_expires(shard_queue: ShardQueue) -> None:
+    shard_queue.configure(lease_s=0.2)
+    runnable(shard_queue, "t1")
+    lease = shard_queue.claim("t1", "cpu0")
+    assert lease.lease_s == 0.2
+    assert shard_queue.renew("t1", lease.token)
+    time.sleep(0.3)
+
+    survey = shard_queue.survey()
+    assert [c.trial_id for c in survey.candidates] == ["t1"]
+    assert survey.units_done == {"t1": 0}  # the unit is re-run, not skipped
+    assert shard_queue.trial("t1").requeues == 1
+    assert not shard_queue.renew("t1", lease.token)
+    with pytest.raises(LeaseLost, match="'t1'"):
+        shard_queue.complete(lease, remaining_units=2, unit_s=0.5)
+    assert shard_queue.claim("t1", "cpu1").units_done == 0
+
+
+def test_it_renews_a_lease(shard_queue: ShardQueue) -> None:
+    shard_queue.configure(lease_s=0.3)
+    runnable(shard_queue, "t1")
+    lease = shard_queue.claim("t1", "cpu0")
+    for _ in range(3):
+        time.sleep(0.15)
+        assert shard_queue.renew("t1", lease.token)
+        shard_queue.survey()
+    assert shard_queue.complete(lease, remaining_units=2, unit_s=0.5) == "runnable"
+
+
+def test_it_replans_when_a_planning_lease_expires(shard_queue: ShardQueue) -> None:
+    shard_queue.configure(lease_s=0.1)
+    shard_queue.submit(trial_id="t1", spec=SPEC, export_dir="")
+    stale = shard_queue.claim_plan("cpu0")
+    time.sleep(0.2)
+    assert shard_queue.survey().planning == 1
+    job = shard_queue.claim_plan("cpu1")
+    assert job.trial_id == "t1" and job.token != stale.token
+    with pytest.raises(LeaseLost):
+        shard_queue.plan_done(stale, remaining_units=1, unit_s=1.0, plan={})
+
+
+def test_it_pauses_and_resumes_a_runnable_trial_at_once(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1")
+    assert shard_queue.pause("t1") == "paused"
+    assert shard_queue.survey().candidates == []
+    assert shard_queue.pause("t1") == "paused"
+    assert shard_queue.resume("t1") == "runnable"
+    assert [c.trial_id for c in shard_queue.survey().candidates] == ["t1"]
+
+
+def test_it_pauses_a_running_trial_at_the_end_of_its_unit(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1")
+    lease = shard_queue.claim("t1", "cpu0")
+    assert shard_queue.pause("t1") == "running"
+    assert shard_queue.trial("t1").control == "pause"
+    assert shard_queue.complete(lease, remaining_units=2, unit_s=0.5) == "paused"
+    assert shard_queue.trial("t1").control == ""
+    assert shard_queue.survey().candidates == []
+
+
+def test_it_drops_a_pending_pause_on_resume(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1")
+    lease = shard_queue.claim("t1", "cpu0")
+    shard_queue.pause("t1")
+    assert shard_queue.resume("t1") == "running"
+    assert shard_queue.complete(lease, remaining_units=2, unit_s=0.5) == "runnable"
+
+
+def test_it_cancels_at_once_or_at_the_end_of_the_unit(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "idle")
+    runnable(shard_queue, "busy")
+    shard_queue.submit(trial_id="unplanned", spec=SPEC, export_dir="")
+    lease = shard_queue.claim("busy", "cpu0")
+
+    assert shard_queue.cancel("idle") == "cancelled"
+    assert shard_queue.cancel("unplanned") == "cancelled"
+    assert shard_queue.cancel("busy") == "running"
+    assert shard_queue.complete(lease, remaining_units=2, unit_s=0.5) == "cancelled"
+    survey = shard_queue.survey()
+    assert (survey.planning, survey.candidates) == (0, [])
+    assert shard_queue.cancel("busy") == "cancelled"
+
+
+def test_it_cancels_a_trial_being_planned_when_planning_ends(shard_queue: ShardQueue) -> None:
+    shard_queue.submit(trial_id="t1", spec=SPEC, export_dir="")
+    job = shard_queue.claim_plan("cpu0")
+    assert shard_queue.cancel("t1") == "planning"
+    assert shard_queue.plan_done(job, remaining_units=3, unit_s=1.0, plan={}) == "cancelled"
+
+
+def test_it_fails_one_trial_with_its_message_and_leaves_the_others(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "bad")
+    runnable(shard_queue, "good", units=2)
+    lease = shard_queue.claim("bad", "cpu0")
+    assert shard_queue.fail("bad", lease.token, "ValueError: loss is nan at step 3") == "failed"
+    record = shard_queue.trial("bad")
+    assert (record.state, record.message) == ("failed", "ValueError: loss is nan at step 3")
+    assert [c.trial_id for c in shard_queue.survey().candidates] == ["good"]
+
+
+def test_it_refuses_transitions_that_make_no_sense(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1", units=1)
+    lease = shard_queue.claim("t1", "cpu0")
+    shard_queue.complete(lease, remaining_units=0, unit_s=1.0)
+    with pytest.raises(InvalidTransition, match="cannot resume trial 't1': it is finished"):
+        shard_queue.resume("t1")
+    with pytest.raises(InvalidTransition):
+        shard_queue.cancel("t1")
+    with pytest.raises(TrialNotFound, match="'nope'"):
+        shard_queue.pause("nope")
+    with pytest.raises(TrialNotFound):
+        shard_queue.trial("nope")
+
+
+def test_it_refuses_duplicate_and_malformed_ids(shard_queue: ShardQueue) -> None:
+    shard_queue.submit(trial_id="t1", spec=SPEC, export_dir="")
+    with pytest.raises(TrialExists, match="'t1'"):
+        shard_queue.submit(trial_id="t1", spec=SPEC, export_dir="")
+    with pytest.raises(ValueError, match="trial id"):
+        shard_queue.submit(trial_id="a b", spec=SPEC, export_dir="")
+
+
+def test_it_records_every_state_change_in_a_stream(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1", units=1)
+    shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=0, unit_s=1.0)
+    events = shard_queue.client.xrange(shard_queue.key("events"))
+    assert [fields["state"] for _, fields in events] == ["planning", "runnable", "running", "finished"]
+
+
+def test_it_keeps_every_key_under_the_host_namespace(
+    shard_queue: ShardQueue, redis_client: redis.Redis, host_id: str
+) -> None:
+    runnable(shard_queue, "t1")
+    shard_queue.claim("t1", "cpu0")
+    other = ShardQueue(redis_client, f"{host_id}-other")
+    assert other.survey().candidates == []
+    keys = set(redis_client.scan_iter(match=f"*{host_id}*"))
+    assert keys and all(key.startswith(f"hydra:{host_id}:") for key in keys)
+    assert [record.trial_id for record in shard_queue.trials()] == ["t1"]

@@ -1,0 +1,503 @@
+"""The shard task queue: trial states, the runnable set and leases, in Redis, changed only by Lua scripts.
+
+Every key of a host starts with ``hydra:<host>:`` so that several hosts can share one Redis: a trial's spill
+store lives on one host and only that host's devices take its units. Everything is readable with redis-cli::
+
+    hydra:<host>:trials          ZSET   trial id -> submit time (s)             every trial of the host
+    hydra:<host>:trial:<id>      HASH   state, spec, export_dir, control, lease, device, last_device,
+                                        remaining_units, unit_s, units_done, requeues, message, plan,
+                                        submitted, updated
+    hydra:<host>:planning        LIST   trial ids waiting to be planned (LPUSH in, RPOP out: FIFO)
+    hydra:<host>:runnable        ZSET   trial id -> remaining seconds          what Sharded-LRTF picks from
+    hydra:<host>:leases          ZSET   trial id -> lease expiry (ms)          planning or running trials
+    hydra:<host>:seq             STRING lease token counter
+    hydra:<host>:wake            LIST   wake-up tokens for idle devices (capped)
+    hydra:<host>:config          HASH   lease_ms (default 10000)
+    hydra:<host>:events          STREAM trial, state, message: every state change, for the web app
+
+States: planning -> runnable <-> running -> finished | failed; paused; cancelled. Pause and cancel of a
+trial whose unit (or planning) is in flight set ``control`` and take effect when that unit ends. A lease
+that expires (its worker died) puts the trial back, so another device re-runs the same unit from the spill
+store. Times come from Redis's clock, so hosts with skewed clocks agree on lease expiry.
+
+The policy stays in Python (`worker.scheduling.policy`): `survey` reads the candidates, the caller picks,
+and `claim` takes that exact trial atomically, failing harmlessly if another device was faster.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from worker.scheduling.policy import Candidate, remaining_seconds
+
+STATES = ("planning", "runnable", "running", "paused", "finished", "failed", "cancelled")
+DEFAULT_LEASE_MS = 10_000
+TRIAL_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# Candidates read per survey. Only the head of the runnable set matters to the policy; ties deeper than
+# this are broken by id alone.
+SURVEY_LIMIT = 64
+
+
+class QueueError(Exception):
+    """Base of the shard queue's errors."""
+
+
+class TrialNotFound(QueueError, LookupError):
+    pass
+
+
+class TrialExists(QueueError):
+    pass
+
+
+class InvalidTransition(QueueError):
+    pass
+
+
+class LeaseLost(QueueError):
+    """The lease expired and the trial went back to the queue; this unit's result must not be recorded."""
+
+
+# Shared Lua prelude: key names, the Redis clock, and the state-change event.
+_PRELUDE = """
+local P = ARGV[1]
+local function key(name) return P .. name end
+local function tkey(id) return P .. 'trial:' .. id end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function lease_ms()
+  return tonumber(redis.call('HGET', key('config'), 'lease_ms') or 'DEFAULT_LEASE_MS')
+end
+local function set_state(id, state, message)
+  redis.call('HSET', tkey(id), 'state', state, 'message', message or '', 'updated', now_ms() / 1000)
+  redis.call('XADD', key('events'), 'MAXLEN', '~', 100000, '*', 'trial', id, 'state', state,
+             'message', message or '')
+end
+local function wake()
+  redis.call('LPUSH', key('wake'), '1')
+  redis.call('LTRIM', key('wake'), 0, 63)
+end
+local function make_runnable(id)
+  local remaining = redis.call('HMGET', tkey(id), 'remaining_units', 'unit_s')
+  redis.call('ZADD', key('runnable'), tonumber(remaining[1]) * tonumber(remaining[2]), id)
+  set_state(id, 'runnable')
+  wake()
+end
+-- End a lease: 'ok', or 'lost' when the token is no longer the trial's (it expired and was requeued).
+local function release(id, token)
+  if redis.call('HGET', tkey(id), 'lease') ~= token then return 'lost' end
+  redis.call('HDEL', tkey(id), 'lease')
+  redis.call('ZREM', key('leases'), id)
+  return 'ok'
+end
+-- Where a trial goes when its unit ends without finishing it: honour a pending pause or cancel.
+local function after_unit(id)
+  local control = redis.call('HGET', tkey(id), 'control')
+  redis.call('HDEL', tkey(id), 'control')
+  if control == 'cancel' then set_state(id, 'cancelled')
+  elseif control == 'pause' then set_state(id, 'paused')
+  else make_runnable(id) end
+  return redis.call('HGET', tkey(id), 'state')
+end
+""".replace("DEFAULT_LEASE_MS", str(DEFAULT_LEASE_MS))
+
+_SUBMIT = """
+local id = ARGV[2]
+if redis.call('EXISTS', tkey(id)) == 1 then return 'exists' end
+local now = now_ms() / 1000
+redis.call('HSET', tkey(id), 'spec', ARGV[3], 'export_dir', ARGV[4], 'submitted', now, 'units_done', 0,
+           'requeues', 0)
+redis.call('ZADD', key('trials'), now, id)
+redis.call('LPUSH', key('planning'), id)
+set_state(id, 'planning')
+wake()
+return 'ok'
+"""
+
+# Requeue expired leases, then report how many trials wait to be planned and the head of the runnable set
+# with each trial's last device and units done.
+_SURVEY = """
+local expired = redis.call('ZRANGEBYSCORE', key('leases'), '-inf', now_ms())
+for _, id in ipairs(expired) do
+  redis.call('ZREM', key('leases'), id)
+  redis.call('HDEL', tkey(id), 'lease')
+  redis.call('HINCRBY', tkey(id), 'requeues', 1)
+  local state = redis.call('HGET', tkey(id), 'state')
+  if state == 'planning' then
+    redis.call('RPUSH', key('planning'), id)
+    wake()
+  elseif state == 'running' then
+    after_unit(id)
+  end
+end
+local head = redis.call('ZREVRANGE', key('runnable'), 0, tonumber(ARGV[2]) - 1, 'WITHSCORES')
+local out = {redis.call('LLEN', key('planning'))}
+for i = 1, #head, 2 do
+  local id = head[i]
+  local extra = redis.call('HMGET', tkey(id), 'last_device', 'units_done')
+  table.insert(out, id)
+  table.insert(out, head[i + 1])
+  table.insert(out, extra[1] or '')
+  table.insert(out, extra[2] or '0')
+end
+return out
+"""
+
+_CLAIM_PLAN = """
+local id = redis.call('RPOP', key('planning'))
+if not id then return false end
+local token = tostring(redis.call('INCR', key('seq')))
+local ms = lease_ms()
+redis.call('HSET', tkey(id), 'lease', token, 'device', ARGV[2])
+redis.call('ZADD', key('leases'), now_ms() + ms, id)
+return {id, token, ms, redis.call('HGET', tkey(id), 'spec')}
+"""
+
+_PLAN_DONE = """
+local id, token = ARGV[2], ARGV[3]
+if release(id, token) == 'lost' then return 'lost' end
+redis.call('HSET', tkey(id), 'remaining_units', ARGV[4], 'unit_s', ARGV[5], 'plan', ARGV[6])
+return after_unit(id)
+"""
+
+_CLAIM = """
+local id, device = ARGV[2], ARGV[3]
+if redis.call('ZREM', key('runnable'), id) == 0 then return false end
+local token = tostring(redis.call('INCR', key('seq')))
+local ms = lease_ms()
+redis.call('HSET', tkey(id), 'lease', token, 'device', device)
+redis.call('ZADD', key('leases'), now_ms() + ms, id)
+set_state(id, 'running')
+local t = redis.call('HMGET', tkey(id), 'units_done', 'spec', 'export_dir', 'remaining_units', 'unit_s')
+return {token, ms, t[1], t[2], t[3], t[4], t[5]}
+"""
+
+_RENEW = """
+local id, token = ARGV[2], ARGV[3]
+if redis.call('HGET', tkey(id), 'lease') ~= token then return 0 end
+redis.call('ZADD', key('leases'), 'XX', now_ms() + lease_ms(), id)
+return 1
+"""
+
+_COMPLETE = """
+local id, token, remaining_units = ARGV[2], ARGV[3], tonumber(ARGV[4])
+if release(id, token) == 'lost' then return 'lost' end
+redis.call('HINCRBY', tkey(id), 'units_done', 1)
+redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', ARGV[5], 'last_device', ARGV[6])
+if remaining_units == 0 then
+  redis.call('HDEL', tkey(id), 'control')
+  set_state(id, 'finished')
+  return 'finished'
+end
+return after_unit(id)
+"""
+
+_FAIL = """
+local id, token = ARGV[2], ARGV[3]
+if release(id, token) == 'lost' then return 'lost' end
+redis.call('HDEL', tkey(id), 'control')
+set_state(id, 'failed', ARGV[4])
+return 'failed'
+"""
+
+# Control: each returns the trial's state afterwards, 'missing', or 'invalid:<state>'.
+_PAUSE = """
+local id = ARGV[2]
+local state = redis.call('HGET', tkey(id), 'state')
+if not state then return 'missing' end
+if state == 'runnable' then
+  redis.call('ZREM', key('runnable'), id)
+  set_state(id, 'paused')
+elseif state == 'running' or state == 'planning' then
+  redis.call('HSET', tkey(id), 'control', 'pause')
+elseif state ~= 'paused' then
+  return 'invalid:' .. state
+end
+return redis.call('HGET', tkey(id), 'state')
+"""
+
+_RESUME = """
+local id = ARGV[2]
+local state = redis.call('HGET', tkey(id), 'state')
+if not state then return 'missing' end
+if state == 'paused' then
+  make_runnable(id)
+elseif state == 'running' or state == 'planning' then
+  if redis.call('HGET', tkey(id), 'control') == 'pause' then redis.call('HDEL', tkey(id), 'control') end
+elseif state ~= 'runnable' then
+  return 'invalid:' .. state
+end
+return redis.call('HGET', tkey(id), 'state')
+"""
+
+_CANCEL = """
+local id = ARGV[2]
+local state = redis.call('HGET', tkey(id), 'state')
+if not state then return 'missing' end
+if state == 'runnable' or state == 'paused' then
+  redis.call('ZREM', key('runnable'), id)
+  set_state(id, 'cancelled')
+elseif state == 'planning' and redis.call('LREM', key('planning'), 0, id) > 0 then
+  set_state(id, 'cancelled')
+elseif state == 'running' or state == 'planning' then
+  redis.call('HSET', tkey(id), 'control', 'cancel')
+elseif state ~= 'cancelled' then
+  return 'invalid:' .. state
+end
+return redis.call('HGET', tkey(id), 'state')
+"""
+
+
+@dataclass(frozen=True)
+class PlanJob:
+    """A claimed planning job: plan `trial_id` from `spec`, then call `plan_done` with `token`."""
+
+    trial_id: str
+    token: str
+    lease_s: float
+    spec: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claimed unit of `trial_id`; `units_done` units of it ran before (it names the unit)."""
+
+    trial_id: str
+    token: str
+    device: str
+    lease_s: float
+    units_done: int
+    remaining_units: int
+    unit_s: float
+    spec: dict[str, Any]
+    export_dir: str
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What a free device sees: trials waiting to be planned, runnable candidates, their units done."""
+
+    planning: int
+    candidates: list[Candidate]
+    units_done: dict[str, int]
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """A trial's state as plain data. `control` is a pending 'pause' or 'cancel', or ''."""
+
+    trial_id: str
+    state: str
+    message: str
+    control: str
+    device: str
+    last_device: str
+    remaining_units: int | None
+    unit_s: float | None
+    remaining_s: float | None
+    units_done: int
+    requeues: int
+    submitted: float
+    updated: float
+    export_dir: str
+    spec: dict[str, Any]
+    plan: dict[str, Any] | None
+
+
+class ShardQueue:
+    """The shard task queue of one host in Redis. All state changes are single Lua scripts (atomic).
+
+    `client` must decode responses (``decode_responses=True``).
+    """
+
+    def __init__(self, client: redis.Redis, host_id: str) -> None:
+        self.client = client
+        self.host_id = host_id
+        self.prefix = f"hydra:{host_id}:"
+        self._scripts = {
+            name: client.register_script(_PRELUDE + body)
+            for name, body in {
+                "submit": _SUBMIT,
+                "survey": _SURVEY,
+                "claim_plan": _CLAIM_PLAN,
+                "plan_done": _PLAN_DONE,
+                "claim": _CLAIM,
+                "renew": _RENEW,
+                "complete": _COMPLETE,
+                "fail": _FAIL,
+                "pause": _PAUSE,
+                "resume": _RESUME,
+                "cancel": _CANCEL,
+            }.items()
+        }
+
+    def key(self, name: str) -> str:
+        """The full Redis key of `name` (``trials``, ``runnable``, ``trial:<id>``...)."""
+        return self.prefix + name
+
+    def _run(self, name: str, *args: object) -> Any:
+        return self._scripts[name](args=[self.prefix, *args])
+
+    # Configuration --------------------------------------------------------------------------------------
+
+    def configure(self, *, lease_s: float) -> None:
+        """Set the lease length of this host's units (read at every claim, so no restart is needed)."""
+        if lease_s <= 0:
+            raise ValueError(f"lease_s={lease_s} must be positive.")
+        self.client.hset(self.key("config"), "lease_ms", int(lease_s * 1000))
+
+    # Submitting and controlling trials -----------------------------------------------------------------
+
+    def submit(self, *, trial_id: str, spec: Mapping[str, Any], export_dir: str) -> None:
+        """Add a trial in state planning; a device worker will plan it. Raises TrialExists, ValueError."""
+        if not TRIAL_ID_PATTERN.match(trial_id):
+            raise ValueError(f"trial id {trial_id!r} must be 1-64 letters, digits, '.', '_' or '-'.")
+        if self._run("submit", trial_id, json.dumps(dict(spec)), export_dir) == "exists":
+            raise TrialExists(f"trial {trial_id!r} already exists on host {self.host_id!r}.")
+
+    def pause(self, trial_id: str) -> str:
+        """Pause now if runnable, else when its unit in flight ends. Returns the state now."""
+        return self._control("pause", trial_id)
+
+    def resume(self, trial_id: str) -> str:
+        """Make a paused trial runnable again (or drop a pending pause). Returns the state now."""
+        return self._control("resume", trial_id)
+
+    def cancel(self, trial_id: str) -> str:
+        """Cancel now if not in flight, else when its unit ends. Returns the state now."""
+        return self._control("cancel", trial_id)
+
+    def _control(self, action: str, trial_id: str) -> str:
+        outcome: str = self._run(action, trial_id)
+        if outcome == "missing":
+            raise TrialNotFound(f"trial {trial_id!r} does not exist on host {self.host_id!r}.")
+        if outcome.startswith("invalid:"):
+            state = outcome.removeprefix("invalid:")
+            raise InvalidTransition(f"cannot {action} trial {trial_id!r}: it is {state}.")
+        return outcome
+
+    # What device workers do ---------------------------------------------------------------------------
+
+    def survey(self) -> Survey:
+        """Requeue expired leases, then list trials to plan and the head of the runnable set."""
+        raw = self._run("survey", SURVEY_LIMIT)
+        candidates, units_done = [], {}
+        for i in range(1, len(raw), 4):
+            trial_id, score, last_device, done = raw[i : i + 4]
+            candidates.append(Candidate(trial_id, float(score), last_device or None))
+            units_done[trial_id] = int(done)
+        return Survey(planning=int(raw[0]), candidates=candidates, units_done=units_done)
+
+    def claim_plan(self, device: str) -> PlanJob | None:
+        """Take the oldest trial waiting to be planned, with a lease; None when there is none."""
+        raw = self._run("claim_plan", device)
+        if raw is None:
+            return None
+        trial_id, token, lease_ms, spec = raw
+        return PlanJob(trial_id, token, int(lease_ms) / 1000, json.loads(spec))
+
+    def plan_done(
+        self, job: PlanJob, *, remaining_units: int, unit_s: float, plan: Mapping[str, Any]
+    ) -> str:
+        """Record a trial's plan and first estimate; it becomes runnable (or paused/cancelled if asked)."""
+        outcome: str = self._run(
+            "plan_done", job.trial_id, job.token, remaining_units, repr(unit_s), json.dumps(dict(plan))
+        )
+        return self._check_lease(outcome, job.trial_id)
+
+    def claim(self, trial_id: str, device: str) -> Lease | None:
+        """Claim the next unit of `trial_id` for `device`; None if another device took it first."""
+        raw = self._run("claim", trial_id, device)
+        if raw is None:
+            return None
+        token, lease_ms, units_done, spec, export_dir, remaining_units, unit_s = raw
+        return Lease(
+            trial_id=trial_id,
+            token=token,
+            device=device,
+            lease_s=int(lease_ms) / 1000,
+            units_done=int(units_done),
+            remaining_units=int(remaining_units),
+            unit_s=float(unit_s),
+            spec=json.loads(spec),
+            export_dir=export_dir,
+        )
+
+    def renew(self, trial_id: str, token: str) -> bool:
+        """Extend a lease by the host's lease length; False when it was already lost."""
+        return bool(self._run("renew", trial_id, token))
+
+    def complete(self, lease: Lease, *, remaining_units: int, unit_s: float) -> str:
+        """End a unit: the trial finishes (0 units left), or becomes runnable, paused or cancelled.
+
+        Raises LeaseLost when the lease expired meanwhile (the unit is being re-run elsewhere).
+        """
+        outcome: str = self._run(
+            "complete", lease.trial_id, lease.token, remaining_units, repr(unit_s), lease.device
+        )
+        return self._check_lease(outcome, lease.trial_id)
+
+    def fail(self, trial_id: str, token: str, message: str) -> str:
+        """Fail a trial whose unit (or planning) raised, keeping `message` for the UI."""
+        return self._check_lease(self._run("fail", trial_id, token, message), trial_id)
+
+    def wait_for_work(self, timeout_s: float) -> None:
+        """Block until something may have become claimable, or `timeout_s` passes."""
+        self.client.blpop([self.key("wake")], timeout=timeout_s)
+
+    def _check_lease(self, outcome: str, trial_id: str) -> str:
+        if outcome == "lost":
+            raise LeaseLost(f"the lease on trial {trial_id!r} expired; another device re-runs its unit.")
+        return outcome
+
+    # Reading -----------------------------------------------------------------------------------------
+
+    def trial(self, trial_id: str) -> TrialRecord:
+        """The trial's state as plain data. Raises TrialNotFound."""
+        fields = self.client.hgetall(self.key(f"trial:{trial_id}"))
+        if not fields:
+            raise TrialNotFound(f"trial {trial_id!r} does not exist on host {self.host_id!r}.")
+        return _record(trial_id, fields)
+
+    def trials(self) -> list[TrialRecord]:
+        """Every trial of this host, oldest first."""
+        ids = self.client.zrange(self.key("trials"), 0, -1)
+        pipe = self.client.pipeline(transaction=False)
+        for trial_id in ids:
+            pipe.hgetall(self.key(f"trial:{trial_id}"))
+        return [_record(trial_id, fields) for trial_id, fields in zip(ids, pipe.execute(), strict=True) if fields]
+
+
+def _record(trial_id: str, fields: Mapping[str, str]) -> TrialRecord:
+    remaining_units = int(fields["remaining_units"]) if "remaining_units" in fields else None
+    unit_s = float(fields["unit_s"]) if "unit_s" in fields else None
+    return TrialRecord(
+        trial_id=trial_id,
+        state=fields.get("state", ""),
+        message=fields.get("message", ""),
+        control=fields.get("control", ""),
+        device=fields.get("device", ""),
+        last_device=fields.get("last_device", ""),
+        remaining_units=remaining_units,
+        unit_s=unit_s,
+        remaining_s=(
+            remaining_seconds(remaining_units, unit_s)
+            if remaining_units is not None and unit_s is not None
+            else None
+        ),
+        units_done=int(fields.get("units_done", 0)),
+        requeues=int(fields.get("requeues", 0)),
+        submitted=float(fields.get("submitted", 0)),
+        updated=float(fields.get("updated", 0)),
+        export_dir=fields.get("export_dir", ""),
+        spec=json.loads(fields.get("spec", "{}")),
+        plan=json.loads(fields["plan"]) if "plan" in fields else None,
+    )
