@@ -8,9 +8,21 @@ import pytest
 import redis
 
 from worker.scheduling.policy import Candidate
-from worker.scheduling.queue import InvalidTransition, LeaseLost, ShardQueue, TrialExists, TrialNotFound
+from worker.scheduling.queue import (
+    InvalidTransition,
+    LeaseLost,
+    ShardQueue,
+    Survey,
+    TrialExists,
+    TrialNotFound,
+)
 
 SPEC = {"kind": "synthetic", "units": 3}
+
+
+def survey(queue: ShardQueue, device: str = "cpu0") -> Survey:
+    queue.device_start(device, "epoch-1")
+    return queue.survey(device, "epoch-1")
 
 
 def runnable(queue: ShardQueue, trial_id: str, *, units: int = 3, unit_s: float = 0.5) -> None:
@@ -24,7 +36,7 @@ def runnable(queue: ShardQueue, trial_id: str, *, units: int = 3, unit_s: float 
 def test_it_plans_a_submitted_trial_then_makes_it_runnable(shard_queue: ShardQueue) -> None:
     shard_queue.submit(trial_id="t1", spec=SPEC, export_dir="/exports/t1")
     assert shard_queue.trial("t1").state == "planning"
-    assert shard_queue.survey().planning == 1
+    assert survey(shard_queue).planning == 1
 
     job = shard_queue.claim_plan("cpu1")
     assert job is not None and (job.trial_id, job.spec) == ("t1", SPEC)
@@ -35,13 +47,13 @@ def test_it_plans_a_submitted_trial_then_makes_it_runnable(shard_queue: ShardQue
     assert (record.state, record.remaining_units, record.remaining_s, record.plan) == (
         "runnable", 4, 1.0, {"shards": 2}
     )
-    assert shard_queue.survey().candidates == [Candidate("t1", 1.0, None)]
+    assert survey(shard_queue).candidates == [Candidate("t1", 1.0, None)]
 
 
 def test_it_scores_runnable_trials_by_remaining_time(shard_queue: ShardQueue) -> None:
     runnable(shard_queue, "short", units=2, unit_s=1.0)
     runnable(shard_queue, "long", units=5, unit_s=1.0)
-    assert [c.trial_id for c in shard_queue.survey().candidates] == ["long", "short"]
+    assert [c.trial_id for c in survey(shard_queue).candidates] == ["long", "short"]
     assert shard_queue.client.zscore(shard_queue.key("runnable"), "long") == 5.0
 
 
@@ -51,7 +63,7 @@ def test_it_claims_a_trial_once(shard_queue: ShardQueue) -> None:
     assert lease is not None and (lease.units_done, lease.remaining_units, lease.spec) == (0, 3, SPEC)
     assert shard_queue.claim("t1", "cpu1") is None
     assert shard_queue.trial("t1").state == "running"
-    assert shard_queue.survey().candidates == []
+    assert survey(shard_queue).candidates == []
 
 
 def test_it_requeues_after_a_unit_and_finishes_after_the_last(shard_queue: ShardQueue) -> None:
@@ -60,12 +72,12 @@ def test_it_requeues_after_a_unit_and_finishes_after_the_last(shard_queue: Shard
     assert shard_queue.complete(lease, remaining_units=1, unit_s=0.75) == "runnable"
     record = shard_queue.trial("t1")
     assert (record.units_done, record.last_device, record.remaining_s) == (1, "cpu0", 0.75)
-    assert shard_queue.survey().candidates == [Candidate("t1", 0.75, "cpu0")]
+    assert survey(shard_queue).candidates == [Candidate("t1", 0.75, "cpu0")]
 
     lease = shard_queue.claim("t1", "cpu1")
     assert lease.units_done == 1
     assert shard_queue.complete(lease, remaining_units=0, unit_s=0.75) == "finished"
-    assert shard_queue.survey().candidates == []
+    assert survey(shard_queue).candidates == []
     assert shard_queue.trial("t1").last_device == "cpu1"
 
 
@@ -77,9 +89,9 @@ def test_it_puts_a_unit_back_when_its_lease_expires(shard_queue: ShardQueue) -> 
     assert shard_queue.renew("t1", lease.token)
     time.sleep(0.3)
 
-    survey = shard_queue.survey()
-    assert [c.trial_id for c in survey.candidates] == ["t1"]
-    assert survey.units_done == {"t1": 0}  # the unit is re-run, not skipped
+    seen = survey(shard_queue)
+    assert [c.trial_id for c in seen.candidates] == ["t1"]
+    assert seen.units_done == {"t1": 0}  # the unit is re-run, not skipped
     assert shard_queue.trial("t1").requeues == 1
     assert not shard_queue.renew("t1", lease.token)
     with pytest.raises(LeaseLost, match="'t1'"):
@@ -94,7 +106,7 @@ def test_it_renews_a_lease(shard_queue: ShardQueue) -> None:
     for _ in range(3):
         time.sleep(0.15)
         assert shard_queue.renew("t1", lease.token)
-        shard_queue.survey()
+        survey(shard_queue)
     assert shard_queue.complete(lease, remaining_units=2, unit_s=0.5) == "runnable"
 
 
@@ -103,7 +115,7 @@ def test_it_replans_when_a_planning_lease_expires(shard_queue: ShardQueue) -> No
     shard_queue.submit(trial_id="t1", spec=SPEC, export_dir="")
     stale = shard_queue.claim_plan("cpu0")
     time.sleep(0.2)
-    assert shard_queue.survey().planning == 1
+    assert survey(shard_queue).planning == 1
     job = shard_queue.claim_plan("cpu1")
     assert job.trial_id == "t1" and job.token != stale.token
     with pytest.raises(LeaseLost):
@@ -113,10 +125,10 @@ def test_it_replans_when_a_planning_lease_expires(shard_queue: ShardQueue) -> No
 def test_it_pauses_and_resumes_a_runnable_trial_at_once(shard_queue: ShardQueue) -> None:
     runnable(shard_queue, "t1")
     assert shard_queue.pause("t1") == "paused"
-    assert shard_queue.survey().candidates == []
+    assert survey(shard_queue).candidates == []
     assert shard_queue.pause("t1") == "paused"
     assert shard_queue.resume("t1") == "runnable"
-    assert [c.trial_id for c in shard_queue.survey().candidates] == ["t1"]
+    assert [c.trial_id for c in survey(shard_queue).candidates] == ["t1"]
 
 
 def test_it_pauses_a_running_trial_at_the_end_of_its_unit(shard_queue: ShardQueue) -> None:
@@ -126,7 +138,7 @@ def test_it_pauses_a_running_trial_at_the_end_of_its_unit(shard_queue: ShardQueu
     assert shard_queue.trial("t1").control == "pause"
     assert shard_queue.complete(lease, remaining_units=2, unit_s=0.5) == "paused"
     assert shard_queue.trial("t1").control == ""
-    assert shard_queue.survey().candidates == []
+    assert survey(shard_queue).candidates == []
 
 
 def test_it_drops_a_pending_pause_on_resume(shard_queue: ShardQueue) -> None:
@@ -147,8 +159,8 @@ def test_it_cancels_at_once_or_at_the_end_of_the_unit(shard_queue: ShardQueue) -
     assert shard_queue.cancel("unplanned") == "cancelled"
     assert shard_queue.cancel("busy") == "running"
     assert shard_queue.complete(lease, remaining_units=2, unit_s=0.5) == "cancelled"
-    survey = shard_queue.survey()
-    assert (survey.planning, survey.candidates) == (0, [])
+    seen = survey(shard_queue)
+    assert (seen.planning, seen.candidates) == (0, [])
     assert shard_queue.cancel("busy") == "cancelled"
 
 
@@ -166,7 +178,7 @@ def test_it_fails_one_trial_with_its_message_and_leaves_the_others(shard_queue: 
     assert shard_queue.fail("bad", lease.token, "ValueError: loss is nan at step 3") == "failed"
     record = shard_queue.trial("bad")
     assert (record.state, record.message) == ("failed", "ValueError: loss is nan at step 3")
-    assert [c.trial_id for c in shard_queue.survey().candidates] == ["good"]
+    assert [c.trial_id for c in survey(shard_queue).candidates] == ["good"]
 
 
 def test_it_refuses_transitions_that_make_no_sense(shard_queue: ShardQueue) -> None:
@@ -203,8 +215,18 @@ def test_it_keeps_every_key_under_the_host_namespace(
 ) -> None:
     runnable(shard_queue, "t1")
     shard_queue.claim("t1", "cpu0")
-    other = ShardQueue(redis_client, f"{host_id}-other")
-    assert other.survey().candidates == []
     keys = set(redis_client.scan_iter(match=f"*{host_id}*"))
     assert keys and all(key.startswith(f"hydra:{host_id}:") for key in keys)
+    assert survey(ShardQueue(redis_client, f"{host_id}-other")).candidates == []
     assert [record.trial_id for record in shard_queue.trials()] == ["t1"]
+
+
+def test_it_tells_a_device_loop_to_end_when_stopped_or_superseded(shard_queue: ShardQueue) -> None:
+    shard_queue.device_start("cpu0", "old")
+    assert shard_queue.survey("cpu0", "old").alive
+    shard_queue.device_start("cpu0", "new")
+    assert not shard_queue.survey("cpu0", "old").alive
+    assert shard_queue.survey("cpu0", "new").alive
+    shard_queue.device_stop("cpu0")
+    assert not shard_queue.survey("cpu0", "new").alive
+    assert shard_queue.devices()["cpu0"]["epoch"] == "new"

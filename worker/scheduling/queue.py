@@ -13,6 +13,7 @@ store lives on one host and only that host's devices take its units. Everything 
     hydra:<host>:seq             STRING lease token counter
     hydra:<host>:wake            LIST   wake-up tokens for idle devices (capped)
     hydra:<host>:config          HASH   lease_ms (default 10000)
+    hydra:<host>:device:<name>   HASH   epoch (of the worker's current loop), stop, seen (last survey, s)
     hydra:<host>:events          STREAM trial, state, message: every state change, for the web app
 
 States: planning -> runnable <-> running -> finished | failed; paused; cancelled. Pause and cancel of a
@@ -122,9 +123,14 @@ wake()
 return 'ok'
 """
 
-# Requeue expired leases, then report how many trials wait to be planned and the head of the runnable set
-# with each trial's last device and units done.
+# Check that the calling device loop is still the device's current one (its worker did not restart or
+# stop), requeue expired leases, then report how many trials wait to be planned and the head of the
+# runnable set with each trial's last device and units done.
 _SURVEY = """
+local dkey = key('device:' .. ARGV[3])
+local device = redis.call('HMGET', dkey, 'epoch', 'stop')
+if device[1] ~= ARGV[4] or device[2] == '1' then return {0} end
+redis.call('HSET', dkey, 'seen', now_ms() / 1000)
 local expired = redis.call('ZRANGEBYSCORE', key('leases'), '-inf', now_ms())
 for _, id in ipairs(expired) do
   redis.call('ZREM', key('leases'), id)
@@ -139,7 +145,7 @@ for _, id in ipairs(expired) do
   end
 end
 local head = redis.call('ZREVRANGE', key('runnable'), 0, tonumber(ARGV[2]) - 1, 'WITHSCORES')
-local out = {redis.call('LLEN', key('planning'))}
+local out = {1, redis.call('LLEN', key('planning'))}
 for i = 1, #head, 2 do
   local id = head[i]
   local extra = redis.call('HMGET', tkey(id), 'last_device', 'units_done')
@@ -283,8 +289,12 @@ class Lease:
 
 @dataclass(frozen=True)
 class Survey:
-    """What a free device sees: trials waiting to be planned, runnable candidates, their units done."""
+    """What a free device sees: trials waiting to be planned, runnable candidates, their units done.
 
+    `alive` is False when the device's loop must end (its worker stopped or started a newer loop).
+    """
+
+    alive: bool
     planning: int
     candidates: list[Candidate]
     units_done: dict[str, int]
@@ -386,15 +396,36 @@ class ShardQueue:
 
     # What device workers do ---------------------------------------------------------------------------
 
-    def survey(self) -> Survey:
-        """Requeue expired leases, then list trials to plan and the head of the runnable set."""
-        raw = self._run("survey", SURVEY_LIMIT)
+    def device_start(self, device: str, epoch: str) -> None:
+        """Make `epoch` the device's current loop; loops of older epochs end at their next survey."""
+        self.client.hset(self.key(f"device:{device}"), mapping={"epoch": epoch, "stop": "0"})
+
+    def device_stop(self, device: str) -> None:
+        """Ask the device's loop to end at its next unit boundary (the worker is shutting down)."""
+        self.client.hset(self.key(f"device:{device}"), "stop", "1")
+
+    def devices(self) -> dict[str, dict[str, str]]:
+        """Every device that ever ran a loop on this host: name -> epoch, stop, seen."""
+        prefix = self.key("device:")
+        return {
+            key.removeprefix(prefix): self.client.hgetall(key)
+            for key in sorted(self.client.scan_iter(match=prefix + "*", count=1000))
+        }
+
+    def survey(self, device: str, epoch: str) -> Survey:
+        """Requeue expired leases, then list trials to plan and the head of the runnable set.
+
+        A device loop calls it before each claim; the returned `alive` tells it whether to go on.
+        """
+        raw = self._run("survey", SURVEY_LIMIT, device, epoch)
+        if not raw[0]:
+            return Survey(alive=False, planning=0, candidates=[], units_done={})
         candidates, units_done = [], {}
-        for i in range(1, len(raw), 4):
+        for i in range(2, len(raw), 4):
             trial_id, score, last_device, done = raw[i : i + 4]
             candidates.append(Candidate(trial_id, float(score), last_device or None))
             units_done[trial_id] = int(done)
-        return Survey(planning=int(raw[0]), candidates=candidates, units_done=units_done)
+        return Survey(alive=True, planning=int(raw[1]), candidates=candidates, units_done=units_done)
 
     def claim_plan(self, device: str) -> PlanJob | None:
         """Take the oldest trial waiting to be planned, with a lease; None when there is none."""

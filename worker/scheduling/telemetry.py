@@ -1,0 +1,192 @@
+"""Telemetry in Redis streams: written in the unit's own round trip, read by the web app with a cursor.
+
+Streams of a host (``XRANGE hydra:<host>:spans - +`` shows them):
+
+    hydra:<host>:spans     one entry per unit: trial, device, unit, step, micro_batch, phase, shard,
+                           start, end (epoch seconds), bytes_moved, peak_bytes, pid
+    hydra:<host>:steps     one entry per optimizer step: trial, step, loss, lr, tokens, time
+    hydra:<host>:evals     one entry per evaluation: trial, step, loss, perplexity, time
+    hydra:<host>:samples   one entry per device per second: device, time, utilization (0..1),
+                           memory_used, memory_total (bytes)
+    hydra:<host>:events    trial state changes (written by the queue's scripts): trial, state, message
+
+Each stream is capped (approximately `STREAM_MAXLEN` entries), so a web app that stops draining them
+loses the oldest entries rather than the host's memory. The web app keeps, per stream, the id of the
+last entry it stored and calls `read` with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+
+import psutil
+import redis
+
+log = logging.getLogger(__name__)
+
+STREAM_MAXLEN = 200_000
+SAMPLE_PERIOD_S = 1.0
+
+# Field types per stream; everything else reads back as a string.
+FIELD_TYPES: dict[str, dict[str, Callable[[str], object]]] = {
+    "spans": {
+        "unit": int, "step": int, "micro_batch": int, "shard": int, "start": float, "end": float,
+        "bytes_moved": int, "peak_bytes": int, "pid": int,
+    },
+    "steps": {"step": int, "loss": float, "lr": float, "tokens": int, "time": float},
+    "evals": {"step": int, "loss": float, "perplexity": float, "time": float},
+    "samples": {"time": float, "utilization": float, "memory_used": int, "memory_total": int},
+    "events": {},
+}
+STREAMS = tuple(FIELD_TYPES)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One unit that ran on a device. ``phase`` is the engine's (F, FB, B, E, S) or ``plan``."""
+
+    trial: str
+    device: str
+    unit: int
+    step: int
+    micro_batch: int
+    phase: str
+    shard: int
+    start: float
+    end: float
+    bytes_moved: int
+    peak_bytes: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    trial: str
+    step: int
+    loss: float
+    lr: float
+    tokens: int
+    time: float
+
+
+@dataclass(frozen=True)
+class EvalMetrics:
+    trial: str
+    step: int
+    loss: float
+    perplexity: float
+    time: float
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Entries after a cursor, oldest first, and the cursor to pass next time."""
+
+    entries: list[dict[str, object]]
+    cursor: str
+
+
+def stream_key(host_id: str, stream: str) -> str:
+    if stream not in FIELD_TYPES:
+        raise ValueError(f"unknown telemetry stream {stream!r}; use one of {list(STREAMS)}.")
+    return f"hydra:{host_id}:{stream}"
+
+
+def add(pipe: redis.client.Pipeline, host_id: str, stream: str, record: Span | StepMetrics | EvalMetrics) -> None:
+    """Queue an XADD of `record` on `pipe` (the caller executes it with its other commands)."""
+    pipe.xadd(stream_key(host_id, stream), asdict(record), maxlen=STREAM_MAXLEN, approximate=True)
+
+
+def add_all(
+    pipe: redis.client.Pipeline, host_id: str, *, span: Span, steps: Iterable[StepMetrics],
+    evals: Iterable[EvalMetrics],
+) -> None:
+    """Queue a unit's span and the step and eval metrics it produced."""
+    add(pipe, host_id, "spans", span)
+    for step in steps:
+        add(pipe, host_id, "steps", step)
+    for evaluation in evals:
+        add(pipe, host_id, "evals", evaluation)
+
+
+def read(client: redis.Redis, host_id: str, stream: str, *, after: str = "0-0", count: int = 1000) -> Batch:
+    """Up to `count` entries of `stream` after entry id `after`, typed, each with its ``id``.
+
+    The returned cursor is the last entry's id (or `after` when there is nothing new). `client` must
+    decode responses.
+    """
+    if count < 1:
+        raise ValueError(f"count={count} must be at least 1.")
+    raw = client.xrange(stream_key(host_id, stream), min=f"({after}", max="+", count=count)
+    types = FIELD_TYPES[stream]
+    entries = [{"id": entry_id, **_typed(fields, types)} for entry_id, fields in raw]
+    return Batch(entries=entries, cursor=raw[-1][0] if raw else after)
+
+
+def _typed(fields: Mapping[str, str], types: Mapping[str, Callable[[str], object]]) -> dict[str, object]:
+    return {name: types[name](value) if name in types else value for name, value in fields.items()}
+
+
+class DeviceSampler:
+    """A daemon thread that writes this device's utilization and memory every `SAMPLE_PERIOD_S`.
+
+    GPUs are read through NVML (``nvidia-ml-py``) by their physical index; a CPU device reports the CPU
+    use of this process over its `threads` and the host's memory.
+    """
+
+    def __init__(self, client: redis.Redis, host_id: str, *, device: str, kind: str, index: int, threads: int):
+        self.client = client
+        self.host_id = host_id
+        self.device = device
+        self._read = self._nvml_reader(index) if kind == "cuda" else self._cpu_reader(threads)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"hydra-sampler-{device}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_PERIOD_S):
+            utilization, used, total = self._read()
+            fields = {"device": self.device, "time": time.time(), "utilization": utilization,
+                      "memory_used": used, "memory_total": total}
+            try:
+                self.client.xadd(stream_key(self.host_id, "samples"), fields, maxlen=STREAM_MAXLEN,
+                                 approximate=True)
+            except redis.RedisError as error:  # a lost sample is not worth stopping the device for
+                log.warning("device sample of %s not written: %s", self.device, error)
+
+    @staticmethod
+    def _cpu_reader(threads: int) -> Callable[[], tuple[float, int, int]]:
+        process = psutil.Process(os.getpid())
+        process.cpu_percent(None)  # the first call only starts the measurement
+
+        def read() -> tuple[float, int, int]:
+            memory = psutil.virtual_memory()
+            busy = process.cpu_percent(None) / 100.0 / max(1, threads)
+            return min(1.0, busy), int(process.memory_info().rss), int(memory.total)
+
+        return read
+
+    @staticmethod
+    def _nvml_reader(index: int) -> Callable[[], tuple[float, int, int]]:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+
+        def read() -> tuple[float, int, int]:
+            rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            return rates.gpu / 100.0, int(memory.used), int(memory.total)
+
+        return read
