@@ -23,6 +23,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "webapp.accounts",
     "webapp.health",
+    "webapp.datasets",
 ]
 
 MIDDLEWARE = [

@@ -5,4 +5,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("webapp.health.urls")),
     path("", include("webapp.accounts.urls")),
+    path("", include("webapp.datasets.urls")),
 ]

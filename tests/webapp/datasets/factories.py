@@ -1,0 +1,31 @@
+"""Small real datasets for the web tests (a tokenizer trained on a few KB takes milliseconds)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from django.conf import LazySettings
+
+from webapp.accounts.models import Team
+from webapp.datasets.models import Dataset
+from webapp.datasets.services import dataset_create
+
+TINY_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. A hydra has many heads, and each head trains a model.\n"
+    "Shards of every model take turns on the device, so that no device waits while another works.\n"
+) * 20
+
+
+def use_data_dir(settings: LazySettings, path: Path) -> None:
+    """Point HYDRA_DATA_DIR (and the spill and models roots under it) at `path` for one test."""
+    settings.HYDRA = dataclasses.replace(
+        settings.HYDRA, data_dir=path, spill_dir=path / "spill", models_root=path / "models"
+    )
+
+
+def make_dataset(team: Team, name: str = "tiny", text: str = TINY_CORPUS, vocab_size: int = 300) -> Dataset:
+    return dataset_create(
+        team=team, user=None, name=name, text=text, source=Dataset.Source.UPLOAD,
+        vocab_size=vocab_size, val_fraction=0.1, filename=f"{name}.txt",
+    )

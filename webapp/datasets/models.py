@@ -1,0 +1,73 @@
+"""A dataset is a team's text corpus plus the tokenizer trained on it and the corpus as token ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.conf import settings
+from django.db import models
+
+from webapp.accounts.models import Team
+from webapp.datasets.tokenization import split_sizes
+
+
+def datasets_root() -> Path:
+    """Where dataset files live: ``<HYDRA_DATA_DIR>/datasets/<storage_key>/``."""
+    return settings.HYDRA.data_dir / "datasets"
+
+
+class Dataset(models.Model):
+    class Source(models.TextChoices):
+        UPLOAD = "upload", "Uploaded corpus"
+        SAMPLE = "sample", "Built-in sample corpus"
+
+    CORPUS_FILE = "corpus.txt"
+    TOKENIZER_FILE = "tokenizer.json"
+    TOKENS_FILE = "tokens.npy"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="datasets")
+    name = models.CharField(max_length=120)
+    source = models.CharField(max_length=10, choices=Source.choices)
+    filename = models.CharField(max_length=255, blank=True, help_text="The uploaded file's name, if any.")
+    vocab_size = models.PositiveIntegerField(help_text="Tokens in the trained tokenizer's vocabulary.")
+    val_fraction = models.FloatField(help_text="Fraction of the token stream (its tail) held out for validation.")
+    n_bytes = models.BigIntegerField()
+    n_tokens = models.BigIntegerField()
+    fingerprint = models.CharField(
+        max_length=64, db_index=True,
+        help_text="sha256 of the corpus, vocabulary size and split: equal fingerprints are comparable results.",
+    )
+    storage_key = models.CharField(max_length=32, unique=True, editable=False)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created", "-pk"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="unique_dataset_name_per_team")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def directory(self) -> Path:
+        return datasets_root() / self.storage_key
+
+    @property
+    def tokens_path(self) -> Path:
+        return self.directory / self.TOKENS_FILE
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.directory / self.TOKENIZER_FILE
+
+    @property
+    def corpus_path(self) -> Path:
+        return self.directory / self.CORPUS_FILE
+
+    @property
+    def train_tokens(self) -> int:
+        return split_sizes(self.n_tokens, self.val_fraction)[0]
+
+    @property
+    def val_tokens(self) -> int:
+        return split_sizes(self.n_tokens, self.val_fraction)[1]

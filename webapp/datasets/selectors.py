@@ -1,0 +1,31 @@
+"""Reads about datasets. Every dataset a view shows comes through here, scoped to a team."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from webapp.accounts.models import Team
+from webapp.accounts.selectors import team_scoped_get
+from webapp.datasets.models import Dataset
+
+
+def dataset_list(*, team: Team | None) -> QuerySet[Dataset]:
+    if not team:  # request.team is a lazy object; test its truth
+        return Dataset.objects.none()
+    return Dataset.objects.filter(team=team).select_related("created_by")
+
+
+def dataset_get(*, team: Team | None, dataset_id: int) -> Dataset:
+    """The team's dataset `dataset_id`, or Http404 (also for another team's dataset)."""
+    return team_scoped_get(Dataset.objects.all(), team=team, pk=dataset_id)
+
+
+def dataset_preview(*, dataset: Dataset, chars: int = 600) -> dict[str, object]:
+    """The corpus's first `chars` characters and how the tokenizer splits them (for the detail page)."""
+    from tokenizers import Tokenizer
+
+    with dataset.corpus_path.open(encoding="utf-8") as corpus:
+        head = corpus.read(chars)
+    tokenizer = Tokenizer.from_file(str(dataset.tokenizer_path))
+    pieces = [tokenizer.decode([token]) for token in tokenizer.encode(head[:200]).ids]
+    return {"text": head, "pieces": pieces}

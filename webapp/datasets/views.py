@@ -1,0 +1,66 @@
+"""Dataset pages: list and create (upload or sample), detail, delete."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from webapp.datasets import selectors, services
+from webapp.datasets.forms import DatasetForm
+from webapp.datasets.http import form_add_errors, team_required
+
+
+@team_required
+@require_http_methods(["GET", "POST"])
+def dataset_list(request: HttpRequest) -> HttpResponse:
+    form = DatasetForm(request.POST or None, request.FILES or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            dataset = services.dataset_create(
+                team=request.team, user=request.user, name=data["name"], text=data["text"], source=data["source"],
+                vocab_size=data["vocab_size"], val_fraction=data["val_fraction"], filename=data["filename"],
+            )
+        except ValidationError as error:
+            form_add_errors(form, error)
+        else:
+            messages.success(request, f"Dataset {dataset.name} is ready: {dataset.n_tokens:,} tokens.")
+            return redirect("dataset_detail", dataset_id=dataset.pk)
+    status = 400 if form.errors else 200
+    return render(
+        request, "datasets/dataset_list.html",
+        {
+            "datasets": selectors.dataset_list(team=request.team),
+            "form": form,
+            "max_upload_bytes": settings.HYDRA.max_upload_bytes,
+        },
+        status=status,
+    )
+
+
+@team_required
+def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
+    dataset = selectors.dataset_get(team=request.team, dataset_id=dataset_id)
+    return render(
+        request, "datasets/dataset_detail.html",
+        {"dataset": dataset, "preview": selectors.dataset_preview(dataset=dataset)},
+    )
+
+
+@team_required
+@require_http_methods(["GET", "POST"])
+def dataset_delete(request: HttpRequest, dataset_id: int) -> HttpResponse:
+    dataset = selectors.dataset_get(team=request.team, dataset_id=dataset_id)
+    if request.method == "POST":
+        try:
+            services.dataset_delete(dataset=dataset)
+        except ValidationError as error:
+            messages.error(request, " ".join(error.messages))
+            return redirect("dataset_detail", dataset_id=dataset.pk)
+        messages.success(request, f"Dataset {dataset.name} deleted.")
+        return redirect("dataset_list")
+    return render(request, "datasets/dataset_confirm_delete.html", {"dataset": dataset})
