@@ -24,6 +24,7 @@ INSTALLED_APPS = [
     "webapp.accounts",
     "webapp.health",
     "webapp.datasets",
+    "webapp.experiments",
 ]
 
 MIDDLEWARE = [

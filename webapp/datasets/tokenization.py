@@ -21,7 +21,7 @@ ENCODE_CHUNK_LINES = 2_000
 @dataclass(frozen=True)
 class TokenizedCorpus:
     tokenizer: Tokenizer
-    ids: np.ndarray  # (N,) token ids, uint16 when the vocabulary allows, else int32
+    ids: np.ndarray  # (N,) int32 token ids, the dtype the engine's data module writes and reads
 
     @property
     def vocab_size(self) -> int:
@@ -54,8 +54,7 @@ def encode_corpus(text: str, tokenizer: Tokenizer) -> np.ndarray:
     ids: list[int] = []
     for encoding in tokenizer.encode_batch(list(_chunks(text))):
         ids.extend(encoding.ids)
-    dtype = np.uint16 if tokenizer.get_vocab_size() <= np.iinfo(np.uint16).max + 1 else np.int32
-    return np.asarray(ids, dtype=dtype)
+    return np.asarray(ids, dtype=np.int32)
 
 
 def tokenize_corpus(text: str, *, vocab_size: int) -> TokenizedCorpus:

@@ -1,0 +1,203 @@
+"""The experiment form and its search-space rows: input in, an `ExperimentDraft` out.
+
+The form converts and checks what it can alone (types, ranges, the model root, the search space's own
+rules); `services.experiment_plan` then checks the draft against the dataset and the memory budget.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from django import forms
+from django.conf import settings
+
+from webapp.accounts.models import Team
+from webapp.datasets.models import Dataset
+from webapp.experiments.model_shapes import PRESETS, ModelChoiceError, model_shape
+from webapp.experiments.models import Experiment
+from webapp.experiments.planning import ExperimentDraft
+from webapp.experiments.search_space import (
+    KINDS,
+    MAX_TRIALS,
+    PARAMETERS,
+    SearchSpace,
+    SearchSpaceError,
+    parse_search_space,
+    space_from_rows,
+)
+
+MODEL_KINDS = [("preset", "GPT-2 preset"), ("custom", "Custom size"), ("pretrained", "Pretrained directory")]
+MAX_SPACE_TEXT = 20_000
+
+
+class ParameterRowForm(forms.Form):
+    """One row of the search space: a parameter, its kind, and its values or range."""
+
+    name = forms.ChoiceField(choices=[(n, f"{n} — {p.label}") for n, p in PARAMETERS.items()])
+    kind = forms.ChoiceField(choices=[(k, k) for k in KINDS])
+    values = forms.CharField(required=False, max_length=1000, help_text="Comma-separated (categorical).")
+    low = forms.CharField(required=False, max_length=40)
+    high = forms.CharField(required=False, max_length=40)
+    step = forms.CharField(required=False, max_length=20)
+
+
+ParameterRowFormSet = forms.formset_factory(ParameterRowForm, extra=0, can_delete=True, max_num=len(PARAMETERS),
+                                            validate_max=True)
+
+
+class ExperimentForm(forms.Form):
+    name = forms.CharField(max_length=120)
+    dataset = forms.ModelChoiceField(queryset=Dataset.objects.none())
+    model_kind = forms.ChoiceField(choices=MODEL_KINDS, initial="preset", widget=forms.RadioSelect)
+    preset = forms.ChoiceField(choices=[(k, label) for k, (label, _) in PRESETS.items()], initial="gpt2-micro",
+                               required=False)
+    n_layer = forms.IntegerField(min_value=1, max_value=256, initial=4, required=False)
+    n_embd = forms.IntegerField(min_value=8, max_value=16_384, initial=128, required=False)
+    n_head = forms.IntegerField(min_value=1, max_value=256, initial=4, required=False)
+    n_positions = forms.IntegerField(min_value=8, max_value=65_536, initial=256, required=False)
+    pretrained_dir = forms.CharField(max_length=500, required=False,
+                                     help_text="A save_pretrained GPT-2 directory, relative to the models root.")
+    space_text = forms.CharField(
+        required=False, max_length=MAX_SPACE_TEXT, widget=forms.Textarea(attrs={"rows": 6}),
+        help_text="Optional: paste a search space as YAML or JSON; it replaces the rows above.",
+    )
+    strategy = forms.ChoiceField(choices=Experiment.Strategy.choices, initial=Experiment.Strategy.GRID)
+    n_trials = forms.IntegerField(min_value=1, max_value=MAX_TRIALS, initial=8,
+                                  help_text="For random search and TPE.")
+    budget_unit = forms.ChoiceField(choices=Experiment.BudgetUnit.choices, initial=Experiment.BudgetUnit.STEPS)
+    budget = forms.FloatField(min_value=0.01, max_value=10_000_000, initial=200)
+    eval_every = forms.IntegerField(min_value=1, max_value=1_000_000, initial=20,
+                                    help_text="Evaluate every this many steps.")
+    seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0)
+    memory_budget = forms.ChoiceField(choices=[("auto", "Auto (from the device)"), ("explicit", "Explicit")],
+                                      initial="auto", widget=forms.RadioSelect)
+    memory_budget_mib = forms.IntegerField(min_value=1, max_value=16 * 1024 * 1024, required=False,
+                                           label="Memory budget (MiB)")
+    early_stop_patience = forms.IntegerField(
+        min_value=1, max_value=10_000, required=False,
+        help_text="Optional: stop a trial after this many evaluations without a better validation loss.",
+    )
+
+    def __init__(self, *args: Any, team: Team, rows: ParameterRowFormSet, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.team = team
+        self.rows = rows
+        self.fields["dataset"].queryset = Dataset.objects.filter(team=team)
+
+    def is_valid(self) -> bool:
+        rows_valid = self.rows.is_valid()  # validate both so every error shows at once
+        return super().is_valid() and rows_valid and not self.rows.non_form_errors()
+
+    def _model(self, cleaned: dict[str, Any]) -> dict[str, Any] | None:
+        """The stored model choice, or None after adding field errors for a custom size's missing fields."""
+        kind = cleaned.get("model_kind")
+        if kind == "preset":
+            return {"kind": "preset", "preset": cleaned.get("preset") or "gpt2-micro"}
+        if kind == "custom":
+            missing = [f for f in ("n_layer", "n_embd", "n_head", "n_positions") if cleaned.get(f) is None]
+            for name in missing:
+                self.add_error(name, "Required for a custom size.")
+            if missing:
+                return None
+            return {"kind": "custom", **{f: cleaned[f] for f in ("n_layer", "n_embd", "n_head", "n_positions")}}
+        return {"kind": "pretrained", "pretrained_dir": (cleaned.get("pretrained_dir") or "").strip()}
+
+    def _space(self, cleaned: dict[str, Any]) -> SearchSpace:
+        text = (cleaned.get("space_text") or "").strip()
+        if text:
+            try:
+                raw = yaml.safe_load(text)
+            except yaml.YAMLError as error:
+                raise SearchSpaceError(f"This is neither YAML nor JSON: {error}", field="space_text") from None
+            return parse_search_space(raw)
+        if not self.rows.is_valid():
+            raise SearchSpaceError("", field="rows")
+        rows = [row.cleaned_data for row in self.rows.forms if row.cleaned_data and not row.cleaned_data.get("DELETE")]
+        return space_from_rows(rows)
+
+    def clean(self) -> dict[str, Any]:
+        """Adds ``draft`` (an `ExperimentDraft`) when every field converts."""
+        cleaned = super().clean()
+        model = shape = space = None
+        model = self._model(cleaned)
+        try:
+            shape = model_shape(model, models_root=settings.HYDRA.models_root) if model else None
+        except ModelChoiceError as error:
+            self.add_error(error.field if error.field in self.fields else None, str(error))
+        try:
+            space = self._space(cleaned)
+        except SearchSpaceError as error:
+            self._add_space_error(error, from_text=bool((cleaned.get("space_text") or "").strip()))
+        budget = None
+        if cleaned.get("memory_budget") == "explicit":
+            if cleaned.get("memory_budget_mib") is None:
+                self.add_error("memory_budget_mib", "Give the budget in MiB, or choose auto.")
+            else:
+                budget = cleaned["memory_budget_mib"] * 1024 * 1024
+        if not self.errors and model is not None and shape is not None and space is not None:
+            cleaned["draft"] = ExperimentDraft(
+                name=cleaned["name"].strip(), dataset=cleaned["dataset"], model=model, shape=shape, space=space,
+                strategy=cleaned["strategy"], n_trials=cleaned["n_trials"], budget_unit=cleaned["budget_unit"],
+                budget=cleaned["budget"], eval_every=cleaned["eval_every"], seed=cleaned["seed"],
+                memory_budget_bytes=budget, early_stop_patience=cleaned.get("early_stop_patience"),
+            )
+        return cleaned
+
+    def _add_space_error(self, error: SearchSpaceError, *, from_text: bool) -> None:
+        """Put a search-space error where the user will look: the pasted text, the row, or the strategy."""
+        message = str(error)
+        if not message:
+            return  # the rows already carry their own field errors
+        if error.field in ("strategy", "n_trials"):
+            self.add_error(error.field, message)
+        elif from_text or error.field == "space_text":
+            self.add_error("space_text", message)
+        elif error.parameter is None:
+            self.rows._non_form_errors = self.rows.error_class([message])  # Django offers no setter
+        else:
+            row = self.row_for(error.parameter)
+            field = error.field if error.field in ParameterRowForm.base_fields else None
+            if row is None:
+                self.add_error(None, message)
+            else:
+                row.add_error(field, message)
+
+    def row_for(self, parameter: str) -> ParameterRowForm | None:
+        for row in self.rows.forms:
+            if getattr(row, "cleaned_data", None) and row.cleaned_data.get("name") == parameter:
+                return row
+        return None
+
+    def add_draft_error(self, error: Exception) -> None:
+        """Place an error raised while planning a valid draft (see `services.experiment_plan`)."""
+        if isinstance(error, SearchSpaceError):
+            self._add_space_error(error, from_text=bool((self.cleaned_data.get("space_text") or "").strip()))
+        elif isinstance(error, ModelChoiceError):
+            self.add_error(error.field if error.field in self.fields else None, str(error))
+        else:
+            self.add_error("memory_budget_mib" if self.cleaned_data.get("memory_budget") == "explicit" else None,
+                           str(error))
+
+
+def experiment_initial(experiment: Experiment) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Form and row initial data that reproduce `experiment` (for cloning)."""
+    from webapp.experiments.search_space import rows_from_space
+
+    model = experiment.model
+    initial: dict[str, Any] = {
+        "name": f"{experiment.name} (copy)"[:120],
+        "dataset": experiment.dataset_id,
+        "model_kind": model["kind"],
+        "strategy": experiment.strategy,
+        "n_trials": experiment.n_trials,
+        "budget_unit": experiment.budget_unit,
+        "budget": experiment.budget,
+        "eval_every": experiment.eval_every,
+        "seed": experiment.seed,
+        "memory_budget": "auto" if experiment.memory_budget_bytes is None else "explicit",
+        "memory_budget_mib": None if experiment.memory_budget_bytes is None else experiment.memory_budget_bytes >> 20,
+        "early_stop_patience": experiment.early_stop_patience,
+    }
+    initial.update({k: v for k, v in model.items() if k != "kind"})
+    return initial, rows_from_space(parse_search_space(experiment.search_space))

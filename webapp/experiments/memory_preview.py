@@ -1,0 +1,129 @@
+"""Memory plans before launch: analytic GPT-2 layer costs, packed by the engine's own pure solver.
+
+The real plan is measured by profiling on a device worker when a trial starts (the trial's ``planning``
+state) and replaces this estimate. The estimate uses the same categories and the same solver
+(`worker.engine.partition.solve`, pure Python, no torch), so the two are drawn the same way.
+
+Activation bytes follow Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer
+Models": a block saves about ``s*b*h*(34 + 5*a*s/h)`` bytes in 16-bit, so twice that in fp32.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from webapp.experiments.model_shapes import ModelShape
+
+FP32 = 4
+AUTO_BUDGET_FRACTION = 0.9  # of a GPU's total memory; the rest is CUDA context and allocator slack
+CPU_DEVICE_BUDGET = 4 << 30  # per CPU device when no GPU is present
+
+
+class FitError(ValueError):
+    """A layer that cannot fit the budget even alone in its shard."""
+
+    def __init__(self, *, layer: str, needed_bytes: int, budget_bytes: int) -> None:
+        super().__init__(layer, needed_bytes, budget_bytes)
+        self.layer, self.needed_bytes, self.budget_bytes = layer, needed_bytes, budget_bytes
+
+    def __str__(self) -> str:
+        over = self.needed_bytes - self.budget_bytes
+        return (
+            f"Layer {self.layer} needs {_gib(self.needed_bytes)} on the device (its state, activations and the "
+            f"prefetch reserve) but the budget is {_gib(self.budget_bytes)}: {_gib(over)} over. Raise the memory "
+            "budget, or lower the batch size, sequence length or width."
+        )
+
+
+def _gib(n: int) -> str:
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.2f} GiB"
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def optimizer_slots(optimizer: str, momentum: float) -> int:
+    """fp32 optimizer values per parameter (as the engine keeps them): AdamW 2, SGD with momentum 1."""
+    if optimizer == "adamw":
+        return 2
+    return 1 if momentum else 0
+
+
+def layer_costs(shape: ModelShape, *, batch: int, seq_len: int, slots: int) -> list[dict[str, Any]]:
+    """Estimated bytes per layer (embedding, blocks, head) for one micro-batch of ``batch`` x ``seq_len``."""
+    C, V, P, a = shape.n_embd, shape.vocab_size, shape.n_positions, shape.n_head  # the paper's names
+    tokens = batch * seq_len
+
+    def cost(name: str, params: int, activations: int, borrowed: int = 0) -> dict[str, Any]:
+        return {
+            "name": name,
+            "param_bytes": (params + borrowed) * FP32,
+            "grad_bytes": (params + borrowed) * FP32,
+            "optim_bytes": params * slots * FP32,
+            "activation_bytes": activations,
+            "time_s": 0.0,
+        }
+
+    embedding = cost("embedding", V * C + P * C, 3 * tokens * C * FP32)
+    block_acts = 2 * tokens * (34 * C + 5 * a * seq_len) + 2 * tokens * C * FP32
+    blocks = [cost(f"block.{i}", 12 * C * C + 13 * C, block_acts) for i in range(shape.n_layer)]
+    # The tied LM head borrows the token embedding: it holds the weight and its gradient while it runs.
+    head = cost("head", 2 * C, tokens * (3 * V + 4 * C) * FP32, borrowed=V * C)
+    return [embedding, *blocks, head]
+
+
+def memory_plan(shape: ModelShape, *, batch: int, seq_len: int, optimizer: str, momentum: float,
+                budget_bytes: int) -> dict[str, Any]:
+    """The estimated plan as plain data (the engine's `MemoryPlan.to_dict()` plus spill totals).
+
+    Raises `FitError` when a layer cannot fit one shard, naming the layer and the overage.
+    """
+    return _memory_plan(shape, batch, seq_len, optimizer_slots(optimizer, momentum), budget_bytes)
+
+
+@functools.lru_cache(maxsize=512)
+def _memory_plan(shape: ModelShape, batch: int, seq_len: int, slots: int, budget_bytes: int) -> dict[str, Any]:
+    from worker.engine.errors import BudgetError
+    from worker.engine.partition import LayerCost, solve
+
+    costs = [LayerCost(**c) for c in layer_costs(shape, batch=batch, seq_len=seq_len, slots=slots)]
+    reserve = max(c.state_bytes for c in costs)
+    for c in costs:
+        if c.state_bytes + c.activation_bytes + reserve > budget_bytes:
+            raise FitError(layer=c.name, needed_bytes=c.state_bytes + c.activation_bytes + reserve,
+                           budget_bytes=budget_bytes)
+    try:
+        plan = solve(costs, budget_bytes).to_dict()
+    except BudgetError as error:  # the solver's own check, should ours ever disagree with it
+        raise FitError(layer=str(error), needed_bytes=budget_bytes + 1, budget_bytes=budget_bytes) from None
+    owned = sum(c.param_bytes for c in costs) - shape.vocab_size * shape.n_embd * FP32  # the head's borrow
+    boundary = batch * seq_len * shape.n_embd * FP32
+    plan["source"] = "estimate"
+    plan["spilled_bytes"] = {
+        "parameters": owned,
+        "optimizer": sum(c.optim_bytes for c in costs),
+        "boundary_activations": 2 * boundary * (len(plan["shards"]) - 1),  # each cut's output and its gradient
+    }
+    return plan
+
+
+def auto_budget_bytes() -> tuple[int, str]:
+    """The budget "auto" means on this host, and where it came from: 90% of the smallest GPU, else 4 GiB."""
+    try:
+        import pynvml
+    except ImportError:
+        return CPU_DEVICE_BUDGET, "no GPU: a CPU device's default budget"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return CPU_DEVICE_BUDGET, "no GPU: a CPU device's default budget"
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if not count:
+            return CPU_DEVICE_BUDGET, "no GPU: a CPU device's default budget"
+        smallest = min(
+            pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total for i in range(count)
+        )
+        return int(smallest * AUTO_BUDGET_FRACTION), f"90% of the smallest of {count} GPU(s)"
+    finally:
+        pynvml.nvmlShutdown()

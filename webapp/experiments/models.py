@@ -1,0 +1,119 @@
+"""Experiments (a dataset, a model, a search space, a strategy, a budget) and their trials.
+
+Per-step metrics, evaluation results, unit spans and device samples are telemetry: they live in their own
+app (``webapp.telemetry``, issue 6 and the scheduler's glue), keyed by trial id, not here. A trial keeps only
+the summary the pages list (status, progress, ETA, best validation result) and its memory plan.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.conf import settings
+from django.db import models
+
+from webapp.accounts.models import Team
+from webapp.datasets.models import Dataset
+
+
+class Experiment(models.Model):
+    class Strategy(models.TextChoices):
+        GRID = "grid", "Grid (every combination)"
+        RANDOM = "random", "Random search"
+        TPE = "tpe", "TPE (Bayesian, Optuna)"
+
+    class BudgetUnit(models.TextChoices):
+        STEPS = "steps", "optimizer steps"
+        EPOCHS = "epochs", "epochs over the training split"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="experiments")
+    name = models.CharField(max_length=120)
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="experiments")
+    model = models.JSONField(help_text='{"kind": "preset"|"custom"|"pretrained", ...}: see ExperimentForm.')
+    search_space = models.JSONField(help_text="Serialized search space: {name: {kind, values | low, high, step}}.")
+    strategy = models.CharField(max_length=10, choices=Strategy.choices)
+    n_trials = models.PositiveIntegerField(help_text="Trials for random search and TPE (a grid has its own count).")
+    budget_unit = models.CharField(max_length=10, choices=BudgetUnit.choices, default=BudgetUnit.STEPS)
+    budget = models.FloatField(help_text="Training length per trial, in budget_unit.")
+    eval_every = models.PositiveIntegerField(help_text="Evaluate on the validation split every this many steps.")
+    seed = models.BigIntegerField(default=0)
+    memory_budget_bytes = models.BigIntegerField(null=True, blank=True, help_text="Device budget; null = auto.")
+    early_stop_patience = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Stop a trial after this many evaluations without improvement."
+    )
+    cloned_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created = models.DateTimeField(auto_now_add=True)
+    launched = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-pk"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Trial(models.Model):
+    class Status(models.TextChoices):
+        NEW = "new", "Not launched"
+        PLANNING = "planning", "Planning"
+        RUNNABLE = "runnable", "Queued"
+        RUNNING = "running", "Running"
+        PAUSED = "paused", "Paused"
+        FINISHED = "finished", "Finished"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    ACTIVE = (Status.PLANNING, Status.RUNNABLE, Status.RUNNING, Status.PAUSED)
+    ENDED = (Status.FINISHED, Status.FAILED, Status.CANCELLED)
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="trials")
+    number = models.PositiveIntegerField(help_text="1, 2, ... within the experiment.")
+    params = models.JSONField(help_text="The searched hyperparameters' values.")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.NEW, db_index=True)
+    attempt = models.PositiveIntegerField(default=0, help_text="Launches so far (retries add one).")
+    queue_id = models.CharField(
+        max_length=40, blank=True, db_index=True,
+        help_text="The id the scheduler knows this attempt by: '<pk>' at first, '<pk>.<attempt>' after a retry.",
+    )
+    step = models.PositiveIntegerField(default=0)
+    total_steps = models.PositiveIntegerField()
+    remaining_s = models.FloatField(null=True, blank=True, help_text="The scheduler's remaining-time estimate.")
+    best_val_loss = models.FloatField(null=True, blank=True)
+    best_val_ppl = models.FloatField(null=True, blank=True)
+    message = models.TextField(blank=True, help_text="Why the trial failed, for the UI.")
+    plan = models.JSONField(null=True, blank=True, help_text="Memory plan: an estimate, then the measured one.")
+    spec = models.JSONField(null=True, blank=True, help_text="The engine TrialSpec (as a dict) sent at launch.")
+    export_path = models.CharField(max_length=500, blank=True, help_text="The final model directory, once exported.")
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["experiment", "number"]
+        constraints = [models.UniqueConstraint(fields=["experiment", "number"], name="unique_trial_number")]
+        indexes = [models.Index(fields=["best_val_ppl", "finished"])]
+
+    def __str__(self) -> str:
+        return f"{self.experiment.name} #{self.number}"
+
+    def attempt_queue_id(self, attempt: int) -> str:
+        return str(self.pk) if attempt <= 1 else f"{self.pk}.{attempt}"
+
+    @property
+    def spill_dirs(self) -> list[Path]:
+        """The spill stores of every attempt (the scheduler keeps one per queue id)."""
+        return [settings.HYDRA.spill_dir / self.attempt_queue_id(n) for n in range(1, self.attempt + 1)]
+
+    def export_dir_for(self, queue_id: str) -> Path:
+        """Where the worker writes this attempt's final model (``save_pretrained``)."""
+        return settings.HYDRA.data_dir / "exports" / queue_id
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in self.ACTIVE
+
+    @property
+    def progress(self) -> float:
+        return self.step / self.total_steps if self.total_steps else 0.0

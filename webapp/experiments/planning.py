@@ -1,0 +1,177 @@
+"""From a validated experiment definition to its trials: parameters, lengths, memory plans, engine specs.
+
+Pure apart from reading settings for paths: the form builds an `ExperimentDraft`, `plan_trials` checks it
+against the dataset and the memory budget and returns `TrialDraft`s for the preview and for creation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from webapp.datasets.models import Dataset
+from webapp.experiments.memory_preview import memory_plan
+from webapp.experiments.model_shapes import ModelChoiceError, ModelShape
+from webapp.experiments.search_space import PARAMETERS, SearchSpace, SearchSpaceError, Value
+from webapp.experiments.trial_generation import initial_trials
+
+MEMORY_PARAMETERS = ("batch_size", "seq_len", "n_embd", "n_layer", "optimizer")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExperimentDraft:
+    """An experiment as the form understood it, before anything is saved."""
+
+    name: str
+    dataset: Dataset
+    model: dict[str, Any]
+    shape: ModelShape
+    space: SearchSpace
+    strategy: str
+    n_trials: int
+    budget_unit: str
+    budget: float
+    eval_every: int
+    seed: int
+    memory_budget_bytes: int | None
+    early_stop_patience: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialDraft:
+    number: int
+    params: dict[str, Value]
+    total_steps: int
+    plan: dict[str, Any] = field(repr=False)
+
+
+def hyperparameters(params: dict[str, Value], shape: ModelShape) -> dict[str, Value]:
+    """Every hyperparameter of a trial: its searched values over the defaults (width and depth: the model's)."""
+    values: dict[str, Value] = {name: p.default for name, p in PARAMETERS.items()}
+    values["n_embd"], values["n_layer"] = shape.n_embd, shape.n_layer
+    values.update(params)
+    return values
+
+
+def total_steps(*, budget_unit: str, budget: float, batch_size: int, seq_len: int, train_tokens: int) -> int:
+    """Optimizer steps of a trial: the budget itself, or epochs over the training tokens (at least 1)."""
+    if budget_unit == "steps":
+        return max(1, int(budget))
+    return max(1, math.ceil(budget * train_tokens / (batch_size * seq_len)))
+
+
+def check_space(draft: ExperimentDraft) -> None:
+    """Rules that tie the search space to the model and the dataset; raises SearchSpaceError/ModelChoiceError."""
+    space, shape = draft.space, draft.shape
+    for name in ("n_embd", "n_layer"):
+        if space.get(name) and shape.pretrained_dir:
+            raise SearchSpaceError(f"{name}: a pretrained model's shape is fixed; remove this row.",
+                                   parameter=name, field="name")
+    width = space.get("n_embd")
+    if width is not None:
+        widths = width.grid_values() if width.kind == "categorical" else [width.low or 0, width.step or shape.n_head]
+        bad = [w for w in widths if int(w) % shape.n_head]
+        if bad:
+            raise SearchSpaceError(
+                f"n_embd: {', '.join(str(int(w)) for w in bad)} does not split into {shape.n_head} heads; use "
+                f"multiples of {shape.n_head} (for a range: low and step).", parameter="n_embd", field="values",
+            )
+    seq = space.get("seq_len")
+    longest = int(seq.largest()) if seq else int(PARAMETERS["seq_len"].default)
+    if longest > shape.n_positions:
+        raise SearchSpaceError(
+            f"seq_len: {longest} is longer than the model's context ({shape.n_positions} positions).",
+            parameter="seq_len" if seq else None, field="values" if seq else None,
+        )
+    if draft.dataset.n_tokens // longest < 2:
+        raise ModelChoiceError(
+            f"The dataset has {draft.dataset.n_tokens} tokens: too few for two blocks of {longest} (one to train "
+            "on, one to validate). Use a larger corpus or a shorter sequence length.", field="dataset",
+        )
+    if shape.pretrained_dir and shape.vocab_size < draft.dataset.vocab_size:
+        raise ModelChoiceError(
+            f"The dataset's tokenizer has {draft.dataset.vocab_size} tokens but the model only {shape.vocab_size}.",
+            field="dataset",
+        )
+
+
+def trial_plan(params: dict[str, Value], *, shape: ModelShape, vocab_size: int, budget_bytes: int) -> dict[str, Any]:
+    values = hyperparameters(params, shape)
+    return memory_plan(
+        shape.with_params(values, vocab_size=vocab_size), batch=int(values["batch_size"]),
+        seq_len=int(values["seq_len"]), optimizer=str(values["optimizer"]), momentum=float(values["momentum"]),
+        budget_bytes=budget_bytes,
+    )
+
+
+def worst_case_params(space: SearchSpace) -> dict[str, Value]:
+    """The searched values that need the most memory (memory grows with each of them)."""
+    worst: dict[str, Value] = {}
+    for name in MEMORY_PARAMETERS:
+        dimension = space.get(name)
+        if dimension is None:
+            continue
+        if name == "optimizer":
+            worst[name] = "adamw" if "adamw" in dimension.values else dimension.values[0]
+        else:
+            worst[name] = dimension.largest()
+    return worst
+
+
+def plan_trials(draft: ExperimentDraft, *, budget_bytes: int) -> list[TrialDraft]:
+    """The experiment's initial trials with their lengths and estimated memory plans.
+
+    Raises SearchSpaceError, ModelChoiceError or FitError (a layer that cannot fit: for random search and
+    TPE the worst corner of the space is checked, since not every trial is known before launch).
+    """
+    check_space(draft)
+    vocab = draft.dataset.vocab_size
+    if draft.strategy != "grid":
+        trial_plan(worst_case_params(draft.space), shape=draft.shape, vocab_size=vocab, budget_bytes=budget_bytes)
+    drafts = []
+    for number, params in enumerate(
+        initial_trials(draft.space, strategy=draft.strategy, n_trials=draft.n_trials, seed=draft.seed),  # type: ignore[arg-type]
+        start=1,
+    ):
+        values = hyperparameters(params, draft.shape)
+        drafts.append(TrialDraft(
+            number=number, params=params,
+            total_steps=total_steps(
+                budget_unit=draft.budget_unit, budget=draft.budget, batch_size=int(values["batch_size"]),
+                seq_len=int(values["seq_len"]), train_tokens=draft.dataset.train_tokens,
+            ),
+            plan=trial_plan(params, shape=draft.shape, vocab_size=vocab, budget_bytes=budget_bytes),
+        ))
+    return drafts
+
+
+def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset, steps: int, eval_every: int,
+               seed: int, budget_bytes: int) -> dict[str, Any]:
+    """The engine's ``TrialSpec`` of one trial as a plain dict (``TrialSpec.from_dict`` reads it)."""
+    values = hyperparameters(params, shape)
+    trial_shape = shape.with_params(values, vocab_size=dataset.vocab_size)
+    return {
+        "model": {
+            "n_layer": trial_shape.n_layer, "n_embd": trial_shape.n_embd, "n_head": trial_shape.n_head,
+            "vocab_size": trial_shape.vocab_size, "n_positions": trial_shape.n_positions,
+            "dropout": float(values["dropout"]), "pretrained_dir": trial_shape.pretrained_dir,
+        },
+        "data": {"tokens_path": str(dataset.tokens_path), "seq_len": int(values["seq_len"]),
+                 "val_fraction": dataset.val_fraction},
+        "optimizer": {
+            "kind": str(values["optimizer"]), "lr": float(values["lr"]), "betas": [0.9, 0.999], "eps": 1e-8,
+            "weight_decay": float(values["weight_decay"]), "momentum": float(values["momentum"]),
+            "clip_norm": float(values["clip_norm"]),
+        },
+        "schedule": {"warmup_steps": int(values["warmup_steps"]), "decay": str(values["lr_decay"])},
+        "batch_size": int(values["batch_size"]),
+        "micro_batches": 1,
+        "steps": steps,
+        "eval_every": eval_every,
+        "eval_batches": 2,
+        "seed": seed,
+        "budget_bytes": budget_bytes,
+        "bf16": False,
+    }
+

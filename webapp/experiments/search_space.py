@@ -1,0 +1,281 @@
+"""Search spaces: typed hyperparameters, parsed from form rows or YAML/JSON, expanded to grids.
+
+Pure (no Django). A search space is an ordered mapping ``name -> Dimension``; its serialized form, which is
+also the YAML/JSON users paste and download, is::
+
+    lr:         {kind: logfloat, low: 1.0e-4, high: 1.0e-2}
+    batch_size: {kind: categorical, values: [8, 16]}
+    n_layer:    {kind: int, low: 2, high: 6, step: 2}
+
+Every error is a `SearchSpaceError` naming the parameter and the field, so forms can put it beside the row.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["categorical", "int", "float", "logfloat"]
+KINDS: tuple[Kind, ...] = ("categorical", "int", "float", "logfloat")
+GRID_CAP = 256  # most trials a grid may expand to
+MAX_TRIALS = 256  # most trials random search or TPE may ask for
+Value = int | float | str
+
+
+class SearchSpaceError(ValueError):
+    """A bad search space. ``parameter`` and ``field`` say where (``None`` for the space as a whole)."""
+
+    def __init__(self, message: str, *, parameter: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.field = field
+
+
+@dataclass(frozen=True)
+class ParameterDef:
+    """A hyperparameter Hydra knows: its value type, the kinds it may be searched as, and its bounds."""
+
+    name: str
+    label: str
+    type: type
+    kinds: tuple[Kind, ...]
+    default: Value
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    architecture: bool = False  # changes the model's shape: not searchable for a pretrained model
+
+
+PARAMETERS: dict[str, ParameterDef] = {
+    p.name: p
+    for p in [
+        ParameterDef("lr", "learning rate", float, ("categorical", "float", "logfloat"), 1e-3, 1e-8, 10.0),
+        ParameterDef("batch_size", "batch size (sequences per step)", int, ("categorical", "int"), 8, 1, 4096),
+        ParameterDef("weight_decay", "weight decay", float, ("categorical", "float", "logfloat"), 0.01, 0.0, 1.0),
+        ParameterDef("warmup_steps", "warm-up steps", int, ("categorical", "int"), 0, 0, 1_000_000),
+        ParameterDef("lr_decay", "learning-rate decay", str, ("categorical",), "cosine",
+                     choices=("constant", "linear", "cosine")),
+        ParameterDef("dropout", "dropout", float, ("categorical", "float"), 0.1, 0.0, 0.9),
+        ParameterDef("optimizer", "optimizer", str, ("categorical",), "adamw", choices=("adamw", "sgd")),
+        ParameterDef("momentum", "SGD momentum", float, ("categorical", "float"), 0.9, 0.0, 0.999),
+        ParameterDef("clip_norm", "gradient clipping norm", float, ("categorical", "float", "logfloat"), 1.0,
+                     1e-4, 1e4),
+        ParameterDef("seq_len", "sequence length", int, ("categorical", "int"), 64, 4, 65_536),
+        ParameterDef("n_embd", "width (embedding size)", int, ("categorical", "int"), 0, 8, 16_384,
+                     architecture=True),
+        ParameterDef("n_layer", "depth (transformer blocks)", int, ("categorical", "int"), 0, 1, 256,
+                     architecture=True),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One searched parameter: ``values`` for categorical, ``low``/``high`` (and int ``step``) otherwise."""
+
+    name: str
+    kind: Kind
+    values: tuple[Value, ...] = ()
+    low: float | None = None
+    high: float | None = None
+    step: int | None = None
+
+    def grid_values(self) -> Sequence[Value]:
+        if self.kind == "categorical":
+            return self.values
+        if self.kind == "int":
+            assert self.low is not None and self.high is not None
+            return range(int(self.low), int(self.high) + 1, self.step or 1)
+        raise SearchSpaceError(
+            f"{self.name}: a {self.kind} range has no grid; list the values (categorical) or use random search "
+            "or TPE.", parameter=self.name, field="kind",
+        )
+
+    def largest(self) -> Value:
+        """The largest value this dimension can take (for worst-case memory checks)."""
+        if self.kind == "categorical":
+            return max(self.values, key=lambda v: (isinstance(v, str), v))
+        assert self.high is not None
+        if self.kind == "int":
+            return self.grid_values()[-1]
+        return self.high
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.kind == "categorical":
+            return {"kind": self.kind, "values": list(self.values)}
+        raw: dict[str, Any] = {"kind": self.kind, "low": self.low, "high": self.high}
+        if self.kind == "int":
+            raw["low"], raw["high"] = int(self.low or 0), int(self.high or 0)
+            if self.step and self.step != 1:
+                raw["step"] = self.step
+        return raw
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    dimensions: tuple[Dimension, ...]
+
+    def __iter__(self) -> Iterator[Dimension]:
+        return iter(self.dimensions)
+
+    def __len__(self) -> int:
+        return len(self.dimensions)
+
+    def get(self, name: str) -> Dimension | None:
+        return next((d for d in self.dimensions if d.name == name), None)
+
+    def grid_size(self) -> int:
+        return math.prod(len(d.grid_values()) for d in self.dimensions)
+
+    def grid(self) -> list[dict[str, Value]]:
+        """Every combination, first dimension slowest; raises SearchSpaceError above `GRID_CAP`."""
+        size = self.grid_size()
+        if size > GRID_CAP:
+            raise SearchSpaceError(
+                f"The grid has {size} points; the cap is {GRID_CAP}. Remove values or use random search or TPE.",
+                field="strategy",
+            )
+        names = [d.name for d in self.dimensions]
+        return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(d.grid_values() for d in self))]
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {d.name: d.to_dict() for d in self.dimensions}
+
+
+def _number(raw: object, *, parameter: ParameterDef, field: str) -> float:
+    if isinstance(raw, bool) or raw is None or raw == "":
+        raise SearchSpaceError(f"{parameter.name}: {field} is missing.", parameter=parameter.name, field=field)
+    try:
+        value = float(raw)  # type: ignore[arg-type]  # YAML reads 1e-4 as a string; accept it
+    except (TypeError, ValueError):
+        raise SearchSpaceError(
+            f"{parameter.name}: {field} {raw!r} is not a number.", parameter=parameter.name, field=field
+        ) from None
+    if not math.isfinite(value):
+        raise SearchSpaceError(f"{parameter.name}: {field} must be finite.", parameter=parameter.name, field=field)
+    if parameter.type is int and value != int(value):
+        raise SearchSpaceError(
+            f"{parameter.name}: {field} {raw!r} is not a whole number.", parameter=parameter.name, field=field
+        )
+    lo, hi = parameter.minimum, parameter.maximum
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise SearchSpaceError(
+            f"{parameter.name}: {field} {value:g} is outside [{lo:g}, {hi:g}].", parameter=parameter.name, field=field
+        )
+    return int(value) if parameter.type is int else value
+
+
+def _value(raw: object, parameter: ParameterDef) -> Value:
+    if parameter.type is str:
+        text = str(raw).strip().lower()
+        if text not in parameter.choices:
+            raise SearchSpaceError(
+                f"{parameter.name}: {raw!r} is not one of {', '.join(parameter.choices)}.",
+                parameter=parameter.name, field="values",
+            )
+        return text
+    return _number(raw, parameter=parameter, field="values")
+
+
+def parse_dimension(name: str, raw: Mapping[str, Any]) -> Dimension:
+    """One parameter from its serialized form; raises SearchSpaceError naming the parameter and field."""
+    parameter = PARAMETERS.get(name)
+    if parameter is None:
+        raise SearchSpaceError(
+            f"Unknown parameter {name!r}; Hydra searches {', '.join(PARAMETERS)}.", parameter=name, field="name"
+        )
+    if not isinstance(raw, Mapping):
+        raise SearchSpaceError(f"{name}: give a mapping with kind and values or low/high.", parameter=name)
+    unknown = set(raw) - {"kind", "values", "low", "high", "step"}
+    if unknown:
+        raise SearchSpaceError(f"{name}: unknown field(s) {', '.join(sorted(unknown))}.", parameter=name)
+    kind = raw.get("kind", "categorical" if "values" in raw else None)
+    if kind not in parameter.kinds:
+        raise SearchSpaceError(
+            f"{name}: kind {kind!r} is not allowed; use {' or '.join(parameter.kinds)}.", parameter=name, field="kind"
+        )
+    if kind == "categorical":
+        values = raw.get("values")
+        if isinstance(values, str | int | float):
+            values = [values]
+        if not values:
+            raise SearchSpaceError(f"{name}: list at least one value.", parameter=name, field="values")
+        parsed = tuple(dict.fromkeys(_value(v, parameter) for v in values))  # drop duplicates, keep order
+        return Dimension(name, kind, values=parsed)
+    if raw.get("values"):
+        raise SearchSpaceError(f"{name}: a {kind} range takes low and high, not values.", parameter=name,
+                               field="values")
+    low = _number(raw.get("low"), parameter=parameter, field="low")
+    high = _number(raw.get("high"), parameter=parameter, field="high")
+    if high < low:
+        raise SearchSpaceError(f"{name}: the range is reversed (low {low:g} > high {high:g}).", parameter=name,
+                               field="high")
+    if kind != "int" and high == low:
+        raise SearchSpaceError(f"{name}: the range is empty (low = high = {low:g}); use a categorical value.",
+                               parameter=name, field="high")
+    if kind == "logfloat" and low <= 0:
+        raise SearchSpaceError(f"{name}: a log range needs low > 0.", parameter=name, field="low")
+    step: int | None = None
+    if raw.get("step") not in (None, ""):
+        if kind != "int":
+            raise SearchSpaceError(f"{name}: only int ranges take a step.", parameter=name, field="step")
+        try:
+            step_value = float(raw["step"])
+        except (TypeError, ValueError):
+            step_value = 0.0
+        step = int(step_value) if math.isfinite(step_value) else 0
+        if step < 1 or step != step_value:
+            raise SearchSpaceError(f"{name}: step {raw['step']!r} must be a whole number >= 1.", parameter=name,
+                                   field="step")
+    return Dimension(name, kind, low=low, high=high, step=step)
+
+
+def parse_search_space(raw: object) -> SearchSpace:
+    """A search space from its serialized mapping (see the module docstring)."""
+    if not isinstance(raw, Mapping) or not raw:
+        raise SearchSpaceError("A search space is a mapping of parameter names to their ranges; it is empty.")
+    return SearchSpace(tuple(parse_dimension(str(name), spec) for name, spec in raw.items()))
+
+
+def space_from_rows(rows: Sequence[Mapping[str, Any]]) -> SearchSpace:
+    """A search space from form rows (``name``, ``kind``, ``values`` as comma-separated text, ``low``, ...)."""
+    seen: set[str] = set()
+    dimensions = []
+    for row in rows:
+        name = str(row.get("name", "")).strip()
+        if name in seen:
+            raise SearchSpaceError(f"{name} appears twice; give each parameter one row.", parameter=name,
+                                   field="name")
+        seen.add(name)
+        raw: dict[str, Any] = {"kind": row.get("kind")}
+        if row.get("kind") == "categorical":
+            raw["values"] = [v.strip() for v in str(row.get("values") or "").split(",") if v.strip()]
+        else:
+            raw.update(low=row.get("low"), high=row.get("high"), step=row.get("step"))
+            if str(row.get("values") or "").strip():
+                raw["values"] = row["values"]
+        dimensions.append(parse_dimension(name, raw))
+    if not dimensions:
+        raise SearchSpaceError("Add at least one parameter to search.")
+    return SearchSpace(tuple(dimensions))
+
+
+def rows_from_space(space: SearchSpace) -> list[dict[str, Any]]:
+    """The form rows that show `space` (the inverse of `space_from_rows`)."""
+    rows = []
+    for d in space:
+        if d.kind == "categorical":
+            rows.append({"name": d.name, "kind": d.kind, "values": ", ".join(_format(v) for v in d.values)})
+        else:
+            rows.append({"name": d.name, "kind": d.kind, "low": _format(d.low), "high": _format(d.high),
+                         "step": d.step})
+    return rows
+
+
+def _format(value: Value | None) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return "" if value is None else str(value)
