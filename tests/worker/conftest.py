@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
+from tests.worker.device_workers import DeviceWorkers
 from worker.scheduling.queue import ShardQueue
 
 
@@ -31,3 +33,20 @@ def host_id(redis_client: redis.Redis) -> Iterator[str]:
 @pytest.fixture
 def shard_queue(redis_client: redis.Redis, host_id: str) -> ShardQueue:
     return ShardQueue(redis_client, host_id)
+
+
+@pytest.fixture
+def device_workers(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., DeviceWorkers]]:
+    """Start real Celery device workers: ``device_workers("cpu0", "cpu1", lease_s=2.0)``; stopped after."""
+    started: list[DeviceWorkers] = []
+
+    def start(*names: str, lease_s: float = 10.0) -> DeviceWorkers:
+        workers = DeviceWorkers(redis_url=redis_url, root=tmp_path / f"workers{len(started)}", lease_s=lease_s)
+        (workers.root).mkdir()
+        started.append(workers)
+        workers.start(*names)
+        return workers
+
+    yield start
+    for workers in started:
+        workers.stop()

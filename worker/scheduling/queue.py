@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -356,6 +356,15 @@ class ShardQueue:
     def _run(self, name: str, *args: object) -> Any:
         return self._scripts[name](args=[self.prefix, *args])
 
+    def _run_with(self, also: Callable[[redis.client.Pipeline], None] | None, name: str, *args: object) -> Any:
+        """Run a script after the commands `also` queues (telemetry), in one round trip."""
+        if also is None:
+            return self._run(name, *args)
+        pipe = self.client.pipeline(transaction=False)
+        also(pipe)
+        self._scripts[name](args=[self.prefix, *args], client=pipe)
+        return pipe.execute()[-1]
+
     # Configuration --------------------------------------------------------------------------------------
 
     def configure(self, *, lease_s: float) -> None:
@@ -436,11 +445,15 @@ class ShardQueue:
         return PlanJob(trial_id, token, int(lease_ms) / 1000, json.loads(spec))
 
     def plan_done(
-        self, job: PlanJob, *, remaining_units: int, unit_s: float, plan: Mapping[str, Any]
+        self, job: PlanJob, *, remaining_units: int, unit_s: float, plan: Mapping[str, Any],
+        also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> str:
-        """Record a trial's plan and first estimate; it becomes runnable (or paused/cancelled if asked)."""
-        outcome: str = self._run(
-            "plan_done", job.trial_id, job.token, remaining_units, repr(unit_s), json.dumps(dict(plan))
+        """Record a trial's plan and first estimate; it becomes runnable (or paused/cancelled if asked).
+
+        `also` queues commands to send in the same round trip (telemetry). Raises LeaseLost.
+        """
+        outcome: str = self._run_with(
+            also, "plan_done", job.trial_id, job.token, remaining_units, repr(unit_s), json.dumps(dict(plan))
         )
         return self._check_lease(outcome, job.trial_id)
 
@@ -466,12 +479,18 @@ class ShardQueue:
         """Extend a lease by the host's lease length; False when it was already lost."""
         return bool(self._run("renew", trial_id, token))
 
-    def complete(self, lease: Lease, *, remaining_units: int, unit_s: float) -> str:
+    def complete(
+        self, lease: Lease, *, remaining_units: int, unit_s: float,
+        also: Callable[[redis.client.Pipeline], None] | None = None,
+    ) -> str:
         """End a unit: the trial finishes (0 units left), or becomes runnable, paused or cancelled.
 
-        Raises LeaseLost when the lease expired meanwhile (the unit is being re-run elsewhere).
+        `unit_s` is the trial's new unit-time estimate. `also` queues commands to send in the same round
+        trip (telemetry). Raises LeaseLost when the lease expired meanwhile (the unit is being re-run
+        elsewhere).
         """
-        outcome: str = self._run(
+        outcome: str = self._run_with(
+            also,
             "complete", lease.trial_id, lease.token, remaining_units, repr(unit_s), lease.device
         )
         return self._check_lease(outcome, lease.trial_id)

@@ -1,0 +1,65 @@
+"""Real Celery device workers running synthetic trials: interleaving, control and failures."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from worker.scheduling.synthetic import synthetic_spec
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_it_runs_trials_on_two_devices_units_interleaved(device_workers) -> None:
+    workers = device_workers("cpu0", "cpu1")
+    for name in "abc":
+        workers.queue.submit(trial_id=name, spec=synthetic_spec(units=8, unit_ms=20), export_dir="")
+    records = workers.wait_for_states("abc", {"finished"}, 60)
+    assert all(r.units_done == 8 for r in records.values())
+
+    spans = [s for s in workers.entries("spans") if s["phase"] != "plan"]
+    assert len(spans) == 24
+    by_device = {d: [s["trial"] for s in spans if s["device"] == d] for d in ("cpu0", "cpu1")}
+    assert all(len(set(trials)) > 1 for trials in by_device.values()), by_device
+    assert any(len({s["device"] for s in spans if s["trial"] == t}) == 2 for t in "abc"), by_device
+    for trial in "abc":  # one unit of a trial at a time, in order
+        own = sorted((s for s in spans if s["trial"] == trial), key=lambda s: s["start"])
+        assert [s["unit"] for s in own] == list(range(8))
+        assert all(a["end"] <= b["start"] for a, b in itertools.pairwise(own))
+    states = [(e["trial"], e["state"]) for e in workers.entries("events") if e["trial"] == "a"]
+    assert states[:2] == [("a", "planning"), ("a", "runnable")] and states[-1] == ("a", "finished")
+
+
+def test_it_pauses_resumes_and_cancels_at_unit_boundaries(device_workers) -> None:
+    workers = device_workers("cpu0", "cpu1")
+    queue = workers.queue
+    for name in ("paused", "cancelled", "other"):
+        queue.submit(trial_id=name, spec=synthetic_spec(units=40, unit_ms=25), export_dir="")
+    workers.wait(lambda: all(queue.trial(t).units_done >= 2 for t in ("paused", "cancelled")), 30, "progress")
+
+    queue.pause("paused")
+    queue.cancel("cancelled")
+    records = workers.wait_for_states(["paused", "cancelled"], {"paused", "cancelled"}, 10)
+    assert (records["paused"].state, records["cancelled"].state) == ("paused", "cancelled")
+    frozen = queue.trial("paused").units_done
+    workers.wait(lambda: queue.trial("other").units_done >= frozen + 4, 30, "the other trial to go on")
+    assert queue.trial("paused").units_done == frozen
+
+    assert queue.resume("paused") == "runnable"
+    records = workers.wait_for_states(["paused", "other"], {"finished"}, 60)
+    assert records["paused"].units_done == 40
+    assert queue.trial("cancelled").state == "cancelled"
+    assert queue.trial("cancelled").units_done < 40
+
+
+def test_it_fails_one_trial_and_finishes_the_others(device_workers) -> None:
+    workers = device_workers("cpu0", "cpu1")
+    workers.queue.submit(trial_id="bad", spec=synthetic_spec(units=6, unit_ms=10, fail_at_unit=3), export_dir="")
+    for name in ("good1", "good2"):
+        workers.queue.submit(trial_id=name, spec=synthetic_spec(units=10, unit_ms=10), export_dir="")
+    records = workers.wait_for_states(["bad", "good1", "good2"], {"finished", "failed"}, 60)
+    assert records["bad"].state == "failed"
+    assert "unit 3 failed on cpu" in records["bad"].message
+    assert "SyntheticUnitError: synthetic unit 3 of trial 'bad' failed on purpose" in records["bad"].message
+    assert records["good1"].state == records["good2"].state == "finished"

@@ -1,0 +1,181 @@
+"""What a device worker runs: claim the next unit by Sharded-LRTF, run it under a lease, record it, repeat.
+
+One loop per device (the worker's ``device_loop`` task). Each turn costs three Redis round trips: a
+survey (requeue expired leases, read candidates), a claim of the trial the policy picked, and one pipeline
+that completes the unit and writes its telemetry. Planning a trial is work of the same kind: it needs the
+device, so a free device plans waiting trials before it runs units.
+
+While a unit runs, the loop already knows which trial it will most likely take next (the policy applied to
+the survey, with the current trial's remaining time reduced by one unit) and asks that trial's runner to
+prefetch, so the next shard loads in the background even when it belongs to another trial.
+
+A unit that raises fails its trial (the message goes to the UI) and the loop goes on with the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from worker.scheduling import telemetry
+from worker.scheduling.policy import Candidate, pick, remaining_seconds, unit_time_estimate
+from worker.scheduling.queue import Lease, LeaseLost, PlanJob, ShardQueue, Survey
+from worker.scheduling.runner import TrialRunner, UnitDone
+from worker.scheduling.telemetry import Span
+
+log = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.5
+
+
+@dataclass(frozen=True)
+class DeviceLoopConfig:
+    """`device` is the device's name on its host (``cpu0``, ``cuda1``); `epoch` the loop's generation."""
+
+    device: str
+    epoch: str
+    idle_wait_s: float = IDLE_WAIT_S
+
+
+class LeaseKeeper:
+    """Renews a lease every third of its length from a thread while a unit (or planning) runs."""
+
+    def __init__(self, renew: Callable[[], bool], lease_s: float, what: str) -> None:
+        self._renew = renew
+        self._period = lease_s / 3
+        self._what = what
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"hydra-lease-{what}", daemon=True)
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._done.wait(self._period):
+            if not self._renew():
+                # The unit keeps running (it cannot be interrupted); its completion will be refused.
+                log.warning("lease on %s lost; another device will re-run its unit", self._what)
+                return
+
+
+class DeviceLoop:
+    """The loop of one device. `runners` maps a spec's ``kind`` to the runner of such trials."""
+
+    def __init__(self, *, queue: ShardQueue, runners: Mapping[str, TrialRunner], config: DeviceLoopConfig):
+        self.queue = queue
+        self.runners = runners
+        self.config = config
+        self.device = config.device
+        self.pid = os.getpid()
+
+    def run(self) -> None:
+        """Run until the queue says this loop is no longer the device's current one (or it must stop)."""
+        log.info("device loop of %s started (epoch %s, pid %d)", self.device, self.config.epoch, self.pid)
+        while self.turn():
+            pass
+        log.info("device loop of %s ended (epoch %s)", self.device, self.config.epoch)
+
+    def turn(self) -> bool:
+        """Plan one trial, run one unit, or wait a little for work. False when the loop must end."""
+        survey = self.queue.survey(self.device, self.config.epoch)
+        if not survey.alive:
+            return False
+        if survey.planning:
+            job = self.queue.claim_plan(self.device)
+            if job is not None:
+                self._plan(job)
+                return True
+        choice = pick(survey.candidates, self.device)
+        if choice is None:
+            self.queue.wait_for_work(self.config.idle_wait_s)
+            return True
+        lease = self.queue.claim(choice.trial_id, self.device)
+        if lease is not None:  # None: another device claimed it first; survey again
+            self._prefetch_next(survey, lease)
+            self._run_unit(lease)
+        return True
+
+    def _runner(self, spec: Mapping[str, Any]) -> TrialRunner:
+        kind = spec.get("kind")
+        if kind not in self.runners:
+            raise KeyError(f"no runner for trial kind {kind!r}; this worker runs {sorted(self.runners)}")
+        return self.runners[kind]
+
+    def _plan(self, job: PlanJob) -> None:
+        start = time.time()
+        try:
+            with LeaseKeeper(lambda: self.queue.renew(job.trial_id, job.token), job.lease_s, job.trial_id):
+                planned = self._runner(job.spec).plan(trial_id=job.trial_id, spec=job.spec)
+        except Exception as error:  # any failure of planning is the trial's, never the device's
+            self._fail(job.trial_id, job.token, "planning", error)
+            return
+        span = Span(trial=job.trial_id, device=self.device, unit=-1, step=-1, micro_batch=0, phase="plan",
+                    shard=-1, start=start, end=time.time(), bytes_moved=0, peak_bytes=0, pid=self.pid)
+        try:
+            state = self.queue.plan_done(
+                job, remaining_units=planned.remaining_units, unit_s=planned.unit_s, plan=planned.plan,
+                also=lambda pipe: telemetry.add(pipe, self.queue.host_id, "spans", span),
+            )
+        except LeaseLost as error:
+            log.warning("%s", error)
+            return
+        log.info("trial %s planned on %s: %d units, now %s", job.trial_id, self.device,
+                 planned.remaining_units, state)
+
+    def _prefetch_next(self, survey: Survey, lease: Lease) -> None:
+        """Guess the next claim (this trial comes back with one unit less) and prefetch it if it differs."""
+        after = Candidate(lease.trial_id, remaining_seconds(lease.remaining_units - 1, lease.unit_s), self.device)
+        others = [c for c in survey.candidates if c.trial_id != lease.trial_id]
+        guess = pick([*others, after] if lease.remaining_units > 1 else others, self.device)
+        if guess is None or guess.trial_id == lease.trial_id:
+            return
+        try:
+            self._runner(lease.spec).prefetch(trial_id=guess.trial_id)
+        except Exception as error:  # a prefetch is only a hint; the unit itself will load what it needs
+            log.warning("prefetch of trial %s failed: %s", guess.trial_id, error)
+
+    def _run_unit(self, lease: Lease) -> None:
+        start = time.time()
+        try:
+            with LeaseKeeper(lambda: self.queue.renew(lease.trial_id, lease.token), lease.lease_s, lease.trial_id):
+                runner = self._runner(lease.spec)
+                done = runner.run_unit(trial_id=lease.trial_id, spec=lease.spec, units_done=lease.units_done)
+                if done.remaining_units == 0:
+                    runner.export(trial_id=lease.trial_id, spec=lease.spec, export_dir=lease.export_dir)
+        except Exception as error:  # a unit that raises fails its trial; the other trials go on
+            self._fail(lease.trial_id, lease.token, f"unit {lease.units_done}", error)
+            return
+        end = time.time()
+        self._record(lease, done, start, end)
+
+    def _record(self, lease: Lease, done: UnitDone, start: float, end: float) -> None:
+        """Complete the unit and write its telemetry in one round trip."""
+        span = Span(trial=lease.trial_id, device=self.device, unit=lease.units_done, step=done.step,
+                    micro_batch=done.micro_batch, phase=done.phase, shard=done.shard, start=start, end=end,
+                    bytes_moved=done.bytes_moved, peak_bytes=done.peak_bytes, pid=self.pid)
+        try:
+            self.queue.complete(
+                lease, remaining_units=done.remaining_units, unit_s=unit_time_estimate(lease.unit_s, end - start),
+                also=lambda pipe: telemetry.add_all(pipe, self.queue.host_id, span=span, steps=done.steps,
+                                                    evals=done.evals),
+            )
+        except LeaseLost as error:
+            log.warning("%s", error)
+
+    def _fail(self, trial_id: str, token: str, where: str, error: Exception) -> None:
+        log.exception("trial %s failed in %s on %s", trial_id, where, self.device)
+        message = f"{where} failed on {self.device}: {type(error).__name__}: {error}"
+        try:
+            self.queue.fail(trial_id, token, message)
+        except LeaseLost as lost:
+            log.warning("%s", lost)

@@ -1,0 +1,144 @@
+"""Runs `worker.engine` trials for a device loop: plan into the host's spill directory, run units, export.
+
+Spec: ``{"kind": "engine", "trial": TrialSpec.to_dict()}``. The engine keeps a trial's whole state in its
+spill store, so the only thing cached here is the opened session of recently run trials (building one
+costs more than a small unit). A cached session is reused only while the store on disk is still at the
+version it saw; when another device ran a unit in between, it is opened again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from worker.engine.config import TrialSpec
+from worker.engine.partition import MemoryPlan
+from worker.engine.schedule import Timetable
+from worker.engine.session import TrialSession, UnitResult, trial_create
+from worker.engine.spill_store import MANIFEST, SpillStore
+from worker.scheduling.runner import Planned, UnitDone, WorkloadError
+from worker.scheduling.telemetry import EvalMetrics, StepMetrics
+
+log = logging.getLogger(__name__)
+
+SESSION_CACHE = 8
+
+
+def engine_spec(trial: TrialSpec) -> dict[str, Any]:
+    """The queue spec of an engine trial."""
+    return {"kind": "engine", "trial": trial.to_dict()}
+
+
+def torch_device(kind: str) -> torch.device:
+    """The torch device of a worker pinned to one device: a CUDA worker sees only its GPU, as cuda:0."""
+    return torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
+
+
+class EngineRunner:
+    """Engine trials under `spill_dir` on `device` (this process's only device)."""
+
+    def __init__(self, *, spill_dir: Path, device: torch.device) -> None:
+        self.spill_dir = spill_dir
+        self.device = device
+        self._sessions: OrderedDict[str, TrialSession] = OrderedDict()
+        self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hydra-prefetch")
+
+    def plan(self, *, trial_id: str, spec: Mapping[str, Any]) -> Planned:
+        trial = TrialSpec.from_dict(spec["trial"])
+        # A planning attempt that died half-way left a partial store; planning owns the directory.
+        shutil.rmtree(self.spill_dir / trial_id, ignore_errors=True)
+        plan = trial_create(spec=trial, spill_dir=self.spill_dir, trial_id=trial_id, device=self.device)
+        session = self._open(trial_id)
+        return Planned(remaining_units=session.remaining_units(), unit_s=first_unit_estimate(plan),
+                       plan=plan.to_dict())
+
+    def prefetch(self, *, trial_id: str) -> None:
+        """Read the next shard's buffers into the page cache in the background (the disk tier's load).
+
+        The host tier is RAM already; copying to the device is the engine's own double buffer.
+        """
+        self._prefetcher.submit(self._warm, trial_id)
+
+    def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int) -> UnitDone:
+        session = self._open(trial_id)
+        if session.next_unit() is None:
+            raise WorkloadError(f"trial {trial_id!r} has no unit left, yet the queue had it runnable")
+        return unit_done(trial_id, session.run_unit(), session.remaining_units())
+
+    def export(self, *, trial_id: str, spec: Mapping[str, Any], export_dir: str) -> None:
+        """Export the model directory, then delete the trial's spill store (host RAM on /dev/shm)."""
+        self._open(trial_id).export(Path(export_dir))
+        self._sessions.pop(trial_id, None)
+        shutil.rmtree(self.spill_dir / trial_id)
+
+    def _open(self, trial_id: str) -> TrialSession:
+        store = SpillStore.open(self.spill_dir / trial_id)
+        session = self._sessions.pop(trial_id, None)
+        if session is None or session.store.manifest["version"] != store.manifest["version"]:
+            session = TrialSession(store, self.device)
+        self._sessions[trial_id] = session
+        while len(self._sessions) > SESSION_CACHE:
+            self._sessions.popitem(last=False)
+        return session
+
+    def _warm(self, trial_id: str) -> None:
+        root = self.spill_dir / trial_id
+        try:
+            # A snapshot, not SpillStore.open: another device may be running this trial's unit right now,
+            # and open() would delete the files it is writing.
+            store = SpillStore(root, json.loads((root / MANIFEST).read_text()))
+            trial = TrialSpec.from_dict(store.manifest["spec"])
+            timetable = Timetable(shards=len(store.manifest["plan"]["shards"]), steps=trial.steps,
+                                  micro_batches=trial.micro_batches, eval_every=trial.eval_every,
+                                  eval_batches=trial.eval_batches)
+            cursor = store.manifest["cursor"]
+            if cursor >= len(timetable):
+                return
+            shard = timetable[cursor].shard
+            for name in (f"p{shard}", f"o{shard}", f"g{shard}"):
+                if store.has(name):
+                    with open(store.path(name), "rb") as f:
+                        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+        except (OSError, ValueError, KeyError) as error:  # the trial moved on meanwhile: nothing to warm
+            log.debug("prefetch of trial %s skipped: %s", trial_id, error)
+
+
+def first_unit_estimate(plan: MemoryPlan) -> float:
+    """Seconds per unit before any unit ran, from the profiled forward+backward time of each layer.
+
+    Per micro-batch, n shards run 2n - 1 units: every layer forward once without a graph (about a third
+    of forward+backward) and forward+backward once, so about 4/3 of the profiled time over 2n - 1 units.
+    """
+    units = 2 * len(plan.shards) - 1
+    return max(1e-6, 4 / 3 * sum(layer.time_s for layer in plan.layers) / units)
+
+
+def unit_done(trial_id: str, result: UnitResult, remaining_units: int) -> UnitDone:
+    """Translate the engine's result of one unit into the scheduler's record."""
+    unit = result.unit
+    now = time.time()
+    steps = (
+        [StepMetrics(trial=trial_id, step=unit.step, loss=result.loss, lr=result.lr or 0.0,
+                     tokens=result.tokens or 0, time=now)]
+        if result.loss is not None else []
+    )
+    evals = (
+        [EvalMetrics(trial=trial_id, step=unit.step, loss=result.eval_loss, perplexity=result.eval_ppl or 0.0,
+                     time=now)]
+        if result.eval_loss is not None else []
+    )
+    return UnitDone(
+        remaining_units=remaining_units, step=unit.step, micro_batch=unit.micro_batch, phase=unit.phase,
+        shard=unit.shard, bytes_moved=result.bytes_read + result.bytes_written,
+        peak_bytes=result.peak_device_bytes or 0, steps=steps, evals=evals,
+    )

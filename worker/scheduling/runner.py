@@ -1,0 +1,62 @@
+"""What a device loop asks of a workload: plan a trial, run its next unit, export it.
+
+A trial's spec is plain JSON-able data with a ``kind``: ``engine`` (a `worker.engine` trial, the real
+thing) or ``synthetic`` (units that only sleep, for measuring the queue itself). Runners keep no state that
+matters between units: everything lives in the spill store (engine) or in the queue (synthetic), so any
+device's runner can run any trial's next unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from worker.scheduling.telemetry import EvalMetrics, StepMetrics
+
+
+class WorkloadError(Exception):
+    """A trial's spec or state cannot be run; fails that trial with this message."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A planned trial: units to run, a first unit-time estimate, and the plan as JSON-able data."""
+
+    remaining_units: int
+    unit_s: float
+    plan: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class UnitDone:
+    """One unit that ran: where it was in the trial, what it cost, and the metrics it produced."""
+
+    remaining_units: int
+    step: int
+    micro_batch: int
+    phase: str
+    shard: int
+    bytes_moved: int
+    peak_bytes: int
+    steps: list[StepMetrics] = field(default_factory=list)
+    evals: list[EvalMetrics] = field(default_factory=list)
+
+
+class TrialRunner(Protocol):
+    def plan(self, *, trial_id: str, spec: Mapping[str, Any]) -> Planned:
+        """Profile and partition the trial on this device, and set up its state. Idempotent: a planning
+        attempt that died half-way is planned again from scratch."""
+        ...
+
+    def prefetch(self, *, trial_id: str) -> None:
+        """Start loading what the trial's next unit needs, in the background; a hint that may be wrong."""
+        ...
+
+    def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int) -> UnitDone:
+        """Run the trial's next unit (`units_done` units ran before, by any device) and commit it."""
+        ...
+
+    def export(self, *, trial_id: str, spec: Mapping[str, Any], export_dir: str) -> None:
+        """Write a finished trial's result to `export_dir`, then free its state."""
+        ...

@@ -1,0 +1,90 @@
+"""Celery adapters of the scheduler: the device loop task, and the worker signals that start and stop it.
+
+A device worker (HYDRA_WORKER_DEVICE set, see worker/launch.py) sends itself one ``device_loop`` task when
+it is ready, on its own queue; the loop runs in the worker's pool process until the worker shuts down. The
+worker's main process stays free to answer ping and inspect while units run. Submitting and controlling
+trials needs no task: it is a Redis script (worker/api.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import redis
+from celery import signals
+from django.conf import settings
+
+from worker.api import host_queue
+from worker.celery_app import app
+
+log = logging.getLogger(__name__)
+
+
+def _device() -> tuple[str, int] | None:
+    """(kind, index) of the device this worker is bound to, or None for a worker bound to none."""
+    spec = settings.HYDRA.worker_device
+    if spec is None:
+        return None
+    kind, index = spec.split(":")
+    return kind, int(index)
+
+
+def device_queue(host_id: str, device: str) -> str:
+    """The Celery queue only `device`'s worker consumes (worker.launch.worker_queues names it too)."""
+    return f"hydra.{host_id}.{device}"
+
+
+# acks_late + reject_on_worker_lost: if the pool process is killed, the message goes back and the worker's
+# new pool process restarts the loop. A Redis outage retries the loop instead of ending it.
+@app.task(
+    name="hydra.device_loop", ignore_result=True, acks_late=True, reject_on_worker_lost=True,
+    autoretry_for=(redis.ConnectionError, redis.TimeoutError), retry_backoff=True, max_retries=None,
+)
+def device_loop(epoch: str) -> None:
+    """Run this worker's device loop until the worker stops or a newer loop (epoch) replaces it."""
+    import torch
+
+    from worker.scheduling.device_loop import DeviceLoop, DeviceLoopConfig
+    from worker.scheduling.engine_runner import EngineRunner, torch_device
+    from worker.scheduling.synthetic import SyntheticRunner
+    from worker.scheduling.telemetry import DeviceSampler
+
+    bound = _device()
+    if bound is None:
+        raise RuntimeError("device_loop ran on a worker bound to no device (HYDRA_WORKER_DEVICE is unset).")
+    kind, index = bound
+    queue = host_queue()
+    settings.HYDRA.spill_dir.mkdir(parents=True, exist_ok=True)
+    runners = {
+        "engine": EngineRunner(spill_dir=settings.HYDRA.spill_dir, device=torch_device(kind)),
+        "synthetic": SyntheticRunner(),
+    }
+    name = f"{kind}{index}"
+    sampler = DeviceSampler(queue.client, queue.host_id, device=name, kind=kind, index=index,
+                            threads=torch.get_num_threads())
+    sampler.start()
+    try:
+        DeviceLoop(queue=queue, runners=runners, config=DeviceLoopConfig(device=name, epoch=epoch)).run()
+    finally:
+        sampler.stop()
+
+
+@signals.worker_ready.connect
+def start_device_loop(**kwargs: object) -> None:
+    bound = _device()
+    if bound is None:
+        return
+    name = f"{bound[0]}{bound[1]}"
+    epoch = uuid.uuid4().hex
+    queue = host_queue()
+    queue.device_start(name, epoch)
+    device_loop.apply_async(args=[epoch], queue=device_queue(queue.host_id, name))
+    log.info("device loop of %s requested (epoch %s)", name, epoch)
+
+
+@signals.worker_shutting_down.connect
+def stop_device_loop(**kwargs: object) -> None:
+    bound = _device()
+    if bound is not None:
+        host_queue().device_stop(f"{bound[0]}{bound[1]}")
