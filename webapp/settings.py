@@ -25,6 +25,8 @@ INSTALLED_APPS = [
     "webapp.health",
     "webapp.datasets",
     "webapp.experiments",
+    "webapp.telemetry",
+    "webapp.dashboards",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,116 @@
+"""telemetry_ingest against a real Redis: batches, cursors, replays, attempts, levels of detail, events."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+
+from tests.webapp.telemetry.factories import make_experiment, write_event, write_sample, write_span, write_steps
+from webapp.experiments.models import Trial
+from webapp.telemetry import levels
+from webapp.telemetry.models import DeviceSample, EvalMetric, StepMetric, StreamCursor, UnitSpan
+from webapp.telemetry.services import telemetry_ingest
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def trials(alice_team) -> list[Trial]:
+    experiment = make_experiment(alice_team, trials=[{"lr": 1e-3}, {"lr": 3e-3}], total_steps=300)
+    return list(experiment.trials.order_by("number"))
+
+
+def test_it_stores_every_stream_in_batches_and_advances_the_cursors(redis_client, host_id, trials):
+    first, second = trials
+    write_steps(redis_client, host_id, first, range(0, 250))
+    write_steps(redis_client, host_id, second, range(0, 30))
+    write_span(redis_client, host_id, first, device="cpu0", unit=0, start=1.0, end=2.0)
+    write_span(redis_client, host_id, second, device="cpu1", unit=0, start=1.5, end=2.5)
+    write_sample(redis_client, host_id, device="cpu0", time=1.2, utilization=0.9)
+
+    read = telemetry_ingest(client=redis_client, host_id=host_id, batch_size=100)
+
+    assert read == {"steps": 280, "evals": 28, "spans": 2, "samples": 1, "events": 0}
+    assert StepMetric.objects.filter(trial=first).count() == 250
+    assert EvalMetric.objects.filter(trial=second).count() == 3
+    assert set(UnitSpan.objects.values_list("device", flat=True)) == {"cpu0", "cpu1"}
+    assert DeviceSample.objects.get().utilization == 0.9
+    cursor = StreamCursor.objects.get(host=host_id, stream="steps").cursor
+    assert cursor == redis_client.xrevrange(f"hydra:{host_id}:steps", count=1)[0][0]
+    first.refresh_from_db()
+    assert first.step == 249
+    assert first.best_val_loss == min(EvalMetric.objects.filter(trial=first).values_list("loss", flat=True))
+
+
+def test_it_reads_only_what_is_new(redis_client, host_id, trials):
+    write_steps(redis_client, host_id, trials[0], range(0, 10))
+    telemetry_ingest(client=redis_client, host_id=host_id)
+    write_steps(redis_client, host_id, trials[0], range(10, 15))
+    assert telemetry_ingest(client=redis_client, host_id=host_id)["steps"] == 5
+    assert telemetry_ingest(client=redis_client, host_id=host_id)["steps"] == 0
+
+
+def test_it_stores_nothing_twice_when_a_batch_is_replayed(redis_client, host_id, trials):
+    write_steps(redis_client, host_id, trials[0], range(0, 40))
+    write_span(redis_client, host_id, trials[0], device="cpu0", unit=0, start=1.0, end=2.0)
+    telemetry_ingest(client=redis_client, host_id=host_id)
+    StreamCursor.objects.filter(host=host_id).update(cursor="0-0")  # as if the cursor update had been lost
+
+    telemetry_ingest(client=redis_client, host_id=host_id)
+
+    assert StepMetric.objects.count() == 40
+    assert EvalMetric.objects.count() == 4
+    assert UnitSpan.objects.count() == 1
+
+
+def test_it_drops_entries_of_unknown_trials_and_of_replaced_attempts(redis_client, host_id, trials):
+    trial = trials[0]
+    write_steps(redis_client, host_id, trial, range(0, 5))  # attempt 1, queue id "<pk>"
+    Trial.objects.filter(pk=trial.pk).update(attempt=2, queue_id=f"{trial.pk}.2", step=0)
+    trial.refresh_from_db()
+    write_steps(redis_client, host_id, trial, range(0, 3))
+    redis_client.xadd(f"hydra:{host_id}:steps", {"trial": "999999", "step": 1, "loss": 1.0, "lr": 0.1,
+                                                 "tokens": 1, "time": 1.0})
+
+    telemetry_ingest(client=redis_client, host_id=host_id)
+
+    assert list(StepMetric.objects.values_list("attempt", "step").order_by("step")) == [(2, 0), (2, 1), (2, 2)]
+
+
+def test_it_keeps_levels_of_detail_equal_to_a_recomputation_from_scratch(redis_client, host_id, trials):
+    trial = trials[0]
+    # Out of order and in small batches, so buckets are revisited and representatives demoted.
+    for chunk in (range(0, 70), range(140, 300), range(70, 140)):
+        write_steps(redis_client, host_id, trial, chunk)
+        telemetry_ingest(client=redis_client, host_id=host_id, batch_size=33)
+
+    rows = list(StepMetric.objects.filter(trial=trial).values_list("id", "step", "loss", "level"))
+    expected = {i: 0 for i, _, _, _ in rows}
+    candidates = [levels.Point(i, s, loss) for i, s, loss, _ in rows]
+    for level in range(1, levels.MAX_LEVEL + 1):
+        keep = levels.representatives(candidates, level)
+        for i in keep:
+            expected[i] = level
+        candidates = [p for p in candidates if p.id in keep]
+    assert {i: lv for i, _, _, lv in rows} == expected
+
+
+def test_it_applies_trial_state_events_through_the_status_service(redis_client, host_id, trials):
+    first, second = trials
+    write_event(redis_client, host_id, first, "finished")
+    write_event(redis_client, host_id, second, "failed", "CUDA out of memory twice")
+    write_event(redis_client, host_id, first, "running")  # an ended trial is never revived
+
+    telemetry_ingest(client=redis_client, host_id=host_id)
+
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.status == "finished" and first.finished is not None
+    assert second.status == "failed" and second.message == "CUDA out of memory twice"
+
+
+def test_the_command_drains_once(redis_client, host_id, trials, capsys):
+    write_steps(redis_client, host_id, trials[0], range(0, 12))
+    call_command("hydra_ingest", "--once", "--host", host_id)
+    assert StepMetric.objects.count() == 12
+    assert f"hydra_ingest {host_id}: steps 12" in capsys.readouterr().out

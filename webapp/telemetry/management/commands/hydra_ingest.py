@@ -1,0 +1,45 @@
+"""``manage.py hydra_ingest``: copy telemetry from Redis streams into the database, every second."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+
+from webapp.telemetry.services import telemetry_ingest
+
+
+class Command(BaseCommand):
+    help = "Drain the hosts' telemetry streams (steps, evals, spans, samples, trial events) into the database."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--once", action="store_true", help="Drain what is there now, then exit.")
+        parser.add_argument(
+            "--host", action="append", dest="hosts", metavar="HOST_ID",
+            help="A host whose streams to drain (repeatable); default: this host (HYDRA_HOST_ID).",
+        )
+        parser.add_argument("--interval", type=float, default=1.0, help="Seconds between passes (default 1).")
+
+    def handle(self, *args: Any, once: bool, hosts: list[str] | None, interval: float, **options: Any) -> None:
+        client = redis.Redis.from_url(settings.HYDRA.redis_url, decode_responses=True)
+        hosts = hosts or [settings.HYDRA.host_id]
+        stop = threading.Event()
+        if not once:
+            # A process manager stops us with SIGTERM: finish the current batch, whose transaction is atomic.
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+            signal.signal(signal.SIGINT, lambda *_: stop.set())
+        while True:
+            for host in hosts:
+                try:
+                    read = telemetry_ingest(client=client, host_id=host)
+                except redis.ConnectionError as error:  # Redis restarting: try again on the next pass
+                    self.stderr.write(f"hydra_ingest: Redis unavailable ({error}); retrying in {interval} s")
+                    continue
+                if any(read.values()):
+                    self.stdout.write(f"hydra_ingest {host}: " + ", ".join(f"{k} {v}" for k, v in read.items()))
+            if once or stop.wait(interval):
+                break

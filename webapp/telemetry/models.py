@@ -1,0 +1,107 @@
+"""What the workers measured, copied from the hosts' Redis streams into the database by `telemetry_ingest`.
+
+Every row is idempotent on replay: a step and an evaluation are unique per trial, attempt and step; a span
+and a device sample per host and Redis entry id. Re-reading a stream after a crash between the insert and the
+cursor update therefore inserts nothing twice.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from webapp.experiments.models import Trial
+
+
+class StepMetric(models.Model):
+    """One optimizer step of a trial. ``level`` is its level of detail (see `webapp.telemetry.levels`)."""
+
+    trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="step_metrics")
+    attempt = models.PositiveIntegerField(help_text="The trial's launch this step belongs to (a retry restarts).")
+    step = models.PositiveIntegerField()
+    loss = models.FloatField()
+    lr = models.FloatField()
+    tokens = models.BigIntegerField(help_text="Training tokens seen up to and including this step.")
+    time = models.FloatField(help_text="When the step ended (epoch seconds).")
+    level = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["trial", "attempt", "step"], name="unique_step_metric")]
+        # The dashboards read a trial's representatives of one level, in step order.
+        indexes = [models.Index(fields=["trial", "attempt", "level", "step"], name="step_metric_level")]
+
+    def __str__(self) -> str:
+        return f"trial {self.trial_id} step {self.step}: loss {self.loss:.4f}"
+
+
+class EvalMetric(models.Model):
+    trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="eval_metrics")
+    attempt = models.PositiveIntegerField()
+    step = models.PositiveIntegerField()
+    loss = models.FloatField()
+    perplexity = models.FloatField()
+    time = models.FloatField(help_text="When the evaluation ended (epoch seconds).")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["trial", "attempt", "step"], name="unique_eval_metric")]
+
+    def __str__(self) -> str:
+        return f"trial {self.trial_id} eval at step {self.step}: loss {self.loss:.4f}"
+
+
+class UnitSpan(models.Model):
+    """One shard unit (or a trial's planning) that ran on a device, for the device timeline."""
+
+    trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="unit_spans")
+    host = models.CharField(max_length=64)
+    entry_id = models.CharField(max_length=40, help_text="The Redis stream entry id on its host.")
+    device = models.CharField(max_length=32)
+    unit = models.PositiveIntegerField()
+    step = models.PositiveIntegerField()
+    micro_batch = models.PositiveIntegerField()
+    phase = models.CharField(max_length=16, help_text="F, FB, B, E, S, plan (or synthetic).")
+    shard = models.PositiveIntegerField()
+    start = models.FloatField()
+    end = models.FloatField()
+    bytes_moved = models.BigIntegerField()
+    peak_bytes = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["host", "entry_id"], name="unique_unit_span")]
+        indexes = [models.Index(fields=["trial", "end"], name="unit_span_trial_end")]
+
+    def __str__(self) -> str:
+        return f"trial {self.trial_id} {self.phase}{self.shard} on {self.host}/{self.device}"
+
+
+class DeviceSample(models.Model):
+    """A device's utilization and memory at one moment. Devices belong to a host, not to a team."""
+
+    host = models.CharField(max_length=64)
+    entry_id = models.CharField(max_length=40)
+    device = models.CharField(max_length=32)
+    time = models.FloatField()
+    utilization = models.FloatField(help_text="0..1")
+    memory_used = models.BigIntegerField()
+    memory_total = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["host", "entry_id"], name="unique_device_sample")]
+        indexes = [models.Index(fields=["time"], name="device_sample_time")]
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.device} at {self.time:.0f}: {self.utilization:.0%}"
+
+
+class StreamCursor(models.Model):
+    """The id of the last entry of a host's stream that is stored (``0-0`` before the first)."""
+
+    host = models.CharField(max_length=64)
+    stream = models.CharField(max_length=16)
+    cursor = models.CharField(max_length=40, default="0-0")
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["host", "stream"], name="unique_stream_cursor")]
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.stream} @ {self.cursor}"

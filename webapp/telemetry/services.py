@@ -1,0 +1,164 @@
+"""Copy the workers' telemetry from a host's Redis streams into the database, in batches, exactly once.
+
+`telemetry_ingest` drains each stream after the cursor stored for it: one transaction per batch inserts the
+rows (``bulk_create`` with ``ignore_conflicts``, so a replayed batch inserts nothing twice) and advances the
+cursor. A crash between the two only replays that batch. Entries of trials that no longer exist (deleted
+since), or of an attempt that a retry replaced, are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
+
+import redis
+from django.db import transaction
+from django.db.models import Q
+
+from webapp.experiments.models import Trial
+from webapp.experiments.services import trial_status_record
+from webapp.telemetry import levels
+from webapp.telemetry.models import DeviceSample, EvalMetric, StepMetric, StreamCursor, UnitSpan
+from worker.scheduling import telemetry
+
+log = logging.getLogger(__name__)
+
+Entry = Mapping[str, Any]
+# Steps first, so that when a trial's "finished" event is applied its last metrics are already stored.
+STREAM_ORDER = ("steps", "evals", "spans", "samples", "events")
+BATCH_SIZE = 2000
+
+
+def telemetry_ingest(*, client: redis.Redis, host_id: str, batch_size: int = BATCH_SIZE,
+                     max_batches: int = 50) -> dict[str, int]:
+    """Store what is new in each stream of `host_id`; return the entries read per stream.
+
+    At most `max_batches` batches of `batch_size` entries per stream per call, so one busy stream cannot
+    starve the others; call again (the `hydra_ingest` command loops) to go on. `client` must decode
+    responses. Redis errors propagate: the cursors stay where they were.
+    """
+    read: dict[str, int] = {}
+    for stream in STREAM_ORDER:
+        read[stream] = 0
+        cursor, _ = StreamCursor.objects.get_or_create(host=host_id, stream=stream)
+        for _ in range(max_batches):
+            batch = telemetry.read(client, host_id, stream, after=cursor.cursor, count=batch_size)
+            if not batch.entries:
+                break
+            with transaction.atomic():
+                STORES[stream](host_id, batch.entries)
+                StreamCursor.objects.filter(pk=cursor.pk).update(cursor=batch.cursor)
+            cursor.cursor = batch.cursor
+            read[stream] += len(batch.entries)
+            if len(batch.entries) < batch_size:
+                break
+    return read
+
+
+class Attempt(NamedTuple):
+    trial_id: int
+    attempt: int
+
+
+def _attempts(entries: Iterable[Entry]) -> dict[str, Attempt]:
+    """Queue id -> (Trial pk, attempt) for the entries whose queue id is a trial's current attempt.
+
+    A retried trial gets a new queue id, so stragglers of its old attempt are dropped here.
+    """
+    ids = {str(e["trial"]) for e in entries}
+    rows = Trial.objects.filter(queue_id__in=ids).values_list("queue_id", "pk", "attempt")
+    return {queue_id: Attempt(pk, attempt) for queue_id, pk, attempt in rows}
+
+
+def _store_steps(host_id: str, entries: list[Entry]) -> None:
+    attempts = _attempts(entries)
+    rows = [
+        StepMetric(trial_id=attempts[e["trial"]].trial_id, attempt=attempts[e["trial"]].attempt, step=e["step"],
+                   loss=e["loss"], lr=e["lr"], tokens=e["tokens"], time=e["time"])
+        for e in entries if e["trial"] in attempts
+    ]
+    StepMetric.objects.bulk_create(rows, ignore_conflicts=True)
+    for trial_id, attempt in set(attempts.values()):
+        steps = [row.step for row in rows if row.trial_id == trial_id]
+        if steps:
+            _update_levels(trial_id, attempt, min(steps), max(steps))
+            # The trial's progress only moves forward (a replayed batch is older). A monotonic UPDATE, not
+            # the status service: it is not a state change and must not race with one.
+            Trial.objects.filter(pk=trial_id, attempt=attempt, step__lt=max(steps)).update(step=max(steps))
+
+
+def _update_levels(trial_id: int, attempt: int, first_step: int, last_step: int) -> None:
+    """Recompute the levels of detail of every bucket that steps `first_step`..`last_step` fall into."""
+    for level in range(1, levels.MAX_LEVEL + 1):
+        width = levels.bucket_width(level)
+        rows = list(
+            StepMetric.objects.filter(
+                trial_id=trial_id, attempt=attempt, level__gte=level - 1,
+                step__gte=first_step // width * width, step__lt=(last_step // width + 1) * width,
+            ).values_list("id", "step", "loss", "level")
+        )
+        keep = levels.representatives((levels.Point(i, s, loss) for i, s, loss, _ in rows), level)
+        promote = [i for i, _, _, lv in rows if i in keep and lv < level]
+        demote = [i for i, _, _, lv in rows if i not in keep and lv >= level]
+        if promote:
+            StepMetric.objects.filter(pk__in=promote).update(level=level)
+        if demote:
+            StepMetric.objects.filter(pk__in=demote).update(level=level - 1)
+
+
+def _store_evals(host_id: str, entries: list[Entry]) -> None:
+    attempts = _attempts(entries)
+    rows = [
+        EvalMetric(trial_id=attempts[e["trial"]].trial_id, attempt=attempts[e["trial"]].attempt, step=e["step"],
+                   loss=e["loss"], perplexity=e["perplexity"], time=e["time"])
+        for e in entries if e["trial"] in attempts
+    ]
+    EvalMetric.objects.bulk_create(rows, ignore_conflicts=True)
+    for trial_id, attempt in {(row.trial_id, row.attempt) for row in rows}:
+        best = min((row for row in rows if row.trial_id == trial_id), key=lambda row: row.loss)
+        # Only ever an improvement, whatever order batches arrive in.
+        Trial.objects.filter(Q(best_val_loss__isnull=True) | Q(best_val_loss__gt=best.loss),
+                             pk=trial_id, attempt=attempt).update(best_val_loss=best.loss,
+                                                                  best_val_ppl=best.perplexity)
+
+
+def _store_spans(host_id: str, entries: list[Entry]) -> None:
+    attempts = _attempts(entries)
+    UnitSpan.objects.bulk_create(
+        [
+            UnitSpan(trial_id=attempts[e["trial"]].trial_id, host=host_id, entry_id=e["id"], device=e["device"],
+                     unit=e["unit"], step=e["step"], micro_batch=e["micro_batch"], phase=e["phase"],
+                     shard=e["shard"], start=e["start"], end=e["end"], bytes_moved=e["bytes_moved"],
+                     peak_bytes=e["peak_bytes"])
+            for e in entries if e["trial"] in attempts
+        ],
+        ignore_conflicts=True,
+    )
+
+
+def _store_samples(host_id: str, entries: list[Entry]) -> None:
+    DeviceSample.objects.bulk_create(
+        [
+            DeviceSample(host=host_id, entry_id=e["id"], device=e["device"], time=e["time"],
+                         utilization=e["utilization"], memory_used=e["memory_used"],
+                         memory_total=e["memory_total"])
+            for e in entries
+        ],
+        ignore_conflicts=True,
+    )
+
+
+def _store_events(host_id: str, entries: list[Entry]) -> None:
+    # The status service itself ignores old attempts and unknown queue ids, and never revives an ended trial.
+    for entry in entries:
+        trial_status_record(trial_id=entry["trial"], status=entry["state"], message=entry.get("message") or None)
+
+
+STORES: dict[str, Callable[[str, list[Entry]], None]] = {
+    "steps": _store_steps,
+    "evals": _store_evals,
+    "spans": _store_spans,
+    "samples": _store_samples,
+    "events": _store_events,
+}
