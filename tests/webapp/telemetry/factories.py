@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,9 +33,11 @@ def make_experiment(team: Team, *, name: str = "sweep", trials: Sequence[dict[st
     return experiment
 
 
-def write_steps(client: redis.Redis, host_id: str, trial: Trial, steps: range, *, t0: float = 1.7e9,
+def write_steps(client: redis.Redis, host_id: str, trial: Trial, steps: range, *, t0: float | None = None,
                 tokens_per_step: int = 256) -> None:
-    """Step and eval entries in the scheduler's format; the loss decays so curves have a shape."""
+    """Step and eval entries in the scheduler's format, 0.1 s apart from `t0` (default: now); the loss
+    decays so curves have a shape."""
+    t0 = time.time() if t0 is None else t0
     pipe = client.pipeline()
     for step in steps:
         loss = 5.0 * math.exp(-step / 50) + 1.0 + 0.01 * (step % 7)
@@ -57,10 +60,10 @@ def write_span(client: redis.Redis, host_id: str, trial: Trial, *, device: str, 
     pipe.execute()
 
 
-def write_sample(client: redis.Redis, host_id: str, *, device: str, time: float, utilization: float,
+def write_sample(client: redis.Redis, host_id: str, *, device: str, at: float, utilization: float,
                  memory_used: int = 1 << 30, memory_total: int = 8 << 30) -> None:
     client.xadd(telemetry.stream_key(host_id, "samples"),
-                {"device": device, "time": time, "utilization": utilization, "memory_used": memory_used,
+                {"device": device, "time": at, "utilization": utilization, "memory_used": memory_used,
                  "memory_total": memory_total})
 
 

@@ -26,7 +26,7 @@ def test_it_stores_every_stream_in_batches_and_advances_the_cursors(redis_client
     write_steps(redis_client, host_id, second, range(0, 30))
     write_span(redis_client, host_id, first, device="cpu0", unit=0, start=1.0, end=2.0)
     write_span(redis_client, host_id, second, device="cpu1", unit=0, start=1.5, end=2.5)
-    write_sample(redis_client, host_id, device="cpu0", time=1.2, utilization=0.9)
+    write_sample(redis_client, host_id, device="cpu0", at=1.2, utilization=0.9)
 
     read = telemetry_ingest(client=redis_client, host_id=host_id, batch_size=100)
 

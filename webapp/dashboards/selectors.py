@@ -1,0 +1,269 @@
+"""Reads for the dashboards, as plain data: trials, downsampled curves, unit spans and device samples.
+
+Every function takes objects the caller already fetched through `team_scoped_get`, so no read here can
+reach another team's data. Long series are cut down in the database first (the levels of detail kept at
+ingest, `webapp.telemetry.levels`) and then to the exact point budget here (`downsample`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Max, Q
+
+from webapp.dashboards.downsample import lttb, minmax
+from webapp.experiments.models import Experiment, Trial
+from webapp.telemetry import levels
+from webapp.telemetry.models import DeviceSample, EvalMetric, StepMetric, UnitSpan
+
+TRAIN_POINTS = 400  # per trial per poll: 50 trials x 400 points x 4 columns stays well under 2 MB
+# Rows read per trial may be up to this many times the budget (then LTTB picks exactly the budget): a level
+# of detail is 8 times coarser than the next finer one, so reading exactly the budget could draw 8 x fewer.
+READ_FACTOR = 4
+EVAL_POINTS = 200
+SPAN_LIMIT = 2000  # the most recent units drawn on the timeline; older ones are summarized by utilization
+SAMPLE_BUCKETS = 300  # per device: min/max per bucket keeps every peak visible
+
+
+@dataclass(frozen=True)
+class TrialInfo:
+    id: int
+    number: int
+    attempt: int
+    experiment: str
+    params: dict[str, Any]
+    status: str
+    step: int
+    total_steps: int
+    best_val_loss: float | None
+    best_val_ppl: float | None
+    launched: float | None  # the experiment's launch (epoch seconds): wall time is measured from it
+
+    @property
+    def label(self) -> str:
+        return f"{self.experiment} #{self.number}"
+
+
+@dataclass
+class TrainSeries:
+    step: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    time: list[float] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+
+
+@dataclass
+class EvalSeries:
+    step: list[int] = field(default_factory=list)
+    time: list[float] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    perplexity: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """The last step and evaluation rows a page has: ask for what comes after them."""
+
+    step: int = 0
+    eval: int = 0
+
+
+@dataclass(frozen=True)
+class Curves:
+    trials: list[TrialInfo]
+    train: dict[int, TrainSeries]
+    evals: dict[int, EvalSeries]
+    cursor: Cursor
+
+
+@dataclass(frozen=True)
+class SpanRow:
+    trial: int
+    lane: str
+    phase: str
+    shard: int
+    step: int
+    start: float
+    end: float
+    peak_bytes: int
+
+
+@dataclass
+class SampleSeries:
+    time: list[float] = field(default_factory=list)
+    utilization: list[float] = field(default_factory=list)
+    memory_used: list[int] = field(default_factory=list)
+    memory_total: int = 0
+
+
+@dataclass(frozen=True)
+class Devices:
+    spans: list[SpanRow]
+    samples: dict[str, SampleSeries]
+    origin: float | None
+    cursor: int  # the last UnitSpan id
+    sample_after: float  # the last sample time
+
+
+def trial_infos(trials: Iterable[Trial]) -> list[TrialInfo]:
+    return [
+        TrialInfo(id=t.pk, number=t.number, attempt=t.attempt, experiment=t.experiment.name, params=dict(t.params),
+                  status=t.status, step=t.step, total_steps=t.total_steps, best_val_loss=t.best_val_loss,
+                  best_val_ppl=t.best_val_ppl,
+                  launched=t.experiment.launched.timestamp() if t.experiment.launched else None)
+        for t in trials
+    ]
+
+
+def experiment_trials(*, experiments: Sequence[Experiment]) -> list[TrialInfo]:
+    trials = Trial.objects.filter(experiment__in=experiments).select_related("experiment")
+    return trial_infos(trials.order_by("experiment__created", "experiment_id", "number"))
+
+
+def experiment_is_running(*, experiment: Experiment) -> bool:
+    return experiment.trials.filter(status__in=Trial.ACTIVE).exists()
+
+
+def curves(*, trials: list[TrialInfo], after: Cursor | None = None) -> Curves:
+    """The trials' train and eval series, downsampled to `TRAIN_POINTS`/`EVAL_POINTS` per trial.
+
+    Without `after`: the whole history, read at the level of detail that fits the budget. With `after`:
+    only rows stored since that cursor (a live page's poll), at full detail unless there are too many.
+    """
+    current = _current_attempts(trials)
+    steps = StepMetric.objects.filter(current)
+    evals = EvalMetric.objects.filter(current)
+    if after is None:
+        steps = steps.filter(_level_filter(trials))
+    else:
+        steps = steps.filter(pk__gt=after.step)
+        evals = evals.filter(pk__gt=after.eval)
+    train: dict[int, TrainSeries] = {t.id: TrainSeries() for t in trials}
+    step_cursor = after.step if after else 0
+    for pk, trial_id, step, tokens, time, loss in steps.order_by("trial_id", "step").values_list(
+        "pk", "trial_id", "step", "tokens", "time", "loss"
+    ):
+        series = train[trial_id]
+        series.step.append(step)
+        series.tokens.append(tokens)
+        series.time.append(time)
+        series.loss.append(loss)
+        step_cursor = max(step_cursor, pk)
+    if after is None:  # the cursor is the newest row, whatever level it has
+        step_cursor = StepMetric.objects.filter(current).aggregate(last=Max("pk"))["last"] or 0
+    eval_series: dict[int, EvalSeries] = {t.id: EvalSeries() for t in trials}
+    eval_cursor = after.eval if after else 0
+    for pk, trial_id, step, time, loss, perplexity in evals.order_by("trial_id", "step").values_list(
+        "pk", "trial_id", "step", "time", "loss", "perplexity"
+    ):
+        series = eval_series[trial_id]
+        series.step.append(step)
+        series.time.append(time)
+        series.loss.append(loss)
+        series.perplexity.append(perplexity)
+        eval_cursor = max(eval_cursor, pk)
+    return Curves(
+        trials=trials,
+        train={tid: _thin_train(s) for tid, s in train.items()},
+        evals={tid: _thin_evals(s) for tid, s in eval_series.items()},
+        cursor=Cursor(step=step_cursor, eval=eval_cursor),
+    )
+
+
+def _current_attempts(trials: list[TrialInfo]) -> Q:
+    """Rows of each trial's current attempt (a retry starts its curves afresh)."""
+    clause = Q(pk__in=[])
+    for trial in trials:
+        clause |= Q(trial_id=trial.id, attempt=trial.attempt)
+    return clause
+
+
+def _level_filter(trials: list[TrialInfo]) -> Q:
+    """Per trial, the finest level of detail whose representatives fit the read budget."""
+    clause = Q(pk__in=[])
+    for trial in trials:
+        clause |= Q(trial_id=trial.id, level__gte=levels.level_for(max(trial.step, 1), READ_FACTOR * TRAIN_POINTS))
+    return clause
+
+
+def _thin_train(series: TrainSeries) -> TrainSeries:
+    keep = lttb(series.step, series.loss, TRAIN_POINTS)
+    if len(keep) == len(series.step):
+        return series
+    return TrainSeries(step=[series.step[i] for i in keep], tokens=[series.tokens[i] for i in keep],
+                       time=[series.time[i] for i in keep], loss=[series.loss[i] for i in keep])
+
+
+def _thin_evals(series: EvalSeries) -> EvalSeries:
+    keep = lttb(series.step, series.loss, EVAL_POINTS)
+    if len(keep) == len(series.step):
+        return series
+    return EvalSeries(step=[series.step[i] for i in keep], time=[series.time[i] for i in keep],
+                      loss=[series.loss[i] for i in keep], perplexity=[series.perplexity[i] for i in keep])
+
+
+def devices(*, experiment: Experiment, trials: list[TrialInfo], after: int | None = None,
+            sample_after: float | None = None) -> Devices:
+    """Unit spans of the experiment's trials (the latest `SPAN_LIMIT`, or those after span id `after`) and
+    the samples of the devices they ran on since the experiment began (or since `sample_after`)."""
+    ids = [t.id for t in trials]
+    spans = UnitSpan.objects.filter(trial_id__in=ids)
+    if after is not None:
+        spans = spans.filter(pk__gt=after)
+    rows = list(
+        spans.order_by("-pk").values_list("pk", "trial_id", "host", "device", "phase", "shard", "step", "start", "end",
+                                          "peak_bytes")[:SPAN_LIMIT]
+    )
+    rows.reverse()
+    cursor = rows[-1][0] if rows else (after or 0)
+    first = UnitSpan.objects.filter(trial_id__in=ids).order_by("start").values_list("start", flat=True).first()
+    origin = experiment.launched.timestamp() if experiment.launched else first
+    lanes = _lanes(UnitSpan.objects.filter(trial_id__in=ids).values_list("host", "device").distinct())
+    span_rows = [
+        SpanRow(trial=trial, lane=lanes[(host, device)], phase=phase, shard=shard, step=step, start=start, end=end,
+                peak_bytes=peak)
+        for _, trial, host, device, phase, shard, step, start, end, peak in rows
+    ]
+    since = sample_after if sample_after is not None else (origin or 0.0)
+    samples = _samples(lanes, since)
+    last_sample = max((s.time[-1] for s in samples.values() if s.time), default=since)
+    return Devices(spans=span_rows, samples=samples, origin=origin, cursor=cursor, sample_after=last_sample)
+
+
+def _lanes(pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """A lane name per (host, device): the device alone when every device is on one host."""
+    pairs = sorted(set(pairs))
+    one_host = len({host for host, _ in pairs}) <= 1
+    return {(host, device): device if one_host else f"{host}/{device}" for host, device in pairs}
+
+
+def _samples(lanes: dict[tuple[str, str], str], since: float) -> dict[str, SampleSeries]:
+    if not lanes:
+        return {}
+    where = Q(pk__in=[])
+    for host, device in lanes:
+        where |= Q(host=host, device=device)
+    rows = (
+        DeviceSample.objects.filter(where, time__gt=since).order_by("time")
+        .values_list("host", "device", "time", "utilization", "memory_used", "memory_total")
+    )
+    raw: dict[str, SampleSeries] = defaultdict(SampleSeries)
+    for host, device, time, utilization, used, total in rows:
+        series = raw[lanes[(host, device)]]
+        series.time.append(time)
+        series.utilization.append(utilization)
+        series.memory_used.append(used)
+        series.memory_total = total
+    thinned: dict[str, SampleSeries] = {}
+    for lane, series in sorted(raw.items()):
+        # A point is kept if it is a bucket's extreme in utilization or in memory.
+        keep = sorted(set(minmax(series.utilization, SAMPLE_BUCKETS)) | set(minmax(series.memory_used, SAMPLE_BUCKETS)))
+        thinned[lane] = SampleSeries(time=[series.time[i] for i in keep],
+                                     utilization=[series.utilization[i] for i in keep],
+                                     memory_used=[series.memory_used[i] for i in keep],
+                                     memory_total=series.memory_total)
+    return thinned
+
