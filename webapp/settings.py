@@ -25,6 +25,7 @@ INSTALLED_APPS = [
     "webapp.health",
     "webapp.datasets",
     "webapp.experiments",
+    "webapp.leaderboards",
     "webapp.telemetry",
     "webapp.dashboards",
 ]

@@ -6,4 +6,7 @@ urlpatterns = [
     path("", include("webapp.health.urls")),
     path("", include("webapp.accounts.urls")),
     path("", include("webapp.datasets.urls")),
+    path("", include("webapp.experiments.urls")),
+    path("", include("webapp.leaderboards.urls")),
+    path("dashboards/", include("webapp.dashboards.urls")),
 ]

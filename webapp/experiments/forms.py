@@ -86,8 +86,10 @@ class ExperimentForm(forms.Form):
         self.fields["dataset"].queryset = Dataset.objects.filter(team=team)
 
     def is_valid(self) -> bool:
-        rows_valid = self.rows.is_valid()  # validate both so every error shows at once
-        return super().is_valid() and rows_valid and not self.rows.non_form_errors()
+        """Valid when the form and every row are; `clean` may add errors to rows, so rows are judged after."""
+        form_valid = super().is_valid()
+        rows_valid = self.rows.is_valid() and not self.rows.non_form_errors()
+        return form_valid and rows_valid
 
     def _model(self, cleaned: dict[str, Any]) -> dict[str, Any] | None:
         """The stored model choice, or None after adding field errors for a custom size's missing fields."""

@@ -1,0 +1,54 @@
+// The experiment form: add search-space rows, and show only the fields the current choices use.
+// Plain JS, no dependencies; the form works without it (every field stays visible).
+(function () {
+  "use strict";
+  const form = document.getElementById("experiment-form");
+  if (!form) return;
+
+  const body = document.querySelector("#space-rows tbody");
+  const template = document.getElementById("space-row-template");
+  const total = form.querySelector("input[name='space-TOTAL_FORMS']");
+
+  function updateRow(row) {
+    const kind = row.querySelector("select[name$='-kind']");
+    if (!kind) return;
+    const categorical = kind.value === "categorical";
+    row.querySelector("input[name$='-values']").disabled = !categorical;
+    ["low", "high"].forEach(function (field) {
+      row.querySelector("input[name$='-" + field + "']").disabled = categorical;
+    });
+    row.querySelector("input[name$='-step']").disabled = kind.value !== "int";
+    const remove = row.querySelector("input[name$='-DELETE']");
+    row.classList.toggle("removed", remove && remove.checked);
+  }
+
+  document.getElementById("add-space-row").addEventListener("click", function () {
+    const index = parseInt(total.value, 10);
+    const html = template.innerHTML.replace(/__prefix__/g, String(index));
+    body.insertAdjacentHTML("beforeend", html);
+    total.value = String(index + 1);
+    updateRow(body.lastElementChild);
+  });
+
+  body.addEventListener("change", function (event) {
+    const row = event.target.closest("tr");
+    if (row) updateRow(row);
+  });
+  body.querySelectorAll("tr").forEach(updateRow);
+
+  // data-show-when="field=value1,value2": show the block only while `field` has one of those values.
+  function choice(name) {
+    const checked = form.querySelector("input[name='" + name + "']:checked");
+    if (checked) return checked.value;
+    const select = form.querySelector("select[name='" + name + "']");
+    return select ? select.value : "";
+  }
+  function updateVisibility() {
+    form.querySelectorAll("[data-show-when]").forEach(function (block) {
+      const parts = block.dataset.showWhen.split("=");
+      block.hidden = parts[1].split(",").indexOf(choice(parts[0])) < 0;
+    });
+  }
+  form.addEventListener("change", updateVisibility);
+  updateVisibility();
+})();

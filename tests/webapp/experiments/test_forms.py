@@ -1,0 +1,160 @@
+"""The experiment form: field errors for every bad input, and a draft when all is well."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet
+from webapp.experiments.services import PLAN_ERRORS, experiment_plan
+
+pytestmark = pytest.mark.django_db
+
+
+def post_data(dataset, rows=None, **fields):
+    rows = rows if rows is not None else [{"name": "lr", "kind": "categorical", "values": "0.001, 0.003"}]
+    data = {
+        "name": "sweep", "dataset": dataset.pk, "model_kind": "preset", "preset": "gpt2-micro", "strategy": "grid",
+        "n_trials": 4, "budget_unit": "steps", "budget": 10, "eval_every": 5, "seed": 0,
+        "memory_budget": "explicit", "memory_budget_mib": 256,
+        "space-TOTAL_FORMS": len(rows), "space-INITIAL_FORMS": 0,
+    }
+    for index, row in enumerate(rows):
+        data.update({f"space-{index}-{key}": value for key, value in row.items()})
+    data.update(fields)
+    return data
+
+
+def text(errors) -> str:
+    """Error messages as plain text (a field's list, or a whole form's dict of lists)."""
+    if isinstance(errors, dict):
+        return " ".join(text(messages) for messages in errors.values())
+    return " ".join(errors)
+
+
+def bound(team, data):
+    rows = ParameterRowFormSet(data, prefix="space")
+    return ExperimentForm(data, team=team, rows=rows)
+
+
+def planned_errors(form):
+    """Validate, then plan as the view does; return the form (with any planning error placed on it)."""
+    if form.is_valid():
+        try:
+            experiment_plan(draft=form.cleaned_data["draft"])
+        except PLAN_ERRORS as error:
+            form.add_draft_error(error)
+    return form
+
+
+def test_it_builds_a_draft(alice_team, alice_dataset):
+    form = bound(alice_team, post_data(alice_dataset))
+    assert form.is_valid(), (form.errors, form.rows.errors)
+    draft = form.cleaned_data["draft"]
+    assert draft.space.to_dict() == {"lr": {"kind": "categorical", "values": [0.001, 0.003]}}
+    assert draft.memory_budget_bytes == 256 << 20
+    assert len(experiment_plan(draft=draft)) == 2
+
+
+def test_it_puts_a_reversed_range_on_its_row(alice_team, alice_dataset):
+    form = bound(alice_team, post_data(alice_dataset, rows=[{"name": "lr", "kind": "float", "low": "0.1",
+                                                            "high": "0.01"}], strategy="random"))
+    assert not form.is_valid()
+    assert "reversed" in text(form.rows.forms[0].errors["high"])
+
+
+def test_it_puts_an_empty_range_on_its_row(alice_team, alice_dataset):
+    form = bound(alice_team, post_data(alice_dataset, rows=[{"name": "dropout", "kind": "float", "low": "0.1",
+                                                            "high": "0.1"}], strategy="random"))
+    assert not form.is_valid()
+    assert "empty" in text(form.rows.forms[0].errors["high"])
+
+
+def test_it_rejects_a_grid_over_the_cap(alice_team, alice_dataset):
+    form = bound(alice_team, post_data(alice_dataset, rows=[{"name": "warmup_steps", "kind": "int", "low": "0",
+                                                            "high": "1000"}]))
+    planned_errors(form)
+    assert "the cap is 256" in text(form.errors["strategy"])
+
+
+def test_it_rejects_an_unknown_parameter_in_pasted_yaml(alice_team, alice_dataset):
+    form = bound(alice_team, post_data(alice_dataset, space_text="learning_rate: {values: [0.1]}"))
+    assert not form.is_valid()
+    assert "Unknown parameter 'learning_rate'" in text(form.errors["space_text"])
+
+
+def test_it_rejects_an_unknown_parameter_in_a_row(alice_team, alice_dataset):
+    form = bound(alice_team, post_data(alice_dataset, rows=[{"name": "learning_rate", "kind": "categorical",
+                                                            "values": "0.1"}]))
+    assert not form.is_valid()
+    assert "name" in form.rows.forms[0].errors
+
+
+def test_it_accepts_pasted_json(alice_team, alice_dataset):
+    space = {"lr": {"kind": "logfloat", "low": 1e-4, "high": 1e-2}}
+    form = bound(alice_team, post_data(alice_dataset, rows=[], strategy="random", space_text=json.dumps(space)))
+    assert form.is_valid(), form.errors
+    assert form.cleaned_data["draft"].space.to_dict() == space
+
+
+def test_it_refuses_a_model_directory_outside_the_models_root(alice_team, alice_dataset, data_dir):
+    (data_dir / "models").mkdir()
+    (data_dir / "secret").mkdir()
+    for path in ["../secret", str(data_dir / "secret"), "/etc", ""]:
+        form = bound(alice_team, post_data(alice_dataset, model_kind="pretrained", pretrained_dir=path))
+        assert not form.is_valid()
+        assert "pretrained_dir" in form.errors, path
+
+
+def test_it_refuses_a_symlink_that_leaves_the_models_root(alice_team, alice_dataset, data_dir):
+    (data_dir / "models").mkdir()
+    (data_dir / "secret").mkdir()
+    (data_dir / "models" / "innocent").symlink_to(data_dir / "secret")
+    form = bound(alice_team, post_data(alice_dataset, model_kind="pretrained", pretrained_dir="innocent"))
+    assert not form.is_valid()
+    assert "not inside the models root" in text(form.errors["pretrained_dir"])
+
+
+def test_it_reads_a_pretrained_config_under_the_root(alice_team, alice_dataset, data_dir):
+    model_dir = data_dir / "models" / "gpt2-local"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text(json.dumps(
+        {"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 128, "vocab_size": 512}
+    ))
+    form = bound(alice_team, post_data(alice_dataset, model_kind="pretrained", pretrained_dir="gpt2-local"))
+    assert form.is_valid(), form.errors
+    assert form.cleaned_data["draft"].shape.pretrained_dir == str(model_dir.resolve())
+
+
+def test_it_says_which_layer_cannot_fit_and_by_how_much(alice_team, alice_dataset):
+    form = bound(alice_team, post_data(alice_dataset, preset="gpt2-xl", memory_budget_mib=64))
+    planned_errors(form)
+    message = text(form.errors["memory_budget_mib"])
+    assert "Layer embedding needs" in message and "over" in message and "64.0 MiB" in message
+
+
+def test_it_rejects_a_width_that_does_not_split_into_heads(alice_team, alice_dataset):
+    form = bound(alice_team, post_data(alice_dataset, rows=[{"name": "n_embd", "kind": "categorical",
+                                                            "values": "64, 65"}]))
+    planned_errors(form)
+    assert "65 does not split into 2 heads" in text(form.rows.forms[0].errors)
+
+
+def test_it_rejects_a_sequence_longer_than_the_context(alice_team, alice_dataset):
+    form = bound(alice_team, post_data(alice_dataset, rows=[{"name": "seq_len", "kind": "categorical",
+                                                            "values": "512"}]))
+    planned_errors(form)
+    assert "longer than the model's context" in text(form.rows.forms[0].errors)
+
+
+def test_it_requires_custom_sizes(alice_team, alice_dataset):
+    form = bound(alice_team, post_data(alice_dataset, model_kind="custom"))
+    assert not form.is_valid()
+    assert {"n_layer", "n_embd", "n_head", "n_positions"} <= set(form.errors)
+
+
+def test_it_offers_only_the_teams_datasets(alice_team, bob_dataset):
+    form = bound(alice_team, post_data(bob_dataset))
+    assert not form.is_valid()
+    assert "dataset" in form.errors

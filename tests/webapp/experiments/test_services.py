@@ -1,0 +1,158 @@
+"""Experiment services: creation with plans, launch after commit, control, status records, TPE, deletion."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from tests.webapp.experiments.factories import make_experiment
+from webapp.experiments import services
+from webapp.experiments.models import Trial
+
+pytestmark = pytest.mark.django_db
+
+
+def test_it_creates_the_grid_trials_with_estimated_plans(alice_team, alice_dataset):
+    experiment = make_experiment(alice_team, alice_dataset)
+    trials = list(experiment.trials.order_by("number"))
+    assert [t.params for t in trials] == [{"lr": 0.001, "batch_size": 2}, {"lr": 0.003, "batch_size": 2}]
+    assert all(t.status == Trial.Status.NEW and t.total_steps == 10 for t in trials)
+    plan = trials[0].plan
+    assert plan["source"] == "estimate" and plan["budget_bytes"] == 256 << 20
+    assert sum(len(s["layers"]) for s in plan["shards"]) == 4  # embedding, 2 blocks, head
+
+
+def test_it_counts_epochs_in_steps(alice_team, alice_dataset):
+    experiment = make_experiment(alice_team, alice_dataset, budget_unit="epochs", budget=2,
+                                 space={"seq_len": {"values": [16]}, "batch_size": {"values": [2]}})
+    expected = -(-2 * alice_dataset.train_tokens // (2 * 16))
+    assert experiment.trials.get().total_steps == expected
+
+
+def test_it_submits_launched_trials_only_after_commit(alice_team, alice_dataset, submitted,
+                                                      django_capture_on_commit_callbacks):
+    experiment = make_experiment(alice_team, alice_dataset)
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        assert services.experiment_launch(experiment=experiment) == 2
+        assert submitted == []
+    assert len(callbacks) == 2
+    trial = experiment.trials.get(number=1)
+    assert trial.status == Trial.Status.PLANNING and trial.queue_id == str(trial.pk)
+    name, call = submitted[0]
+    assert name == "submit"
+    assert call["trial_id"] == str(trial.pk)
+    assert call["spec"]["kind"] == "engine"
+    engine = call["spec"]["trial"]
+    assert engine["optimizer"]["lr"] == 0.001 and engine["batch_size"] == 2
+    assert engine["data"]["tokens_path"] == str(alice_dataset.tokens_path)
+    assert engine["model"]["vocab_size"] == alice_dataset.vocab_size
+    from worker.engine.config import TrialSpec
+
+    assert TrialSpec.from_dict(engine).to_dict()["steps"] == 10
+
+
+def test_it_fails_a_trial_the_scheduler_refuses(alice_team, alice_dataset, monkeypatch,
+                                                django_capture_on_commit_callbacks):
+    from worker import api
+
+    def refuse(**kwargs):
+        raise ConnectionError("Redis is down")
+
+    monkeypatch.setattr(api, "trial_submit", refuse)
+    experiment = make_experiment(alice_team, alice_dataset)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.experiment_launch(experiment=experiment)
+    trial = experiment.trials.get(number=1)
+    assert trial.status == Trial.Status.FAILED
+    assert "Redis is down" in trial.message
+
+
+def test_it_records_progress_and_keeps_the_best_loss(alice_team, alice_dataset, submitted,
+                                                     django_capture_on_commit_callbacks):
+    experiment = make_experiment(alice_team, alice_dataset)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.experiment_launch(experiment=experiment)
+    trial = experiment.trials.get(number=1)
+    assert services.trial_status_record(trial_id=trial.queue_id, status="running", step=3, remaining_s=12.0,
+                                        best_val_loss=2.0)
+    services.trial_status_record(trial_id=trial.queue_id, status="running", step=5, best_val_loss=2.5)
+    trial.refresh_from_db()
+    assert (trial.status, trial.step, trial.remaining_s, trial.best_val_loss) == ("running", 5, 12.0, 2.0)
+    assert trial.best_val_ppl == pytest.approx(7.389, rel=1e-3)
+    assert trial.started is not None
+    services.trial_status_record(trial_id=trial.queue_id, status="finished", export_path="/x")
+    assert not services.trial_status_record(trial_id=trial.queue_id, status="running")  # ended stays ended
+    assert not services.trial_status_record(trial_id="999999", status="running")
+    trial.refresh_from_db()
+    assert trial.status == "finished" and trial.finished is not None
+    with pytest.raises(ValueError, match="Unknown trial status"):
+        services.trial_status_record(trial_id=trial.queue_id, status="exploded")
+
+
+def test_it_pauses_resumes_and_cancels_through_the_scheduler(alice_team, alice_dataset, submitted,
+                                                             django_capture_on_commit_callbacks):
+    experiment = make_experiment(alice_team, alice_dataset)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.experiment_launch(experiment=experiment)
+    trial = experiment.trials.get(number=1)
+    services.trial_control(trial=trial, action="pause")
+    trial.refresh_from_db()
+    assert trial.status == "paused"
+    with pytest.raises(ValidationError, match="cannot pause"):
+        services.trial_control(trial=trial, action="pause")
+    services.trial_control(trial=trial, action="resume")
+    trial.refresh_from_db()
+    assert trial.status == "runnable"
+    services.trial_control(trial=trial, action="cancel")
+    trial.refresh_from_db()
+    assert trial.status == "cancelled"
+    assert [name for name, _ in submitted[2:]] == ["trial_pause", "trial_resume", "trial_cancel"]
+
+
+def test_it_retries_a_failed_trial_as_a_new_attempt(alice_team, alice_dataset, submitted,
+                                                    django_capture_on_commit_callbacks):
+    experiment = make_experiment(alice_team, alice_dataset)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.experiment_launch(experiment=experiment)
+    trial = experiment.trials.get(number=1)
+    services.trial_status_record(trial_id=trial.queue_id, status="failed", message="boom")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert services.experiment_retry_failed(experiment=experiment) == 1
+    trial.refresh_from_db()
+    assert (trial.status, trial.attempt, trial.queue_id, trial.message) == ("planning", 2, f"{trial.pk}.2", "")
+    assert submitted[-1][1]["trial_id"] == f"{trial.pk}.2"
+    assert not services.trial_status_record(trial_id=str(trial.pk), status="failed")  # the old attempt
+
+
+def test_it_deletes_a_trial_with_its_spill_files(alice_team, alice_dataset, submitted, data_dir,
+                                                 django_capture_on_commit_callbacks):
+    experiment = make_experiment(alice_team, alice_dataset)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.experiment_launch(experiment=experiment)
+    trial = experiment.trials.get(number=1)
+    spill = data_dir / "spill" / trial.queue_id
+    spill.mkdir(parents=True)
+    (spill / "manifest.json").write_text("{}")
+    with django_capture_on_commit_callbacks(execute=True):
+        services.trial_delete(trial=trial)
+    assert not spill.exists()
+    assert not Trial.objects.filter(pk=trial.pk).exists()
+    assert ("trial_cancel", {"trial_id": trial.queue_id}) in submitted
+
+
+def test_it_asks_tpe_for_the_next_trial_when_one_ends(alice_team, alice_dataset, submitted,
+                                                      django_capture_on_commit_callbacks):
+    space = {"lr": {"kind": "logfloat", "low": 1e-4, "high": 1e-2}}
+    experiment = make_experiment(alice_team, alice_dataset, strategy="tpe", n_trials=6, space=space)
+    assert experiment.trials.count() == 4
+    with django_capture_on_commit_callbacks(execute=True):
+        services.experiment_launch(experiment=experiment)
+    first = experiment.trials.get(number=1)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.trial_status_record(trial_id=first.queue_id, status="finished", best_val_loss=3.0)
+    fifth = experiment.trials.get(number=5)
+    assert fifth.status == "planning"
+    assert submitted[-1][1]["trial_id"] == str(fifth.pk)
+    for trial in experiment.trials.exclude(pk=first.pk):
+        services.trial_status_record(trial_id=trial.queue_id, status="finished", best_val_loss=2.0)
+    assert experiment.trials.count() == 6

@@ -1,0 +1,108 @@
+"""Reads about experiments and trials, scoped to a team, as querysets or plain data for the pages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet
+
+from webapp.accounts.models import Team
+from webapp.accounts.selectors import team_scoped_get
+from webapp.experiments.models import Experiment, Trial
+
+
+def experiment_list(*, team: Team | None) -> QuerySet[Experiment]:
+    """The team's experiments, newest first, with trial counts (``n_total``, ``n_active``, ``n_finished``...)."""
+    if not team:  # request.team is a lazy object; test its truth
+        return Experiment.objects.none()
+    return (
+        Experiment.objects.filter(team=team)
+        .select_related("dataset")
+        .annotate(
+            n_total=Count("trials"),
+            n_new=Count("trials", filter=Q(trials__status=Trial.Status.NEW)),
+            n_active=Count("trials", filter=Q(trials__status__in=Trial.ACTIVE)),
+            n_finished=Count("trials", filter=Q(trials__status=Trial.Status.FINISHED)),
+            n_failed=Count("trials", filter=Q(trials__status=Trial.Status.FAILED)),
+        )
+    )
+
+
+def experiment_get(*, team: Team | None, experiment_id: int) -> Experiment:
+    """The team's experiment, or Http404 (also for another team's)."""
+    return team_scoped_get(Experiment.objects.select_related("dataset"), team=team, pk=experiment_id)
+
+
+def trial_get(*, team: Team | None, trial_id: int) -> Trial:
+    """The team's trial, or Http404 (also for another team's)."""
+    return team_scoped_get(
+        Trial.objects.select_related("experiment__dataset"), team=team, team_field="experiment__team", pk=trial_id
+    )
+
+
+def experiment_trials(*, experiment: Experiment) -> QuerySet[Trial]:
+    return experiment.trials.order_by("number")
+
+
+def experiment_state(*, experiment: Experiment) -> dict[str, Any]:
+    """Counts by status and one word for the whole experiment: draft, running, finished or stopped."""
+    counts = dict(experiment.trials.values_list("status").annotate(n=Count("pk")))
+    active = sum(counts.get(s, 0) for s in Trial.ACTIVE)
+    if counts.get(Trial.Status.NEW) and not active and not any(counts.get(s) for s in Trial.ENDED):
+        word = "draft"
+    elif active:
+        word = "running"
+    elif counts.get(Trial.Status.NEW):
+        word = "partly launched"
+    elif counts.get(Trial.Status.FINISHED) == sum(counts.values()):
+        word = "finished"
+    else:
+        word = "stopped"
+    return {"word": word, "counts": counts, "active": active, "total": sum(counts.values())}
+
+
+def trial_actions(trial: Trial) -> list[str]:
+    """The controls a trial's status allows, in the order the page shows them."""
+    status = trial.status
+    actions = []
+    if status in (Trial.Status.PLANNING, Trial.Status.RUNNABLE, Trial.Status.RUNNING):
+        actions.append("pause")
+    if status == Trial.Status.PAUSED:
+        actions.append("resume")
+    if status == Trial.Status.NEW or status in Trial.ACTIVE:
+        actions.append("cancel")
+    if status in (Trial.Status.FAILED, Trial.Status.CANCELLED):
+        actions.append("retry")
+    return actions
+
+
+def plan_summary(plan: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Shards, peak device bytes and spilled bytes of a stored memory plan, for tables."""
+    if not plan:
+        return None
+    spilled = plan.get("spilled_bytes")
+    return {
+        "shards": len(plan.get("shards", [])),
+        "peak_bytes": plan.get("peak_bytes"),
+        "budget_bytes": plan.get("budget_bytes"),
+        "state_bytes": plan.get("state_bytes"),
+        "spilled_bytes": sum(spilled.values()) if isinstance(spilled, dict) else spilled,
+        "source": plan.get("source", "measured"),
+    }
+
+
+def plan_shard_rows(plan: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One row per shard: its layers and bytes by category (what the memory-plan chart stacks)."""
+    rows = []
+    for shard in (plan or {}).get("shards", []):
+        layers = shard.get("layers", [])
+        rows.append({
+            "index": shard.get("index"),
+            "layers": f"{layers[0]} … {layers[-1]}" if len(layers) > 2 else ", ".join(layers),
+            "n_layers": len(layers),
+            "param_bytes": shard.get("param_bytes", 0),
+            "grad_bytes": shard.get("grad_bytes", 0),
+            "optim_bytes": shard.get("optim_bytes", 0),
+            "activation_bytes": shard.get("activation_bytes", 0),
+        })
+    return rows

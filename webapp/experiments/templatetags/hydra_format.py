@@ -1,0 +1,46 @@
+"""Small display filters for experiment pages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+
+from webapp.experiments.model_shapes import PRESETS
+
+register = template.Library()
+
+
+@register.filter
+def short_value(value: Any) -> str:
+    """A hyperparameter value as people write it: 0.0003 as 3e-04, whole numbers plain."""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+@register.filter
+def duration(seconds: float | None) -> str:
+    """Seconds as ``1h 02m``, ``3m 05s`` or ``42s``."""
+    if seconds is None:
+        return "\N{EN DASH}"
+    total = max(0, round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+@register.filter
+def model_label(model: dict[str, Any]) -> str:
+    """An experiment's stored model choice in words."""
+    kind = model.get("kind")
+    if kind == "preset":
+        return PRESETS.get(model.get("preset", ""), (str(model.get("preset")), None))[0]
+    if kind == "custom":
+        return (f"Custom GPT-2: {model.get('n_layer')} layers, {model.get('n_embd')} wide, "
+                f"{model.get('n_head')} heads, {model.get('n_positions')} positions")
+    return f"Pretrained: {model.get('pretrained_dir')}"

@@ -1,0 +1,209 @@
+"""Experiment pages: overview, the new-experiment form with preview, the experiment and its trials, controls."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+import tempfile
+from pathlib import Path
+
+import yaml
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from webapp.datasets.http import form_add_errors, team_required
+from webapp.datasets.selectors import dataset_list
+from webapp.experiments import selectors, services
+from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet, experiment_initial
+from webapp.experiments.models import Experiment
+from webapp.experiments.search_space import KINDS, PARAMETERS
+
+DEFAULT_ROWS = [
+    {"name": "lr", "kind": "categorical", "values": "0.001, 0.003"},
+    {"name": "batch_size", "kind": "categorical", "values": "8"},
+]
+TRIAL_ACTIONS = ("pause", "resume", "cancel", "retry")
+
+
+@team_required
+def experiment_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "experiments/experiment_list.html", {
+        "experiments": selectors.experiment_list(team=request.team),
+        "datasets": dataset_list(team=request.team)[:1],
+    })
+
+
+def _forms(request: HttpRequest) -> tuple[ExperimentForm, Experiment | None]:
+    """The bound form (POST) or one filled from ``?clone=<id>`` / ``?dataset=<id>``, and the clone source."""
+    source_id = request.POST.get("cloned_from") or request.GET.get("clone")
+    source = (selectors.experiment_get(team=request.team, experiment_id=int(source_id))
+              if source_id and source_id.isdigit() else None)
+    if request.method == "POST":
+        rows = ParameterRowFormSet(request.POST, prefix="space")
+        return ExperimentForm(request.POST, team=request.team, rows=rows), source
+    if source is not None:
+        initial, row_initial = experiment_initial(source)
+    else:
+        initial, row_initial = {"dataset": request.GET.get("dataset")}, DEFAULT_ROWS
+    rows = ParameterRowFormSet(initial=row_initial, prefix="space")
+    return ExperimentForm(initial=initial, team=request.team, rows=rows), source
+
+
+@team_required
+@require_http_methods(["GET", "POST"])
+def experiment_create(request: HttpRequest) -> HttpResponse:
+    form, source = _forms(request)
+    preview = None
+    if request.method == "POST" and form.is_valid():
+        draft = form.cleaned_data["draft"]
+        try:
+            if request.POST.get("action") == "create":
+                experiment = services.experiment_create(team=request.team, user=request.user, draft=draft,
+                                                        cloned_from=source)
+                if request.POST.get("launch"):
+                    services.experiment_launch(experiment=experiment)
+                messages.success(request, f"Experiment {experiment.name} created with "
+                                          f"{experiment.trials.count()} trials.")
+                return redirect("experiment_detail", experiment_id=experiment.pk)
+            budget, budget_note = services.memory_budget(explicit_bytes=draft.memory_budget_bytes)
+            trials = services.experiment_plan(draft=draft)
+            preview = {
+                "trials": [{"draft": t, "plan": selectors.plan_summary(t.plan)} for t in trials],
+                "budget_bytes": budget, "budget_note": budget_note, "strategy": draft.strategy,
+                "n_trials": draft.n_trials, "space_yaml": yaml.safe_dump(draft.space.to_dict(), sort_keys=False),
+            }
+        except services.PLAN_ERRORS as error:
+            form.add_draft_error(error)
+        except ValidationError as error:
+            form_add_errors(form, error)
+    status = 400 if request.method == "POST" and (form.errors or form.rows.total_error_count()) else 200
+    return render(request, "experiments/experiment_form.html", {
+        "form": form, "rows": form.rows, "preview": preview, "source": source,
+        "parameters": PARAMETERS, "kinds": KINDS,
+        "models_root": settings.HYDRA.models_root,
+    }, status=status)
+
+
+@team_required
+def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    experiment = selectors.experiment_get(team=request.team, experiment_id=experiment_id)
+    trials = [
+        {"trial": t, "actions": selectors.trial_actions(t), "plan": selectors.plan_summary(t.plan)}
+        for t in selectors.experiment_trials(experiment=experiment)
+    ]
+    return render(request, "experiments/experiment_detail.html", {
+        "experiment": experiment, "trials": trials, "state": selectors.experiment_state(experiment=experiment),
+        "space_yaml": yaml.safe_dump(experiment.search_space, sort_keys=False),
+    })
+
+
+@team_required
+@require_POST
+def experiment_action(request: HttpRequest, experiment_id: int, action: str) -> HttpResponse:
+    experiment = selectors.experiment_get(team=request.team, experiment_id=experiment_id)
+    try:
+        if action == "launch":
+            count = services.experiment_launch(experiment=experiment)
+            messages.success(request, f"{count} trial(s) sent to the scheduler." if count else "Nothing to launch.")
+        elif action == "cancel":
+            count = services.experiment_cancel(experiment=experiment)
+            messages.success(request, f"{count} trial(s) asked to stop.")
+        elif action == "retry-failed":
+            count = services.experiment_retry_failed(experiment=experiment)
+            messages.success(request, f"{count} failed trial(s) sent again.")
+        else:
+            raise Http404("No such action.")
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+    return redirect("experiment_detail", experiment_id=experiment.pk)
+
+
+@team_required
+@require_http_methods(["GET", "POST"])
+def experiment_delete(request: HttpRequest, experiment_id: int) -> HttpResponse:
+    experiment = selectors.experiment_get(team=request.team, experiment_id=experiment_id)
+    if request.method == "POST":
+        services.experiment_delete(experiment=experiment)
+        messages.success(request, f"Experiment {experiment.name} deleted, with its trials' files.")
+        return redirect("experiment_list")
+    return render(request, "experiments/confirm_delete.html", {
+        "experiment": experiment, "count": experiment.trials.count(),
+    })
+
+
+@team_required
+def experiment_space(request: HttpRequest, experiment_id: int, fmt: str) -> HttpResponse:
+    """The search space as a YAML or JSON download."""
+    experiment = selectors.experiment_get(team=request.team, experiment_id=experiment_id)
+    if fmt not in ("yaml", "json"):
+        raise Http404("Download the search space as .yaml or .json.")
+    if fmt == "yaml":
+        body, content_type = yaml.safe_dump(experiment.search_space, sort_keys=False), "application/yaml"
+    else:
+        body, content_type = json.dumps(experiment.search_space, indent=2), "application/json"
+    response = HttpResponse(body, content_type=f"{content_type}; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="experiment-{experiment.pk}-search-space.{fmt}"'
+    return response
+
+
+@team_required
+def trial_detail(request: HttpRequest, trial_id: int) -> HttpResponse:
+    trial = selectors.trial_get(team=request.team, trial_id=trial_id)
+    return render(request, "experiments/trial_detail.html", {
+        "trial": trial, "experiment": trial.experiment, "actions": selectors.trial_actions(trial),
+        "plan": selectors.plan_summary(trial.plan), "shards": selectors.plan_shard_rows(trial.plan),
+        "spec_json": json.dumps(trial.spec, indent=2) if trial.spec else "",
+    })
+
+
+@team_required
+@require_POST
+def trial_action(request: HttpRequest, trial_id: int, action: str) -> HttpResponse:
+    trial = selectors.trial_get(team=request.team, trial_id=trial_id)
+    if action not in TRIAL_ACTIONS:
+        raise Http404("No such action.")
+    try:
+        if action == "retry":
+            services.trial_retry(trial=trial)
+        else:
+            services.trial_control(trial=trial, action=action)  # type: ignore[arg-type]
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+    else:
+        messages.success(request, f"Trial #{trial.number}: {action} requested.")
+    if request.POST.get("next") == "trial":
+        return redirect("trial_detail", trial_id=trial.pk)
+    return redirect("experiment_detail", experiment_id=trial.experiment_id)
+
+
+@team_required
+@require_http_methods(["GET", "POST"])
+def trial_delete(request: HttpRequest, trial_id: int) -> HttpResponse:
+    trial = selectors.trial_get(team=request.team, trial_id=trial_id)
+    if request.method == "POST":
+        services.trial_delete(trial=trial)
+        messages.success(request, f"Trial #{trial.number} deleted, with its spill files.")
+        return redirect("experiment_detail", experiment_id=trial.experiment_id)
+    return render(request, "experiments/confirm_delete.html", {
+        "trial": trial, "experiment": trial.experiment,
+    })
+
+
+@team_required
+def trial_export(request: HttpRequest, trial_id: int) -> FileResponse:
+    """The trial's final model directory as a .tar.gz (only a directory under HYDRA_DATA_DIR/exports)."""
+    trial = selectors.trial_get(team=request.team, trial_id=trial_id)
+    exports = (settings.HYDRA.data_dir / "exports").resolve()
+    directory = Path(trial.export_path).resolve() if trial.export_path else None
+    if directory is None or not directory.is_relative_to(exports) or not directory.is_dir():
+        raise Http404("This trial has no exported model.")
+    archive = tempfile.TemporaryFile()  # noqa: SIM115 -- FileResponse closes it
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        tar.add(directory, arcname=f"trial-{trial.pk}")
+    archive.seek(0)
+    name = f"{trial.experiment.name}-trial-{trial.number}.tar.gz".replace(" ", "_").replace('"', "")
+    return FileResponse(archive, as_attachment=True, filename=name, content_type="application/gzip")

@@ -1,0 +1,33 @@
+"""Leaderboard pages: pick a dataset and a metric; see the team's board and the cross-team board."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+
+from webapp.datasets.http import team_required
+from webapp.datasets.selectors import dataset_get
+from webapp.leaderboards import selectors
+
+
+@team_required
+def leaderboard_index(request: HttpRequest) -> HttpResponse:
+    datasets = selectors.board_datasets(team=request.team)
+    first = datasets.first()
+    if first is not None:
+        return redirect("leaderboard", dataset_id=first.pk)
+    return render(request, "leaderboards/leaderboard.html", {"datasets": datasets, "dataset": None})
+
+
+@team_required
+def leaderboard(request: HttpRequest, dataset_id: int) -> HttpResponse:
+    dataset = dataset_get(team=request.team, dataset_id=dataset_id)
+    metric = selectors.metric_get(request.GET.get("metric"))
+    return render(request, "leaderboards/leaderboard.html", {
+        "dataset": dataset,
+        "datasets": selectors.board_datasets(team=request.team),
+        "metric": metric,
+        "metrics": selectors.METRICS.values(),
+        "team_rows": selectors.team_board(team=request.team, dataset=dataset, metric=metric),
+        "cross_rows": selectors.cross_team_board(dataset=dataset, metric=metric),
+    })
