@@ -138,12 +138,19 @@ class LayerStack:
         raise AssertionError(f"{ref} is not a parameter of the model")
 
     def bind(self, index: int, name: str, tensor: torch.Tensor) -> nn.Parameter:
-        """Register ``tensor`` (no copy) as parameter ``name`` of layer ``index`` and return it."""
+        """Register ``tensor`` (no copy; an existing Parameter as is) as ``name`` of layer ``index``."""
         module_path, _, leaf = name.rpartition(".")
-        module = self.layers[index].get_submodule(module_path)
-        param = nn.Parameter(tensor, requires_grad=tensor.is_floating_point())
-        module._parameters[leaf] = param
+        param = tensor if isinstance(tensor, nn.Parameter) else nn.Parameter(tensor)
+        self.layers[index].get_submodule(module_path)._parameters[leaf] = param
         return param
+
+    def release(self, first: int, stop: int) -> None:
+        """Put meta tensors back into layers ``[first, stop)`` so that no real weights stay referenced."""
+        for index in range(first, stop):
+            for ref in self.owned[index]:
+                self.bind(index, ref.name, torch.empty(ref.shape, device="meta"))
+            for borrow in self.borrowed[index]:
+                self.bind(index, borrow.name, torch.empty(borrow.owner.shape, device="meta"))
 
 
 def gpt2_config(spec: ModelSpec) -> GPT2Config:

@@ -1,0 +1,74 @@
+"""Measure each layer's bytes and time for a trial's micro-batch, one materialized layer at a time."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from worker.engine.config import TrialSpec
+from worker.engine.layers import LayerStack
+from worker.engine.partition import LayerCost
+from worker.engine.weights import init_layer
+
+FP32 = 4
+
+
+def optimizer_slots(spec: TrialSpec) -> int:
+    """fp32 optimizer-state values kept per parameter: AdamW's two moments, SGD's momentum buffer."""
+    if spec.optimizer.kind == "adamw":
+        return 2
+    return 1 if spec.optimizer.momentum else 0
+
+
+def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> list[LayerCost]:
+    """Run each layer forward + backward on ``device`` for one micro-batch; count what autograd saves.
+
+    Activation bytes are the distinct non-weight storages saved for backward plus the layer's output and its
+    gradient. Borrowed (tied) parameters count with their gradient in the borrowing layer too, since
+    a shard that borrows holds a copy. The layer's weights are a throwaway init; the caller's RNG is
+    untouched.
+    """
+    batch, seq = spec.micro_batch_size, spec.data.seq_len
+    width = stack.config.n_embd
+    slots = optimizer_slots(spec)
+    costs = []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for index, name in enumerate(stack.names):
+            params = [t.to(device).requires_grad_() for t in init_layer(stack, index, spec.seed)]
+            for ref, tensor in zip(stack.owned[index], params, strict=True):
+                stack.bind(index, ref.name, tensor)
+            borrowed = [torch.zeros(b.owner.shape, device=device, requires_grad=True) for b in stack.borrowed[index]]
+            for borrow, tensor in zip(stack.borrowed[index], borrowed, strict=True):
+                stack.bind(index, borrow.name, tensor)
+            ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
+            x = ids if index == 0 else torch.zeros(batch, seq, width, device=device, requires_grad=True)
+            weights = {t.untyped_storage().data_ptr() for t in (*params, *borrowed)}
+            storages: dict[int, int] = {}
+
+            def pack(t: torch.Tensor, storages: dict[int, int] = storages, weights: set[int] = weights) -> torch.Tensor:
+                if t.untyped_storage().data_ptr() not in weights:  # weights are counted as state already
+                    storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+                return t
+
+            layer = stack.layers[index].train()
+            start = time.perf_counter()
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                    torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.bf16):
+                out = layer(x, ids) if index == len(stack) - 1 else layer(x)
+            out.backward(torch.ones_like(out))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - start
+            owned = stack.layer_numel(index)
+            lent = sum(b.owner.numel for b in stack.borrowed[index])
+            costs.append(LayerCost(
+                name=name,
+                param_bytes=(owned + lent) * FP32,
+                grad_bytes=(owned + lent) * FP32,
+                optim_bytes=owned * slots * FP32,
+                activation_bytes=sum(storages.values()) + 2 * out.numel() * out.element_size(),
+                time_s=elapsed,
+            ))
+            stack.release(index, index + 1)
+    return costs

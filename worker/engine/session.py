@@ -1,0 +1,483 @@
+"""Trials as resumable sequences of shard units whose whole state lives in the spill store.
+
+``trial_create`` profiles, plans and initializes a trial straight into its spill directory;
+``TrialSession.open`` picks it up in any process, and each ``run_unit`` runs the next unit of the
+timetable (:mod:`worker.engine.schedule`) and commits its outputs together with the advanced cursor.
+A unit killed half-way leaves the previous commit, and re-running it gives identical numbers because
+the RNG state is part of the store.
+
+Spill buffer names (per trial directory)::
+
+    p{s} g{s} o{s}   shard s: flat fp32 parameters, accumulated gradients, optimizer state
+    t{s}             shard s: gradients of parameters it borrows from another shard (tied weights)
+    a{m}.{s} d{m}.{s} output of shard s for micro-batch m, and the loss gradient w.r.t. it
+    r{m}.{s}         RNG state before shard s ran forward on micro-batch m (replayed by the recompute)
+    rng              the trial's RNG stream (dropout of plain training, unit after unit)
+    e{s}             output of shard s for the current evaluation batch
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from worker.engine.config import TrialSpec
+from worker.engine.data import TokenBlocks
+from worker.engine.errors import EngineError
+from worker.engine.layers import Borrow, LayerStack, ParamRef, build_layer_stack
+from worker.engine.partition import MemoryPlan, plan_with_shards, solve
+from worker.engine.profile import optimizer_slots, profile_layers
+from worker.engine.schedule import Timetable, UnitSpec, lr_factor
+from worker.engine.spill_store import SpillStore
+from worker.engine.weights import PretrainedWeights, init_layer
+
+FP32 = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitResult:
+    """What one unit did. Step metrics are set on the unit that completes a step's backward; eval
+    metrics on the unit that completes an evaluation. ``peak_device_bytes`` is ``None`` on CPU."""
+
+    unit: UnitSpec
+    seconds: float
+    bytes_read: int
+    bytes_written: int
+    peak_device_bytes: int | None
+    loss: float | None = None
+    lr: float | None = None
+    grad_norm: float | None = None
+    tokens: int | None = None
+    eval_loss: float | None = None
+    eval_ppl: float | None = None
+
+
+def _rng_state(device: torch.device) -> list[torch.Tensor]:
+    if device.type == "cuda":
+        return [torch.get_rng_state(), torch.cuda.get_rng_state(device)]
+    return [torch.get_rng_state()]
+
+
+@contextlib.contextmanager
+def _caller_rng_kept(device: torch.device) -> Iterator[None]:
+    """Units set the global RNG to their trial's stream; give the caller its own state back afterwards."""
+    saved = _rng_state(device)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(saved[0])
+        if device.type == "cuda":
+            torch.cuda.set_rng_state(saved[1], device)
+
+
+def _initial_rng(seed: int, device: torch.device) -> list[torch.Tensor]:
+    """The RNG state right after ``torch.manual_seed(seed)``: where plain training's dropout starts."""
+    states = [torch.Generator().manual_seed(seed).get_state()]
+    if device.type == "cuda":
+        states.append(torch.Generator(device=device).manual_seed(seed).get_state())
+    return states
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """An owned parameter at element ``offset`` of its shard's flat buffers."""
+
+    ref: ParamRef
+    shard: int
+    offset: int
+
+
+class _Layout:
+    """Where every parameter lives: flat offsets per shard, and the cross-shard borrows (tied weights)."""
+
+    def __init__(self, stack: LayerStack, plan: MemoryPlan) -> None:
+        self.shard_of_layer = [s.index for s in plan.shards for _ in range(s.first, s.stop)]
+        self.slots: list[list[_Slot]] = []
+        self.by_ref: dict[ParamRef, _Slot] = {}
+        for shard in plan.shards:
+            offset, slots = 0, []
+            for index in range(shard.first, shard.stop):
+                for ref in stack.owned[index]:
+                    slot = _Slot(ref, shard.index, offset)
+                    slots.append(slot)
+                    self.by_ref[ref] = slot
+                    offset += ref.numel
+            self.slots.append(slots)
+        self.numel = [sum(slot.ref.numel for slot in slots) for slots in self.slots]
+        # (borrow, element offset in t{borrowing shard}) for borrows whose owner sits in another shard
+        self.lent: list[list[tuple[Borrow, int]]] = []
+        for shard in plan.shards:
+            offset, lent = 0, []
+            for index in range(shard.first, shard.stop):
+                for borrow in stack.borrowed[index]:
+                    if self.by_ref[borrow.owner].shard != shard.index:
+                        lent.append((borrow, offset))
+                        offset += borrow.owner.numel
+            self.lent.append(lent)
+
+    def incoming(self, shard: int) -> Iterator[tuple[_Slot, int, int]]:
+        """(owned slot, borrowing shard, offset in its t buffer) for borrows of ``shard``'s parameters."""
+        for borrower, lent in enumerate(self.lent):
+            for borrow, offset in lent:
+                slot = self.by_ref[borrow.owner]
+                if slot.shard == shard:
+                    yield slot, borrower, offset
+
+
+def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: torch.device,
+                 cuts: Sequence[int] | None = None) -> MemoryPlan:
+    """Profile, plan and initialize a trial into ``spill_dir/trial_id``; return its memory plan.
+
+    Layers are initialized (or read from the pretrained directory) one at a time and streamed into the
+    store, so the model never exists whole in memory. ``cuts`` forces the shard start layers instead of
+    solving (tests and benchmarks use it). Raises ``BudgetError`` when a layer cannot fit the budget,
+    ``SpecError`` for bad data or checkpoints, ``SpillStoreError`` if the trial directory is taken.
+    """
+    stack = build_layer_stack(spec.model)
+    TokenBlocks(spec.data, vocab_size=stack.config.vocab_size)  # fail on bad data before any work
+    costs = profile_layers(stack, spec, device)
+    plan = solve(costs, spec.budget_bytes) if cuts is None else plan_with_shards(costs, cuts, spec.budget_bytes)
+    store = SpillStore.create(Path(spill_dir) / trial_id, {
+        "trial_id": trial_id,
+        "spec": spec.to_dict(),
+        "plan": plan.to_dict(),
+        "cursor": 0,
+        "shards": [{"pending": False, "grad": "empty", "optim_steps": 0} for _ in plan.shards],
+        "pending": None,
+        "step_state": {"loss_sum": 0.0, "norms": {}},
+        "eval_state": {"loss_sum": 0.0},
+    })
+    source = PretrainedWeights(Path(spec.model.pretrained_dir)) if spec.model.pretrained_dir else None
+
+    def layer_weights(shard: int) -> Iterator[torch.Tensor]:
+        for index in range(plan.shards[shard].first, plan.shards[shard].stop):
+            yield from source.layer(stack, index) if source else init_layer(stack, index, spec.seed)
+
+    def zeros(shard: int) -> Iterator[torch.Tensor]:
+        for index in range(plan.shards[shard].first, plan.shards[shard].stop):
+            yield torch.zeros(stack.layer_numel(index))
+
+    for shard in plan.shards:
+        store.write_stream(f"p{shard.index}", layer_weights(shard.index))
+        if spec.optimizer.kind == "adamw":  # both moments start at zero, as in torch.optim.AdamW
+            store.write_stream(f"o{shard.index}", (t for _ in range(2) for t in zeros(shard.index)))
+    store.write("rng", *_initial_rng(spec.seed, device))
+    store.commit()
+    return plan
+
+
+class TrialSession:
+    """One trial opened from its spill directory; runs its units one at a time, in any process.
+
+    The session holds no training state of its own beyond caches: everything that matters is committed
+    in the store after each unit, so sessions of the same trial in different processes are
+    interchangeable (as long as only one runs a unit at a time).
+    """
+
+    def __init__(self, store: SpillStore, device: torch.device) -> None:
+        self.store = store
+        self.device = device
+        manifest = store.manifest
+        self.trial_id: str = manifest["trial_id"]
+        self.spec = TrialSpec.from_dict(manifest["spec"])
+        self.plan = MemoryPlan.from_dict(manifest["plan"])
+        self.stack = build_layer_stack(self.spec.model)
+        self.layout = _Layout(self.stack, self.plan)
+        self.data = TokenBlocks(self.spec.data, vocab_size=self.stack.config.vocab_size)
+        self.timetable = Timetable(
+            shards=len(self.plan.shards), steps=self.spec.steps, micro_batches=self.spec.micro_batches,
+            eval_every=self.spec.eval_every, eval_batches=self.spec.eval_batches,
+        )
+        self._cpu_rng_numel = torch.get_rng_state().numel()
+
+    @classmethod
+    def open(cls, *, spill_dir: Path, trial_id: str, device: torch.device) -> TrialSession:
+        """Open the last committed state of trial ``trial_id``; raises ``SpillStoreError`` if absent."""
+        return cls(SpillStore.open(Path(spill_dir) / trial_id), device)
+
+    # -- the scheduler's view ------------------------------------------------------------------------
+
+    def next_unit(self) -> UnitSpec | None:
+        """The unit :meth:`run_unit` would run, or ``None`` when the trial is finished."""
+        cursor = self.store.manifest["cursor"]
+        return self.timetable[cursor] if cursor < len(self.timetable) else None
+
+    def remaining_units(self) -> int:
+        return len(self.timetable) - self.store.manifest["cursor"]
+
+    def run_unit(self) -> UnitResult:
+        """Run the next unit and commit its outputs with the advanced cursor (all or nothing).
+
+        On any exception the session reloads the last commit, so it stays usable; the unit re-runs.
+        """
+        unit = self.next_unit()
+        if unit is None:
+            raise EngineError(f"trial {self.trial_id} is finished: no unit left to run")
+        read0, written0 = self.store.bytes_read, self.store.bytes_written
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        start = time.perf_counter()
+        run = {"F": self._forward, "FB": self._forward_backward, "B": self._backward,
+               "E": self._evaluate, "S": self._final_step}[unit.phase]
+        try:
+            with _caller_rng_kept(self.device):
+                metrics = run(unit)
+            self.store.manifest["cursor"] = unit.index + 1
+            self.store.commit()
+        except BaseException:
+            self.store = SpillStore.open(self.store.root)
+            raise
+        finally:
+            self.stack.release(0, len(self.stack))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return UnitResult(
+            unit=unit, seconds=time.perf_counter() - start,
+            bytes_read=self.store.bytes_read - read0, bytes_written=self.store.bytes_written - written0,
+            peak_device_bytes=torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None,
+            **metrics,
+        )
+
+    def export(self, out_dir: Path) -> None:
+        """Write the committed weights as a transformers ``save_pretrained`` directory (safetensors).
+
+        One safetensors file per shard plus an index, so only one shard is in memory at a time. Weights
+        of a step whose update is still pending (mid-trial) are exported as they were before that step.
+        """
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.stack.config.save_pretrained(out_dir)
+        n = len(self.plan.shards)
+        weight_map: dict[str, str] = {}
+        total = 0
+        for shard in range(n):
+            filename = "model.safetensors" if n == 1 else f"model-{shard + 1:05d}-of-{n:05d}.safetensors"
+            flat = self.store.read_new(f"p{shard}", self.layout.numel[shard], torch.float32)
+            tensors = {}
+            for slot in self.layout.slots[shard]:
+                name = self.stack.hf_name(slot.ref)
+                tensors[name] = flat[slot.offset:slot.offset + slot.ref.numel].view(slot.ref.shape).clone()
+                weight_map[name] = filename
+            total += flat.numel() * FP32
+            save_file(tensors, out_dir / filename, metadata={"format": "pt"})
+        if n > 1:
+            (out_dir / "model.safetensors.index.json").write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+    # -- units ---------------------------------------------------------------------------------------
+
+    def _forward(self, unit: UnitSpec) -> dict[str, Any]:
+        """F: shard forward without an autograd graph; save the output and the RNG state it started from."""
+        params = self._load_shard(unit.shard)
+        x = self._shard_input(unit)
+        self._set_rng("rng")
+        self.store.write(f"r{unit.micro_batch}.{unit.shard}", *_rng_state(self.device))
+        with torch.no_grad():
+            out = self._run_shard(unit.shard, params, x, None, train=True)[0]
+        self.store.write("rng", *_rng_state(self.device))
+        self.store.write(f"a{unit.micro_batch}.{unit.shard}", out.float())
+        return {}
+
+    def _forward_backward(self, unit: UnitSpec) -> dict[str, Any]:
+        """FB: the last shard's forward, loss and backward in one go (nothing to recompute)."""
+        params = self._load_shard(unit.shard)
+        x = self._shard_input(unit)
+        self._set_rng("rng")
+        loss, owned, lent = self._run_shard(unit.shard, params, x, self._labels(unit), train=True)
+        (loss / self.spec.micro_batches).backward()
+        self.store.write("rng", *_rng_state(self.device))
+        state = self.store.manifest["step_state"]
+        state["loss_sum"] += loss.item()
+        return self._finish_backward(unit, x, owned, lent)
+
+    def _backward(self, unit: UnitSpec) -> dict[str, Any]:
+        """B: recompute the shard's forward from its saved input and RNG state, then backpropagate."""
+        params = self._load_shard(unit.shard)
+        x = self._shard_input(unit)
+        self._set_rng(f"r{unit.micro_batch}.{unit.shard}")
+        out, owned, lent = self._run_shard(unit.shard, params, x, None, train=True)
+        grad_out = self._read_boundary(f"d{unit.micro_batch}.{unit.shard}", out.shape)
+        torch.autograd.backward(out, grad_out.to(out.dtype))
+        return self._finish_backward(unit, x, owned, lent)
+
+    def _evaluate(self, unit: UnitSpec) -> dict[str, Any]:
+        """E: evaluation forward of one shard on one validation batch (dropout off, no graph)."""
+        params = self._load_shard(unit.shard)
+        ids = self.data.eval_batch(batch=unit.micro_batch, batch_size=self.spec.micro_batch_size).to(self.device)
+        x = ids if unit.shard == 0 else self._read_boundary(f"e{unit.shard - 1}", (*ids.shape, self._width))
+        last = unit.shard == len(self.plan.shards) - 1
+        with torch.no_grad():
+            out = self._run_shard(unit.shard, params, x, ids if last else None, train=False)[0]
+        if not last:
+            self.store.write(f"e{unit.shard}", out.float())
+            return {}
+        state = self.store.manifest["eval_state"]
+        state["loss_sum"] += out.item()
+        if unit.micro_batch < self.spec.eval_batches - 1:
+            return {}
+        eval_loss = state["loss_sum"] / self.spec.eval_batches
+        state["loss_sum"] = 0.0
+        return {"eval_loss": eval_loss, "eval_ppl": math.exp(eval_loss)}
+
+    def _final_step(self, unit: UnitSpec) -> dict[str, Any]:
+        """S: apply the last step's pending update (only when the trial ends without an evaluation)."""
+        self._load_shard(unit.shard)
+        return {}
+
+    # -- pieces --------------------------------------------------------------------------------------
+
+    @property
+    def _width(self) -> int:
+        return self.stack.config.n_embd
+
+    def _labels(self, unit: UnitSpec) -> torch.Tensor:
+        batch = self.data.train_batch(seed=self.spec.seed, step=unit.step, batch_size=self.spec.batch_size)
+        return batch.chunk(self.spec.micro_batches)[unit.micro_batch].to(self.device)  # (B_mb, T)
+
+    def _shard_input(self, unit: UnitSpec) -> torch.Tensor:
+        """Token ids for shard 0, else the saved output of the previous shard (a grad-requiring leaf)."""
+        ids = self._labels(unit)
+        if unit.shard == 0:
+            return ids
+        x = self._read_boundary(f"a{unit.micro_batch}.{unit.shard - 1}", (*ids.shape, self._width))
+        return x.requires_grad_(unit.phase != "F")
+
+    def _read_boundary(self, name: str, shape: Sequence[int]) -> torch.Tensor:
+        return self.store.read_new(name, math.prod(shape), torch.float32).view(*shape).to(self.device)
+
+    def _set_rng(self, name: str) -> None:
+        raw = self.store.read_new(name, self._cpu_rng_numel + (16 if self.device.type == "cuda" else 0),
+                                  torch.uint8)
+        torch.set_rng_state(raw[: self._cpu_rng_numel])
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(raw[self._cpu_rng_numel:], self.device)
+
+    def _load_shard(self, shard: int) -> torch.Tensor:
+        """The shard's flat parameters (P,) on the device, after applying its pending optimizer step."""
+        params = self.store.read_new(f"p{shard}", self.layout.numel[shard], torch.float32).to(self.device)
+        meta = self.store.manifest["shards"][shard]
+        if meta["pending"]:
+            self._step(shard, params)
+            meta.update(pending=False, grad="empty")
+        return params
+
+    def _step(self, shard: int, params: torch.Tensor) -> None:
+        """Clip (global norm, computed when the step's backward finished) and step with torch.optim."""
+        spec, meta = self.spec.optimizer, self.store.manifest["shards"][shard]
+        pending = self.store.manifest["pending"]
+        numel = self.layout.numel[shard]
+        grads = self.store.read_new(f"g{shard}", numel, torch.float32).to(self.device)
+        if spec.clip_norm is not None:  # exactly torch.nn.utils.clip_grad_norm_'s arithmetic
+            total_norm = torch.tensor(pending["total_norm"], dtype=torch.float32)
+            clip_coef = spec.clip_norm / (total_norm + 1e-6)
+            grads.mul_(torch.clamp(clip_coef, max=1.0).to(self.device))
+        lr = spec.lr * lr_factor(self.spec.schedule, pending["step"], self.spec.steps)
+        params.grad = grads
+        optimizer: torch.optim.Optimizer
+        if spec.kind == "adamw":
+            moments = self.store.read_new(f"o{shard}", 2 * numel, torch.float32).to(self.device)
+            optimizer = torch.optim.AdamW([params], lr=lr, betas=spec.betas, eps=spec.eps,
+                                          weight_decay=spec.weight_decay)
+            optimizer.state[params] = {"step": torch.tensor(float(meta["optim_steps"])),
+                                       "exp_avg": moments[:numel], "exp_avg_sq": moments[numel:]}
+            optimizer.step()
+            self.store.write(f"o{shard}", moments)
+        else:
+            optimizer = torch.optim.SGD([params], lr=lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+            if meta["optim_steps"] and optimizer_slots(self.spec):
+                optimizer.state[params] = {
+                    "momentum_buffer": self.store.read_new(f"o{shard}", numel, torch.float32).to(self.device)}
+            optimizer.step()
+            if optimizer_slots(self.spec):
+                self.store.write(f"o{shard}", optimizer.state[params]["momentum_buffer"])
+        params.grad = None
+        meta["optim_steps"] += 1
+        self.store.write(f"p{shard}", params)
+
+    def _run_shard(self, shard: int, params: torch.Tensor, x: torch.Tensor, labels: torch.Tensor | None, *,
+                   train: bool) -> tuple[torch.Tensor, list[nn.Parameter], list[nn.Parameter]]:
+        """Bind the shard's weights into its layers and run them; return (output, owned, lent params).
+
+        Owned parameters are views into ``params``; a parameter borrowed from another shard is read from
+        that shard's committed buffer. The last layer needs ``labels`` and returns the loss. Units that
+        need no graph call this under ``torch.no_grad``.
+        """
+        plan = self.plan.shards[shard]
+        owned = []
+        bound: dict[ParamRef, nn.Parameter] = {}
+        for slot in self.layout.slots[shard]:
+            view = params[slot.offset:slot.offset + slot.ref.numel].view(slot.ref.shape)
+            param = self.stack.bind(slot.ref.layer, slot.ref.name, view)
+            bound[slot.ref] = param
+            owned.append(param)
+        lent = []
+        for index in range(plan.first, plan.stop):
+            for borrow in self.stack.borrowed[index]:
+                if borrow.owner in bound:
+                    self.stack.bind(index, borrow.name, bound[borrow.owner])
+                    continue
+                owner = self.layout.by_ref[borrow.owner]
+                weight = self.store.read_new(f"p{owner.shard}", borrow.owner.numel, torch.float32,
+                                             offset=owner.offset * FP32).view(borrow.owner.shape)
+                lent.append(self.stack.bind(index, borrow.name, weight.to(self.device)))
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.spec.bf16):
+            for index in range(plan.first, plan.stop):
+                layer = self.stack.layers[index].train(train)
+                x = layer(x, labels) if index == len(self.stack) - 1 else layer(x)
+        return x, owned, lent
+
+    def _finish_backward(self, unit: UnitSpec, x: torch.Tensor, owned: list[nn.Parameter],
+                         lent: list[nn.Parameter]) -> dict[str, Any]:
+        """Accumulate the shard's gradients (plus tied contributions), pass the input gradient on, and
+        when the step's backward is complete, record the global gradient norm and mark the step pending."""
+        shard, store = unit.shard, self.store
+        meta = store.manifest["shards"][shard]
+        if unit.shard > 0:
+            store.write(f"d{unit.micro_batch}.{unit.shard - 1}", x.grad)
+        if lent:
+            store.write(f"t{shard}", *(p.grad for p in lent))
+        fresh = [p.grad for p in owned]
+        slot_index = {slot.ref: i for i, slot in enumerate(self.layout.slots[shard])}
+        for slot, borrower, offset in self.layout.incoming(shard):
+            contribution = store.read_new(f"t{borrower}", slot.ref.numel, torch.float32, offset=offset * FP32)
+            i = slot_index[slot.ref]
+            # Autograd would sum both uses of the tied weight before accumulating: do the same.
+            fresh[i] = fresh[i] + contribution.view(slot.ref.shape).to(self.device)
+        flat = torch.cat([g.reshape(-1) for g in fresh])
+        if meta["grad"] == "partial":
+            flat = store.read_new(f"g{shard}", flat.numel(), torch.float32).to(self.device).add_(flat)
+        store.write(f"g{shard}", flat)
+        meta["grad"] = "partial"
+        if unit.micro_batch < self.spec.micro_batches - 1:
+            return {}
+        state = store.manifest["step_state"]
+        state["norms"][str(shard)] = [
+            torch.linalg.vector_norm(flat[s.offset:s.offset + s.ref.numel], 2.0).item()
+            for s in self.layout.slots[shard]
+        ]
+        if shard > 0:
+            return {}
+        norms = [n for s in range(len(self.plan.shards)) for n in state["norms"][str(s)]]
+        # As clip_grad_norm_: the norm of the per-parameter norms, in model parameter order.
+        total_norm = torch.linalg.vector_norm(torch.tensor(norms, dtype=torch.float32), 2.0).item()
+        store.manifest["pending"] = {"step": unit.step, "total_norm": total_norm}
+        for shard_meta in store.manifest["shards"]:
+            shard_meta["pending"] = True
+        loss = state["loss_sum"] / self.spec.micro_batches
+        store.manifest["step_state"] = {"loss_sum": 0.0, "norms": {}}
+        return {
+            "loss": loss,
+            "lr": self.spec.optimizer.lr * lr_factor(self.spec.schedule, unit.step, self.spec.steps),
+            "grad_norm": total_norm,
+            "tokens": (unit.step + 1) * self.spec.batch_size * self.spec.data.seq_len,
+        }

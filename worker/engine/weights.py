@@ -1,0 +1,83 @@
+"""Where a layer's initial weights come from: a seeded GPT-2 init or a local pretrained checkpoint.
+
+Both produce one layer at a time (CPU, fp32), so a model is initialized straight into the spill store
+without ever existing whole in memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from worker.engine.errors import SpecError
+from worker.engine.layers import LayerStack
+
+
+def layer_seed(seed: int, index: int) -> int:
+    """The RNG seed of layer ``index``'s init: independent streams so layers can be made one at a time."""
+    return (seed * 1_000_003 + index) % (1 << 63)
+
+
+def _post_order(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
+    for name, child in module.named_children():
+        yield from _post_order(child, f"{prefix}{name}.")
+    yield prefix.removesuffix("."), module
+
+
+def init_layer(stack: LayerStack, index: int, seed: int) -> list[torch.Tensor]:
+    """Layer ``index``'s owned parameters, initialized by the model's own ``_init_weights``.
+
+    Modules are visited children-first like ``nn.Module.apply`` (so GPT-2's scaled ``c_proj`` init
+    overrides the generic one, as in transformers); modules that register a borrowed parameter are
+    skipped, since the owner initializes it. The caller's RNG is left untouched.
+    """
+    borrowed_modules = {b.name.rpartition(".")[0] for b in stack.borrowed[index]}
+    layer = stack.layers[index]
+    tensors = [torch.empty(ref.shape) for ref in stack.owned[index]]
+    for ref, tensor in zip(stack.owned[index], tensors, strict=True):
+        stack.bind(index, ref.name, tensor)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(layer_seed(seed, index))
+        for name, module in _post_order(layer):
+            if name not in borrowed_modules:
+                stack.model._init_weights(module)
+    stack.release(index, index + 1)
+    return tensors
+
+
+class PretrainedWeights:
+    """Reads single tensors from a local safetensors checkpoint (one file or an indexed set of files)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        index = directory / "model.safetensors.index.json"
+        if index.exists():
+            self.files: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        elif (directory / "model.safetensors").exists():
+            with safe_open(directory / "model.safetensors", framework="pt") as f:
+                self.files = dict.fromkeys(f.keys(), "model.safetensors")
+        else:
+            raise SpecError(f"{directory} has no model.safetensors; only safetensors checkpoints are read")
+
+    def get(self, name: str) -> torch.Tensor:
+        """Tensor ``name`` (a ``GPT2LMHeadModel`` key; checkpoints without the ``transformer.`` prefix work)."""
+        for key in (name, name.removeprefix("transformer.")):
+            if key in self.files:
+                with safe_open(self.directory / self.files[key], framework="pt") as f:
+                    return f.get_tensor(key).to(torch.float32)
+        raise SpecError(f"{self.directory} has no tensor {name!r}")
+
+    def layer(self, stack: LayerStack, index: int) -> list[torch.Tensor]:
+        """Layer ``index``'s owned parameters from the checkpoint."""
+        tensors = []
+        for ref in stack.owned[index]:
+            tensor = self.get(stack.hf_name(ref))
+            if tuple(tensor.shape) != ref.shape:
+                raise SpecError(f"{stack.hf_name(ref)} has shape {tuple(tensor.shape)}, the config says {ref.shape}")
+            tensors.append(tensor)
+        return tensors
