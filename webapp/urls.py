@@ -8,5 +8,4 @@ urlpatterns = [
     path("", include("webapp.datasets.urls")),
     path("", include("webapp.experiments.urls")),
     path("", include("webapp.leaderboards.urls")),
-    path("dashboards/", include("webapp.dashboards.urls")),
 ]
