@@ -1,0 +1,145 @@
+"""Experiment pages: login, CSRF, 404 across teams for every object URL, inert names, the form's flows."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from tests.webapp.experiments.factories import make_experiment
+from tests.webapp.experiments.test_forms import post_data
+from webapp.experiments.models import Experiment
+
+pytestmark = pytest.mark.django_db
+
+
+def object_urls(experiment):
+    trial = experiment.trials.first()
+    return [
+        ("get", reverse("experiment_detail", args=[experiment.pk])),
+        ("get", reverse("experiment_delete", args=[experiment.pk])),
+        ("get", reverse("experiment_space", args=[experiment.pk, "yaml"])),
+        ("get", reverse("experiment_create") + f"?clone={experiment.pk}"),
+        ("post", reverse("experiment_action", args=[experiment.pk, "launch"])),
+        ("post", reverse("experiment_delete", args=[experiment.pk])),
+        ("get", reverse("trial_detail", args=[trial.pk])),
+        ("get", reverse("trial_delete", args=[trial.pk])),
+        ("get", reverse("trial_export", args=[trial.pk])),
+        ("post", reverse("trial_action", args=[trial.pk, "cancel"])),
+        ("post", reverse("trial_delete", args=[trial.pk])),
+    ]
+
+
+def test_it_requires_login(client, alice_team, alice_dataset):
+    experiment = make_experiment(alice_team, alice_dataset)
+    for method, url in [*object_urls(experiment), ("get", reverse("experiment_list")),
+                        ("get", reverse("experiment_create")), ("get", reverse("home"))]:
+        response = getattr(client, method)(url)
+        assert response.status_code == 302, url
+        assert response["Location"].startswith(reverse("login")), url
+
+
+def test_it_answers_404_for_every_url_of_another_teams_experiment(alice_client, bob_team, bob_dataset):
+    experiment = make_experiment(bob_team, bob_dataset)
+    for method, url in object_urls(experiment):
+        assert getattr(alice_client, method)(url).status_code == 404, url
+    assert Experiment.objects.filter(pk=experiment.pk).exists()
+    assert experiment.trials.filter(status="new").count() == 2
+
+
+def test_it_requires_csrf_on_every_post(alice, alice_team, alice_dataset):
+    experiment = make_experiment(alice_team, alice_dataset)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(alice)
+    for method, url in object_urls(experiment):
+        if method == "post":
+            assert client.post(url).status_code == 403, url
+    assert client.post(reverse("experiment_create"), post_data(alice_dataset, action="create")).status_code == 403
+    assert Experiment.objects.count() == 1
+
+
+def test_it_renders_script_names_inert(alice_client, alice_team, alice_dataset):
+    experiment = make_experiment(alice_team, alice_dataset, name="<script>alert(1)</script>")
+    for url in [reverse("home"), reverse("experiment_detail", args=[experiment.pk]),
+                reverse("trial_detail", args=[experiment.trials.first().pk]),
+                reverse("experiment_create") + f"?clone={experiment.pk}"]:
+        page = alice_client.get(url).content.decode()
+        assert "<script>alert(1)</script>" not in page, url
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page, url
+
+
+def test_it_previews_then_creates_and_launches(alice_client, alice_dataset, submitted):
+    preview = alice_client.post(reverse("experiment_create"), post_data(alice_dataset, action="preview"))
+    assert preview.status_code == 200
+    page = preview.content.decode()
+    assert "Preview: 2 trials" in page and "Shards" in page
+    assert not Experiment.objects.exists()
+    response = alice_client.post(reverse("experiment_create"),
+                                 post_data(alice_dataset, action="create", launch="1"))
+    experiment = Experiment.objects.get()
+    assert response.status_code == 302
+    assert response["Location"] == reverse("experiment_detail", args=[experiment.pk])
+    assert set(experiment.trials.values_list("status", flat=True)) == {"planning"}
+
+
+def test_it_shows_field_errors_for_bad_input(alice_client, alice_dataset):
+    data = post_data(alice_dataset, action="preview", rows=[{"name": "lr", "kind": "float", "low": "1",
+                                                             "high": "0.1"}], strategy="random")
+    response = alice_client.post(reverse("experiment_create"), data)
+    assert response.status_code == 400
+    assert "reversed" in response.content.decode()
+
+
+def test_it_clones_an_experiment_into_the_form(alice_client, alice_team, alice_dataset):
+    experiment = make_experiment(alice_team, alice_dataset, name="first")
+    page = alice_client.get(reverse("experiment_create") + f"?clone={experiment.pk}").content.decode()
+    assert 'value="first (copy)"' in page
+    assert 'value="0.001, 0.003"' in page
+
+
+def test_it_downloads_the_search_space(alice_client, alice_team, alice_dataset):
+    experiment = make_experiment(alice_team, alice_dataset)
+    yaml_response = alice_client.get(reverse("experiment_space", args=[experiment.pk, "yaml"]))
+    assert "lr:" in yaml_response.content.decode()
+    json_response = alice_client.get(reverse("experiment_space", args=[experiment.pk, "json"]))
+    assert json_response.json() == experiment.search_space
+    assert alice_client.get(reverse("experiment_space", args=[experiment.pk, "exe"])).status_code == 404
+
+
+def test_it_confirms_then_deletes_a_trial(alice_client, alice_team, alice_dataset):
+    experiment = make_experiment(alice_team, alice_dataset)
+    trial = experiment.trials.first()
+    assert "Delete trial #1" in alice_client.get(reverse("trial_delete", args=[trial.pk])).content.decode()
+    alice_client.post(reverse("trial_delete", args=[trial.pk]))
+    assert experiment.trials.count() == 1
+
+
+def test_it_downloads_an_exported_model_only_from_the_exports_dir(alice_client, alice_team, alice_dataset,
+                                                                  data_dir):
+    experiment = make_experiment(alice_team, alice_dataset)
+    trial = experiment.trials.first()
+    url = reverse("trial_export", args=[trial.pk])
+    assert alice_client.get(url).status_code == 404
+    export = data_dir / "exports" / "1"
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}")
+    trial.export_path = str(export)
+    trial.save()
+    response = alice_client.get(url)
+    assert response.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(b"".join(response.streaming_content)), mode="r:gz") as tar:
+        assert f"trial-{trial.pk}/config.json" in tar.getnames()
+    trial.export_path = str(data_dir)  # outside exports/
+    trial.save()
+    assert alice_client.get(url).status_code == 404
+
+
+def test_it_cancels_a_trial_not_yet_launched(alice_client, alice_team, alice_dataset):
+    experiment = make_experiment(alice_team, alice_dataset)
+    trial = experiment.trials.first()
+    alice_client.post(reverse("trial_action", args=[trial.pk, "cancel"]))
+    trial.refresh_from_db()
+    assert trial.status == "cancelled"
