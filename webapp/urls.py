@@ -8,4 +8,5 @@ urlpatterns = [
     path("", include("webapp.datasets.urls")),
     path("", include("webapp.experiments.urls")),
     path("", include("webapp.leaderboards.urls")),
+    path("dashboards/", include("webapp.dashboards.urls")),
 ]

@@ -133,38 +133,34 @@ def curves(*, trials: list[TrialInfo], after: Cursor | None = None) -> Curves:
     Without `after`: the whole history, read at the level of detail that fits the budget. With `after`:
     only rows stored since that cursor (a live page's poll), at full detail unless there are too many.
     """
+    # The cursors come first, from the primary keys' index: a row stored while we read is left to the next poll.
+    step_cursor = StepMetric.objects.aggregate(last=Max("pk"))["last"] or 0
+    eval_cursor = EvalMetric.objects.aggregate(last=Max("pk"))["last"] or 0
     current = _current_attempts(trials)
-    steps = StepMetric.objects.filter(current)
-    evals = EvalMetric.objects.filter(current)
     if after is None:
-        steps = steps.filter(_level_filter(trials))
+        steps = StepMetric.objects.filter(_level_filter(trials), pk__lte=step_cursor)
+        evals = EvalMetric.objects.filter(current, pk__lte=eval_cursor)
     else:
-        steps = steps.filter(pk__gt=after.step)
-        evals = evals.filter(pk__gt=after.eval)
+        steps = StepMetric.objects.filter(current, pk__gt=after.step, pk__lte=step_cursor)
+        evals = EvalMetric.objects.filter(current, pk__gt=after.eval, pk__lte=eval_cursor)
     train: dict[int, TrainSeries] = {t.id: TrainSeries() for t in trials}
-    step_cursor = after.step if after else 0
-    for pk, trial_id, step, tokens, time, loss in steps.order_by("trial_id", "step").values_list(
-        "pk", "trial_id", "step", "tokens", "time", "loss"
+    for trial_id, step, tokens, time, loss in steps.order_by("trial_id", "step").values_list(
+        "trial_id", "step", "tokens", "time", "loss"
     ):
         series = train[trial_id]
         series.step.append(step)
         series.tokens.append(tokens)
         series.time.append(time)
         series.loss.append(loss)
-        step_cursor = max(step_cursor, pk)
-    if after is None:  # the cursor is the newest row, whatever level it has
-        step_cursor = StepMetric.objects.filter(current).aggregate(last=Max("pk"))["last"] or 0
     eval_series: dict[int, EvalSeries] = {t.id: EvalSeries() for t in trials}
-    eval_cursor = after.eval if after else 0
-    for pk, trial_id, step, time, loss, perplexity in evals.order_by("trial_id", "step").values_list(
-        "pk", "trial_id", "step", "time", "loss", "perplexity"
+    for trial_id, step, time, loss, perplexity in evals.order_by("trial_id", "step").values_list(
+        "trial_id", "step", "time", "loss", "perplexity"
     ):
         series = eval_series[trial_id]
         series.step.append(step)
         series.time.append(time)
         series.loss.append(loss)
         series.perplexity.append(perplexity)
-        eval_cursor = max(eval_cursor, pk)
     return Curves(
         trials=trials,
         train={tid: _thin_train(s) for tid, s in train.items()},
@@ -182,10 +178,11 @@ def _current_attempts(trials: list[TrialInfo]) -> Q:
 
 
 def _level_filter(trials: list[TrialInfo]) -> Q:
-    """Per trial, the finest level of detail whose representatives fit the read budget."""
+    """Per trial (current attempt), the finest level of detail whose representatives fit the read budget."""
     clause = Q(pk__in=[])
     for trial in trials:
-        clause |= Q(trial_id=trial.id, level__gte=levels.level_for(max(trial.step, 1), READ_FACTOR * TRAIN_POINTS))
+        level = levels.level_for(max(trial.step, 1), READ_FACTOR * TRAIN_POINTS)
+        clause |= Q(trial_id=trial.id, attempt=trial.attempt, level__gte=level)
     return clause
 
 

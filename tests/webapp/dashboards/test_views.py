@@ -1,0 +1,136 @@
+"""Dashboard pages and polls: login, team scoping, cursors, downsampling budgets, CSV, inert names."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from tests.webapp.telemetry.factories import make_experiment, write_sample, write_span, write_steps
+from webapp.dashboards import selectors
+from webapp.experiments.models import Trial
+from webapp.telemetry.services import telemetry_ingest
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def experiment(alice_team, redis_client, host_id):
+    experiment = make_experiment(alice_team, trials=[{"lr": 1e-3, "optimizer": "adamw"},
+                                                     {"lr": 3e-2, "optimizer": "sgd"}], total_steps=1000)
+    first, second = experiment.trials.order_by("number")
+    write_steps(redis_client, host_id, first, range(0, 900))
+    write_steps(redis_client, host_id, second, range(0, 40))
+    now = time.time()
+    write_span(redis_client, host_id, first, device="cpu0", unit=0, start=now, end=now + 0.5)
+    write_span(redis_client, host_id, second, device="cpu0", unit=0, start=now + 0.5, end=now + 1)
+    write_span(redis_client, host_id, first, device="cpu1", unit=1, start=now + 0.6, end=now + 1.2)
+    write_sample(redis_client, host_id, device="cpu0", at=now + 0.7, utilization=0.95)
+    telemetry_ingest(client=redis_client, host_id=host_id)
+    return experiment
+
+
+def _urls(experiment) -> list[str]:
+    trial = experiment.trials.first()
+    return [
+        reverse("dashboard_curves", args=[experiment.pk]),
+        reverse("dashboard_curves_data", args=[experiment.pk]),
+        reverse("dashboard_devices", args=[experiment.pk]),
+        reverse("dashboard_devices_data", args=[experiment.pk]),
+        reverse("dashboard_metrics_csv", args=[experiment.pk]),
+        reverse("dashboard_trial_plan", args=[trial.pk]),
+        reverse("dashboard_leaderboard", args=[experiment.dataset_id]),
+    ]
+
+
+def test_it_requires_login(client, experiment):
+    for url in _urls(experiment):
+        response = client.get(url)
+        assert response.status_code == 302, url
+        assert response["Location"].startswith(reverse("login"))
+
+
+def test_it_answers_404_for_another_teams_objects(bob_client, experiment):
+    for url in _urls(experiment):
+        assert bob_client.get(url).status_code == 404, url
+
+
+def test_it_refuses_writes(alice_client, experiment):
+    # Read-only pages: a POST (with or without a CSRF token) is not allowed.
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(experiment.team.memberships.first().user)
+    for url in _urls(experiment):
+        assert client.post(url).status_code in (403, 405), url
+
+
+def test_the_curves_page_embeds_its_figures_and_state(alice_client, experiment):
+    response = alice_client.get(reverse("dashboard_curves", args=[experiment.pk]))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "vendor/plotly.min.js" in page and "cdn" not in page.lower()
+    state = json.loads(page.split('id="dashboard-state" type="application/json">')[1].split("</script>")[0])
+    assert state["running"] is True
+    assert state["cursor"]["after_step"] > 0
+
+
+def test_the_poll_returns_only_what_is_new(alice_client, experiment, redis_client, host_id):
+    url = reverse("dashboard_curves_data", args=[experiment.pk])
+    first = alice_client.get(url).json()
+    assert alice_client.get(url, first["cursor"]).json()["points"] == {}
+
+    second_trial = experiment.trials.get(number=2)
+    write_steps(redis_client, host_id, second_trial, range(40, 45))
+    telemetry_ingest(client=redis_client, host_id=host_id)
+    update = alice_client.get(url, first["cursor"] | {"x": "tokens"}).json()
+
+    assert list(update["points"]) == [str(second_trial.pk)]
+    assert update["points"][str(second_trial.pk)]["x"] == [41 * 256, 42 * 256, 43 * 256, 44 * 256, 45 * 256]
+    assert update["trials"][str(second_trial.pk)]["step"] == 44
+
+
+def test_it_stops_being_live_when_every_trial_ended(alice_client, experiment):
+    experiment.trials.update(status=Trial.Status.FINISHED)
+    assert alice_client.get(reverse("dashboard_curves_data", args=[experiment.pk])).json()["running"] is False
+
+
+def test_it_rejects_a_bad_axis(alice_client, experiment):
+    assert alice_client.get(reverse("dashboard_curves", args=[experiment.pk]), {"x": "bogus"}).status_code == 400
+    assert alice_client.get(reverse("dashboard_curves_data", args=[experiment.pk]),
+                            {"after_step": "-1"}).status_code == 400
+
+
+def test_long_curves_are_downsampled_to_the_budget(alice_client, experiment, monkeypatch):
+    monkeypatch.setattr(selectors, "TRAIN_POINTS", 50)
+    page = alice_client.get(reverse("dashboard_curves", args=[experiment.pk])).content.decode()
+    figure = json.loads(page.split('id="curves-figure" type="application/json">')[1].split("</script>")[0])
+    raw = [t for t in figure["data"] if t["meta"]["role"] == "raw"]
+    assert [len(t["x"]) for t in raw] == [50, 40]
+    assert raw[0]["x"][0] == 0 and raw[0]["x"][-1] == 899  # the ends are kept
+
+
+def test_the_devices_poll_returns_new_spans_per_lane(alice_client, experiment):
+    data = alice_client.get(reverse("dashboard_devices_data", args=[experiment.pk])).json()
+    first = experiment.trials.get(number=1)
+    assert data["spans"][str(first.pk)]["y"] == ["cpu0", "cpu1"]
+    assert data["samples"]["cpu0"]["utilization"] == [95.0]
+    again = alice_client.get(reverse("dashboard_devices_data", args=[experiment.pk]), data["cursor"]).json()
+    assert again["spans"] == {} and again["samples"] == {}
+
+
+def test_the_csv_has_every_step_and_evaluation(alice_client, experiment):
+    response = alice_client.get(reverse("dashboard_metrics_csv", args=[experiment.pk]))
+    lines = b"".join(response.streaming_content).decode().splitlines()
+    assert lines[0] == "trial,split,step,tokens,time,loss,perplexity,lr"
+    assert sum(1 for line in lines if ",train," in line) == 940
+    assert sum(1 for line in lines if ",validation," in line) == 94
+
+
+def test_it_renders_a_script_name_inert(alice_client, experiment):
+    experiment.name = "<script>alert(1)</script>"
+    experiment.save()
+    for url in _urls(experiment)[:3] + _urls(experiment)[5:6]:
+        page = alice_client.get(url).content.decode()
+        assert "<script>alert(1)</script>" not in page, url
