@@ -1,0 +1,57 @@
+"""Headless Debian Chromium through Playwright (never a downloaded browser), and a screenshot folder.
+
+Screenshots go to ``$HYDRA_ARTIFACTS_DIR/screenshots`` when the test environment sets it (CI keeps that
+folder), else ``artifacts/screenshots``; every test prints the paths it saved.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Playwright's sync API runs an event loop in the test thread; the ORM calls the tests make there are
+# ordinary synchronous ones.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update"]
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def screenshots_dir() -> Path:
+    root = Path(os.environ.get("HYDRA_ARTIFACTS_DIR") or Path(__file__).resolve().parents[2] / "artifacts")
+    path = root / "screenshots"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def page(browser) -> Iterator[object]:
+    """A fresh page whose console errors and uncaught exceptions are collected in ``page.errors``."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.errors = []
+    page.on("console", lambda message: page.errors.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
+    yield page
+    context.close()
+
+
+from tests.webapp.telemetry.conftest import data_dir, host_id, redis_client  # noqa: E402, F401 -- fixtures
