@@ -1,0 +1,76 @@
+"""The figure builders are pure: data in, Plotly dicts out."""
+
+from __future__ import annotations
+
+import pytest
+
+from webapp.dashboards import figures
+from webapp.dashboards.selectors import Cursor, Curves, Devices, EvalSeries, SpanRow, TrainSeries, TrialInfo
+
+
+def _trial(id: int, number: int, params: dict, loss: float | None = None) -> TrialInfo:
+    return TrialInfo(id=id, number=number, attempt=1, experiment="exp", params=params, status="running", step=3,
+                     total_steps=10, best_val_loss=loss, best_val_ppl=None, launched=100.0)
+
+
+def test_ema_starts_at_the_first_value_and_continues_from_a_previous_one():
+    assert figures.ema([1.0, 3.0], 0.5) == [1.0, 2.0]
+    assert figures.ema([3.0], 0.5, previous=1.0) == [2.0]
+    with pytest.raises(ValueError, match="smoothing weight 1"):
+        figures.ema([1.0], 1)
+
+
+def test_interpolate_is_piecewise_linear_and_flat_beyond_the_ends():
+    assert figures.interpolate([0, 10], [0, 100], [-1, 5, 10, 20]) == [0.0, 50.0, 100.0, 100.0]
+
+
+def test_learning_curves_draw_raw_smoothed_and_validation_per_trial_on_the_chosen_axis():
+    trial = _trial(7, 1, {"lr": "<b>"})
+    curves = Curves(trials=[trial],
+                    train={7: TrainSeries(step=[0, 1, 2], tokens=[10, 20, 30], time=[101.0, 102.0, 103.0],
+                                          loss=[3.0, 2.0, 1.0])},
+                    evals={7: EvalSeries(step=[1], time=[102.0], loss=[2.5], perplexity=[12.2])},
+                    cursor=Cursor())
+    figure = figures.learning_curves(curves, x="time", smoothing=0.5)
+    raw, smooth, evals = figure["data"]
+    assert [t["meta"]["role"] for t in figure["data"]] == ["raw", "smooth", "eval"]
+    assert raw["x"] == [1.0, 2.0, 3.0]  # seconds since the experiment's launch
+    assert smooth["y"] == [3.0, 2.5, 1.75]
+    assert evals["x"] == [2.0]
+    assert "&lt;b&gt;" in raw["hovertemplate"]
+    tokens = figures.curve_points(curves, x="tokens", metric="loss")[7]
+    assert tokens["eval_x"] == [20.0]
+
+
+def test_the_timeline_has_a_bar_per_unit_in_its_devices_lane_and_a_trace_per_trial():
+    trials = [_trial(1, 1, {}), _trial(2, 2, {})]
+    spans = [SpanRow(trial=1, lane="cpu0", phase="F", shard=0, step=0, start=10.0, end=10.5, peak_bytes=0),
+             SpanRow(trial=2, lane="cpu0", phase="B", shard=1, step=0, start=10.5, end=11.0, peak_bytes=0),
+             SpanRow(trial=1, lane="cpu1", phase="B", shard=0, step=0, start=10.6, end=11.0, peak_bytes=0)]
+    figure = figures.device_timeline(Devices(spans=spans, samples={}, origin=10.0, cursor=3, sample_after=0),
+                                     trials)
+    first, second = figure["data"]
+    assert (first["y"], first["base"], first["x"]) == (["cpu0", "cpu1"], [0.0, 0.6], [0.5, 0.4])
+    assert second["y"] == ["cpu0"] and first["marker"]["color"] != second["marker"]["color"]
+    assert figure["layout"]["yaxis"]["categoryarray"] == ["cpu0", "cpu1"]
+
+
+def test_the_memory_plan_stacks_resident_and_spilled_bytes_per_shard():
+    shard = {"index": 0, "layers": ["embedding"], "param_bytes": 2**20, "grad_bytes": 2**20,
+             "optim_bytes": 2 * 2**20, "activation_bytes": 3 * 2**20}
+    figure = figures.memory_plan({"budget_bytes": 8 * 2**20, "shards": [shard]})
+    resident = {t["name"]: t["y"] for t in figure["data"] if t["offsetgroup"] == "resident"}
+    spilled = {t["name"]: t["y"] for t in figure["data"] if t["offsetgroup"] == "spilled"}
+    assert resident == {"parameters (resident)": [1.0], "gradients (resident)": [1.0],
+                        "optimizer state (resident)": [2.0], "activations (resident)": [3.0]}
+    assert spilled == {"parameters (spilled)": [1.0], "optimizer state (spilled)": [2.0]}
+    assert figure["layout"]["shapes"][0]["y0"] == 8.0
+
+
+def test_parallel_coordinates_map_categories_to_ticks_and_skip_unscored_trials():
+    trials = [_trial(1, 1, {"lr": 0.1, "optimizer": "sgd"}, 2.0), _trial(2, 2, {"lr": 0.01, "optimizer": "adamw"}, 1.5),
+              _trial(3, 3, {"lr": 0.5, "optimizer": "sgd"})]
+    dims = figures.hyperparameters(trials)["data"][0]["dimensions"]
+    assert dims[0] == {"label": "lr", "values": [0.1, 0.01]}
+    assert dims[1] == {"label": "optimizer", "values": [1.0, 0.0], "tickvals": [0, 1], "ticktext": ["adamw", "sgd"]}
+    assert dims[2]["values"] == [2.0, 1.5]
