@@ -1,0 +1,60 @@
+"""Timetables against exact expected sequences; LR multipliers against transformers' definitions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    get_constant_schedule_with_warmup,
+    get_cosine_schedule_with_warmup,
+    get_linear_schedule_with_warmup,
+)
+
+from worker.engine.config import ScheduleSpec
+from worker.engine.schedule import Timetable, lr_factor
+
+
+def codes(table: Timetable) -> list[str]:
+    return [f"{u.step}{u.phase}{u.shard}/{u.micro_batch}" for u in table]
+
+
+def test_it_lays_out_forward_backward_and_eval_units() -> None:
+    table = Timetable(shards=3, steps=2, micro_batches=2, eval_every=2, eval_batches=1)
+    step = "{s}F0/{m} {s}F1/{m} {s}FB2/{m} {s}B1/{m} {s}B0/{m}"
+    expected = " ".join([
+        step.format(s=0, m=0), step.format(s=0, m=1), step.format(s=1, m=0), step.format(s=1, m=1),
+        "1E0/0 1E1/0 1E2/0",
+    ]).split()
+    assert codes(table) == expected
+    assert [table[i] for i in range(len(table))] == list(table)
+
+
+def test_it_evaluates_every_n_steps_and_after_the_last() -> None:
+    table = Timetable(shards=1, steps=5, micro_batches=1, eval_every=2, eval_batches=2)
+    assert codes(table) == [
+        "0FB0/0", "1FB0/0", "1E0/0", "1E0/1", "2FB0/0", "3FB0/0", "3E0/0", "3E0/1", "4FB0/0", "4E0/0", "4E0/1",
+    ]
+
+
+def test_it_ends_with_step_units_without_a_final_eval() -> None:
+    table = Timetable(shards=2, steps=1, micro_batches=1, eval_every=0, eval_batches=1)
+    assert codes(table) == ["0F0/0", "0FB1/0", "0B0/0", "0S0/0", "0S1/0"]
+    with pytest.raises(IndexError):
+        table[len(table)]
+
+
+@pytest.mark.parametrize(("decay", "make"), [
+    ("constant", lambda opt, warmup, total: get_constant_schedule_with_warmup(opt, warmup)),
+    ("linear", get_linear_schedule_with_warmup),
+    ("cosine", get_cosine_schedule_with_warmup),
+])
+def test_it_matches_the_transformers_schedules(decay: str, make: object) -> None:
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    scheduler = make(optimizer, 4, 20)  # type: ignore[operator]
+    expected = []
+    for _ in range(20):
+        expected.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    spec = ScheduleSpec(warmup_steps=4, decay=decay)  # type: ignore[arg-type]
+    assert [lr_factor(spec, step, 20) for step in range(20)] == expected

@@ -1,0 +1,50 @@
+"""The commit protocol: staged buffers are invisible until commit; a crash leaves the last commit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from worker.engine.errors import SpillStoreError
+from worker.engine.spill_store import SpillStore
+
+
+def test_it_reads_back_what_was_committed(tmp_path: Path) -> None:
+    store = SpillStore.create(tmp_path / "t", {"cursor": 0})
+    store.write("p0", torch.arange(6, dtype=torch.float32), torch.tensor([7.0]))
+    store.commit()
+    reopened = SpillStore.open(tmp_path / "t")
+    assert reopened.read_new("p0", 7, torch.float32).tolist() == [0, 1, 2, 3, 4, 5, 7]
+    assert reopened.read_new("p0", 2, torch.float32, offset=4 * 4).tolist() == [4, 5]
+
+
+def test_it_forgets_an_uncommitted_unit(tmp_path: Path) -> None:
+    store = SpillStore.create(tmp_path / "t", {"cursor": 0})
+    store.write("p0", torch.zeros(4))
+    store.commit()
+    store.manifest["cursor"] = 1
+    store.write("p0", torch.ones(4))  # the process dies before commit()
+    assert sorted(p.name for p in (tmp_path / "t").glob("*.bin")) == ["p0@1.bin", "p0@2.bin"]
+
+    reopened = SpillStore.open(tmp_path / "t")
+    assert reopened.manifest["cursor"] == 0
+    assert reopened.read_new("p0", 4, torch.float32).tolist() == [0, 0, 0, 0]
+    assert [p.name for p in (tmp_path / "t").glob("*.bin")] == ["p0@1.bin"]
+
+
+def test_it_drops_superseded_versions_on_commit(tmp_path: Path) -> None:
+    store = SpillStore.create(tmp_path / "t", {})
+    for value in range(3):
+        store.write("g0", torch.full((2,), float(value)))
+        store.commit()
+    assert [p.name for p in (tmp_path / "t").glob("*.bin")] == ["g0@3.bin"]
+
+
+def test_it_refuses_to_overwrite_a_trial(tmp_path: Path) -> None:
+    SpillStore.create(tmp_path / "t", {}).commit()
+    with pytest.raises(SpillStoreError, match="already holds a trial"):
+        SpillStore.create(tmp_path / "t", {})
+    with pytest.raises(SpillStoreError, match="missing"):
+        SpillStore.open(tmp_path / "absent")
