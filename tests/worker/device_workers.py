@@ -52,6 +52,13 @@ class DeviceWorkers:
             log.close()
         self.wait(lambda: all(self.queue.devices().get(n, {}).get("seen") for n in names), 90, "loops to start")
 
+    def freeze(self, name: str) -> None:
+        """SIGSTOP the worker of `name` and its pool process, so that its state can be read at leisure."""
+        os.killpg(self.processes[name].pid, signal.SIGSTOP)
+
+    def thaw(self, name: str) -> None:
+        os.killpg(self.processes[name].pid, signal.SIGCONT)
+
     def kill(self, name: str) -> None:
         """kill -9 the worker of `name` and its pool process."""
         process = self.processes.pop(name)

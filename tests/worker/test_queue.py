@@ -203,11 +203,32 @@ def test_it_refuses_duplicate_and_malformed_ids(shard_queue: ShardQueue) -> None
         shard_queue.submit(trial_id="a b", spec=SPEC, export_dir="")
 
 
-def test_it_records_every_state_change_in_a_stream(shard_queue: ShardQueue) -> None:
-    runnable(shard_queue, "t1", units=1)
+def events(queue: ShardQueue) -> list[tuple[str, str]]:
+    return [(fields["state"], fields["message"]) for _, fields in queue.client.xrange(queue.key("events"))]
+
+
+def test_it_publishes_state_changes_but_not_the_flips_between_units(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1", units=3)
+    shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=2, unit_s=1.0)
+    shard_queue.complete(shard_queue.claim("t1", "cpu1"), remaining_units=1, unit_s=1.0)
+    shard_queue.pause("t1")
+    shard_queue.resume("t1")
     shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=0, unit_s=1.0)
-    events = shard_queue.client.xrange(shard_queue.key("events"))
-    assert [fields["state"] for _, fields in events] == ["planning", "runnable", "running", "finished"]
+    assert [state for state, _ in events(shard_queue)] == [
+        "planning", "runnable", "running", "paused", "runnable", "running", "finished"
+    ]
+
+
+def test_it_publishes_a_requeue_after_a_lost_lease(shard_queue: ShardQueue) -> None:
+    shard_queue.configure(lease_s=0.1)
+    runnable(shard_queue, "t1")
+    shard_queue.claim("t1", "cpu1")
+    time.sleep(0.2)
+    survey(shard_queue)
+    shard_queue.claim("t1", "cpu0")
+    assert events(shard_queue)[-2:] == [
+        ("runnable", "lease of cpu1 expired; the unit runs again"), ("running", "")
+    ]
 
 
 def test_it_keeps_every_key_under_the_host_namespace(

@@ -14,7 +14,8 @@ store lives on one host and only that host's devices take its units. Everything 
     hydra:<host>:wake            LIST   wake-up tokens for idle devices (capped)
     hydra:<host>:config          HASH   lease_ms (default 10000)
     hydra:<host>:device:<name>   HASH   epoch (of the worker's current loop), stop, seen (last survey, s)
-    hydra:<host>:events          STREAM trial, state, message: every state change, for the web app
+    hydra:<host>:events          STREAM trial, state, message: state changes for the web app (not the
+                                        runnable/running flips between units of a trial that goes on)
 
 States: planning -> runnable <-> running -> finished | failed; paused; cancelled. Pause and cancel of a
 trial whose unit (or planning) is in flight set ``control`` and take effect when that unit ends. A lease
@@ -77,19 +78,24 @@ end
 local function lease_ms()
   return tonumber(redis.call('HGET', key('config'), 'lease_ms') or 'DEFAULT_LEASE_MS')
 end
-local function set_state(id, state, message)
+-- Every change is published on the events stream except the runnable <-> running flips between the units of
+-- a trial that keeps training: those happen per unit and say nothing new ('active' marks such a trial).
+local function set_state(id, state, message, quiet)
   redis.call('HSET', tkey(id), 'state', state, 'message', message or '', 'updated', now_ms() / 1000)
+  if quiet then return end
   redis.call('XADD', key('events'), 'MAXLEN', '~', 100000, '*', 'trial', id, 'state', state,
              'message', message or '')
+  if state == 'running' then redis.call('HSET', tkey(id), 'active', '1')
+  else redis.call('HDEL', tkey(id), 'active') end
 end
 local function wake()
   redis.call('LPUSH', key('wake'), '1')
   redis.call('LTRIM', key('wake'), 0, 63)
 end
-local function make_runnable(id)
+local function make_runnable(id, quiet, message)
   local remaining = redis.call('HMGET', tkey(id), 'remaining_units', 'unit_s')
   redis.call('ZADD', key('runnable'), tonumber(remaining[1]) * tonumber(remaining[2]), id)
-  set_state(id, 'runnable')
+  set_state(id, 'runnable', message, quiet)
   wake()
 end
 -- End a lease: 'ok', or 'lost' when the token is no longer the trial's (it expired and was requeued).
@@ -100,12 +106,12 @@ local function release(id, token)
   return 'ok'
 end
 -- Where a trial goes when its unit ends without finishing it: honour a pending pause or cancel.
-local function after_unit(id)
+local function after_unit(id, quiet, message)
   local control = redis.call('HGET', tkey(id), 'control')
   redis.call('HDEL', tkey(id), 'control')
   if control == 'cancel' then set_state(id, 'cancelled')
   elseif control == 'pause' then set_state(id, 'paused')
-  else make_runnable(id) end
+  else make_runnable(id, quiet, message) end
   return redis.call('HGET', tkey(id), 'state')
 end
 """.replace("DEFAULT_LEASE_MS", str(DEFAULT_LEASE_MS))
@@ -141,7 +147,7 @@ for _, id in ipairs(expired) do
     redis.call('RPUSH', key('planning'), id)
     wake()
   elseif state == 'running' then
-    after_unit(id)
+    after_unit(id, false, 'lease of ' .. redis.call('HGET', tkey(id), 'device') .. ' expired; the unit runs again')
   end
 end
 local head = redis.call('ZREVRANGE', key('runnable'), 0, tonumber(ARGV[2]) - 1, 'WITHSCORES')
@@ -171,7 +177,7 @@ _PLAN_DONE = """
 local id, token = ARGV[2], ARGV[3]
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HSET', tkey(id), 'remaining_units', ARGV[4], 'unit_s', ARGV[5], 'plan', ARGV[6])
-return after_unit(id)
+return after_unit(id, false)
 """
 
 _CLAIM = """
@@ -181,7 +187,7 @@ local token = tostring(redis.call('INCR', key('seq')))
 local ms = lease_ms()
 redis.call('HSET', tkey(id), 'lease', token, 'device', device)
 redis.call('ZADD', key('leases'), now_ms() + ms, id)
-set_state(id, 'running')
+set_state(id, 'running', nil, redis.call('HGET', tkey(id), 'active') == '1')
 local t = redis.call('HMGET', tkey(id), 'units_done', 'spec', 'export_dir', 'remaining_units', 'unit_s')
 return {token, ms, t[1], t[2], t[3], t[4], t[5]}
 """
@@ -203,7 +209,7 @@ if remaining_units == 0 then
   set_state(id, 'finished')
   return 'finished'
 end
-return after_unit(id)
+return after_unit(id, redis.call('HGET', tkey(id), 'active') == '1')
 """
 
 _FAIL = """
@@ -235,7 +241,7 @@ local id = ARGV[2]
 local state = redis.call('HGET', tkey(id), 'state')
 if not state then return 'missing' end
 if state == 'paused' then
-  make_runnable(id)
+  make_runnable(id, false)
 elseif state == 'running' or state == 'planning' then
   if redis.call('HGET', tkey(id), 'control') == 'pause' then redis.call('HDEL', tkey(id), 'control') end
 elseif state ~= 'runnable' then

@@ -1,0 +1,128 @@
+"""Engine trials on real device workers: exact results across devices and processes, and after a kill -9."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from worker.api import spec_validate
+from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, TrialSpec
+from worker.engine.session import TrialSession, trial_create
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def tokens(tmp_path: Path) -> str:
+    path = tmp_path / "tokens.npy"
+    np.save(path, np.random.default_rng(0).integers(0, 64, 16384).astype(np.int32))
+    return str(path)
+
+
+def tiny_trial(tokens: str, *, seed: int, lr: float, steps: int = 3, width: int = 16,
+               budget_bytes: int = 400_000) -> TrialSpec:
+    """A 2-block GPT-2 split into several shards, with dropout, AdamW, clipping and evaluation."""
+    return TrialSpec(
+        model=ModelSpec(n_layer=2, n_embd=width, n_head=2, vocab_size=64, n_positions=16, dropout=0.1),
+        data=DataSpec(tokens_path=tokens, seq_len=16),
+        optimizer=OptimizerSpec(lr=lr),
+        batch_size=4, micro_batches=2, steps=steps, eval_every=2, seed=seed, budget_bytes=budget_bytes,
+    )
+
+
+def trained_alone(trial: TrialSpec, root: Path) -> dict[str, torch.Tensor]:
+    """The same trial trained by the engine in this process, start to end, then exported.
+
+    With one thread, like a worker of a one-core CPU device, so that float sums add in the same order.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_alone(trial, root)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_alone(trial: TrialSpec, root: Path) -> dict[str, torch.Tensor]:
+    trial_create(spec=trial, spill_dir=root / "spill", trial_id="alone", device=torch.device("cpu"))
+    session = TrialSession.open(spill_dir=root / "spill", trial_id="alone", device=torch.device("cpu"))
+    while session.next_unit() is not None:
+        session.run_unit()
+    session.export(root / "export")
+    return exported(root / "export")
+
+
+def exported(directory: Path) -> dict[str, torch.Tensor]:
+    weights: dict[str, torch.Tensor] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        weights.update(load_file(path))
+    return weights
+
+
+def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert actual.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(actual[name], tensor, rtol=0, atol=1e-6,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_it_trains_three_trials_on_two_devices_exactly(device_workers, tokens: str, tmp_path: Path) -> None:
+    trials = {f"t{i}": tiny_trial(tokens, seed=i, lr=1e-3 * (i + 1)) for i in range(3)}
+    workers = device_workers("cpu0", "cpu1")
+    for trial_id, trial in trials.items():
+        workers.queue.submit(trial_id=trial_id, spec=spec_validate({"kind": "engine", "trial": trial.to_dict()}),
+                             export_dir=str(tmp_path / "exports" / trial_id))
+    records = workers.wait_for_states(trials, {"finished", "failed"}, 120)
+    assert {r.state for r in records.values()} == {"finished"}, [r.message for r in records.values()]
+    assert all(len(r.plan["shards"]) >= 2 for r in records.values())
+
+    spans = [s for s in workers.entries("spans") if s["phase"] != "plan"]
+    by_device = {d: [s["trial"] for s in sorted(spans, key=lambda s: s["start"]) if s["device"] == d]
+                 for d in ("cpu0", "cpu1")}
+    switches = {d: sum(a != b for a, b in itertools.pairwise(ts)) for d, ts in by_device.items()}
+    assert all(n >= 2 for n in switches.values()), switches  # units of different trials interleave
+    hopped = [t for t in trials if len({s["device"] for s in spans if s["trial"] == t}) == 2]
+    assert hopped, by_device  # and trials move between devices
+
+    steps = workers.entries("steps")
+    assert sorted((s["trial"], s["step"]) for s in steps) == [(t, i) for t in trials for i in range(3)]
+    assert {e["trial"] for e in workers.entries("evals")} == set(trials)
+    assert {s["device"] for s in workers.entries("samples")} == {"cpu0", "cpu1"}
+    assert not list(workers.spill_dir.iterdir())  # finished trials free their spill stores
+
+    for trial_id, trial in trials.items():
+        assert_same_weights(exported(tmp_path / "exports" / trial_id), trained_alone(trial, tmp_path / trial_id))
+
+
+def test_it_reruns_the_unit_of_a_killed_worker_on_another_device(
+    device_workers, tokens: str, tmp_path: Path
+) -> None:
+    trial = tiny_trial(tokens, seed=7, lr=2e-3, steps=4, width=128, budget_bytes=8_000_000)
+    workers = device_workers("cpu0", "cpu1", lease_s=1.5)
+    queue = workers.queue
+    queue.submit(trial_id="k", spec=spec_validate({"kind": "engine", "trial": trial.to_dict()}),
+                 export_dir=str(tmp_path / "export-k"))
+    workers.wait(lambda: queue.trial("k").units_done >= 3, 60, "the first units")
+    at_kill = None
+    while at_kill is None:  # freeze the device running it; kill it if it is mid-unit, else let it go on
+        victim = queue.trial("k").device
+        workers.freeze(victim)
+        record = queue.trial("k")
+        if (record.state, record.device) == ("running", victim):
+            workers.kill(victim)
+            at_kill = record
+        else:
+            workers.thaw(victim)
+
+    record = workers.wait_for_states(["k"], {"finished", "failed"}, 120)["k"]
+    assert (record.state, record.requeues) == ("finished", 1), record.message
+    spans = sorted((s for s in workers.entries("spans") if s["phase"] != "plan"), key=lambda s: s["start"])
+    assert [s["unit"] for s in spans] == list(range(len(spans)))  # the killed unit re-ran, nothing skipped
+    after = [s for s in spans if s["unit"] >= at_kill.units_done]
+    assert {s["device"] for s in after} == {"cpu0", "cpu1"} - {victim}
+    assert_same_weights(exported(tmp_path / "export-k"), trained_alone(trial, tmp_path / "alone"))
