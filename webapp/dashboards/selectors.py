@@ -138,24 +138,30 @@ def curves(*, trials: list[TrialInfo], after: Cursor | None = None) -> Curves:
     eval_cursor = EvalMetric.objects.aggregate(last=Max("pk"))["last"] or 0
     current = _current_attempts(trials)
     if after is None:
-        steps = StepMetric.objects.filter(_level_filter(trials), pk__lte=step_cursor)
-        evals = EvalMetric.objects.filter(current, pk__lte=eval_cursor)
+        # No primary-key range in SQL here: SQLite would prefer it to the (trial, attempt, level, step) index
+        # and scan every row of the table. Rows newer than the cursor are skipped below instead.
+        steps = StepMetric.objects.filter(_level_filter(trials))
+        evals = EvalMetric.objects.filter(current)
     else:
         steps = StepMetric.objects.filter(current, pk__gt=after.step, pk__lte=step_cursor)
         evals = EvalMetric.objects.filter(current, pk__gt=after.eval, pk__lte=eval_cursor)
     train: dict[int, TrainSeries] = {t.id: TrainSeries() for t in trials}
-    for trial_id, step, tokens, time, loss in steps.order_by("trial_id", "step").values_list(
-        "trial_id", "step", "tokens", "time", "loss"
+    for pk, trial_id, step, tokens, time, loss in steps.order_by("trial_id", "step").values_list(
+        "pk", "trial_id", "step", "tokens", "time", "loss"
     ):
+        if pk > step_cursor:
+            continue
         series = train[trial_id]
         series.step.append(step)
         series.tokens.append(tokens)
         series.time.append(time)
         series.loss.append(loss)
     eval_series: dict[int, EvalSeries] = {t.id: EvalSeries() for t in trials}
-    for trial_id, step, time, loss, perplexity in evals.order_by("trial_id", "step").values_list(
-        "trial_id", "step", "time", "loss", "perplexity"
+    for pk, trial_id, step, time, loss, perplexity in evals.order_by("trial_id", "step").values_list(
+        "pk", "trial_id", "step", "time", "loss", "perplexity"
     ):
+        if pk > eval_cursor:
+            continue
         series = eval_series[trial_id]
         series.step.append(step)
         series.time.append(time)
