@@ -32,8 +32,8 @@ def train_tokenizer(corpus: Path, vocab_size: int) -> Tokenizer:
 
 
 def tokenize_corpus(corpus: Path, out_dir: Path, *, vocab_size: int = 512,
-                    tokenizer_dir: Path | None = None) -> Path:
-    """Tokenize ``corpus`` into ``out_dir/tokens.npy`` (int32) and return that path.
+                    tokenizer_dir: Path | None = None) -> tuple[Path, int]:
+    """Tokenize ``corpus`` into ``out_dir/tokens.npy`` (int32); return that path and the vocabulary size.
 
     Uses ``tokenizer_dir/tokenizer.json`` when given, else trains a byte-level BPE on the corpus and saves
     it as ``out_dir/tokenizer.json``.
@@ -47,7 +47,7 @@ def tokenize_corpus(corpus: Path, out_dir: Path, *, vocab_size: int = 512,
     ids = tokenizer.encode(corpus.read_text(encoding="utf-8")).ids
     path = out_dir / "tokens.npy"
     np.save(path, np.asarray(ids, dtype=np.int32))
-    return path
+    return path, tokenizer.get_vocab_size()
 
 
 class TokenBlocks:

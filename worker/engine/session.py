@@ -23,6 +23,7 @@ import json
 import math
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from worker.engine.layers import Borrow, LayerStack, ParamRef, build_layer_stack
 from worker.engine.partition import MemoryPlan, plan_with_shards, solve
 from worker.engine.profile import optimizer_slots, profile_layers
 from worker.engine.schedule import Timetable, UnitSpec, lr_factor
-from worker.engine.spill_store import SpillStore
+from worker.engine.spill_store import SpillStore, read_file
 from worker.engine.weights import PretrainedWeights, init_layer
 
 FP32 = 4
@@ -134,6 +135,30 @@ class _Layout:
                     yield slot, borrower, offset
 
 
+class _Prefetcher:
+    """Reads spill buffers on a background thread: the copy-in half of the double buffer.
+
+    Entries are keyed by (buffer name, version), so a read made stale by a later commit is never used.
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hydra-prefetch")
+        self._reads: dict[tuple[str, int], Future[torch.Tensor]] = {}
+
+    def start(self, key: tuple[str, int], path: Path, numel: int) -> None:
+        if key not in self._reads:
+            self._reads[key] = self._pool.submit(read_file, path, torch.empty(numel, dtype=torch.float32))
+
+    def take(self, key: tuple[str, int]) -> torch.Tensor | None:
+        read = self._reads.pop(key, None)
+        return None if read is None else read.result()
+
+    def retain(self, current: dict[str, int]) -> None:
+        """Forget reads of versions that are no longer current."""
+        for key in [k for k in self._reads if current.get(k[0]) != k[1]]:
+            del self._reads[key]
+
+
 def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: torch.device,
                  cuts: Sequence[int] | None = None) -> MemoryPlan:
     """Profile, plan and initialize a trial into ``spill_dir/trial_id``; return its memory plan.
@@ -199,6 +224,7 @@ class TrialSession:
             eval_every=self.spec.eval_every, eval_batches=self.spec.eval_batches,
         )
         self._cpu_rng_numel = torch.get_rng_state().numel()
+        self._prefetcher = _Prefetcher()
 
     @classmethod
     def open(cls, *, spill_dir: Path, trial_id: str, device: torch.device) -> TrialSession:
@@ -214,6 +240,38 @@ class TrialSession:
 
     def remaining_units(self) -> int:
         return len(self.timetable) - self.store.manifest["cursor"]
+
+    def prefetch(self, unit: UnitSpec) -> None:
+        """Start reading ``unit``'s shard state (parameters; gradients and optimizer state when the unit
+        will need them) in the background, so that :meth:`run_unit` finds it loaded.
+
+        Call it for the unit after the one about to run. What it reads is keyed by buffer version, so
+        prefetching early is always safe; at worst the read is wasted.
+        """
+        shard, meta = unit.shard, self.store.manifest["shards"][unit.shard]
+        names = [f"p{shard}"]
+        if meta["pending"]:
+            names += [f"g{shard}", f"o{shard}"]
+        elif unit.phase in ("B", "FB") and meta["grad"] == "partial":
+            names.append(f"g{shard}")
+        for name in names:
+            version = self.store.version(name)
+            if version is not None:
+                self._prefetcher.start((name, version), self.store.path(name), self._state_numel(name))
+
+    def _state_numel(self, name: str) -> int:
+        numel = self.layout.numel[int(name[1:])]
+        return numel * 2 if name[0] == "o" and self.spec.optimizer.kind == "adamw" else numel
+
+    def _read_state(self, name: str) -> torch.Tensor:
+        """Shard state buffer ``name`` (p/g/o) on the device, from the prefetcher when it has it."""
+        version = self.store.version(name)
+        tensor = None if version is None else self._prefetcher.take((name, version))
+        if tensor is None:
+            tensor = self.store.read_new(name, self._state_numel(name), torch.float32)
+        else:
+            self.store.bytes_read += tensor.nbytes
+        return tensor.to(self.device)
 
     def run_unit(self) -> UnitResult:
         """Run the next unit and commit its outputs with the advanced cursor (all or nothing).
@@ -234,6 +292,7 @@ class TrialSession:
                 metrics = run(unit)
             self.store.manifest["cursor"] = unit.index + 1
             self.store.commit()
+            self._prefetcher.retain(self.store.manifest["files"])
         except BaseException:
             self.store = SpillStore.open(self.store.root)
             raise
@@ -364,7 +423,7 @@ class TrialSession:
 
     def _load_shard(self, shard: int) -> torch.Tensor:
         """The shard's flat parameters (P,) on the device, after applying its pending optimizer step."""
-        params = self.store.read_new(f"p{shard}", self.layout.numel[shard], torch.float32).to(self.device)
+        params = self._read_state(f"p{shard}")
         meta = self.store.manifest["shards"][shard]
         if meta["pending"]:
             self._step(shard, params)
@@ -376,7 +435,7 @@ class TrialSession:
         spec, meta = self.spec.optimizer, self.store.manifest["shards"][shard]
         pending = self.store.manifest["pending"]
         numel = self.layout.numel[shard]
-        grads = self.store.read_new(f"g{shard}", numel, torch.float32).to(self.device)
+        grads = self._read_state(f"g{shard}")
         if spec.clip_norm is not None:  # exactly torch.nn.utils.clip_grad_norm_'s arithmetic
             total_norm = torch.tensor(pending["total_norm"], dtype=torch.float32)
             clip_coef = spec.clip_norm / (total_norm + 1e-6)
@@ -385,7 +444,7 @@ class TrialSession:
         params.grad = grads
         optimizer: torch.optim.Optimizer
         if spec.kind == "adamw":
-            moments = self.store.read_new(f"o{shard}", 2 * numel, torch.float32).to(self.device)
+            moments = self._read_state(f"o{shard}")
             optimizer = torch.optim.AdamW([params], lr=lr, betas=spec.betas, eps=spec.eps,
                                           weight_decay=spec.weight_decay)
             optimizer.state[params] = {"step": torch.tensor(float(meta["optim_steps"])),
@@ -395,8 +454,7 @@ class TrialSession:
         else:
             optimizer = torch.optim.SGD([params], lr=lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
             if meta["optim_steps"] and optimizer_slots(self.spec):
-                optimizer.state[params] = {
-                    "momentum_buffer": self.store.read_new(f"o{shard}", numel, torch.float32).to(self.device)}
+                optimizer.state[params] = {"momentum_buffer": self._read_state(f"o{shard}")}
             optimizer.step()
             if optimizer_slots(self.spec):
                 self.store.write(f"o{shard}", optimizer.state[params]["momentum_buffer"])
@@ -455,7 +513,7 @@ class TrialSession:
             fresh[i] = fresh[i] + contribution.view(slot.ref.shape).to(self.device)
         flat = torch.cat([g.reshape(-1) for g in fresh])
         if meta["grad"] == "partial":
-            flat = store.read_new(f"g{shard}", flat.numel(), torch.float32).to(self.device).add_(flat)
+            flat = self._read_state(f"g{shard}").add_(flat)
         store.write(f"g{shard}", flat)
         meta["grad"] = "partial"
         if unit.micro_batch < self.spec.micro_batches - 1:

@@ -30,6 +30,16 @@ def _file(root: Path, name: str, version: int) -> Path:
     return root / f"{name}@{version}.bin"
 
 
+def read_file(path: Path, out: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
+    """Fill the contiguous CPU tensor ``out`` with the bytes of ``path`` from byte ``offset``."""
+    view = out.view(torch.uint8).numpy()
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset)
+        if f.readinto(view) != view.nbytes:
+            raise SpillStoreError(f"{path} is shorter than {offset + view.nbytes} bytes")
+    return out
+
+
 class SpillStore:
     """Versioned flat buffers plus a JSON manifest; see the module docstring for the commit protocol.
 
@@ -81,14 +91,13 @@ class SpillStore:
         except KeyError:
             raise SpillStoreError(f"buffer {name!r} is not in the store at {self.root}") from None
 
+    def version(self, name: str) -> int | None:
+        return self.manifest["files"].get(name)
+
     def read(self, name: str, out: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
         """Fill the contiguous CPU tensor ``out`` from buffer ``name`` starting at byte ``offset``."""
-        view = out.view(torch.uint8).numpy()
-        with open(self.path(name), "rb", buffering=0) as f:
-            f.seek(offset)
-            if f.readinto(view) != view.nbytes:
-                raise SpillStoreError(f"buffer {name!r} in {self.root} is shorter than {offset + view.nbytes} bytes")
-        self.bytes_read += view.nbytes
+        read_file(self.path(name), out, offset=offset)
+        self.bytes_read += out.nbytes
         return out
 
     def read_new(self, name: str, numel: int, dtype: torch.dtype, *, offset: int = 0) -> torch.Tensor:
