@@ -140,6 +140,8 @@ def run(host: str, port: int) -> int:
             for command in (
                 [sys.executable, "manage.py", "runserver", "--noreload", f"{host}:{port}"],
                 [sys.executable, "-m", "worker.launch"],
+                # Drains the workers' telemetry streams from Redis into the database for the dashboards.
+                [sys.executable, "manage.py", "hydra_ingest"],
             ):
                 # Own sessions: Ctrl-C reaches this script only, which then stops each child in order.
                 processes.append(subprocess.Popen(command, env=env, cwd=ROOT, start_new_session=True))
