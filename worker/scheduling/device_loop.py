@@ -14,11 +14,12 @@ A unit that raises fails its trial (the message goes to the UI) and the loop goe
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,30 +43,65 @@ class DeviceLoopConfig:
     idle_wait_s: float = IDLE_WAIT_S
 
 
+@dataclass(frozen=True, eq=False)
+class _Held:
+    renew: Callable[[], bool]
+    period_s: float
+    what: str
+
+
 class LeaseKeeper:
-    """Renews a lease every third of its length from a thread while a unit (or planning) runs."""
+    """One thread per loop that renews the lease being held every third of its length.
 
-    def __init__(self, renew: Callable[[], bool], lease_s: float, what: str) -> None:
-        self._renew = renew
-        self._period = lease_s / 3
-        self._what = what
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"hydra-lease-{what}", daemon=True)
+    A thread of its own because the unit's computation cannot pause to renew; one for the whole loop, not
+    one per unit, because starting a thread costs a fair share of the queue's budget per unit.
+    """
 
-    def __enter__(self) -> LeaseKeeper:
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._held: _Held | None = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="hydra-lease-keeper", daemon=True)
         self._thread.start()
-        return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self._done.set()
+    @contextlib.contextmanager
+    def holding(self, renew: Callable[[], bool], lease_s: float, what: str) -> Iterator[None]:
+        """Keep renewing with `renew` while the block runs."""
+        with self._cond:
+            self._held = _Held(renew, lease_s / 3, what)
+            self._cond.notify()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held = None
+                self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
         self._thread.join()
 
     def _run(self) -> None:
-        while not self._done.wait(self._period):
-            if not self._renew():
+        while True:
+            with self._cond:
+                while self._held is None and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                held = self._held
+                deadline = time.monotonic() + held.period_s
+                while self._held is held and not self._stopped and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)
+                if self._held is not held or self._stopped:
+                    continue
+            if not held.renew():  # outside the lock: the unit may end meanwhile
                 # The unit keeps running (it cannot be interrupted); its completion will be refused.
-                log.warning("lease on %s lost; another device will re-run its unit", self._what)
-                return
+                log.warning("lease on %s lost; another device will re-run its unit", held.what)
+                with self._cond:
+                    if self._held is held:
+                        self._held = None
 
 
 class DeviceLoop:
@@ -77,12 +113,16 @@ class DeviceLoop:
         self.config = config
         self.device = config.device
         self.pid = os.getpid()
+        self.keeper = LeaseKeeper()
 
     def run(self) -> None:
         """Run until the queue says this loop is no longer the device's current one (or it must stop)."""
         log.info("device loop of %s started (epoch %s, pid %d)", self.device, self.config.epoch, self.pid)
-        while self.turn():
-            pass
+        try:
+            while self.turn():
+                pass
+        finally:
+            self.keeper.stop()
         log.info("device loop of %s ended (epoch %s)", self.device, self.config.epoch)
 
     def turn(self) -> bool:
@@ -114,7 +154,7 @@ class DeviceLoop:
     def _plan(self, job: PlanJob) -> None:
         start = time.time()
         try:
-            with LeaseKeeper(lambda: self.queue.renew(job.trial_id, job.token), job.lease_s, job.trial_id):
+            with self.keeper.holding(lambda: self.queue.renew(job.trial_id, job.token), job.lease_s, job.trial_id):
                 planned = self._runner(job.spec).plan(trial_id=job.trial_id, spec=job.spec)
         except Exception as error:  # any failure of planning is the trial's, never the device's
             self._fail(job.trial_id, job.token, "planning", error)
@@ -147,7 +187,8 @@ class DeviceLoop:
     def _run_unit(self, lease: Lease) -> None:
         start = time.time()
         try:
-            with LeaseKeeper(lambda: self.queue.renew(lease.trial_id, lease.token), lease.lease_s, lease.trial_id):
+            with self.keeper.holding(lambda: self.queue.renew(lease.trial_id, lease.token), lease.lease_s,
+                                     lease.trial_id):
                 runner = self._runner(lease.spec)
                 done = runner.run_unit(trial_id=lease.trial_id, spec=lease.spec, units_done=lease.units_done)
                 if done.remaining_units == 0:

@@ -1,9 +1,10 @@
 """Runs `worker.engine` trials for a device loop: plan into the host's spill directory, run units, export.
 
 Spec: ``{"kind": "engine", "trial": TrialSpec.to_dict()}``. The engine keeps a trial's whole state in its
-spill store, so the only thing cached here is the opened session of recently run trials (building one
-costs more than a small unit). A cached session is reused only while the store on disk is still at the
-version it saw; when another device ran a unit in between, it is opened again.
+spill store; a session adds only structures derived from the trial's spec and plan (layer stack, layout,
+data), which cost tens of milliseconds to build, as much as a small unit. So the sessions of recent
+trials are kept, and each unit gives its session the store freshly opened from disk, which another device
+may have advanced since (the engine's own recovery after a failed unit does the same).
 """
 
 from __future__ import annotations
@@ -84,8 +85,10 @@ class EngineRunner:
     def _open(self, trial_id: str) -> TrialSession:
         store = SpillStore.open(self.spill_dir / trial_id)
         session = self._sessions.pop(trial_id, None)
-        if session is None or session.store.manifest["version"] != store.manifest["version"]:
+        if session is None:
             session = TrialSession(store, self.device)
+        else:
+            session.store = store
         self._sessions[trial_id] = session
         while len(self._sessions) > SESSION_CACHE:
             self._sessions.popitem(last=False)

@@ -363,13 +363,20 @@ class ShardQueue:
         return self._scripts[name](args=[self.prefix, *args])
 
     def _run_with(self, also: Callable[[redis.client.Pipeline], None] | None, name: str, *args: object) -> Any:
-        """Run a script after the commands `also` queues (telemetry), in one round trip."""
+        """Run a script after the commands `also` queues (telemetry), in one round trip.
+
+        By EVALSHA: a pipeline holding a Script object would first ask the server whether the script is
+        loaded, a second round trip per unit. Should the server have lost it (restart), it runs alone.
+        """
         if also is None:
             return self._run(name, *args)
         pipe = self.client.pipeline(transaction=False)
         also(pipe)
-        self._scripts[name](args=[self.prefix, *args], client=pipe)
-        return pipe.execute()[-1]
+        pipe.evalsha(self._scripts[name].sha, 0, self.prefix, *args)
+        try:
+            return pipe.execute()[-1]
+        except redis.exceptions.NoScriptError:
+            return self._run(name, *args)  # the Script object loads it; what `also` queued was sent already
 
     # Configuration --------------------------------------------------------------------------------------
 

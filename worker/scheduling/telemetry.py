@@ -155,7 +155,7 @@ class DeviceSampler:
         self._thread.join()
 
     def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_PERIOD_S):
+        while True:  # a first sample at once, so that even a device that ran for a moment shows up
             utilization, used, total = self._read()
             fields = {"device": self.device, "time": time.time(), "utilization": utilization,
                       "memory_used": used, "memory_total": total}
@@ -164,6 +164,8 @@ class DeviceSampler:
                                  approximate=True)
             except redis.RedisError as error:  # a lost sample is not worth stopping the device for
                 log.warning("device sample of %s not written: %s", self.device, error)
+            if self._stop.wait(SAMPLE_PERIOD_S):
+                return
 
     @staticmethod
     def _cpu_reader(threads: int) -> Callable[[], tuple[float, int, int]]:

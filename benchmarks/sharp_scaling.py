@@ -1,0 +1,116 @@
+"""SHARP strong scaling: the same trials one after another on one device, then with SHARP on G devices.
+
+`--trials` M tiny GPT-2 trials (different seeds and learning rates, several shards each) are first trained
+one after another by the engine in this process on one CPU thread (the one-trial-at-a-time baseline,
+planning and export included). Then `--devices` G CPU device workers of one thread each (real Celery
+processes under a throw-away host namespace of ``REDIS_URL``) train the same trials with SHARP, from
+submission to the last export. Defaults: 4 trials, 2 devices, 6 steps of a 4-block width-192 model;
+``--quick``: 3 steps.
+
+The last line is one JSON object: ``{"trials", "devices", "sequential_s", "sharp_s", "speedup",
+"utilization"}``, utilization = busy unit time (planning included) / (G x SHARP wall time). Targets with
+M >= G: utilization >= 0.9 and speedup >= 0.9 x G.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+os.environ.setdefault("DEBUG", "1")
+
+import django
+
+django.setup()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+from worker.devices import Device  # noqa: E402
+from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, TrialSpec  # noqa: E402
+from worker.engine.session import TrialSession, trial_create  # noqa: E402
+from worker.scheduling.engine_runner import engine_spec  # noqa: E402
+from worker.scheduling.local_workers import LocalWorkers  # noqa: E402
+
+
+def trials(tokens: Path, *, count: int, steps: int, width: int, budget_bytes: int) -> dict[str, TrialSpec]:
+    return {
+        f"s{i}": TrialSpec(
+            model=ModelSpec(n_layer=4, n_embd=width, n_head=4, vocab_size=256, n_positions=64, dropout=0.1),
+            data=DataSpec(tokens_path=str(tokens), seq_len=64),
+            optimizer=OptimizerSpec(lr=1e-3 * (1 + i)), batch_size=8, steps=steps, seed=i,
+            budget_bytes=budget_bytes,
+        )
+        for i in range(count)
+    }
+
+
+def sequential(specs: dict[str, TrialSpec], root: Path) -> float:
+    """Seconds to train every trial, one after another, on one thread of this process."""
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    for trial_id, spec in specs.items():
+        trial_create(spec=spec, spill_dir=root / "spill", trial_id=trial_id, device=torch.device("cpu"))
+        session = TrialSession.open(spill_dir=root / "spill", trial_id=trial_id, device=torch.device("cpu"))
+        while session.next_unit() is not None:
+            session.run_unit()
+        session.export(root / "export" / trial_id)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=4, help="trials M (default 4)")
+    parser.add_argument("--devices", type=int, default=2, help="CPU devices G, one thread each (default 2)")
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per trial (default 6)")
+    parser.add_argument("--width", type=int, default=192, help="model width (default 192)")
+    parser.add_argument("--budget-mb", type=float, default=40, help="device budget per trial (default 40: "
+                        "one block per shard at the default width)")
+    parser.add_argument("--quick", action="store_true", help="3 steps per trial")
+    args = parser.parse_args()
+    steps = 3 if args.quick else args.steps
+
+    with tempfile.TemporaryDirectory(prefix="hydra-sharp-scaling-") as tmp:
+        root = Path(tmp)
+        tokens = root / "tokens.npy"
+        np.save(tokens, np.random.default_rng(0).integers(0, 256, 1 << 16).astype(np.int32))
+        specs = trials(tokens, count=args.trials, steps=steps, width=args.width,
+                       budget_bytes=int(args.budget_mb * 1e6))
+        sequential_s = sequential(specs, root / "sequential")
+
+        devices = [Device("cpu", i, 1) for i in range(args.devices)]
+        with LocalWorkers(devices=devices, redis_url=settings.HYDRA.redis_url, root=root / "sharp") as workers:
+            start = time.monotonic()
+            for trial_id, spec in specs.items():
+                workers.queue.submit(trial_id=trial_id, spec=engine_spec(spec),
+                                     export_dir=str(root / "sharp" / "export" / trial_id))
+            workers.wait_until_ended(list(specs), timeout_s=1800, poll_s=0.05)
+            sharp_s = time.monotonic() - start
+            failed = [r.message for r in workers.queue.trials() if r.state != "finished"]
+            spans = workers.entries("spans")
+    if failed:
+        raise SystemExit(f"trials failed: {failed}")
+
+    busy = sum(float(s["end"]) - float(s["start"]) for s in spans)
+    units = [s for s in spans if s["phase"] != "plan"]
+    unit_ms = sorted((float(s["end"]) - float(s["start"])) * 1000 for s in units)
+    hops = sum(len({s["device"] for s in units if s["trial"] == t}) > 1 for t in specs)
+    print(f"{len(units)} units, median {unit_ms[len(unit_ms) // 2]:.1f} ms; {hops} of {len(specs)} trials ran "
+          f"on more than one device; busy {busy:.2f} s of {args.devices} x {sharp_s:.2f} s")
+    print(json.dumps({
+        "trials": args.trials, "devices": args.devices, "sequential_s": round(sequential_s, 3),
+        "sharp_s": round(sharp_s, 3), "speedup": round(sequential_s / sharp_s, 3),
+        "utilization": round(busy / (args.devices * sharp_s), 3),
+    }))
+
+
+if __name__ == "__main__":
+    main()

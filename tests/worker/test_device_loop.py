@@ -1,0 +1,61 @@
+"""The device loop in this process, against real Redis (worker/scheduling/device_loop.py)."""
+
+from __future__ import annotations
+
+import time
+
+from worker.scheduling.device_loop import DeviceLoop, DeviceLoopConfig, LeaseKeeper
+from worker.scheduling.queue import ShardQueue
+from worker.scheduling.synthetic import SyntheticRunner, synthetic_spec
+
+
+def test_it_renews_the_held_lease_until_the_unit_ends() -> None:
+    renewals: list[float] = []
+    keeper = LeaseKeeper()
+    try:
+        with keeper.holding(lambda: renewals.append(time.monotonic()) or True, 0.3, "t1"):
+            time.sleep(0.35)
+        held = len(renewals)
+        time.sleep(0.25)
+    finally:
+        keeper.stop()
+    assert held >= 2
+    assert len(renewals) == held
+
+
+def test_it_stops_renewing_a_lost_lease() -> None:
+    calls: list[int] = []
+    keeper = LeaseKeeper()
+    try:
+        with keeper.holding(lambda: calls.append(1) and False, 0.15, "t1"):
+            time.sleep(0.3)
+    finally:
+        keeper.stop()
+    assert calls == [1]
+
+
+class RecordingRunner(SyntheticRunner):
+    def __init__(self) -> None:
+        self.prefetched: list[str] = []
+
+    def prefetch(self, *, trial_id: str) -> None:
+        self.prefetched.append(trial_id)
+
+
+def test_it_plans_runs_and_prefetches_the_next_trial(shard_queue: ShardQueue) -> None:
+    shard_queue.device_start("cpu0", "e1")
+    shard_queue.submit(trial_id="a", spec=synthetic_spec(units=2, unit_ms=20), export_dir="")
+    shard_queue.submit(trial_id="b", spec=synthetic_spec(units=2, unit_ms=20), export_dir="")
+    runner = RecordingRunner()
+    loop = DeviceLoop(queue=shard_queue, runners={"synthetic": runner},
+                      config=DeviceLoopConfig(device="cpu0", epoch="e1", idle_wait_s=0.01))
+    try:
+        for _ in range(6):  # 2 plans, then 4 units
+            assert loop.turn()
+    finally:
+        loop.keeper.stop()
+    assert [shard_queue.trial(t).state for t in "ab"] == ["finished", "finished"]
+    # While a's first unit ran (a: 2 units left, ties by id), b was known to come next: 2 units against 1.
+    assert runner.prefetched[0] == "b"
+    shard_queue.device_stop("cpu0")
+    assert not loop.turn()
