@@ -36,13 +36,14 @@ def test_it_stops_renewing_a_lost_lease() -> None:
 
 class RecordingRunner(SyntheticRunner):
     def __init__(self) -> None:
-        self.prefetched: list[str] = []
+        self.guesses: list[tuple[str, str | None]] = []
 
-    def prefetch(self, *, trial_id: str) -> None:
-        self.prefetched.append(trial_id)
+    def run_unit(self, *, trial_id: str, spec, units_done: int, next_trial: str | None):
+        self.guesses.append((trial_id, next_trial))
+        return super().run_unit(trial_id=trial_id, spec=spec, units_done=units_done, next_trial=next_trial)
 
 
-def test_it_plans_runs_and_prefetches_the_next_trial(shard_queue: ShardQueue) -> None:
+def test_it_plans_runs_and_guesses_the_next_trial(shard_queue: ShardQueue) -> None:
     shard_queue.device_start("cpu0", "e1")
     shard_queue.submit(trial_id="a", spec=synthetic_spec(units=2, unit_ms=20), export_dir="")
     shard_queue.submit(trial_id="b", spec=synthetic_spec(units=2, unit_ms=20), export_dir="")
@@ -56,6 +57,7 @@ def test_it_plans_runs_and_prefetches_the_next_trial(shard_queue: ShardQueue) ->
         loop.keeper.stop()
     assert [shard_queue.trial(t).state for t in "ab"] == ["finished", "finished"]
     # While a's first unit ran (a: 2 units left, ties by id), b was known to come next: 2 units against 1.
-    assert runner.prefetched[0] == "b"
+    assert runner.guesses[0] == ("a", "b")
+    assert runner.guesses[-1][1] is None  # nothing left after the last unit
     shard_queue.device_stop("cpu0")
     assert not loop.turn()

@@ -6,8 +6,8 @@ that completes the unit and writes its telemetry. Planning a trial is work of th
 device, so a free device plans waiting trials before it runs units.
 
 While a unit runs, the loop already knows which trial it will most likely take next (the policy applied to
-the survey, with the current trial's remaining time reduced by one unit) and asks that trial's runner to
-prefetch, so the next shard loads in the background even when it belongs to another trial.
+the survey, with the current trial's remaining time reduced by one unit) and hands that guess to the
+runner, which loads that unit's shard in the background, even when it belongs to another trial.
 
 A unit that raises fails its trial (the message goes to the UI) and the loop goes on with the others.
 """
@@ -141,8 +141,7 @@ class DeviceLoop:
             return True
         lease = self.queue.claim(choice.trial_id, self.device)
         if lease is not None:  # None: another device claimed it first; survey again
-            self._prefetch_next(survey, lease)
-            self._run_unit(lease)
+            self._run_unit(lease, self._next_guess(survey, lease))
         return True
 
     def _runner(self, spec: Mapping[str, Any]) -> TrialRunner:
@@ -172,25 +171,21 @@ class DeviceLoop:
         log.info("trial %s planned on %s: %d units, now %s", job.trial_id, self.device,
                  planned.remaining_units, state)
 
-    def _prefetch_next(self, survey: Survey, lease: Lease) -> None:
-        """Guess the next claim (this trial comes back with one unit less) and prefetch it if it differs."""
+    def _next_guess(self, survey: Survey, lease: Lease) -> str | None:
+        """The trial this device will most likely claim after this unit (this one comes back a unit shorter)."""
         after = Candidate(lease.trial_id, remaining_seconds(lease.remaining_units - 1, lease.unit_s), self.device)
         others = [c for c in survey.candidates if c.trial_id != lease.trial_id]
         guess = pick([*others, after] if lease.remaining_units > 1 else others, self.device)
-        if guess is None or guess.trial_id == lease.trial_id:
-            return
-        try:
-            self._runner(lease.spec).prefetch(trial_id=guess.trial_id)
-        except Exception as error:  # a prefetch is only a hint; the unit itself will load what it needs
-            log.warning("prefetch of trial %s failed: %s", guess.trial_id, error)
+        return None if guess is None else guess.trial_id
 
-    def _run_unit(self, lease: Lease) -> None:
+    def _run_unit(self, lease: Lease, next_trial: str | None) -> None:
         start = time.time()
         try:
             with self.keeper.holding(lambda: self.queue.renew(lease.trial_id, lease.token), lease.lease_s,
                                      lease.trial_id):
                 runner = self._runner(lease.spec)
-                done = runner.run_unit(trial_id=lease.trial_id, spec=lease.spec, units_done=lease.units_done)
+                done = runner.run_unit(trial_id=lease.trial_id, spec=lease.spec, units_done=lease.units_done,
+                                       next_trial=next_trial)
                 if done.remaining_units == 0:
                     runner.export(trial_id=lease.trial_id, spec=lease.spec, export_dir=lease.export_dir)
         except Exception as error:  # a unit that raises fails its trial; the other trials go on

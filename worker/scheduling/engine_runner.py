@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,6 @@ import torch
 
 from worker.engine.config import TrialSpec
 from worker.engine.partition import MemoryPlan
-from worker.engine.schedule import Timetable
 from worker.engine.session import TrialSession, UnitResult, trial_create
 from worker.engine.spill_store import MANIFEST, SpillStore
 from worker.scheduling.runner import Planned, UnitDone, WorkloadError
@@ -52,7 +49,6 @@ class EngineRunner:
         self.spill_dir = spill_dir
         self.device = device
         self._sessions: OrderedDict[str, TrialSession] = OrderedDict()
-        self._prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hydra-prefetch")
 
     def plan(self, *, trial_id: str, spec: Mapping[str, Any]) -> Planned:
         trial = TrialSpec.from_dict(spec["trial"])
@@ -63,17 +59,17 @@ class EngineRunner:
         return Planned(remaining_units=session.remaining_units(), unit_s=first_unit_estimate(plan),
                        plan=plan.to_dict())
 
-    def prefetch(self, *, trial_id: str) -> None:
-        """Read the next shard's buffers into the page cache in the background (the disk tier's load).
-
-        The host tier is RAM already; copying to the device is the engine's own double buffer.
-        """
-        self._prefetcher.submit(self._warm, trial_id)
-
-    def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int) -> UnitDone:
+    def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int, next_trial: str | None
+                 ) -> UnitDone:
         session = self._open(trial_id)
         if session.next_unit() is None:
             raise WorkloadError(f"trial {trial_id!r} has no unit left, yet the queue had it runnable")
+        if next_trial == trial_id:
+            cursor = session.store.manifest["cursor"]
+            if cursor + 1 < len(session.timetable):
+                session.prefetch(session.timetable[cursor + 1])
+        elif next_trial is not None:
+            self._prefetch_other(next_trial)
         return unit_done(trial_id, session.run_unit(), session.remaining_units())
 
     def export(self, *, trial_id: str, spec: Mapping[str, Any], export_dir: str) -> None:
@@ -94,25 +90,23 @@ class EngineRunner:
             self._sessions.popitem(last=False)
         return session
 
-    def _warm(self, trial_id: str) -> None:
+    def _prefetch_other(self, trial_id: str) -> None:
+        """Prefetch another trial's next unit, if this process has its session (building one costs a unit).
+
+        From a snapshot of its manifest, not SpillStore.open: another device may be running that trial's
+        unit right now, and open() would delete the files it is writing. The reads are keyed by buffer
+        version, so if that device commits first they are simply not used.
+        """
+        session = self._sessions.get(trial_id)
+        if session is None:
+            return
         root = self.spill_dir / trial_id
         try:
-            # A snapshot, not SpillStore.open: another device may be running this trial's unit right now,
-            # and open() would delete the files it is writing.
-            store = SpillStore(root, json.loads((root / MANIFEST).read_text()))
-            trial = TrialSpec.from_dict(store.manifest["spec"])
-            timetable = Timetable(shards=len(store.manifest["plan"]["shards"]), steps=trial.steps,
-                                  micro_batches=trial.micro_batches, eval_every=trial.eval_every,
-                                  eval_batches=trial.eval_batches)
-            cursor = store.manifest["cursor"]
-            if cursor >= len(timetable):
-                return
-            shard = timetable[cursor].shard
-            for name in (f"p{shard}", f"o{shard}", f"g{shard}"):
-                if store.has(name):
-                    with open(store.path(name), "rb") as f:
-                        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
-        except (OSError, ValueError, KeyError) as error:  # the trial moved on meanwhile: nothing to warm
+            session.store = SpillStore(root, json.loads((root / MANIFEST).read_text()))
+            unit = session.next_unit()
+            if unit is not None:
+                session.prefetch(unit)
+        except (OSError, ValueError, KeyError) as error:  # the trial moved on or ended meanwhile
             log.debug("prefetch of trial %s skipped: %s", trial_id, error)
 
 

@@ -49,12 +49,14 @@ class TrialRunner(Protocol):
         attempt that died half-way is planned again from scratch."""
         ...
 
-    def prefetch(self, *, trial_id: str) -> None:
-        """Start loading what the trial's next unit needs, in the background; a hint that may be wrong."""
-        ...
+    def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int, next_trial: str | None
+                 ) -> UnitDone:
+        """Run the trial's next unit (`units_done` units ran before, by any device) and commit it.
 
-    def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int) -> UnitDone:
-        """Run the trial's next unit (`units_done` units ran before, by any device) and commit it."""
+        `next_trial` is the trial whose unit this device will most likely run next (this one, another one,
+        or None): start loading that unit in the background while this one computes. It is a guess; a
+        wrong one only wastes the read.
+        """
         ...
 
     def export(self, *, trial_id: str, spec: Mapping[str, Any], export_dir: str) -> None:
