@@ -83,9 +83,11 @@ def _store_steps(host_id: str, entries: list[Entry]) -> None:
         steps = [row.step for row in rows if row.trial_id == trial_id]
         if steps:
             _update_levels(trial_id, attempt, min(steps), max(steps))
-            # The trial's progress only moves forward (a replayed batch is older). A monotonic UPDATE, not
-            # the status service: it is not a state change and must not race with one.
-            Trial.objects.filter(pk=trial_id, attempt=attempt, step__lt=max(steps)).update(step=max(steps))
+            # `Trial.step` counts the steps done (shown as "done / total"); metrics carry the 0-based index.
+            # It only moves forward (a replayed batch is older). A monotonic UPDATE, not the status service:
+            # it is not a state change and must not race with one.
+            done = max(steps) + 1
+            Trial.objects.filter(pk=trial_id, attempt=attempt, step__lt=done).update(step=done)
 
 
 def _update_levels(trial_id: int, attempt: int, first_step: int, last_step: int) -> None:

@@ -88,7 +88,7 @@ def test_the_poll_returns_only_what_is_new(alice_client, experiment, redis_clien
 
     assert list(update["points"]) == [str(second_trial.pk)]
     assert update["points"][str(second_trial.pk)]["x"] == [41 * 256, 42 * 256, 43 * 256, 44 * 256, 45 * 256]
-    assert update["trials"][str(second_trial.pk)]["step"] == 44
+    assert update["trials"][str(second_trial.pk)]["step"] == 45  # steps 0..44 done
 
 
 def test_it_stops_being_live_when_every_trial_ended(alice_client, experiment):

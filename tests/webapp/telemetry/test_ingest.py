@@ -38,8 +38,19 @@ def test_it_stores_every_stream_in_batches_and_advances_the_cursors(redis_client
     cursor = StreamCursor.objects.get(host=host_id, stream="steps").cursor
     assert cursor == redis_client.xrevrange(f"hydra:{host_id}:steps", count=1)[0][0]
     first.refresh_from_db()
-    assert first.step == 249
+    assert first.step == 250  # steps 0..249 done
     assert first.best_val_loss == min(EvalMetric.objects.filter(trial=first).values_list("loss", flat=True))
+
+
+def test_it_counts_every_step_of_a_finished_trial_as_done(redis_client, host_id, alice_team):
+    trial = make_experiment(alice_team, trials=[{"lr": 1e-3}], total_steps=60).trials.get()
+    write_steps(redis_client, host_id, trial, range(0, 60))  # the scheduler's step indices are 0-based
+    write_event(redis_client, host_id, trial, "finished")
+
+    telemetry_ingest(client=redis_client, host_id=host_id)
+
+    trial.refresh_from_db()
+    assert (trial.status, trial.step, trial.progress) == ("finished", 60, 1.0)
 
 
 def test_it_reads_only_what_is_new(redis_client, host_id, trials):
