@@ -1,4 +1,5 @@
-"""Headless Debian Chromium through Playwright (never a downloaded browser), and a screenshot folder.
+"""Headless Debian Chromium through Playwright (never a downloaded browser), a screenshot folder, and the
+whole stack as `make run` starts it (`devstack`).
 
 Screenshots go to ``$HYDRA_ARTIFACTS_DIR/screenshots`` when the test environment sets it (CI keeps that
 folder), else ``artifacts/screenshots``; every test prints the paths it saved.
@@ -11,6 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.conf import settings
+
+from tests.browser.devstack import DevStack
 
 # Playwright's sync API runs an event loop in the test thread; the ORM calls the tests make there are
 # ordinary synchronous ones.
@@ -44,14 +48,36 @@ def screenshots_dir() -> Path:
 
 @pytest.fixture
 def page(browser) -> Iterator[object]:
-    """A fresh page whose console errors and uncaught exceptions are collected in ``page.errors``."""
+    """A fresh page whose console errors and uncaught exceptions are collected in ``page.errors``.
+
+    Each entry names the page it happened on: ``"<url>: <message>"``.
+    """
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.errors = []
-    page.on("console", lambda message: page.errors.append(message.text) if message.type == "error" else None)
-    page.on("pageerror", lambda error: page.errors.append(str(error)))
+    page.on("console",
+            lambda message: page.errors.append(f"{page.url}: {message.text}") if message.type == "error" else None)
+    page.on("pageerror", lambda error: page.errors.append(f"{page.url}: {error}"))
     yield page
     context.close()
+
+
+@pytest.fixture
+def devstack(tmp_path: Path) -> Iterator[DevStack]:
+    """The whole product as ``make run`` starts it (web, a worker per CPU device, ingest), on a free port.
+
+    It has its own data and spill folders and host id, shares the session's Redis, and is stopped with Ctrl-C
+    (SIGINT) after the test, which then fails if any process it started is still running.
+    """
+    stack = DevStack(root=tmp_path / "stack", redis_url=settings.HYDRA.redis_url)
+    stack.root.mkdir()
+    try:
+        stack.start()
+        yield stack
+    finally:
+        left = stack.stop()
+        print(f"devstack log: {stack.log_path}")
+    assert left == [], f"still running after Ctrl-C: {left}\n{stack.log()}"
 
 
 from tests.webapp.telemetry.conftest import data_dir, host_id, redis_client  # noqa: E402, F401 -- fixtures
