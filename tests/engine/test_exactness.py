@@ -115,3 +115,37 @@ def test_it_trains_exactly_like_plain_pytorch(
     assert final.keys() == reference.weights.keys()
     for name, weight in reference.weights.items():
         torch.testing.assert_close(final[name], weight, rtol=0, atol=1e-5, msg=name)
+
+
+def test_it_recomputes_instead_of_keeping_with_the_same_numbers(
+    references: dict[str, Reference], tokens_path: Path, tmp_path: Path
+) -> None:
+    numbers = {}
+    for policy in ("auto", "recompute"):
+        spec = tiny_spec(tokens_path, optimizer=OPTIMIZERS["adamw"], activations=policy)
+        plan = trial_create(spec=spec, spill_dir=tmp_path, trial_id=policy, device=CPU, cuts=PLANS["3-shards"])
+        # On CPU keeping costs no copy, so "auto" keeps every shard but the last (whose unit is FB).
+        assert [s.keep_activations for s in plan.shards] == ([True, True, False] if policy == "auto" else [False] * 3)
+        session = TrialSession.open(spill_dir=tmp_path, trial_id=policy, device=CPU)
+        results = run_all(session)
+        numbers[policy] = [r.loss for r in results if r.loss is not None]
+        backward_reads = sum(r.bytes_read for r in results if r.unit.phase == "B")
+        numbers[f"{policy}-reads"] = backward_reads
+    assert numbers["auto"] == numbers["recompute"] == pytest.approx(references["adamw"].losses, rel=1e-5)
+    assert numbers["auto"] == numbers["recompute"]
+    assert numbers["auto-reads"] < numbers["recompute-reads"]  # kept graphs need no saved input or RNG state
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_it_streams_the_optimizer_step_in_chunks_exactly(
+    kind: str, references: dict[str, Reference], tokens_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("worker.engine.session.STEP_CHUNK", 1000)  # shards hold ~13k-30k parameters
+    spec = tiny_spec(tokens_path, optimizer=OPTIMIZERS[kind])
+    trial_create(spec=spec, spill_dir=tmp_path, trial_id="t", device=CPU, cuts=PLANS["2-shards"])
+    session = TrialSession.open(spill_dir=tmp_path, trial_id="t", device=CPU)
+    run_all(session)
+    session.export(tmp_path / "final")
+    final = dict(GPT2LMHeadModel.from_pretrained(tmp_path / "final", local_files_only=True).named_parameters())
+    for name, weight in references[kind].weights.items():
+        torch.testing.assert_close(final[name], weight, rtol=0, atol=1e-5, msg=name)

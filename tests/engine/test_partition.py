@@ -44,7 +44,7 @@ def test_it_balances_uneven_layers() -> None:
 
 
 def test_it_names_the_layer_that_cannot_fit() -> None:
-    with pytest.raises(BudgetError, match=r"layer 'l1' needs 101 bytes .*state 50 .*activations 1 .*budget is 60"):
+    with pytest.raises(BudgetError, match=r"layer 'l1' needs 101 bytes .*gradients 50 .*activations 1 .*budget is 60"):
         solve(costs([2, 50, 2], [1, 1, 1]), 60)
 
 

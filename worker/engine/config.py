@@ -80,7 +80,9 @@ class TrialSpec:
     gradients are accumulated. Every ``eval_every`` steps (and after the last one) the model is evaluated
     on ``eval_batches`` validation micro-batches; ``eval_every=0`` disables evaluation.
     ``budget_bytes`` bounds the device memory of one unit plus the prefetched next shard.
-    ``bf16`` turns on bf16 autocast (CUDA only) with fp32 master weights.
+    ``bf16`` turns on bf16 autocast (CUDA only) with fp32 master weights. ``activations="auto"`` keeps a
+    shard's forward activations for its backward unit when that is measured to be cheaper than recomputing
+    them (see :func:`worker.engine.partition.choose_kept`); ``"recompute"`` always recomputes.
     """
 
     model: ModelSpec = field(default_factory=ModelSpec)
@@ -95,6 +97,7 @@ class TrialSpec:
     seed: int = 0
     budget_bytes: int = 1 << 30
     bf16: bool = False
+    activations: Literal["auto", "recompute"] = "auto"
 
     def __post_init__(self) -> None:
         if self.batch_size % self.micro_batches:

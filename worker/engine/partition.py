@@ -1,9 +1,10 @@
 """The pure partition solver and the memory plan it produces.
 
-A shard is a contiguous run of layers. While a shard's unit runs, the device holds that shard's state
-(parameters, gradients, optimizer state), its activations for one micro-batch, and — double buffering —
-the next shard's state being copied in. So with ``reserve`` = the largest shard state in the plan, every
-shard must satisfy ``state + activations + reserve <= budget``. The solver tries every possible reserve
+A shard is a contiguous run of layers. While a shard's unit runs, the device holds that shard's weights
+and gradients (``device_bytes``; the optimizer state only streams through in small chunks), its
+activations for one micro-batch, and — double buffering — the next shard's weights being copied in. So
+with ``reserve`` = the largest shard's device bytes in the plan, every shard must satisfy
+``device_bytes + activations + reserve <= budget``. The solver tries every possible reserve
 (each contiguous run's state), packs greedily (optimal for contiguous packing under a monotone limit),
 and keeps the plan with the fewest shards, then the smallest reserve.
 """
@@ -20,18 +21,29 @@ from worker.engine.errors import BudgetError
 
 @dataclass(frozen=True, kw_only=True)
 class LayerCost:
-    """Measured cost of one layer for the trial's micro-batch (bytes on the device, seconds)."""
+    """Measured cost of one layer for the trial's micro-batch (bytes, seconds).
+
+    ``param_bytes``, ``grad_bytes`` and ``optim_bytes`` are the layer's share of the training state (owned
+    parameters only); ``lent_bytes`` is a borrowed (tied) parameter and its gradient, held on the device
+    by the borrower too. On the device a unit holds parameters, fresh gradients and the accumulated ones.
+    """
 
     name: str
     param_bytes: int
     grad_bytes: int
     optim_bytes: int
     activation_bytes: int
+    lent_bytes: int = 0
+    forward_s: float = 0.0
     time_s: float = 0.0
 
     @property
     def state_bytes(self) -> int:
         return self.param_bytes + self.grad_bytes + self.optim_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        return self.param_bytes + 2 * self.grad_bytes + self.lent_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,10 +58,16 @@ class ShardPlan:
     grad_bytes: int
     optim_bytes: int
     activation_bytes: int
+    lent_bytes: int = 0
+    keep_activations: bool = False
 
     @property
     def state_bytes(self) -> int:
         return self.param_bytes + self.grad_bytes + self.optim_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        return self.param_bytes + 2 * self.grad_bytes + self.lent_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +82,7 @@ class MemoryPlan:
     @property
     def peak_bytes(self) -> int:
         """Planned device peak: the fullest shard's unit plus the prefetch reserve."""
-        return max(s.state_bytes + s.activation_bytes for s in self.shards) + self.reserve_bytes
+        return max(s.device_bytes + s.activation_bytes for s in self.shards) + self.reserve_bytes
 
     @property
     def state_bytes(self) -> int:
@@ -76,7 +94,8 @@ class MemoryPlan:
             "reserve_bytes": self.reserve_bytes,
             "peak_bytes": self.peak_bytes,
             "state_bytes": self.state_bytes,
-            "shards": [dataclasses.asdict(s) | {"state_bytes": s.state_bytes} for s in self.shards],
+            "shards": [dataclasses.asdict(s) | {"state_bytes": s.state_bytes, "device_bytes": s.device_bytes}
+                       for s in self.shards],
             "layers": [dataclasses.asdict(layer) for layer in self.layers],
         }
 
@@ -84,7 +103,7 @@ class MemoryPlan:
     def from_dict(cls, raw: dict[str, Any]) -> MemoryPlan:
         shards = []
         for shard in raw["shards"]:
-            fields = {k: v for k, v in shard.items() if k != "state_bytes"}
+            fields = {k: v for k, v in shard.items() if k not in ("state_bytes", "device_bytes")}
             shards.append(ShardPlan(**fields | {"layers": tuple(fields["layers"])}))
         return cls(
             budget_bytes=raw["budget_bytes"],
@@ -114,16 +133,16 @@ def solve(costs: Sequence[LayerCost], budget_bytes: int) -> MemoryPlan:
 
     Raises :class:`BudgetError` naming the layer that cannot fit even alone.
     """
-    states = [c.state_bytes for c in costs]
+    states = [c.device_bytes for c in costs]
     work = [c.activation_bytes for c in costs]
     smallest = max(states)
     for cost in costs:
-        if cost.state_bytes + cost.activation_bytes + smallest > budget_bytes:
+        if cost.device_bytes + cost.activation_bytes + smallest > budget_bytes:
             raise BudgetError(
-                f"layer {cost.name!r} needs {cost.state_bytes + cost.activation_bytes + smallest} bytes "
-                f"(state {cost.state_bytes} + activations {cost.activation_bytes} + prefetch reserve {smallest}"
-                f" for the largest layer) but the budget is {budget_bytes} bytes; raise the budget or shrink "
-                "the micro-batch"
+                f"layer {cost.name!r} needs {cost.device_bytes + cost.activation_bytes + smallest} bytes "
+                f"(weights and gradients {cost.device_bytes} + activations {cost.activation_bytes} + prefetch "
+                f"reserve {smallest} for the largest layer) but the budget is {budget_bytes} bytes; raise the "
+                "budget or shrink the micro-batch"
             )
     reserves = sorted({sum(states[i:j]) for i in range(len(states)) for j in range(i + 1, len(states) + 1)})
     best: list[int] | None = None
@@ -140,7 +159,7 @@ def solve(costs: Sequence[LayerCost], budget_bytes: int) -> MemoryPlan:
 def plan_with_shards(costs: Sequence[LayerCost], cuts: Sequence[int], budget_bytes: int) -> MemoryPlan:
     """A plan with explicit shard start indices ``cuts`` (first must be 0), not checked against the budget.
 
-    The prefetch reserve is the largest shard state. Also used by tests that need a given shard shape.
+    The prefetch reserve is the largest shard's device bytes. Also used by tests that need a given shard shape.
     """
     assert cuts and cuts[0] == 0 and list(cuts) == sorted(set(cuts)) and cuts[-1] < len(costs)
     stops = [*cuts[1:], len(costs)]
@@ -151,8 +170,26 @@ def plan_with_shards(costs: Sequence[LayerCost], cuts: Sequence[int], budget_byt
             grad_bytes=sum(c.grad_bytes for c in costs[first:stop]),
             optim_bytes=sum(c.optim_bytes for c in costs[first:stop]),
             activation_bytes=sum(c.activation_bytes for c in costs[first:stop]),
+            lent_bytes=sum(c.lent_bytes for c in costs[first:stop]),
         )
         for index, (first, stop) in enumerate(zip(cuts, stops, strict=True))
     )
-    return MemoryPlan(budget_bytes=budget_bytes, reserve_bytes=max(s.state_bytes for s in shards),
+    return MemoryPlan(budget_bytes=budget_bytes, reserve_bytes=max(s.device_bytes for s in shards),
                       shards=shards, layers=tuple(costs))
+
+
+def choose_kept(plan: MemoryPlan, copy_bytes_per_s: float | None) -> MemoryPlan:
+    """Per shard, keep the activations its forward unit saves (instead of recomputing them in its
+    backward unit) when moving them off the device and back costs less than the forward it saves.
+
+    ``copy_bytes_per_s`` is the measured device<->host bandwidth; ``None`` means the device memory is host
+    memory (CPU), so keeping costs no copy. The last shard never recomputes (its unit is forward+backward).
+    """
+    shards = []
+    for shard in plan.shards:
+        layers = plan.layers[shard.first:shard.stop]
+        forward_s = sum(layer.forward_s for layer in layers)
+        copy_s = 0.0 if copy_bytes_per_s is None else 2 * shard.activation_bytes / copy_bytes_per_s
+        keep = shard.index < len(plan.shards) - 1 and copy_s < forward_s
+        shards.append(dataclasses.replace(shard, keep_activations=keep))
+    return dataclasses.replace(plan, shards=tuple(shards))

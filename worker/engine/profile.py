@@ -21,13 +21,33 @@ def optimizer_slots(spec: TrialSpec) -> int:
     return 1 if spec.optimizer.momentum else 0
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bytes_per_s(device: torch.device) -> float | None:
+    """Measured device->host->device bandwidth (bytes/s one way); ``None`` when the device is the host."""
+    if device.type == "cpu":
+        return None
+    payload = torch.empty(64 << 20, dtype=torch.uint8, device=device)
+    host = torch.empty(payload.shape, dtype=torch.uint8, pin_memory=True)
+    host.copy_(payload)
+    _sync(device)
+    start = time.perf_counter()
+    host.copy_(payload, non_blocking=True)
+    payload.copy_(host, non_blocking=True)
+    _sync(device)
+    return 2 * payload.numel() / (time.perf_counter() - start)
+
+
 def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> list[LayerCost]:
     """Run each layer forward + backward on ``device`` for one micro-batch; count what autograd saves.
 
     Activation bytes are the distinct non-weight storages saved for backward plus the layer's output and its
-    gradient. Borrowed (tied) parameters count with their gradient in the borrowing layer too, since
-    a shard that borrows holds a copy. The layer's weights are a throwaway init; the caller's RNG is
-    untouched.
+    gradient; ``forward_s`` and ``time_s`` time the forward and forward + backward. A borrowed (tied)
+    parameter and its gradient count as the borrower's ``lent_bytes``: the borrowing shard holds a copy.
+    The layer's weights are a throwaway init; the caller's RNG is untouched.
     """
     batch, seq = spec.micro_batch_size, spec.data.seq_len
     width = stack.config.n_embd
@@ -56,18 +76,21 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> 
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
                     torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.bf16):
                 out = layer(x, ids) if index == len(stack) - 1 else layer(x)
+            _sync(device)
+            forward_s = time.perf_counter() - start
             out.backward(torch.ones_like(out))
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            _sync(device)
             elapsed = time.perf_counter() - start
             owned = stack.layer_numel(index)
             lent = sum(b.owner.numel for b in stack.borrowed[index])
             costs.append(LayerCost(
                 name=name,
-                param_bytes=(owned + lent) * FP32,
-                grad_bytes=(owned + lent) * FP32,
+                param_bytes=owned * FP32,
+                grad_bytes=owned * FP32,
                 optim_bytes=owned * slots * FP32,
+                lent_bytes=2 * lent * FP32,
                 activation_bytes=sum(storages.values()) + 2 * out.numel() * out.element_size(),
+                forward_s=forward_s,
                 time_s=elapsed,
             ))
             stack.release(index, index + 1)

@@ -8,7 +8,8 @@ the RNG state is part of the store.
 
 Spill buffer names (per trial directory)::
 
-    p{s} g{s} o{s}   shard s: flat fp32 parameters, accumulated gradients, optimizer state
+    p{s} g{s}        shard s: flat fp32 parameters and accumulated gradients
+    m{s} v{s}        shard s: optimizer state (AdamW exp_avg and exp_avg_sq; SGD momentum in m)
     t{s}             shard s: gradients of parameters it borrows from another shard (tied weights)
     a{m}.{s} d{m}.{s} output of shard s for micro-batch m, and the loss gradient w.r.t. it
     r{m}.{s}         RNG state before shard s ran forward on micro-batch m (replayed by the recompute)
@@ -36,13 +37,14 @@ from worker.engine.config import TrialSpec
 from worker.engine.data import TokenBlocks
 from worker.engine.errors import EngineError
 from worker.engine.layers import Borrow, LayerStack, ParamRef, build_layer_stack
-from worker.engine.partition import MemoryPlan, plan_with_shards, solve
-from worker.engine.profile import optimizer_slots, profile_layers
+from worker.engine.partition import MemoryPlan, choose_kept, plan_with_shards, solve
+from worker.engine.profile import copy_bytes_per_s, optimizer_slots, profile_layers
 from worker.engine.schedule import Timetable, UnitSpec, lr_factor
 from worker.engine.spill_store import SpillStore, read_file
 from worker.engine.weights import PretrainedWeights, init_layer
 
 FP32 = 4
+STEP_CHUNK = 1 << 20  # elements of gradient and optimizer state on the device at once during a step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +137,21 @@ class _Layout:
                     yield slot, borrower, offset
 
 
+@dataclass
+class _Kept:
+    """A forward unit's autograd graph, kept in this process for the matching backward unit.
+
+    Saved activations stay in host memory (moved off the device on CUDA); saved weights are not kept but
+    re-pointed at the shard's parameters as reloaded by the backward unit (``params``), so between the
+    two units the graph holds no device memory.
+    """
+
+    out: torch.Tensor
+    x: torch.Tensor
+    owned: list[nn.Parameter]
+    params: torch.Tensor | None = None
+
+
 class _Prefetcher:
     """Reads spill buffers on a background thread: the copy-in half of the double buffer.
 
@@ -172,6 +189,8 @@ def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: tor
     TokenBlocks(spec.data, vocab_size=stack.config.vocab_size)  # fail on bad data before any work
     costs = profile_layers(stack, spec, device)
     plan = solve(costs, spec.budget_bytes) if cuts is None else plan_with_shards(costs, cuts, spec.budget_bytes)
+    if spec.activations == "auto":
+        plan = choose_kept(plan, copy_bytes_per_s(device))
     store = SpillStore.create(Path(spill_dir) / trial_id, {
         "trial_id": trial_id,
         "spec": spec.to_dict(),
@@ -195,7 +214,8 @@ def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: tor
     for shard in plan.shards:
         store.write_stream(f"p{shard.index}", layer_weights(shard.index))
         if spec.optimizer.kind == "adamw":  # both moments start at zero, as in torch.optim.AdamW
-            store.write_stream(f"o{shard.index}", (t for _ in range(2) for t in zeros(shard.index)))
+            store.write_stream(f"m{shard.index}", zeros(shard.index))
+            store.write_stream(f"v{shard.index}", zeros(shard.index))
     store.write("rng", *_initial_rng(spec.seed, device))
     store.commit()
     return plan
@@ -225,6 +245,7 @@ class TrialSession:
         )
         self._cpu_rng_numel = torch.get_rng_state().numel()
         self._prefetcher = _Prefetcher()
+        self._kept: dict[tuple[int, int, int], _Kept] = {}  # (step, micro-batch, shard) -> graph
 
     @classmethod
     def open(cls, *, spill_dir: Path, trial_id: str, device: torch.device) -> TrialSession:
@@ -242,33 +263,27 @@ class TrialSession:
         return len(self.timetable) - self.store.manifest["cursor"]
 
     def prefetch(self, unit: UnitSpec) -> None:
-        """Start reading ``unit``'s shard state (parameters; gradients and optimizer state when the unit
-        will need them) in the background, so that :meth:`run_unit` finds it loaded.
+        """Start reading ``unit``'s shard state (parameters, and accumulated gradients when the unit adds
+        to them) in the background, so that :meth:`run_unit` finds it loaded.
 
         Call it for the unit after the one about to run. What it reads is keyed by buffer version, so
         prefetching early is always safe; at worst the read is wasted.
         """
         shard, meta = unit.shard, self.store.manifest["shards"][unit.shard]
         names = [f"p{shard}"]
-        if meta["pending"]:
-            names += [f"g{shard}", f"o{shard}"]
-        elif unit.phase in ("B", "FB") and meta["grad"] == "partial":
+        if unit.phase in ("B", "FB") and meta["grad"] == "partial" and not meta["pending"]:
             names.append(f"g{shard}")
         for name in names:
             version = self.store.version(name)
-            if version is not None:
-                self._prefetcher.start((name, version), self.store.path(name), self._state_numel(name))
-
-    def _state_numel(self, name: str) -> int:
-        numel = self.layout.numel[int(name[1:])]
-        return numel * 2 if name[0] == "o" and self.spec.optimizer.kind == "adamw" else numel
+            assert version is not None, f"{name} is always in the store when a unit may read it"
+            self._prefetcher.start((name, version), self.store.path(name), self.layout.numel[shard])
 
     def _read_state(self, name: str) -> torch.Tensor:
-        """Shard state buffer ``name`` (p/g/o) on the device, from the prefetcher when it has it."""
+        """Shard buffer ``name`` (p or g) on the device, from the prefetcher when it has it."""
         version = self.store.version(name)
         tensor = None if version is None else self._prefetcher.take((name, version))
         if tensor is None:
-            tensor = self.store.read_new(name, self._state_numel(name), torch.float32)
+            tensor = self.store.read_new(name, self.layout.numel[int(name[1:])], torch.float32)
         else:
             self.store.bytes_read += tensor.nbytes
         return tensor.to(self.device)
@@ -287,6 +302,8 @@ class TrialSession:
         start = time.perf_counter()
         run = {"F": self._forward, "FB": self._forward_backward, "B": self._backward,
                "E": self._evaluate, "S": self._final_step}[unit.phase]
+        for key in [k for k in self._kept if k[0] < unit.step or unit.phase in ("E", "S")]:
+            del self._kept[key]  # the backward that would use it ran elsewhere
         try:
             with _caller_rng_kept(self.device):
                 metrics = run(unit)
@@ -295,9 +312,10 @@ class TrialSession:
             self._prefetcher.retain(self.store.manifest["files"])
         except BaseException:
             self.store = SpillStore.open(self.store.root)
+            self._kept.clear()
             raise
         finally:
-            self.stack.release(0, len(self.stack))
+            self.stack.release(self.plan.shards[unit.shard].first, self.plan.shards[unit.shard].stop)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return UnitResult(
@@ -336,16 +354,45 @@ class TrialSession:
     # -- units ---------------------------------------------------------------------------------------
 
     def _forward(self, unit: UnitSpec) -> dict[str, Any]:
-        """F: shard forward without an autograd graph; save the output and the RNG state it started from."""
+        """F: shard forward; save the output and the RNG state it started from. Without an autograd
+        graph, unless the plan keeps this shard's activations (then the graph is kept in this process)."""
         params = self._load_shard(unit.shard)
         x = self._shard_input(unit)
         self._set_rng("rng")
         self.store.write(f"r{unit.micro_batch}.{unit.shard}", *_rng_state(self.device))
-        with torch.no_grad():
-            out = self._run_shard(unit.shard, params, x, None, train=True)[0]
+        if self.plan.shards[unit.shard].keep_activations and not self.layout.lent[unit.shard]:
+            out = self._forward_kept(unit, params, x)
+        else:
+            with torch.no_grad():
+                out = self._run_shard(unit.shard, params, x, None, train=True)[0]
         self.store.write("rng", *_rng_state(self.device))
         self.store.write(f"a{unit.micro_batch}.{unit.shard}", out.float())
         return {}
+
+    def _forward_kept(self, unit: UnitSpec, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Forward with a graph whose saved tensors are offloaded by reference (see :class:`_Kept`)."""
+        x = x.detach().requires_grad_(x.is_floating_point())
+        weights = params.untyped_storage().data_ptr()
+        kept = _Kept(out=x, x=x, owned=[])
+        on_cpu = self.device.type == "cpu"
+
+        def pack(t: torch.Tensor) -> tuple[Any, ...]:
+            if t.untyped_storage().data_ptr() == weights:
+                return ("weight", t.storage_offset(), tuple(t.shape), t.stride())
+            return ("activation", t if on_cpu else t.to("cpu", non_blocking=True))
+
+        def unpack(handle: tuple[Any, ...]) -> torch.Tensor:
+            if handle[0] == "weight":
+                assert kept.params is not None, "the backward unit re-points weights before backward"
+                return torch.as_strided(kept.params, handle[2], handle[3], handle[1])
+            return handle[1] if on_cpu else handle[1].to(self.device, non_blocking=True)
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            kept.out, kept.owned, _ = self._run_shard(unit.shard, params, x, None, train=True)
+        for param in kept.owned:
+            param.data = torch.empty(0, device=self.device)  # drop the reference to this unit's weights
+        self._kept[(unit.step, unit.micro_batch, unit.shard)] = kept
+        return kept.out.detach()
 
     def _forward_backward(self, unit: UnitSpec) -> dict[str, Any]:
         """FB: the last shard's forward, loss and backward in one go (nothing to recompute)."""
@@ -360,11 +407,19 @@ class TrialSession:
         return self._finish_backward(unit, x, owned, lent)
 
     def _backward(self, unit: UnitSpec) -> dict[str, Any]:
-        """B: recompute the shard's forward from its saved input and RNG state, then backpropagate."""
+        """B: backpropagate through the kept graph, or else recompute the shard's forward from its saved
+        input and RNG state (bit-identical to the original forward) and backpropagate through that."""
         params = self._load_shard(unit.shard)
-        x = self._shard_input(unit)
-        self._set_rng(f"r{unit.micro_batch}.{unit.shard}")
-        out, owned, lent = self._run_shard(unit.shard, params, x, None, train=True)
+        kept = self._kept.pop((unit.step, unit.micro_batch, unit.shard), None)
+        if kept is not None:
+            kept.params = params
+            for slot, param in zip(self.layout.slots[unit.shard], kept.owned, strict=True):
+                param.data = params[slot.offset:slot.offset + slot.ref.numel].view(slot.ref.shape)
+            out, x, owned, lent = kept.out, kept.x, kept.owned, []
+        else:
+            x = self._shard_input(unit)
+            self._set_rng(f"r{unit.micro_batch}.{unit.shard}")
+            out, owned, lent = self._run_shard(unit.shard, params, x, None, train=True)
         grad_out = self._read_boundary(f"d{unit.micro_batch}.{unit.shard}", out.shape)
         torch.autograd.backward(out, grad_out.to(out.dtype))
         return self._finish_backward(unit, x, owned, lent)
@@ -431,36 +486,53 @@ class TrialSession:
         return params
 
     def _step(self, shard: int, params: torch.Tensor) -> None:
-        """Clip (global norm, computed when the step's backward finished) and step with torch.optim."""
+        """Clip (global norm, computed when the step's backward finished) and step with torch.optim.
+
+        Both optimizers are elementwise, so the step streams gradients and optimizer state through the
+        device ``STEP_CHUNK`` elements at a time; only the parameters are resident whole.
+        """
         spec, meta = self.spec.optimizer, self.store.manifest["shards"][shard]
         pending = self.store.manifest["pending"]
-        numel = self.layout.numel[shard]
-        grads = self._read_state(f"g{shard}")
-        if spec.clip_norm is not None:  # exactly torch.nn.utils.clip_grad_norm_'s arithmetic
-            total_norm = torch.tensor(pending["total_norm"], dtype=torch.float32)
-            clip_coef = spec.clip_norm / (total_norm + 1e-6)
-            grads.mul_(torch.clamp(clip_coef, max=1.0).to(self.device))
         lr = spec.lr * lr_factor(self.spec.schedule, pending["step"], self.spec.steps)
-        params.grad = grads
-        optimizer: torch.optim.Optimizer
-        if spec.kind == "adamw":
-            moments = self._read_state(f"o{shard}")
-            optimizer = torch.optim.AdamW([params], lr=lr, betas=spec.betas, eps=spec.eps,
-                                          weight_decay=spec.weight_decay)
-            optimizer.state[params] = {"step": torch.tensor(float(meta["optim_steps"])),
-                                       "exp_avg": moments[:numel], "exp_avg_sq": moments[numel:]}
-            optimizer.step()
-            self.store.write(f"o{shard}", moments)
-        else:
-            optimizer = torch.optim.SGD([params], lr=lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
-            if meta["optim_steps"] and optimizer_slots(self.spec):
-                optimizer.state[params] = {"momentum_buffer": self._read_state(f"o{shard}")}
-            optimizer.step()
-            if optimizer_slots(self.spec):
-                self.store.write(f"o{shard}", optimizer.state[params]["momentum_buffer"])
-        params.grad = None
+        clip = None
+        if spec.clip_norm is not None:  # exactly torch.nn.utils.clip_grad_norm_'s arithmetic
+            clip_coef = spec.clip_norm / (torch.tensor(pending["total_norm"], dtype=torch.float32) + 1e-6)
+            clip = torch.clamp(clip_coef, max=1.0).to(self.device)
+        slots = ["m", "v"][: optimizer_slots(self.spec)]
+        has_state = spec.kind == "adamw" or meta["optim_steps"] > 0  # SGD's momentum appears at step 1
+        numel = self.layout.numel[shard]
+        with contextlib.ExitStack() as stack:
+            writers = {slot: stack.enter_context(self.store.writer(f"{slot}{shard}")) for slot in slots}
+            for start in range(0, numel, STEP_CHUNK):
+                stop = min(numel, start + STEP_CHUNK)
+                chunk = params[start:stop]
+                chunk.grad = self._read_chunk(f"g{shard}", start, stop)
+                if clip is not None:
+                    chunk.grad.mul_(clip)
+                state = {slot: self._read_chunk(f"{slot}{shard}", start, stop) for slot in slots if has_state}
+                optimizer: torch.optim.Optimizer
+                if spec.kind == "adamw":
+                    optimizer = torch.optim.AdamW([chunk], lr=lr, betas=spec.betas, eps=spec.eps,
+                                                  weight_decay=spec.weight_decay)
+                    optimizer.state[chunk] = {"step": torch.tensor(float(meta["optim_steps"])),
+                                              "exp_avg": state["m"], "exp_avg_sq": state["v"]}
+                else:
+                    optimizer = torch.optim.SGD([chunk], lr=lr, momentum=spec.momentum,
+                                                weight_decay=spec.weight_decay)
+                    if state:
+                        optimizer.state[chunk] = {"momentum_buffer": state["m"]}
+                optimizer.step()
+                chunk.grad = None
+                if spec.kind == "adamw":
+                    writers["m"](state["m"])
+                    writers["v"](state["v"])
+                elif slots:
+                    writers["m"](optimizer.state[chunk]["momentum_buffer"])
         meta["optim_steps"] += 1
         self.store.write(f"p{shard}", params)
+
+    def _read_chunk(self, name: str, start: int, stop: int) -> torch.Tensor:
+        return self.store.read_new(name, stop - start, torch.float32, offset=start * FP32).to(self.device)
 
     def _run_shard(self, shard: int, params: torch.Tensor, x: torch.Tensor, labels: torch.Tensor | None, *,
                    train: bool) -> tuple[torch.Tensor, list[nn.Parameter], list[nn.Parameter]]:
@@ -511,9 +583,15 @@ class TrialSession:
             i = slot_index[slot.ref]
             # Autograd would sum both uses of the tied weight before accumulating: do the same.
             fresh[i] = fresh[i] + contribution.view(slot.ref.shape).to(self.device)
-        flat = torch.cat([g.reshape(-1) for g in fresh])
-        if meta["grad"] == "partial":
-            flat = self._read_state(f"g{shard}").add_(flat)
+        partial = meta["grad"] == "partial"
+        flat = self._read_state(f"g{shard}") if partial else torch.empty(self.layout.numel[shard], device=self.device)
+        for slot, grad, param in zip(self.layout.slots[shard], fresh, owned, strict=True):
+            target = flat[slot.offset:slot.offset + slot.ref.numel]
+            if partial:
+                target.add_(grad.view(-1))  # old + new, in place, as autograd accumulates .grad
+            else:
+                target.copy_(grad.view(-1))
+            param.grad = None
         store.write(f"g{shard}", flat)
         meta["grad"] = "partial"
         if unit.micro_batch < self.spec.micro_batches - 1:

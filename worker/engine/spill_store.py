@@ -12,9 +12,10 @@ Only one unit of a trial runs at a time (the scheduler's invariant), so there is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,12 +110,22 @@ class SpillStore:
 
     def write_stream(self, name: str, parts: Iterable[torch.Tensor]) -> None:
         """Like :meth:`write`, consuming ``parts`` one at a time (so only one part need exist at once)."""
+        with self.writer(name) as append:
+            for part in parts:
+                append(part)
+
+    @contextlib.contextmanager
+    def writer(self, name: str) -> Iterator[Callable[[torch.Tensor], None]]:
+        """Stage the next version of ``name`` from tensors appended one by one; staged only on success."""
         version = self._next_version
         with open(_file(self.root, name, version), "wb") as f:
-            for part in parts:
+
+            def append(part: torch.Tensor) -> None:
                 data = part.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy()
                 f.write(data.data)
                 self.bytes_written += data.nbytes
+
+            yield append
         self.manifest["files"][name] = version
 
     def commit(self) -> None:
