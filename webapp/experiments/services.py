@@ -189,7 +189,8 @@ def trial_status_record(
     """Record what the scheduler reports about the trial it knows as `trial_id` (its queue id).
 
     For the worker glue: call it with any subset of fields. ``best_val_loss`` only ever improves (its
-    perplexity is derived); ``plan`` replaces the pre-launch estimate with the measured plan. Reports about
+    perplexity is derived); ``plan`` replaces the pre-launch estimate with the measured plan; a finished trial
+    without ``export_path`` gets the export directory its launch named, if the model is there. Reports about
     an old attempt, an unknown trial, or that would move an ended trial back are ignored; returns whether
     anything was recorded. When a TPE trial ends, TPE is asked for the next one.
     """
@@ -218,6 +219,11 @@ def trial_status_record(
             trial.plan = plan | {"source": "measured"}
         if export_path is not None:
             trial.export_path = export_path
+        elif status == Status.FINISHED and not trial.export_path:
+            # The scheduler exports a trial before it reports it finished, into the directory its launch named.
+            exported = trial.export_dir_for(trial.queue_id)
+            if exported.is_dir():
+                trial.export_path = str(exported)
         trial.save()
         if status in Trial.ENDED and trial.experiment.strategy == Experiment.Strategy.TPE:
             experiment_extend_tpe(experiment=trial.experiment)

@@ -89,6 +89,23 @@ def test_it_records_progress_and_keeps_the_best_loss(alice_team, alice_dataset, 
         services.trial_status_record(trial_id=trial.queue_id, status="exploded")
 
 
+def test_it_records_the_exported_model_of_a_finished_trial(alice_team, alice_dataset, submitted,
+                                                          django_capture_on_commit_callbacks):
+    experiment = make_experiment(alice_team, alice_dataset)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.experiment_launch(experiment=experiment)
+    exported, missing = experiment.trials.order_by("number")
+    exported.export_dir_for(exported.queue_id).mkdir(parents=True)  # where the scheduler was told to export
+
+    services.trial_status_record(trial_id=exported.queue_id, status="finished")
+    services.trial_status_record(trial_id=missing.queue_id, status="finished")
+
+    exported.refresh_from_db()
+    missing.refresh_from_db()
+    assert exported.export_path == str(exported.export_dir_for(exported.queue_id))
+    assert missing.export_path == ""
+
+
 def test_it_pauses_resumes_and_cancels_through_the_scheduler(alice_team, alice_dataset, submitted,
                                                              django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset)
