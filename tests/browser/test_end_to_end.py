@@ -5,6 +5,7 @@ the live dashboards, see every trial finish and rank on the leaderboard. No page
 from __future__ import annotations
 
 import re
+import tarfile
 import time
 from pathlib import Path
 from pydoc_data.topics import topics
@@ -174,6 +175,17 @@ def _wait_until_finished(page, stack: DevStack, experiment_id: int) -> None:
         assert re.fullmatch(r"\d+\.\d{4}", row.locator("td").nth(5).inner_text())  # best validation loss
 
 
+def _download_a_model(page, tmp_path: Path) -> None:
+    """A finished trial's model directory comes down as an archive that transformers could load."""
+    with page.expect_download() as download:
+        page.locator("#trial-table tbody tr[data-trial]").first.locator("a.button", has_text="Model").click()
+    archive = tmp_path / download.value.suggested_filename
+    download.value.save_as(archive)
+    with tarfile.open(archive) as tar:
+        names = {Path(name).name for name in tar.getnames()}
+    assert "config.json" in names and any(name.endswith(".safetensors") for name in names), names
+
+
 def _see_leaderboard(page, screenshots_dir: Path) -> None:
     page.click(".actions >> text=Leaderboard")
     page.wait_for_url(re.compile(r"/leaderboards/\d+/$"))
@@ -212,5 +224,6 @@ def test_a_new_user_trains_a_sweep_and_sees_it_ranked(page, devstack: DevStack, 
 
     _wait_until_finished(page, devstack, experiment_id)
     _checked(page, screenshots_dir, "5-experiment-finished")
+    _download_a_model(page, tmp_path)
     _see_leaderboard(page, screenshots_dir)
     print(f"end to end: {time.monotonic() - started:.0f} s in the browser")
