@@ -21,6 +21,7 @@ from webapp.experiments.services import trial_status_record
 from webapp.telemetry import levels
 from webapp.telemetry.models import DeviceSample, EvalMetric, StepMetric, StreamCursor, UnitSpan
 from worker.scheduling import telemetry
+from worker.scheduling.queue import ShardQueue, TrialNotFound
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def telemetry_ingest(*, client: redis.Redis, host_id: str, batch_size: int = BAT
             if not batch.entries:
                 break
             with transaction.atomic():
-                STORES[stream](host_id, batch.entries)
+                STORES[stream](client, host_id, batch.entries)
                 StreamCursor.objects.filter(pk=cursor.pk).update(cursor=batch.cursor)
             cursor.cursor = batch.cursor
             read[stream] += len(batch.entries)
@@ -71,7 +72,7 @@ def _attempts(entries: Iterable[Entry]) -> dict[str, Attempt]:
     return {queue_id: Attempt(pk, attempt) for queue_id, pk, attempt in rows}
 
 
-def _store_steps(host_id: str, entries: list[Entry]) -> None:
+def _store_steps(client: redis.Redis, host_id: str, entries: list[Entry]) -> None:
     attempts = _attempts(entries)
     rows = [
         StepMetric(trial_id=attempts[e["trial"]].trial_id, attempt=attempts[e["trial"]].attempt, step=e["step"],
@@ -109,7 +110,7 @@ def _update_levels(trial_id: int, attempt: int, first_step: int, last_step: int)
             StepMetric.objects.filter(pk__in=demote).update(level=level - 1)
 
 
-def _store_evals(host_id: str, entries: list[Entry]) -> None:
+def _store_evals(client: redis.Redis, host_id: str, entries: list[Entry]) -> None:
     attempts = _attempts(entries)
     rows = [
         EvalMetric(trial_id=attempts[e["trial"]].trial_id, attempt=attempts[e["trial"]].attempt, step=e["step"],
@@ -125,7 +126,7 @@ def _store_evals(host_id: str, entries: list[Entry]) -> None:
                                                                   best_val_ppl=best.perplexity)
 
 
-def _store_spans(host_id: str, entries: list[Entry]) -> None:
+def _store_spans(client: redis.Redis, host_id: str, entries: list[Entry]) -> None:
     attempts = _attempts(entries)
     UnitSpan.objects.bulk_create(
         [
@@ -139,7 +140,7 @@ def _store_spans(host_id: str, entries: list[Entry]) -> None:
     )
 
 
-def _store_samples(host_id: str, entries: list[Entry]) -> None:
+def _store_samples(client: redis.Redis, host_id: str, entries: list[Entry]) -> None:
     DeviceSample.objects.bulk_create(
         [
             DeviceSample(host=host_id, entry_id=e["id"], device=e["device"], time=e["time"],
@@ -151,13 +152,23 @@ def _store_samples(host_id: str, entries: list[Entry]) -> None:
     )
 
 
-def _store_events(host_id: str, entries: list[Entry]) -> None:
+def _store_events(client: redis.Redis, host_id: str, entries: list[Entry]) -> None:
     # The status service itself ignores old attempts and unknown queue ids, and never revives an ended trial.
     for entry in entries:
-        trial_status_record(trial_id=entry["trial"], status=entry["state"], message=entry.get("message") or None)
+        plan = _measured_plan(client, host_id, entry["trial"]) if entry["state"] == "runnable" else None
+        trial_status_record(trial_id=entry["trial"], status=entry["state"], message=entry.get("message") or None,
+                            plan=plan)
 
 
-STORES: dict[str, Callable[[str, list[Entry]], None]] = {
+def _measured_plan(client: redis.Redis, host_id: str, trial_id: str) -> dict[str, Any] | None:
+    """The memory plan a device measured when it planned the trial (it is runnable from then on), if any."""
+    try:
+        return ShardQueue(client, host_id).trial(trial_id).plan
+    except TrialNotFound:
+        return None
+
+
+STORES: dict[str, Callable[[redis.Redis, str, list[Entry]], None]] = {
     "steps": _store_steps,
     "evals": _store_evals,
     "spans": _store_spans,

@@ -10,6 +10,7 @@ from webapp.experiments.models import Trial
 from webapp.telemetry import levels
 from webapp.telemetry.models import DeviceSample, EvalMetric, StepMetric, StreamCursor, UnitSpan
 from webapp.telemetry.services import telemetry_ingest
+from worker.scheduling.queue import ShardQueue
 
 pytestmark = pytest.mark.django_db
 
@@ -51,6 +52,24 @@ def test_it_counts_every_step_of_a_finished_trial_as_done(redis_client, host_id,
 
     trial.refresh_from_db()
     assert (trial.status, trial.step, trial.progress) == ("finished", 60, 1.0)
+
+
+def test_it_keeps_the_plan_a_device_measured_when_the_trial_becomes_runnable(redis_client, host_id, alice_team):
+    trial = make_experiment(alice_team, trials=[{"lr": 1e-3}], status="planning").trials.get()
+    estimate = trial.plan
+    measured = {"budget_bytes": 8 << 20, "reserve_bytes": 1 << 20, "peak_bytes": 7 << 20, "state_bytes": 2 << 20,
+                "shards": [{"index": 0, "layers": ["embedding", "block.0", "block.1", "head"], "param_bytes": 1,
+                            "grad_bytes": 1, "optim_bytes": 2, "activation_bytes": 3}]}
+    queue = ShardQueue(redis_client, host_id)
+    queue.submit(trial_id=trial.queue_id, spec={"kind": "synthetic"}, export_dir="")
+    job = queue.claim_plan("cpu0")
+    queue.plan_done(job, remaining_units=10, unit_s=0.01, plan=measured)  # publishes "planning", "runnable"
+
+    telemetry_ingest(client=redis_client, host_id=host_id)
+
+    trial.refresh_from_db()
+    assert trial.status == "runnable" and trial.plan != estimate
+    assert trial.plan == measured | {"source": "measured"}
 
 
 def test_it_reads_only_what_is_new(redis_client, host_id, trials):
