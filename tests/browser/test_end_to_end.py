@@ -173,6 +173,9 @@ def _wait_until_finished(page, stack: DevStack, experiment_id: int) -> None:
     for row in page.locator("#trial-table tbody tr[data-trial]").all():
         assert row.locator("td").nth(3).inner_text() == f"{STEPS} / {STEPS}"
         assert re.fullmatch(r"\d+\.\d{4}", row.locator("td").nth(5).inner_text())  # best validation loss
+        # The plan the device measured when it profiled the trial replaced the pre-launch estimate.
+        assert re.match(r"\d+ shards, peak ", row.locator("td").nth(7).inner_text()), row.inner_text()
+        assert "(est.)" not in row.locator("td").nth(7).inner_text()
 
 
 def _download_a_model(page, tmp_path: Path) -> None:
