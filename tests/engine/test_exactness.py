@@ -34,9 +34,9 @@ class Reference:
     weights: dict[str, torch.Tensor]
 
 
-def plain_training(init_dir: Path, spec: TrialSpec) -> Reference:
+def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU) -> Reference:
     """Train the way anyone would with plain PyTorch (no engine code except the batch order)."""
-    model = GPT2LMHeadModel.from_pretrained(init_dir, local_files_only=True).train()
+    model = GPT2LMHeadModel.from_pretrained(init_dir, local_files_only=True).to(device).train()
     params = list(model.parameters())
     opt = spec.optimizer
     optimizer: torch.optim.Optimizer
@@ -57,7 +57,7 @@ def plain_training(init_dir: Path, spec: TrialSpec) -> Reference:
     torch.manual_seed(spec.seed)
     losses, eval_losses = [], []
     for step in range(spec.steps):
-        batch = data.train_batch(seed=spec.seed, step=step, batch_size=spec.batch_size)
+        batch = data.train_batch(seed=spec.seed, step=step, batch_size=spec.batch_size).to(device)
         total = 0.0
         for micro_batch in batch.chunk(spec.micro_batches):
             loss = model(micro_batch, labels=micro_batch).loss
@@ -71,7 +71,7 @@ def plain_training(init_dir: Path, spec: TrialSpec) -> Reference:
         if (step + 1) % spec.eval_every == 0 or step == spec.steps - 1:
             model.eval()
             with torch.no_grad():
-                batches = [data.eval_batch(batch=b, batch_size=spec.micro_batch_size)
+                batches = [data.eval_batch(batch=b, batch_size=spec.micro_batch_size).to(device)
                            for b in range(spec.eval_batches)]
                 eval_losses.append(sum(model(b, labels=b).loss.item() for b in batches) / len(batches))
             model.train()

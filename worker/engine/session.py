@@ -243,7 +243,7 @@ class TrialSession:
             shards=len(self.plan.shards), steps=self.spec.steps, micro_batches=self.spec.micro_batches,
             eval_every=self.spec.eval_every, eval_batches=self.spec.eval_batches,
         )
-        self._cpu_rng_numel = torch.get_rng_state().numel()
+        self._rng_numel = [state.numel() for state in _rng_state(device)]
         self._prefetcher = _Prefetcher()
         self._kept: dict[tuple[int, int, int], _Kept] = {}  # (step, micro-batch, shard) -> graph
 
@@ -470,11 +470,11 @@ class TrialSession:
         return self.store.read_new(name, math.prod(shape), torch.float32).view(*shape).to(self.device)
 
     def _set_rng(self, name: str) -> None:
-        raw = self.store.read_new(name, self._cpu_rng_numel + (16 if self.device.type == "cuda" else 0),
-                                  torch.uint8)
-        torch.set_rng_state(raw[: self._cpu_rng_numel])
+        raw = self.store.read_new(name, sum(self._rng_numel), torch.uint8)
+        cpu = self._rng_numel[0]
+        torch.set_rng_state(raw[:cpu])
         if self.device.type == "cuda":
-            torch.cuda.set_rng_state(raw[self._cpu_rng_numel:], self.device)
+            torch.cuda.set_rng_state(raw[cpu:], self.device)
 
     def _load_shard(self, shard: int) -> torch.Tensor:
         """The shard's flat parameters (P,) on the device, after applying its pending optimizer step."""
