@@ -8,11 +8,14 @@ folder), else ``artifacts/screenshots``; every test prints the paths it saved.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core.handlers.wsgi import WSGIHandler
 
 from tests.browser.devstack import DevStack
 
@@ -60,6 +63,24 @@ def page(browser) -> Iterator[object]:
     page.on("pageerror", lambda error: page.errors.append(f"{page.url}: {error}"))
     yield page
     context.close()
+
+
+@pytest.fixture
+def db_lock(monkeypatch) -> threading.Lock:
+    """Hold it while the test writes to the database: `live_server` requests wait for it, one at a time.
+
+    With SQLite in memory, `live_server`'s thread shares the test's connection; a request that reads while
+    the test writes fails with "database table is locked" (a 500 the page logs as a console error).
+    """
+    lock = threading.Lock()
+    handle = WSGIHandler.__call__
+
+    def one_at_a_time(self: WSGIHandler, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        with lock:
+            return handle(self, environ, start_response)
+
+    monkeypatch.setattr(WSGIHandler, "__call__", one_at_a_time)
+    return lock
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def _trace_lengths(page, plot_id: str, role: str) -> list[int]:
 
 
 def test_the_dashboards_draw_grow_and_stop_live(page, live_server, alice, alice_team, redis_client, host_id,
-                                                 screenshots_dir, monkeypatch):
+                                                 screenshots_dir, monkeypatch, db_lock):
     monkeypatch.setattr(views, "POLL_MS", 300)
     experiment = make_experiment(alice_team, name="live sweep", total_steps=60,
                                  trials=[{"lr": 1e-3, "optimizer": "adamw"}, {"lr": 3e-3, "optimizer": "adamw"},
@@ -56,7 +56,8 @@ def test_the_dashboards_draw_grow_and_stop_live(page, live_server, alice, alice_
     for i in range(5):
         write_sample(redis_client, host_id, device="cpu0", at=now + 0.2 * i, utilization=0.9)
         write_sample(redis_client, host_id, device="cpu1", at=now + 0.2 * i, utilization=0.8)
-    telemetry_ingest(client=redis_client, host_id=host_id)
+    with db_lock:
+        telemetry_ingest(client=redis_client, host_id=host_id)
 
     page.goto(f"{live_server.url}/login/")
     page.fill("input[name=username]", "alice")
@@ -73,7 +74,8 @@ def test_the_dashboards_draw_grow_and_stop_live(page, live_server, alice, alice_
     # Training goes on: the curves grow with only the new points.
     for trial in trials:
         write_steps(redis_client, host_id, trial, range(20, 35), t0=now)
-    telemetry_ingest(client=redis_client, host_id=host_id)
+    with db_lock:
+        telemetry_ingest(client=redis_client, host_id=host_id)
     page.wait_for_function(
         "() => document.getElementById('curves-plot').data.filter(t => t.meta.role === 'raw')"
         ".every(t => t.x.length === 35)", timeout=10_000)
@@ -83,7 +85,8 @@ def test_the_dashboards_draw_grow_and_stop_live(page, live_server, alice, alice_
     # Every trial finishes: the table says so and polling stops.
     for trial in trials:
         write_event(redis_client, host_id, trial, "finished")
-    telemetry_ingest(client=redis_client, host_id=host_id)
+    with db_lock:
+        telemetry_ingest(client=redis_client, host_id=host_id)
     page.wait_for_function("() => document.getElementById('live-indicator').hidden", timeout=10_000)
     assert page.inner_text(f'#trial-table tr[data-trial="{trials[2].pk}"] [data-field="status"]') == "finished"
     page.wait_for_selector("#parallel-plot .main-svg")
