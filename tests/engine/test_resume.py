@@ -53,6 +53,26 @@ def test_it_resumes_after_step_7_with_the_same_numbers(
         assert torch.equal(weights(tmp_path / "final")[name], tensor), name
 
 
+def test_two_sessions_can_take_turns_like_two_worker_processes(
+    tokens_path: Path, tmp_path: Path, uninterrupted: tuple[list[float], Path]
+) -> None:
+    trial_create(spec=tiny_spec(tokens_path), spill_dir=tmp_path, trial_id="t", device=CPU, cuts=CUTS)
+    sessions = [TrialSession.open(spill_dir=tmp_path, trial_id="t", device=CPU) for _ in range(2)]
+    losses, turn = [], 0
+    while sessions[turn % 2].next_unit() is not None:
+        for _ in range(turn % 3 + 1):  # uneven turns, so each session sees the other's commits
+            if sessions[turn % 2].next_unit() is None:
+                break
+            result = sessions[turn % 2].run_unit()
+            if result.loss is not None:
+                losses.append(result.loss)
+        turn += 1
+    sessions[0].export(tmp_path / "final")
+    assert losses == uninterrupted[0]
+    for name, tensor in weights(uninterrupted[1]).items():
+        assert torch.equal(weights(tmp_path / "final")[name], tensor), name
+
+
 CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
@@ -92,7 +112,9 @@ def test_it_survives_sigkill_mid_unit(
     resumed = TrialSession.open(spill_dir=tmp_path, trial_id="t", device=CPU)
     assert resumed.next_unit() is not None and resumed.next_unit().index == target  # type: ignore[union-attr]
     committed = resumed.store.manifest["version"]
-    assert all(int(p.stem.rpartition("@")[2]) <= committed for p in (tmp_path / "t").glob("*.bin"))
+    assert any(int(p.stem.rpartition("@")[2]) > committed for p in (tmp_path / "t").glob("*.bin"))
+    resumed.run_unit()  # re-runs the killed unit, first removing what it left behind
+    assert all(int(p.stem.rpartition("@")[2]) <= committed + 1 for p in (tmp_path / "t").glob("*.bin"))
     run_all(resumed)
     resumed.export(tmp_path / "final")
     for name, tensor in weights(uninterrupted[1]).items():

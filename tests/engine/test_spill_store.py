@@ -31,6 +31,7 @@ def test_it_forgets_an_uncommitted_unit(tmp_path: Path) -> None:
     reopened = SpillStore.open(tmp_path / "t")
     assert reopened.manifest["cursor"] == 0
     assert reopened.read_new("p0", 4, torch.float32).tolist() == [0, 0, 0, 0]
+    reopened.remove_orphans()
     assert [p.name for p in (tmp_path / "t").glob("*.bin")] == ["p0@1.bin"]
 
 

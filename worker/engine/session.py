@@ -225,8 +225,8 @@ class TrialSession:
     """One trial opened from its spill directory; runs its units one at a time, in any process.
 
     The session holds no training state of its own beyond caches: everything that matters is committed
-    in the store after each unit, so sessions of the same trial in different processes are
-    interchangeable (as long as only one runs a unit at a time).
+    in the store after each unit, and every call first picks up commits made elsewhere, so sessions of
+    the same trial in different processes are interchangeable (as long as only one runs a unit at a time).
     """
 
     def __init__(self, store: SpillStore, device: torch.device) -> None:
@@ -256,11 +256,19 @@ class TrialSession:
 
     def next_unit(self) -> UnitSpec | None:
         """The unit :meth:`run_unit` would run, or ``None`` when the trial is finished."""
+        self._sync()
         cursor = self.store.manifest["cursor"]
         return self.timetable[cursor] if cursor < len(self.timetable) else None
 
     def remaining_units(self) -> int:
+        self._sync()
         return len(self.timetable) - self.store.manifest["cursor"]
+
+    def _sync(self) -> None:
+        """Pick up commits made by other processes since this session last looked (SHARP moves trials)."""
+        on_disk = SpillStore.open(self.store.root)
+        if on_disk.manifest["version"] != self.store.manifest["version"]:
+            self.store = on_disk
 
     def prefetch(self, unit: UnitSpec) -> None:
         """Start reading ``unit``'s shard state (parameters, and accumulated gradients when the unit adds
@@ -269,6 +277,7 @@ class TrialSession:
         Call it for the unit after the one about to run. What it reads is keyed by buffer version, so
         prefetching early is always safe; at worst the read is wasted.
         """
+        self._sync()
         shard, meta = unit.shard, self.store.manifest["shards"][unit.shard]
         names = [f"p{shard}"]
         if unit.phase in ("B", "FB") and meta["grad"] == "partial" and not meta["pending"]:
@@ -296,6 +305,7 @@ class TrialSession:
         unit = self.next_unit()
         if unit is None:
             raise EngineError(f"trial {self.trial_id} is finished: no unit left to run")
+        self.store.remove_orphans()  # we are the trial's one writer now
         read0, written0 = self.store.bytes_read, self.store.bytes_written
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)

@@ -3,7 +3,7 @@
 Every buffer is a raw little-endian file ``<name>@<version>.bin``; ``manifest.json`` names the version of
 each buffer plus all small state (cursor, per-shard flags, running sums). A unit writes *new* versions and
 then commits by atomically replacing the manifest, so a process killed at any point leaves the previous
-commit intact; files of an uncommitted unit are orphans, removed when the store is next opened.
+commit intact; files of an uncommitted unit are orphans, removed by the next writer (:meth:`SpillStore.remove_orphans`).
 Safe against process death (what the scheduler's lease recovers from), not against power loss: nothing
 is fsynced, and the host tier (``/dev/shm``) does not survive a reboot anyway.
 
@@ -65,19 +65,24 @@ class SpillStore:
 
     @classmethod
     def open(cls, root: Path) -> SpillStore:
-        """Open the last committed state of ``root`` and delete files no commit refers to."""
+        """Open the last committed state of ``root`` (read-only until the caller writes and commits)."""
         try:
             manifest = json.loads((root / MANIFEST).read_text())
         except FileNotFoundError:
             raise SpillStoreError(f"no trial in {root}: {MANIFEST} is missing") from None
         if manifest.get("format") != FORMAT:
             raise SpillStoreError(f"{root / MANIFEST} has format {manifest.get('format')!r}, expected {FORMAT!r}")
-        store = cls(root, manifest)
-        live = {_file(root, name, version).name for name, version in store._committed_files.items()}
-        for path in root.glob("*.bin"):
+        return cls(root, manifest)
+
+    def remove_orphans(self) -> None:
+        """Delete files no commit refers to: what a unit killed before its commit left behind.
+
+        Only the writer may call this (another process may be staging a unit's files right now).
+        """
+        live = {_file(self.root, name, version).name for name, version in self._committed_files.items()}
+        for path in self.root.glob("*.bin"):
             if path.name not in live:
-                path.unlink()
-        return store
+                path.unlink(missing_ok=True)
 
     @property
     def _next_version(self) -> int:
