@@ -69,7 +69,7 @@ def build(*, trials: int, steps: int, seed: int) -> tuple[Experiment, object]:
     for number in range(1, trials + 1):
         lr = 10 ** rng.uniform(-4, -2)
         trial = Trial.objects.create(experiment=experiment, number=number, params={"lr": lr, "batch_size": 8},
-                                     status=Trial.Status.RUNNING, attempt=1, total_steps=steps, step=steps - 1)
+                                     status=Trial.Status.RUNNING, attempt=1, total_steps=steps, step=steps)
         Trial.objects.filter(pk=trial.pk).update(queue_id=str(trial.pk))
         _store_trial(trial, steps=steps, t0=t0, rng=rng)
     _store_devices(experiment, t0=t0, rng=rng)
