@@ -82,7 +82,8 @@ def main() -> None:
     parser.add_argument("--budget-divisor", type=float, help="budget = state / this (default 20; quick 12)")
     parser.add_argument("--spill-dir", type=Path, default=Path(tempfile.gettempdir()),
                         help="parent of the spill directory: a local disk path (the disk tier)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
     args = parser.parse_args()
     shape = dict(QUICK if args.quick else FULL)

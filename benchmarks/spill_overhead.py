@@ -98,7 +98,8 @@ def main() -> None:
     parser.add_argument("--micro-batches", type=int, help="micro-batches per step (default 2; quick 4)")
     parser.add_argument("--budget-fraction", type=float, default=0.25, help="budget as a share of the state")
     parser.add_argument("--spill-dir", type=Path, default=Path("/dev/shm"), help="where the spill store lives")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--rounds", type=int, help="interleaved measurement rounds, best kept (default 3; quick 2)")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads for torch (on a shared machine, other load makes multi-threaded "

@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, help="seed of init, data order and dropout")
     run.add_argument("--bf16", action="store_true", help="bf16 autocast with fp32 master weights (CUDA)")
     run.add_argument("--no-double-buffer", action="store_true", help="do not prefetch the next shard")
+    run.add_argument("--activations", choices=["auto", "recompute"], default="auto",
+                     help="auto: keep a shard's activations for its backward when measured cheaper than "
+                          "recomputing them; recompute: always recompute")
     run.add_argument("--export", type=Path, help="write the trained model here (save_pretrained, safetensors)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return parser
@@ -152,7 +155,7 @@ def spec_from_args(args: argparse.Namespace) -> TrialSpec:
         schedule=ScheduleSpec(warmup_steps=args.warmup_steps, decay=args.decay),
         batch_size=args.batch_size, micro_batches=args.micro_batches, steps=args.steps,
         eval_every=args.eval_every, eval_batches=args.eval_batches, seed=args.seed,
-        budget_bytes=args.budget, bf16=args.bf16,
+        budget_bytes=args.budget, bf16=args.bf16, activations=args.activations,
     )
 
 
