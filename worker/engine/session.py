@@ -142,8 +142,9 @@ class _Kept:
     """A forward unit's autograd graph, kept in this process for the matching backward unit.
 
     Saved activations stay in host memory (moved off the device on CUDA); saved weights are not kept but
-    re-pointed at the shard's parameters as reloaded by the backward unit (``params``), so between the
-    two units the graph holds no device memory.
+    re-pointed at the shard's parameters as reloaded by the backward unit (``params``); the input leaf,
+    the output and the Parameters keep only their identity. Between the two units the graph holds no
+    device memory.
     """
 
     out: torch.Tensor
@@ -389,7 +390,8 @@ class TrialSession:
         def pack(t: torch.Tensor) -> tuple[Any, ...]:
             if t.untyped_storage().data_ptr() == weights:
                 return ("weight", t.storage_offset(), tuple(t.shape), t.stride())
-            return ("activation", t if on_cpu else t.to("cpu", non_blocking=True))
+            # detach(): an alias, so that emptying the input leaf or output below does not empty it
+            return ("activation", t.detach() if on_cpu else t.to("cpu", non_blocking=True))
 
         def unpack(handle: tuple[Any, ...]) -> torch.Tensor:
             if handle[0] == "weight":
@@ -399,10 +401,13 @@ class TrialSession:
 
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             kept.out, kept.owned, _ = self._run_shard(unit.shard, params, x, None, train=True)
-        for param in kept.owned:
-            param.data = torch.empty(0, device=self.device)  # drop the reference to this unit's weights
+        out = kept.out.detach().clone()
+        # Keep only the graph: what backward reads went through pack; the input leaf, the output and the
+        # weights are needed for their identity and shape alone, so drop their device memory.
+        for tensor in (*kept.owned, kept.x, kept.out):
+            tensor.data = torch.empty(0, device=self.device, dtype=tensor.dtype)
         self._kept[(unit.step, unit.micro_batch, unit.shard)] = kept
-        return kept.out.detach()
+        return out
 
     def _forward_backward(self, unit: UnitSpec) -> dict[str, Any]:
         """FB: the last shard's forward, loss and backward in one go (nothing to recompute)."""
@@ -425,6 +430,10 @@ class TrialSession:
             kept.params = params
             for slot, param in zip(self.layout.slots[unit.shard], kept.owned, strict=True):
                 param.data = params[slot.offset:slot.offset + slot.ref.numel].view(slot.ref.shape)
+            ids = self._labels(unit)
+            if kept.x.is_floating_point():  # shard 0's input is token ids, never differentiated
+                kept.x.data = torch.empty(*ids.shape, self._width, device=self.device)
+            kept.out.data = torch.empty(*ids.shape, self._width, device=self.device, dtype=kept.out.dtype)
             out, x, owned, lent = kept.out, kept.x, kept.owned, []
         else:
             x = self._shard_input(unit)
