@@ -79,10 +79,11 @@ class SpillStore:
 
         Only the writer may call this (another process may be staging a unit's files right now).
         """
-        live = {_file(self.root, name, version).name for name, version in self._committed_files.items()}
-        for path in self.root.glob("*.bin"):
-            if path.name not in live:
-                path.unlink(missing_ok=True)
+        live = {f"{name}@{version}.bin" for name, version in self._committed_files.items()}
+        with os.scandir(self.root) as entries:  # every unit calls this: no pathlib objects per file
+            orphans = [e.path for e in entries if e.name.endswith(".bin") and e.name not in live]
+        for path in orphans:
+            os.unlink(path)
 
     @property
     def _next_version(self) -> int:
