@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from worker.engine.errors import BudgetError
-from worker.engine.partition import LayerCost, MemoryPlan, plan_with_shards, solve
+from worker.engine.partition import LayerCost, MemoryPlan, choose_kept, plan_with_shards, solve
 
 
 def costs(states: list[int], activations: list[int]) -> list[LayerCost]:
@@ -54,3 +54,15 @@ def test_it_round_trips_the_plan_as_data() -> None:
     assert raw["shards"][1]["state_bytes"] == 3
     assert raw["peak_bytes"] == plan.peak_bytes == 3 + 9 + 3
     assert MemoryPlan.from_dict(raw) == plan
+
+
+def test_it_keeps_activations_only_where_copying_beats_recomputing() -> None:
+    layers = [
+        LayerCost(name=f"l{i}", param_bytes=1, grad_bytes=0, optim_bytes=0, activation_bytes=a, forward_s=f)
+        for i, (a, f) in enumerate([(100, 1.0), (1000, 1.0), (100, 1.0)])
+    ]
+    plan = plan_with_shards(layers, [0, 1, 2], 10_000)
+    # 2 x 100 bytes at 1000 B/s = 0.2 s < 1 s forward: keep; 2 x 1000 bytes = 2 s > 1 s: recompute;
+    # the last shard's unit is forward+backward, so it never needs either.
+    assert [s.keep_activations for s in choose_kept(plan, 1000.0).shards] == [True, False, False]
+    assert [s.keep_activations for s in choose_kept(plan, None).shards] == [True, True, False]
