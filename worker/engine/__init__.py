@@ -2,29 +2,40 @@
 
 The scheduler's entry points are :func:`trial_create` and :class:`TrialSession`; ``train_trial`` runs a
 whole trial in one process.
+
+Names are resolved lazily (PEP 562): the web process imports the torch-free modules (``config``,
+``partition``, ``errors``, ``schedule``) for its memory preview without loading torch and transformers.
 """
 
-from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
-from worker.engine.errors import BudgetError, EngineError, SpecError, SpillStoreError
-from worker.engine.partition import LayerCost, MemoryPlan, ShardPlan
-from worker.engine.schedule import UnitSpec
-from worker.engine.session import TrialSession, UnitResult, trial_create
+from __future__ import annotations
 
-__all__ = [
-    "BudgetError",
-    "DataSpec",
-    "EngineError",
-    "LayerCost",
-    "MemoryPlan",
-    "ModelSpec",
-    "OptimizerSpec",
-    "ScheduleSpec",
-    "ShardPlan",
-    "SpecError",
-    "SpillStoreError",
-    "TrialSession",
-    "TrialSpec",
-    "UnitResult",
-    "UnitSpec",
-    "trial_create",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DataSpec": "config",
+    "ModelSpec": "config",
+    "OptimizerSpec": "config",
+    "ScheduleSpec": "config",
+    "TrialSpec": "config",
+    "BudgetError": "errors",
+    "EngineError": "errors",
+    "SpecError": "errors",
+    "SpillStoreError": "errors",
+    "LayerCost": "partition",
+    "MemoryPlan": "partition",
+    "ShardPlan": "partition",
+    "UnitSpec": "schedule",
+    "TrialSession": "session",
+    "UnitResult": "session",
+    "trial_create": "session",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'worker.engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"worker.engine.{module}"), name)

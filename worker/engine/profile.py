@@ -45,7 +45,8 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> 
     """Run each layer forward + backward on ``device`` for one micro-batch; count what autograd saves.
 
     Activation bytes are the distinct non-weight storages saved for backward plus the layer's output and its
-    gradient; ``forward_s`` and ``time_s`` time the forward and forward + backward. A borrowed (tied)
+    gradient (on CUDA, at least the allocator's measured peak above the weights, less parameter
+    gradients); ``forward_s`` and ``time_s`` time the forward and forward + backward. A borrowed (tied)
     parameter and its gradient count as the borrower's ``lent_bytes``: the borrowing shard holds a copy.
     The layer's weights are a throwaway init; the caller's RNG is untouched.
     """
@@ -72,6 +73,9 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> 
                 return t
 
             layer = stack.layers[index].train()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
             start = time.perf_counter()
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
                     torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.bf16):
@@ -83,13 +87,17 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> 
             elapsed = time.perf_counter() - start
             owned = stack.layer_numel(index)
             lent = sum(b.owner.numel for b in stack.borrowed[index])
+            activations = sum(storages.values()) + 2 * out.numel() * out.element_size()
+            if device.type == "cuda":  # the allocator saw the real peak, backward's transients included
+                parameter_grads = (owned + lent) * FP32
+                activations = max(activations, torch.cuda.max_memory_allocated(device) - before - parameter_grads)
             costs.append(LayerCost(
                 name=name,
                 param_bytes=owned * FP32,
                 grad_bytes=owned * FP32,
                 optim_bytes=owned * slots * FP32,
                 lent_bytes=2 * lent * FP32,
-                activation_bytes=sum(storages.values()) + 2 * out.numel() * out.element_size(),
+                activation_bytes=activations,
                 forward_s=forward_s,
                 time_s=elapsed,
             ))
