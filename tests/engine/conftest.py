@@ -14,13 +14,19 @@ import torch
 
 from worker.engine import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSession, TrialSpec, UnitResult
 
-# Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP's spinning
-# threads make them many times slower.
-torch.set_num_threads(1)
-
 VOCAB = 256
 SEQ = 32
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="package", autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP's spinning
+    threads make them many times slower. Package-scoped, so the rest of the test suite is unaffected."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
