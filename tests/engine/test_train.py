@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.engine.conftest import CPU, tiny_spec
+from worker.engine import ModelSpec, SpecError
 from worker.engine.train import parse_bytes, train_trial
 
 
@@ -26,6 +29,12 @@ def test_it_resumes_an_existing_trial_instead_of_restarting(tokens_path: Path, t
     first = train_trial(spec=spec, spill_dir=tmp_path, trial_id="t", device=CPU, cuts=[0])
     assert [r.unit.phase for r in first] == ["FB", "FB", "FB", "FB", "S"]
     assert train_trial(spec=spec, spill_dir=tmp_path, trial_id="t", device=CPU) == []
+
+
+def test_it_rejects_sequences_longer_than_the_context(tokens_path: Path, tmp_path: Path) -> None:
+    spec = tiny_spec(tokens_path, model=ModelSpec(n_positions=16))
+    with pytest.raises(SpecError, match="seq_len 32 exceeds the model's context of 16"):
+        train_trial(spec=spec, spill_dir=tmp_path, trial_id="t", device=CPU)
 
 
 def test_it_parses_byte_sizes() -> None:

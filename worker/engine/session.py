@@ -35,7 +35,7 @@ from torch import nn
 
 from worker.engine.config import TrialSpec
 from worker.engine.data import TokenBlocks
-from worker.engine.errors import EngineError
+from worker.engine.errors import EngineError, SpecError
 from worker.engine.layers import Borrow, LayerStack, ParamRef, build_layer_stack
 from worker.engine.partition import MemoryPlan, choose_kept, plan_with_shards, solve
 from worker.engine.profile import copy_bytes_per_s, optimizer_slots, profile_layers
@@ -187,6 +187,8 @@ def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: tor
     ``SpecError`` for bad data or checkpoints, ``SpillStoreError`` if the trial directory is taken.
     """
     stack = build_layer_stack(spec.model)
+    if spec.data.seq_len > stack.config.n_positions:
+        raise SpecError(f"seq_len {spec.data.seq_len} exceeds the model's context of {stack.config.n_positions}")
     TokenBlocks(spec.data, vocab_size=stack.config.vocab_size)  # fail on bad data before any work
     costs = profile_layers(stack, spec, device)
     plan = solve(costs, spec.budget_bytes) if cuts is None else plan_with_shards(costs, cuts, spec.budget_bytes)
