@@ -29,6 +29,8 @@ def test_it_resumes_an_existing_trial_instead_of_restarting(tokens_path: Path, t
     first = train_trial(spec=spec, spill_dir=tmp_path, trial_id="t", device=CPU, cuts=[0])
     assert [r.unit.phase for r in first] == ["FB", "FB", "FB", "FB", "S"]
     assert train_trial(spec=spec, spill_dir=tmp_path, trial_id="t", device=CPU) == []
+    with pytest.raises(SpecError, match="created with another spec"):
+        train_trial(spec=tiny_spec(tokens_path, steps=3), spill_dir=tmp_path, trial_id="t", device=CPU)
 
 
 def test_it_rejects_sequences_longer_than_the_context(tokens_path: Path, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
 from worker.engine.data import tokenize_corpus
-from worker.engine.errors import EngineError
+from worker.engine.errors import EngineError, SpecError
 from worker.engine.session import TrialSession, UnitResult, trial_create
 from worker.engine.spill_store import MANIFEST
 
@@ -29,11 +29,15 @@ def train_trial(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: torc
     """Create the trial (or resume it if its spill directory exists) and run its remaining units.
 
     With ``double_buffer`` the next unit's shard is read in the background while a unit computes.
-    Returns the results of the units run by this call.
+    Returns the results of the units run by this call. Raises ``SpecError`` if the existing trial was
+    created from a different spec.
     """
     if not (Path(spill_dir) / trial_id / MANIFEST).exists():
         trial_create(spec=spec, spill_dir=spill_dir, trial_id=trial_id, device=device, cuts=cuts)
     session = TrialSession.open(spill_dir=spill_dir, trial_id=trial_id, device=device)
+    if session.spec != spec:
+        raise SpecError(f"trial {trial_id!r} in {spill_dir} was created with another spec; resume it with the "
+                        "same settings or pick another trial id")
     results = []
     with tqdm(total=session.remaining_units(), disable=not progress, unit="unit") as bar:
         while (unit := session.next_unit()) is not None:
