@@ -153,6 +153,28 @@ class _Kept:
     params: torch.Tensor | None = None
 
 
+class _HostArena:
+    """A CUDA session's page-locked host buffer, allocated once (not pinned per copy): reads from the
+    spill store land here and are copied to the device asynchronously; an event guards its reuse."""
+
+    def __init__(self, nbytes: int, device: torch.device) -> None:
+        self._buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self._device = device
+        self._copied: torch.cuda.Event | None = None
+
+    def load(self, store: SpillStore, name: str, numel: int, *, offset: int = 0) -> torch.Tensor:
+        """``numel`` fp32 values of buffer ``name`` from byte ``offset``, as a new device tensor."""
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous copy out of the arena has finished
+        host = self._buffer[: numel * FP32].view(torch.float32)
+        store.read(name, host, offset=offset)
+        out = torch.empty(numel, device=self._device)
+        out.copy_(host, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        return out
+
+
 class _Prefetcher:
     """Reads spill buffers on a background thread: the copy-in half of the double buffer.
 
@@ -248,6 +270,8 @@ class TrialSession:
         )
         self._rng_numel = [state.numel() for state in _rng_state(device)]
         self._prefetcher = _Prefetcher()
+        self._arena = (_HostArena(max(*self.layout.numel, STEP_CHUNK) * FP32, device)
+                       if device.type == "cuda" else None)
         self._kept: dict[tuple[int, int, int], _Kept] = {}  # (step, micro-batch, shard) -> graph
 
     @classmethod
@@ -294,10 +318,13 @@ class TrialSession:
         """Shard buffer ``name`` (p or g) on the device, from the prefetcher when it has it."""
         version = self.store.version(name)
         tensor = None if version is None else self._prefetcher.take((name, version))
-        if tensor is None:
-            tensor = self.store.read_new(name, self.layout.numel[int(name[1:])], torch.float32)
-        else:
+        numel = self.layout.numel[int(name[1:])]
+        if tensor is not None:
             self.store.bytes_read += tensor.nbytes
+        elif self._arena is not None:
+            return self._arena.load(self.store, name, numel)
+        else:
+            tensor = self.store.read_new(name, numel, torch.float32)
         return tensor.to(self.device)
 
     def run_unit(self) -> UnitResult:
@@ -553,6 +580,8 @@ class TrialSession:
         self.store.write(f"p{shard}", params)
 
     def _read_chunk(self, name: str, start: int, stop: int) -> torch.Tensor:
+        if self._arena is not None:
+            return self._arena.load(self.store, name, stop - start, offset=start * FP32)
         return self.store.read_new(name, stop - start, torch.float32, offset=start * FP32).to(self.device)
 
     def _run_shard(self, shard: int, params: torch.Tensor, x: torch.Tensor, labels: torch.Tensor | None, *,
