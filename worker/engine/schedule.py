@@ -75,9 +75,6 @@ class Timetable:
     def eval_units(self) -> int:
         return self.eval_batches * self.shards
 
-    def evaluates_after(self, step: int) -> bool:
-        return self.eval_every > 0 and ((step + 1) % self.eval_every == 0 or step == self.steps - 1)
-
     def _evals_before(self, step: int) -> int:
         return 0 if self.eval_every == 0 else min(step, self.steps - 1) // self.eval_every
 

@@ -89,9 +89,6 @@ class SpillStore:
     def _next_version(self) -> int:
         return int(self.manifest["version"]) + 1
 
-    def has(self, name: str) -> bool:
-        return name in self.manifest["files"]
-
     def path(self, name: str) -> Path:
         try:
             return _file(self.root, name, self.manifest["files"][name])
