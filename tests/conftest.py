@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+import redis
 from django.conf import settings
 from django.test import Client
 
@@ -64,3 +67,10 @@ def bob_client(bob) -> Client:
 @pytest.fixture
 def redis_url() -> str:
     return settings.HYDRA.redis_url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()

@@ -14,13 +14,6 @@ from worker.scheduling.queue import ShardQueue
 
 
 @pytest.fixture
-def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def host_id(redis_client: redis.Redis) -> Iterator[str]:
     """A host name no other test uses; every key and Celery queue named after it is deleted afterwards."""
     host = f"test-{uuid.uuid4().hex[:10]}"

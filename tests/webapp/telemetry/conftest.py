@@ -18,13 +18,6 @@ def data_dir(settings, tmp_path):
 
 
 @pytest.fixture
-def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def host_id(redis_client: redis.Redis) -> Iterator[str]:
     host = f"test-telemetry-{uuid.uuid4().hex[:10]}"
     yield host
