@@ -25,7 +25,7 @@ def tokens(tmp_path: Path) -> str:
 
 
 def tiny_trial(tokens: str, *, seed: int, lr: float, steps: int = 3, width: int = 16,
-               budget_bytes: int = 400_000) -> TrialSpec:
+               budget_bytes: int = 200_000) -> TrialSpec:
     """A 2-block GPT-2 split into several shards, with dropout, AdamW, clipping and evaluation."""
     return TrialSpec(
         model=ModelSpec(n_layer=2, n_embd=width, n_head=2, vocab_size=64, n_positions=16, dropout=0.1),
@@ -126,3 +126,42 @@ def test_it_reruns_the_unit_of_a_killed_worker_on_another_device(
     after = [s for s in spans if s["unit"] >= at_kill.units_done]
     assert {s["device"] for s in after} == {"cpu0", "cpu1"} - {victim}
     assert_same_weights(exported(tmp_path / "export-k"), trained_alone(trial, tmp_path / "alone"))
+
+
+def test_a_worker_frozen_past_its_lease_cannot_write_the_trial(device_workers, tokens: str, tmp_path: Path) -> None:
+    """SIGSTOP the device running a unit, let its lease expire and the other device re-run that unit and
+    more, then SIGCONT it: its unit is refused by the spill store (fencing), not committed over the newer
+    state, and the trial ends with the weights of an uninterrupted run. A freeze that lands after the unit's
+    commit (only its completion is late) is let go, and another unit is frozen."""
+    trial = tiny_trial(tokens, seed=11, lr=2e-3, steps=8, width=128, budget_bytes=8_000_000)
+    workers = device_workers("cpu0", "cpu1", lease_s=1.5)
+    queue = workers.queue
+    queue.submit(trial_id="s", spec=spec_validate({"kind": "engine", "trial": trial.to_dict()}),
+                 export_dir=str(tmp_path / "export-s"))
+    workers.wait(lambda: queue.trial("s").units_done >= 3, 60, "the first units")
+
+    def lease_messages(device: str) -> tuple[int, int]:
+        """(units the store refused, completions the queue refused) in the log of `device`'s worker."""
+        log = (workers.root / f"{device}.log").read_text()
+        return log.count("unit dropped"), log.count("expired; another device re-runs its unit")
+
+    refused = False
+    while not refused and queue.trial("s").state not in ("finished", "failed"):
+        victim = queue.trial("s").device
+        workers.freeze(victim)
+        record = queue.trial("s")
+        if (record.state, record.device) != ("running", victim):
+            workers.thaw(victim)
+            continue
+        before = lease_messages(victim)
+        workers.wait(lambda r=record: queue.trial("s").units_done >= r.units_done + 2
+                     or queue.trial("s").state == "finished", 30, "the other device to take over")
+        workers.thaw(victim)
+        workers.wait(lambda v=victim, b=before: lease_messages(v) != b, 30, "the frozen unit to end")
+        refused = lease_messages(victim)[0] > before[0]
+    assert refused, "every freeze landed after a unit's commit"
+
+    record = workers.wait_for_states(["s"], {"finished", "failed"}, 120)["s"]
+    assert record.state == "finished", record.message
+    assert record.requeues >= 1
+    assert_same_weights(exported(tmp_path / "export-s"), trained_alone(trial, tmp_path / "alone"))

@@ -22,6 +22,7 @@ _EXPORTS = {
     "EngineError": "errors",
     "SpecError": "errors",
     "SpillStoreError": "errors",
+    "StaleWriterError": "errors",
     "LayerCost": "partition",
     "MemoryPlan": "partition",
     "ShardPlan": "partition",

@@ -15,3 +15,9 @@ class SpecError(EngineError, ValueError):
 
 class SpillStoreError(EngineError):
     """The spill directory is missing, foreign or inconsistent with its manifest."""
+
+
+class StaleWriterError(SpillStoreError):
+    """A writer whose hold on the trial is no longer current tried to take or commit its store: a writer
+    with a newer fencing token took the trial, or another commit landed since this writer read the store.
+    Nothing was written; the caller drops the unit's result (the newer writer owns the trial now)."""

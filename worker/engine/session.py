@@ -327,15 +327,23 @@ class TrialSession:
             tensor = self.store.read_new(name, numel, torch.float32)
         return tensor.to(self.device)
 
-    def run_unit(self) -> UnitResult:
+    def run_unit(self, *, token: int | None = None) -> UnitResult:
         """Run the next unit and commit its outputs with the advanced cursor (all or nothing).
 
-        On any exception the session reloads the last commit, so it stays usable; the unit re-runs.
+        ``token`` is the caller's fencing token (the scheduler passes its lease's token; larger is newer):
+        the unit first takes the store with it, and its commit is refused if a writer with a newer token
+        took the trial meanwhile. ``None`` is for a trial that only this process runs (no fencing, but
+        the commit still refuses if another commit landed since). Raises ``StaleWriterError`` when refused:
+        nothing was written and the unit's result must be dropped. On any exception the session reloads
+        the last commit, so it stays usable; the unit re-runs.
         """
+        if token is not None:
+            self.store = SpillStore.take(self.store.root, token)  # also removes orphans, under the lock
         unit = self.next_unit()
         if unit is None:
             raise EngineError(f"trial {self.trial_id} is finished: no unit left to run")
-        self.store.remove_orphans()  # we are the trial's one writer now
+        if token is None:
+            self.store.remove_orphans()  # we are the trial's one writer now
         read0, written0 = self.store.bytes_read, self.store.bytes_written
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)

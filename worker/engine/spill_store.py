@@ -7,12 +7,21 @@ commit intact; files of an uncommitted unit are orphans, removed by the next wri
 Safe against process death (what the scheduler's lease recovers from), not against power loss: nothing
 is fsynced, and the host tier (``/dev/shm``) does not survive a reboot anyway.
 
-Only one unit of a trial runs at a time (the scheduler's invariant), so there is a single writer.
+One writer at a time, enforced by the store itself (fencing): the scheduler's lease makes one device
+the trial's writer, but a device that was only slow past its lease may still be running the unit that
+another device has re-run since. So a writer first takes the store (:meth:`SpillStore.take`) with its fencing
+token (the lease's token: larger is newer), and :meth:`SpillStore.commit` is a compare-and-commit: both
+run under an exclusive ``flock`` on ``manifest.lock`` and refuse with ``StaleWriterError`` when a newer
+token took the trial or another commit landed since the writer read the manifest. Taking the store is a
+commit that stages no buffer, so the version it uses never names a file; every writer therefore stages
+under a version no other writer stages under, and a stale writer's files are never referenced by a
+commit, only removed as orphans.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -21,9 +30,10 @@ from typing import Any
 
 import torch
 
-from worker.engine.errors import SpillStoreError
+from worker.engine.errors import SpillStoreError, StaleWriterError
 
 MANIFEST = "manifest.json"
+LOCK = "manifest.lock"
 FORMAT = "hydra-spill/1"
 
 
@@ -52,6 +62,7 @@ class SpillStore:
         self.root = root
         self.manifest = manifest
         self._committed_files: dict[str, int] = dict(manifest["files"])
+        self._base_version: int = manifest["version"]
         self.bytes_read = 0
         self.bytes_written = 0
 
@@ -66,16 +77,29 @@ class SpillStore:
     @classmethod
     def open(cls, root: Path) -> SpillStore:
         """Open the last committed state of ``root`` (read-only until the caller writes and commits)."""
-        try:
-            manifest = json.loads((root / MANIFEST).read_text())
-        except FileNotFoundError:
-            raise SpillStoreError(f"no trial in {root}: {MANIFEST} is missing") from None
-        if manifest.get("format") != FORMAT:
-            raise SpillStoreError(f"{root / MANIFEST} has format {manifest.get('format')!r}, expected {FORMAT!r}")
-        return cls(root, manifest)
+        return cls(root, _read_manifest(root))
+
+    @classmethod
+    def take(cls, root: Path, token: int) -> SpillStore:
+        """Become the trial's one writer with fencing ``token``; return the store as last committed.
+
+        Under the manifest lock: refuse with ``StaleWriterError`` if a writer with a larger token took the
+        trial already, else record ``token`` in a commit of its own (which makes every commit prepared by
+        an earlier writer fail) and remove what earlier writers staged but never committed.
+        """
+        with _locked(root):
+            manifest = _read_manifest(root)
+            fence = manifest.get("fence", -1)
+            if fence > token:
+                raise StaleWriterError(f"writer with fencing token {token} refused: the trial in {root} was "
+                                       f"taken with token {fence} since")
+            store = cls(root, manifest | {"fence": token})
+            store._publish()
+            store.remove_orphans()
+        return store
 
     def remove_orphans(self) -> None:
-        """Delete files no commit refers to: what a unit killed before its commit left behind.
+        """Delete files no commit refers to: what a unit killed (or refused) before its commit left behind.
 
         Only the writer may call this (another process may be staging a unit's files right now).
         """
@@ -132,7 +156,22 @@ class SpillStore:
         self.manifest["files"][name] = version
 
     def commit(self) -> None:
-        """Atomically publish the working manifest and every staged buffer, then drop superseded files."""
+        """Atomically publish the working manifest and every staged buffer, then drop superseded files.
+
+        Compare-and-commit: raises ``StaleWriterError`` (and publishes nothing) if the store was committed
+        or taken by another writer since this one read it; this store is then unusable (reopen it).
+        """
+        with _locked(self.root):
+            if self._base_version > 0:  # version 0: a store being created, not yet on disk
+                on_disk = _read_manifest(self.root)["version"]
+                if on_disk != self._base_version:
+                    raise StaleWriterError(
+                        f"commit refused: the trial in {self.root} is at version {on_disk}, this writer read "
+                        f"version {self._base_version}; another writer took it or committed since")
+            self._publish()
+
+    def _publish(self) -> None:
+        """Replace the manifest by the working one under the next version; the caller holds the lock."""
         self.manifest["version"] = self._next_version
         tmp = self.root / f"{MANIFEST}.tmp"
         tmp.write_text(json.dumps(self.manifest))
@@ -141,3 +180,26 @@ class SpillStore:
             if self.manifest["files"].get(name) != version:
                 _file(self.root, name, version).unlink(missing_ok=True)
         self._committed_files = dict(self.manifest["files"])
+        self._base_version = self.manifest["version"]
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
+    try:
+        manifest: dict[str, Any] = json.loads((root / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise SpillStoreError(f"no trial in {root}: {MANIFEST} is missing") from None
+    if manifest.get("format") != FORMAT:
+        raise SpillStoreError(f"{root / MANIFEST} has format {manifest.get('format')!r}, expected {FORMAT!r}")
+    return manifest
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """Hold the trial's exclusive manifest lock (``flock``: released by the kernel if the process dies)."""
+    try:
+        lock = open(root / LOCK, "a")  # noqa: SIM115 -- closed below, after unlocking
+    except FileNotFoundError:
+        raise SpillStoreError(f"no trial in {root}: the directory is gone") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

@@ -9,7 +9,9 @@ While a unit runs, the loop already knows which trial it will most likely take n
 the survey, with the current trial's remaining time reduced by one unit) and hands that guess to the
 runner, which loads that unit's shard in the background, even when it belongs to another trial.
 
-A unit that raises fails its trial (the message goes to the UI) and the loop goes on with the others.
+A unit that raises fails its trial (the message goes to the UI) and the loop goes on with the others. A
+unit whose trial refuses it because its lease was lost (the worker was slow, and a newer lease holder took
+the trial) is dropped: nothing was committed, and the trial is the newer holder's.
 """
 
 from __future__ import annotations
@@ -185,9 +187,12 @@ class DeviceLoop:
                                      lease.trial_id):
                 runner = self._runner(lease.spec)
                 done = runner.run_unit(trial_id=lease.trial_id, spec=lease.spec, units_done=lease.units_done,
-                                       next_trial=next_trial)
+                                       next_trial=next_trial, token=int(lease.token))
                 if done.remaining_units == 0:
                     runner.export(trial_id=lease.trial_id, spec=lease.spec, export_dir=lease.export_dir)
+        except LeaseLost as error:  # a newer lease holder owns the trial: drop this unit, fail nothing
+            log.warning("unit dropped: %s", error)
+            return
         except Exception as error:  # a unit that raises fails its trial; the other trials go on
             self._fail(lease.trial_id, lease.token, f"unit {lease.units_done}", error)
             return

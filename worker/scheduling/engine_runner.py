@@ -21,9 +21,11 @@ from typing import Any
 import torch
 
 from worker.engine.config import TrialSpec
+from worker.engine.errors import StaleWriterError
 from worker.engine.partition import MemoryPlan
 from worker.engine.session import TrialSession, UnitResult, trial_create
 from worker.engine.spill_store import MANIFEST, SpillStore
+from worker.scheduling.queue import LeaseLost
 from worker.scheduling.runner import Planned, UnitDone, WorkloadError
 from worker.scheduling.telemetry import EvalMetrics, StepMetrics
 
@@ -59,8 +61,9 @@ class EngineRunner:
         return Planned(remaining_units=session.remaining_units(), unit_s=first_unit_estimate(plan),
                        plan=plan.to_dict())
 
-    def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int, next_trial: str | None
-                 ) -> UnitDone:
+    def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int, next_trial: str | None,
+                 token: int) -> UnitDone:
+        """Run the trial's next unit, fenced by `token` (see `TrialRunner.run_unit`)."""
         session = self._open(trial_id)
         if session.next_unit() is None:
             raise WorkloadError(f"trial {trial_id!r} has no unit left, yet the queue had it runnable")
@@ -70,7 +73,11 @@ class EngineRunner:
                 session.prefetch(session.timetable[cursor + 1])
         elif next_trial is not None:
             self._prefetch_other(next_trial)
-        return unit_done(trial_id, session.run_unit(), session.remaining_units())
+        try:
+            result = session.run_unit(token=token)
+        except StaleWriterError as error:
+            raise LeaseLost(f"trial {trial_id!r}: {error}") from error
+        return unit_done(trial_id, result, session.remaining_units())
 
     def export(self, *, trial_id: str, spec: Mapping[str, Any], export_dir: str) -> None:
         """Export the model directory, then delete the trial's spill store (host RAM on /dev/shm)."""

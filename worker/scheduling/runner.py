@@ -49,9 +49,12 @@ class TrialRunner(Protocol):
         attempt that died half-way is planned again from scratch."""
         ...
 
-    def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int, next_trial: str | None
-                 ) -> UnitDone:
+    def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int, next_trial: str | None,
+                 token: int) -> UnitDone:
         """Run the trial's next unit (`units_done` units ran before, by any device) and commit it.
+
+        `token` is the lease's fencing token (larger is newer). Raises `LeaseLost` when the trial's state
+        refuses this writer because a newer lease holder took it: nothing was committed, drop the unit.
 
         `next_trial` is the trial whose unit this device will most likely run next (this one, another one,
         or None): start loading that unit in the background while this one computes. It is a guess; a

@@ -37,8 +37,8 @@ class SyntheticRunner:
         return Planned(remaining_units=spec["units"], unit_s=max(spec["unit_ms"] / 1000, 1e-6),
                        plan={"kind": "synthetic", "units": spec["units"]})
 
-    def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int, next_trial: str | None
-                 ) -> UnitDone:
+    def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int, next_trial: str | None,
+                 token: int) -> UnitDone:
         if spec["unit_ms"]:
             time.sleep(spec["unit_ms"] / 1000)
         if units_done == spec["fail_at_unit"]:
