@@ -78,7 +78,7 @@ class Timetable:
     def _evals_before(self, step: int) -> int:
         return 0 if self.eval_every == 0 else min(step, self.steps - 1) // self.eval_every
 
-    def _step_offset(self, step: int) -> int:
+    def step_offset(self, step: int) -> int:
         """Index of the first unit of ``step`` (``step == steps`` gives the offset of the S units)."""
         offset = step * self.train_units_per_step + self._evals_before(step) * self.eval_units
         if step == self.steps and self.eval_every > 0:
@@ -86,7 +86,7 @@ class Timetable:
         return offset
 
     def __len__(self) -> int:
-        return self._step_offset(self.steps) + (0 if self.eval_every > 0 else self.shards)
+        return self.step_offset(self.steps) + (0 if self.eval_every > 0 else self.shards)
 
     def __iter__(self) -> Iterator[UnitSpec]:
         return (self[index] for index in range(len(self)))
@@ -97,11 +97,11 @@ class Timetable:
         low, high = 0, self.steps  # find the last step whose offset is <= index
         while low < high:
             mid = (low + high + 1) // 2
-            if self._step_offset(mid) <= index:
+            if self.step_offset(mid) <= index:
                 low = mid
             else:
                 high = mid - 1
-        step, local = low, index - self._step_offset(low)
+        step, local = low, index - self.step_offset(low)
         if step == self.steps:
             return UnitSpec(index=index, step=step - 1, micro_batch=0, phase="S", shard=local)
         if local >= self.train_units_per_step:

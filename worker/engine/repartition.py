@@ -1,0 +1,105 @@
+"""Re-partition a trial's spill store into other shards at a step boundary (recovery from device OOM).
+
+Between two optimizer steps a trial's whole state is, per layer, its fp32 parameters and optimizer state
+(gradients are empty once the pending step is applied; boundary activations and RNG snapshots belong to
+the step in flight, of which there is none). A shard's flat buffers are its layers' buffers laid end to
+end, and shards are contiguous runs of layers, so the concatenation of every shard's buffer is the same
+vector for any plan: re-packing is slicing that vector at the new shard starts, bit for bit. The trial's
+RNG stream and cursor position in training (the step) carry over; the cursor is re-indexed into the new
+timetable.
+
+Only at step boundaries: mid-step the store also holds accumulated gradients, boundary activations and
+RNG snapshots in the old shard shapes, and rolling a step back needs state from before its lazy steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from worker.engine.errors import SpecError
+from worker.engine.partition import MemoryPlan, choose_kept, plan_with_shards, solve
+from worker.engine.profile import copy_bytes_per_s
+from worker.engine.schedule import Timetable
+from worker.engine.session import FP32, TrialSession, _caller_rng_kept
+from worker.engine.spill_store import SpillStore, read_file
+
+SHARD_STATE = ("p", "m", "v")  # per shard, what survives a step boundary
+
+
+def at_step_boundary(session: TrialSession) -> bool:
+    """Whether the trial's cursor is at the first unit of a step (no step in flight)."""
+    cursor = session.store.manifest["cursor"]
+    timetable = session.timetable
+    return cursor < len(timetable) and cursor == timetable.step_offset(timetable[cursor].step) \
+        and timetable[cursor].phase in ("F", "FB")
+
+
+def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_bytes: int | None = None,
+                cuts: Sequence[int] | None = None, token: int | None = None) -> MemoryPlan:
+    """Re-plan trial ``trial_id`` under ``budget_bytes`` (solved from its profiled layer costs) or with
+    explicit shard starts ``cuts``, re-pack its store and commit; return the new plan.
+
+    The trial must be at a step boundary (:func:`at_step_boundary`), else ``SpecError``. ``token`` fences
+    the re-pack like a unit (see ``TrialSession.run_unit``); ``StaleWriterError`` if refused. Training then
+    continues with exactly the numbers it would have had under the old plan. Raises ``BudgetError`` when a
+    layer cannot fit ``budget_bytes``.
+    """
+    root = Path(spill_dir) / trial_id
+    if token is None:
+        store = SpillStore.open(root)
+        store.remove_orphans()
+    else:
+        store = SpillStore.take(root, token)
+    session = TrialSession(store, device)
+    if not at_step_boundary(session):
+        raise SpecError(f"trial {trial_id!r} is mid-step (cursor {store.manifest['cursor']}); re-partition it "
+                        "at a step boundary")
+    old = session.plan
+    budget = old.budget_bytes if budget_bytes is None else budget_bytes
+    plan = solve(old.layers, budget) if cuts is None else plan_with_shards(old.layers, cuts, budget)
+    if session.spec.activations == "auto":
+        plan = choose_kept(plan, copy_bytes_per_s(device))
+    manifest = store.manifest
+    step = session.timetable[manifest["cursor"]].step
+    with _caller_rng_kept(device):
+        for shard in range(len(old.shards)):
+            session._load_shard(shard)  # applies a pending step (writes p, m, v); no-op otherwise
+    store.commit()  # the steps on their own: the re-pack below reads these buffers while staging the next
+    meta = manifest["shards"]
+    assert all(m["grad"] == "empty" and not m["pending"] for m in meta), "no gradient survives a step boundary"
+    (optim_steps,) = {m["optim_steps"] for m in meta}  # every shard took every step
+    layer_numel = [session.stack.layer_numel(i) for i in range(len(session.stack))]
+    old_starts = [sum(layer_numel[:shard.first]) for shard in old.shards]
+    old_buffers = {kind: {s: store.path(f"{kind}{s}") for s in range(len(old.shards))}
+                   for kind in SHARD_STATE if store.version(f"{kind}0") is not None}  # SGD: no m before step 1
+    for name in list(manifest["files"]):
+        if name != "rng":  # boundary buffers and gradients of the old shapes: none is live at a boundary
+            del manifest["files"][name]
+    for shard in plan.shards:
+        start, stop = sum(layer_numel[:shard.first]), sum(layer_numel[:shard.stop])
+        for kind, paths in old_buffers.items():
+            store.write_stream(f"{kind}{shard.index}", _slices(paths, old_starts, session.layout.numel,
+                                                                 start, stop))
+    manifest["plan"] = plan.to_dict()
+    manifest["shards"] = [{"pending": False, "grad": "empty", "optim_steps": optim_steps}
+                          for _ in plan.shards]
+    manifest["step_state"] = {"loss_sum": 0.0, "norms": {}}
+    spec = session.spec
+    timetable = Timetable(shards=len(plan.shards), steps=spec.steps, micro_batches=spec.micro_batches,
+                          eval_every=spec.eval_every, eval_batches=spec.eval_batches)
+    manifest["cursor"] = timetable.step_offset(step)
+    store.commit()
+    return plan
+
+
+def _slices(paths: dict[int, Path], starts: Sequence[int], numel: Sequence[int], start: int, stop: int
+            ) -> Iterator[torch.Tensor]:
+    """Elements ``[start, stop)`` of the whole model's vector, read from the old shards' buffers that
+    overlap it (old shard s holds elements ``[starts[s], starts[s] + numel[s])``), one piece at a time."""
+    for shard, path in paths.items():
+        low, high = max(start, starts[shard]), min(stop, starts[shard] + numel[shard])
+        if low < high:
+            yield read_file(path, torch.empty(high - low), offset=(low - starts[shard]) * FP32)
