@@ -79,7 +79,7 @@ def test_it_trains_three_trials_on_two_devices_exactly(device_workers, tokens: s
                              export_dir=str(tmp_path / "exports" / trial_id))
     records = workers.wait_for_states(trials, {"finished", "failed"}, 120)
     assert {r.state for r in records.values()} == {"finished"}, [r.message for r in records.values()]
-    assert all(len(r.plan["shards"]) >= 2 for r in records.values())
+    assert all(len(r.plan["shards"]) >= 2 for r in records.values()), [r.plan for r in records.values()]
 
     spans = [s for s in workers.entries("spans") if s["phase"] != "plan"]
     by_device = {d: [s["trial"] for s in sorted(spans, key=lambda s: s["start"]) if s["device"] == d]
