@@ -21,8 +21,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
+
+from worker.processes import stop_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 PRIVATE_REDIS_PORT = 6390
@@ -99,22 +101,6 @@ def redis_available(processes: list[subprocess.Popen[bytes]]) -> Iterator[str]:
     yield url
 
 
-def stop_all(processes: Sequence[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM each process (newest first), wait, then SIGKILL whatever is left."""
-    for process in reversed(processes):
-        if process.poll() is None:
-            with suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for process in reversed(processes):
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
 def manage(*args: str, env: dict[str, str]) -> None:
     subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], check=True, env=env, cwd=ROOT)
 
@@ -155,7 +141,7 @@ def run(host: str, port: int) -> int:
             say("stopping")
             return 0
     finally:
-        stop_all(processes)
+        stop_processes(processes, grace_s=STOP_GRACE_S)
 
 
 def test(pytest_args: Sequence[str]) -> int:
@@ -170,7 +156,7 @@ def test(pytest_args: Sequence[str]) -> int:
             say(f"pytest against {database} and Redis at {url}")
             return subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=ROOT, env=env).returncode
     finally:
-        stop_all(processes)
+        stop_processes(processes, grace_s=STOP_GRACE_S)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

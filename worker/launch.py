@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 
 from worker.devices import Device, host_devices
+from worker.processes import stop_processes
 
 STOP_GRACE_S = 20.0
 
@@ -37,19 +38,6 @@ def worker_command(device: Device, host_id: str, *, loglevel: str) -> list[str]:
 def worker_queues(device: Device, host_id: str) -> list[str]:
     """Queues a device worker consumes: its own, its host's, and the shared default one."""
     return [f"hydra.{host_id}.{device.name}", f"hydra.{host_id}", "celery"]
-
-
-def _stop(processes: Sequence[subprocess.Popen[bytes]]) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for process in processes:
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def run_all(devices: Sequence[Device], host_id: str, *, loglevel: str) -> int:
@@ -80,7 +68,7 @@ def run_all(devices: Sequence[Device], host_id: str, *, loglevel: str) -> int:
             time.sleep(0.5)
         return 0
     finally:
-        _stop(processes)
+        stop_processes(processes, grace_s=STOP_GRACE_S)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

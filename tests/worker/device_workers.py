@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ import redis
 
 from worker.devices import Device
 from worker.launch import worker_command
+from worker.processes import stop_processes
 from worker.scheduling import telemetry
 from worker.scheduling.queue import ShardQueue, TrialRecord
 
@@ -66,16 +66,7 @@ class DeviceWorkers:
         process.wait()
 
     def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for process in self.processes.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            with contextlib.suppress(ProcessLookupError):  # the pool process too, should it outlive its parent
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_processes(self.processes.values(), grace_s=STOP_GRACE_S)
         self.processes.clear()
         keys = list(self.client.scan_iter(match=f"*{self.host_id}*", count=1000))
         if keys:

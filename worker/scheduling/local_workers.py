@@ -7,9 +7,7 @@ meet a real host's. Leaving the ``with`` block stops every worker and deletes th
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import time
 import uuid
@@ -21,6 +19,7 @@ import redis
 
 from worker.devices import Device
 from worker.launch import worker_command
+from worker.processes import stop_processes
 from worker.scheduling import telemetry
 from worker.scheduling.queue import ShardQueue
 
@@ -76,16 +75,7 @@ class LocalWorkers:
 
     def stop(self) -> None:
         """Stop every worker (warm shutdown, then SIGKILL after a grace period) and delete the namespace."""
-        for process in self.processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for process in self.processes:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            with contextlib.suppress(ProcessLookupError):  # its pool process too, should it outlive it
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_processes(self.processes, grace_s=STOP_GRACE_S)
         self.processes.clear()
         keys = list(self.client.scan_iter(match=f"*{self.host_id}*", count=1000))
         if keys:
