@@ -101,4 +101,4 @@ def devstack(tmp_path: Path) -> Iterator[DevStack]:
     assert left == [], f"still running after Ctrl-C: {left}\n{stack.log()}"
 
 
-from tests.webapp.telemetry.conftest import data_dir, host_id, redis_client  # noqa: E402, F401 -- fixtures
+from tests.webapp.telemetry.conftest import data_dir, host_id  # noqa: E402, F401 -- fixtures

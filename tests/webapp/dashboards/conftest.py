@@ -1,3 +1,3 @@
 """The telemetry tests' fixtures: real Redis under a fresh host id, and a data directory per test."""
 
-from tests.webapp.telemetry.conftest import data_dir, host_id, redis_client  # noqa: F401 -- fixtures
+from tests.webapp.telemetry.conftest import data_dir, host_id  # noqa: F401 -- fixtures
