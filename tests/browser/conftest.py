@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from tests.browser.devstack import DevStack
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 
+COLLECTED_AT = time.time()  # screenshots newer than this belong to this run
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update"]
@@ -41,12 +43,25 @@ def browser() -> Iterator[object]:
         browser.close()
 
 
+def screenshots_root() -> Path:
+    root = Path(os.environ.get("HYDRA_ARTIFACTS_DIR") or Path(__file__).resolve().parents[2] / "artifacts")
+    return root / "screenshots"
+
+
 @pytest.fixture
 def screenshots_dir() -> Path:
-    root = Path(os.environ.get("HYDRA_ARTIFACTS_DIR") or Path(__file__).resolve().parents[2] / "artifacts")
-    path = root / "screenshots"
+    path = screenshots_root()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """List this run's screenshots in the log even when pytest captured the tests' own prints."""
+    shots = sorted(p for p in screenshots_root().glob("*.png") if p.stat().st_mtime >= COLLECTED_AT)
+    if shots:
+        terminalreporter.section("browser screenshots")
+        for shot in shots:
+            terminalreporter.write_line(str(shot))
 
 
 @pytest.fixture
