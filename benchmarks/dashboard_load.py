@@ -143,6 +143,9 @@ def main() -> None:
     if args.quick:
         args.trials, args.steps, args.repeat = 10, 5_000, 10
 
+    from django.conf import settings
+
+    settings.HYDRA.data_dir.mkdir(parents=True, exist_ok=True)  # a fresh checkout has no var/ yet (SQLite)
     call_command("migrate", verbosity=0)
     started = time.perf_counter()
     experiment, user = build(trials=args.trials, steps=args.steps, seed=0)
