@@ -20,22 +20,19 @@ from worker.engine.errors import BudgetError
 
 
 @dataclass(frozen=True, kw_only=True)
-class LayerCost:
-    """Measured cost of one layer for the trial's micro-batch (bytes, seconds).
+class Bytes:
+    """Bytes by category, for a layer or a whole shard.
 
-    ``param_bytes``, ``grad_bytes`` and ``optim_bytes`` are the layer's share of the training state (owned
+    ``param_bytes``, ``grad_bytes`` and ``optim_bytes`` are the share of the training state (owned
     parameters only); ``lent_bytes`` is a borrowed (tied) parameter and its gradient, held on the device
     by the borrower too. On the device a unit holds parameters, fresh gradients and the accumulated ones.
     """
 
-    name: str
     param_bytes: int
     grad_bytes: int
     optim_bytes: int
     activation_bytes: int
     lent_bytes: int = 0
-    forward_s: float = 0.0
-    time_s: float = 0.0
 
     @property
     def state_bytes(self) -> int:
@@ -47,27 +44,23 @@ class LayerCost:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ShardPlan:
+class LayerCost(Bytes):
+    """Measured cost of one layer for the trial's micro-batch (bytes, seconds)."""
+
+    name: str
+    forward_s: float = 0.0
+    time_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardPlan(Bytes):
     """Layers ``[first, stop)`` as one shard, with their bytes summed by category."""
 
     index: int
     first: int
     stop: int
     layers: tuple[str, ...]
-    param_bytes: int
-    grad_bytes: int
-    optim_bytes: int
-    activation_bytes: int
-    lent_bytes: int = 0
     keep_activations: bool = False
-
-    @property
-    def state_bytes(self) -> int:
-        return self.param_bytes + self.grad_bytes + self.optim_bytes
-
-    @property
-    def device_bytes(self) -> int:
-        return self.param_bytes + 2 * self.grad_bytes + self.lent_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
