@@ -75,7 +75,12 @@ class MemoryPlan:
     @property
     def peak_bytes(self) -> int:
         """Planned device peak: the fullest shard's unit plus the prefetch reserve."""
-        return max(s.device_bytes + s.activation_bytes for s in self.shards) + self.reserve_bytes
+        return max(self.unit_peak_bytes(s.index) for s in self.shards)
+
+    def unit_peak_bytes(self, shard: int) -> int:
+        """Planned device peak while a unit of ``shard`` runs: its state and activations plus the reserve."""
+        s = self.shards[shard]
+        return s.device_bytes + s.activation_bytes + self.reserve_bytes
 
     @property
     def state_bytes(self) -> int:

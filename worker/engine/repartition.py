@@ -1,15 +1,25 @@
-"""Re-partition a trial's spill store into other shards at a step boundary (recovery from device OOM).
+"""Re-partition a trial's spill store into other shards (recovery from a device out-of-memory).
 
 Between two optimizer steps a trial's whole state is, per layer, its fp32 parameters and optimizer state
 (gradients are empty once the pending step is applied; boundary activations and RNG snapshots belong to
 the step in flight, of which there is none). A shard's flat buffers are its layers' buffers laid end to
 end, and shards are contiguous runs of layers, so the concatenation of every shard's buffer is the same
 vector for any plan: re-packing is slicing that vector at the new shard starts, bit for bit. The trial's
-RNG stream and cursor position in training (the step) carry over; the cursor is re-indexed into the new
-timetable.
+RNG stream and position in training carry over; the cursor is re-indexed into the new timetable.
 
-Only at step boundaries: mid-step the store also holds accumulated gradients, boundary activations and
-RNG snapshots in the old shard shapes, and rolling a step back needs state from before its lazy steps.
+A trial is re-planned when a unit ran out of memory, which can be anywhere in a step. So the work of the
+segment in flight is rolled back first, to where it started:
+
+    training of step k    accumulated gradients of step k are dropped (a shard still holding step k-1's
+                          gradients has its update pending: those stay and are applied), the RNG stream goes
+                          back to ``rs`` (saved by the step's first unit), the step's running sums are reset;
+    evaluation after k    its running sum is reset (evaluation draws no random numbers);
+    final updates (S)     nothing to undo.
+
+Boundary activations, their gradients and RNG snapshots of the rolled-back segment are dropped with the
+old shapes. Replaying the segment from its start gives the numbers it would have given, because a unit's
+result depends only on the store and the store is back as it was when the segment started (up to pending
+updates, which are deterministic whether they are applied now or later).
 """
 
 from __future__ import annotations
@@ -19,14 +29,23 @@ from pathlib import Path
 
 import torch
 
-from worker.engine.errors import SpecError
+from worker.engine.errors import EngineError
 from worker.engine.partition import MemoryPlan, choose_kept, plan_with_shards, solve
 from worker.engine.profile import copy_bytes_per_s
-from worker.engine.schedule import Timetable
+from worker.engine.schedule import Timetable, UnitSpec
 from worker.engine.session import FP32, TrialSession, _caller_rng_kept
 from worker.engine.spill_store import SpillStore, read_file
 
 SHARD_STATE = ("p", "m", "v")  # per shard, what survives a step boundary
+
+
+def segment_start(timetable: Timetable, unit: UnitSpec) -> int:
+    """The index of the first unit of ``unit``'s segment: its step's training, that step's evaluation,
+    or the final updates."""
+    if unit.phase == "S":
+        return timetable.step_offset(timetable.steps)
+    start = timetable.step_offset(unit.step)
+    return start + timetable.train_units_per_step if unit.phase == "E" else start
 
 
 def at_step_boundary(session: TrialSession) -> bool:
@@ -40,12 +59,13 @@ def at_step_boundary(session: TrialSession) -> bool:
 def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_bytes: int | None = None,
                 cuts: Sequence[int] | None = None, token: int | None = None) -> MemoryPlan:
     """Re-plan trial ``trial_id`` under ``budget_bytes`` (solved from its profiled layer costs) or with
-    explicit shard starts ``cuts``, re-pack its store and commit; return the new plan.
+    explicit shard starts ``cuts``, roll back the segment in flight, re-pack its store and commit; return
+    the new plan.
 
-    The trial must be at a step boundary (:func:`at_step_boundary`), else ``SpecError``. ``token`` fences
-    the re-pack like a unit (see ``TrialSession.run_unit``); ``StaleWriterError`` if refused. Training then
-    continues with exactly the numbers it would have had under the old plan. Raises ``BudgetError`` when a
-    layer cannot fit ``budget_bytes``.
+    ``token`` fences the re-pack like a unit (see ``TrialSession.run_unit``); ``StaleWriterError`` if
+    refused. Training then continues with exactly the numbers it would have had under the old plan. Raises
+    ``BudgetError`` (before changing anything) when a layer cannot fit ``budget_bytes``, ``EngineError``
+    when the trial is finished.
     """
     root = Path(spill_dir) / trial_id
     if token is None:
@@ -54,29 +74,30 @@ def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_
     else:
         store = SpillStore.take(root, token)
     session = TrialSession(store, device)
-    if not at_step_boundary(session):
-        raise SpecError(f"trial {trial_id!r} is mid-step (cursor {store.manifest['cursor']}); re-partition it "
-                        "at a step boundary")
+    manifest = store.manifest
+    cursor = manifest["cursor"]
+    if cursor >= len(session.timetable):
+        raise EngineError(f"trial {trial_id!r} is finished: nothing to re-plan")
     old = session.plan
     budget = old.budget_bytes if budget_bytes is None else budget_bytes
     plan = solve(old.layers, budget) if cuts is None else plan_with_shards(old.layers, cuts, budget)
     if session.spec.activations == "auto":
         plan = choose_kept(plan, copy_bytes_per_s(device))
-    manifest = store.manifest
-    step = session.timetable[manifest["cursor"]].step
+    unit = session.timetable[cursor]
+    _roll_back(session, unit)
     with _caller_rng_kept(device):
         for shard in range(len(old.shards)):
             session._load_shard(shard)  # applies a pending step (writes p, m, v); no-op otherwise
-    store.commit()  # the steps on their own: the re-pack below reads these buffers while staging the next
+    store.commit()  # the rollback and steps on their own: the re-pack below reads these buffers
     meta = manifest["shards"]
-    assert all(m["grad"] == "empty" and not m["pending"] for m in meta), "no gradient survives a step boundary"
+    assert all(m["grad"] == "empty" and not m["pending"] for m in meta), "no gradient survives a rollback"
     (optim_steps,) = {m["optim_steps"] for m in meta}  # every shard took every step
     layer_numel = [session.stack.layer_numel(i) for i in range(len(session.stack))]
     old_starts = [sum(layer_numel[:shard.first]) for shard in old.shards]
     old_buffers = {kind: {s: store.path(f"{kind}{s}") for s in range(len(old.shards))}
                    for kind in SHARD_STATE if store.version(f"{kind}0") is not None}  # SGD: no m before step 1
     for name in list(manifest["files"]):
-        if name != "rng":  # boundary buffers and gradients of the old shapes: none is live at a boundary
+        if name != "rng":  # boundary buffers and gradients of the old shapes: none is live after a rollback
             del manifest["files"][name]
     for shard in plan.shards:
         start, stop = sum(layer_numel[:shard.first]), sum(layer_numel[:shard.stop])
@@ -84,15 +105,31 @@ def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_
             store.write_stream(f"{kind}{shard.index}", _slices(paths, old_starts, session.layout.numel,
                                                                  start, stop))
     manifest["plan"] = plan.to_dict()
+    manifest["replans"] = manifest.get("replans", 0) + 1
     manifest["shards"] = [{"pending": False, "grad": "empty", "optim_steps": optim_steps}
                           for _ in plan.shards]
-    manifest["step_state"] = {"loss_sum": 0.0, "norms": {}}
     spec = session.spec
     timetable = Timetable(shards=len(plan.shards), steps=spec.steps, micro_batches=spec.micro_batches,
                           eval_every=spec.eval_every, eval_batches=spec.eval_batches)
-    manifest["cursor"] = timetable.step_offset(step)
+    manifest["cursor"] = segment_start(timetable, unit)
     store.commit()
     return plan
+
+
+def _roll_back(session: TrialSession, unit: UnitSpec) -> None:
+    """Undo, in the store's working copy, the units of ``unit``'s segment that already ran (see module doc)."""
+    manifest, store = session.store.manifest, session.store
+    started = manifest["cursor"] > segment_start(session.timetable, unit)
+    if unit.phase in ("F", "FB", "B"):
+        for meta in manifest["shards"]:
+            if not meta["pending"]:  # its gradient, if any, is this step's partial one
+                meta["grad"] = "empty"
+        manifest["step_state"] = {"loss_sum": 0.0, "norms": {}}
+        if started:
+            rng = store.read_new("rs", sum(session._rng_numel), torch.uint8)
+            store.write("rng", rng)
+    elif unit.phase == "E":
+        manifest["eval_state"] = {"loss_sum": 0.0}
 
 
 def _slices(paths: dict[int, Path], starts: Sequence[int], numel: Sequence[int], start: int, stop: int

@@ -14,6 +14,7 @@ Spill buffer names (per trial directory)::
     a{m}.{s} d{m}.{s} output of shard s for micro-batch m, and the loss gradient w.r.t. it
     r{m}.{s}         RNG state before shard s ran forward on micro-batch m (replayed by the recompute)
     rng              the trial's RNG stream (dropout of plain training, unit after unit)
+    rs               the RNG stream as the current step started (to roll the step back, see repartition)
     e{s}             output of shard s for the current evaluation batch
 """
 
@@ -260,19 +261,38 @@ class TrialSession:
         manifest = store.manifest
         self.trial_id: str = manifest["trial_id"]
         self.spec = TrialSpec.from_dict(manifest["spec"])
-        self.plan = MemoryPlan.from_dict(manifest["plan"])
         self.stack = build_layer_stack(self.spec.model)
-        self.layout = _Layout(self.stack, self.plan)
         self.data = TokenBlocks(self.spec.data, vocab_size=self.stack.config.vocab_size)
+        self._rng_numel = [state.numel() for state in _rng_state(device)]
+        self._kept: dict[tuple[int, int, int], _Kept] = {}  # (step, micro-batch, shard) -> graph
+        # Fault injection for tests of out-of-memory recovery on machines without a GPU: a unit whose
+        # shard's planned peak (MemoryPlan.unit_peak_bytes) exceeds this raises torch.OutOfMemoryError
+        # just before its commit, as a GPU with that much memory would have. None (always, in production)
+        # turns it off.
+        self.fault_oom_above_bytes: int | None = None
+        self._adopt_plan()
+
+    def _adopt_plan(self) -> None:
+        """Derive everything that depends on the store's plan; again after the trial was re-planned."""
+        manifest = self.store.manifest
+        self.replans: int = manifest.get("replans", 0)
+        self.plan = MemoryPlan.from_dict(manifest["plan"])
+        self.layout = _Layout(self.stack, self.plan)
         self.timetable = Timetable(
             shards=len(self.plan.shards), steps=self.spec.steps, micro_batches=self.spec.micro_batches,
             eval_every=self.spec.eval_every, eval_batches=self.spec.eval_batches,
         )
-        self._rng_numel = [state.numel() for state in _rng_state(device)]
         self._prefetcher = _Prefetcher()
-        self._arena = (_HostArena(max(*self.layout.numel, STEP_CHUNK) * FP32, device)
-                       if device.type == "cuda" else None)
-        self._kept: dict[tuple[int, int, int], _Kept] = {}  # (step, micro-batch, shard) -> graph
+        self._arena = (_HostArena(max(*self.layout.numel, STEP_CHUNK) * FP32, self.device)
+                       if self.device.type == "cuda" else None)
+        self._kept.clear()
+
+    def reopen(self, store: SpillStore) -> None:
+        """Continue from ``store``, a newer view of this trial's directory (another process may have run
+        units or re-planned the trial since this session last looked)."""
+        self.store = store
+        if store.manifest.get("replans", 0) != self.replans:
+            self._adopt_plan()
 
     @classmethod
     def open(cls, *, spill_dir: Path, trial_id: str, device: torch.device) -> TrialSession:
@@ -295,7 +315,7 @@ class TrialSession:
         """Pick up commits made by other processes since this session last looked (SHARP moves trials)."""
         on_disk = SpillStore.open(self.store.root)
         if on_disk.manifest["version"] != self.store.manifest["version"]:
-            self.store = on_disk
+            self.reopen(on_disk)
 
     def prefetch(self, unit: UnitSpec) -> None:
         """Start reading ``unit``'s shard state (parameters, and accumulated gradients when the unit adds
@@ -338,7 +358,7 @@ class TrialSession:
         the last commit, so it stays usable; the unit re-runs.
         """
         if token is not None:
-            self.store = SpillStore.take(self.store.root, token)  # also removes orphans, under the lock
+            self.reopen(SpillStore.take(self.store.root, token))  # also removes orphans, under the lock
         unit = self.next_unit()
         if unit is None:
             raise EngineError(f"trial {self.trial_id} is finished: no unit left to run")
@@ -355,11 +375,16 @@ class TrialSession:
         try:
             with _caller_rng_kept(self.device):
                 metrics = run(unit)
+            limit = self.fault_oom_above_bytes
+            if limit is not None and self.plan.unit_peak_bytes(unit.shard) > limit:
+                raise torch.OutOfMemoryError(
+                    f"fault injection: shard {unit.shard} plans a peak of {self.plan.unit_peak_bytes(unit.shard)} "
+                    f"bytes, over the injected device memory of {limit} bytes")
             self.store.manifest["cursor"] = unit.index + 1
             self.store.commit()
             self._prefetcher.retain(self.store.manifest["files"])
         except BaseException:
-            self.store = SpillStore.open(self.store.root)
+            self.reopen(SpillStore.open(self.store.root))
             self._kept.clear()
             raise
         finally:
@@ -407,6 +432,7 @@ class TrialSession:
         params = self._load_shard(unit.shard)
         x = self._shard_input(unit)
         self._set_rng("rng")
+        self._note_step_start(unit)
         self.store.write(f"r{unit.micro_batch}.{unit.shard}", *_rng_state(self.device))
         if self.plan.shards[unit.shard].keep_activations and not self.layout.lent[unit.shard]:
             out = self._forward_kept(unit, params, x)
@@ -451,6 +477,7 @@ class TrialSession:
         params = self._load_shard(unit.shard)
         x = self._shard_input(unit)
         self._set_rng("rng")
+        self._note_step_start(unit)
         loss, owned, lent = self._run_shard(unit.shard, params, x, self._labels(unit), train=True)
         (loss / self.spec.micro_batches).backward()
         self.store.write("rng", *_rng_state(self.device))
@@ -524,6 +551,11 @@ class TrialSession:
 
     def _read_boundary(self, name: str, shape: Sequence[int]) -> torch.Tensor:
         return self.store.read_new(name, math.prod(shape), torch.float32).view(*shape).to(self.device)
+
+    def _note_step_start(self, unit: UnitSpec) -> None:
+        """Keep the RNG state a step starts from (``rs``): rolling the step back restores it."""
+        if unit.micro_batch == 0 and unit.shard == 0:
+            self.store.write("rs", *_rng_state(self.device))
 
     def _set_rng(self, name: str) -> None:
         raw = self.store.read_new(name, sum(self._rng_numel), torch.uint8)
