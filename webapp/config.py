@@ -42,6 +42,7 @@ class Config:
     host_id: str
     max_upload_bytes: int
     csrf_trusted_origins: list[str]
+    fault_oom_above_bytes: int | None = None
 
 
 def envbool(environ: Mapping[str, str], name: str, default: bool) -> bool:
@@ -177,4 +178,7 @@ def load(environ: Mapping[str, str]) -> Config:
         host_id=host_id,
         max_upload_bytes=envint(environ, "HYDRA_MAX_UPLOAD_MB", 50, minimum=1) * 1024 * 1024,
         csrf_trusted_origins=envlist(environ, "CSRF_TRUSTED_ORIGINS", []),
+        # Fault injection for testing out-of-memory recovery without a GPU (see TrialSession); unset in use.
+        fault_oom_above_bytes=(envint(environ, "HYDRA_FAULT_OOM_ABOVE_BYTES", 0, minimum=1)
+                               if environ.get("HYDRA_FAULT_OOM_ABOVE_BYTES", "").strip() else None),
     )

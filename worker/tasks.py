@@ -57,7 +57,8 @@ def device_loop(epoch: str) -> None:
     queue = host_queue()
     settings.HYDRA.spill_dir.mkdir(parents=True, exist_ok=True)
     runners = {
-        "engine": EngineRunner(spill_dir=settings.HYDRA.spill_dir, device=torch_device(kind)),
+        "engine": EngineRunner(spill_dir=settings.HYDRA.spill_dir, device=torch_device(kind),
+                               fault_oom_above_bytes=settings.HYDRA.fault_oom_above_bytes),
         "synthetic": SyntheticRunner(),
     }
     name = f"{kind}{index}"

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 
@@ -30,11 +31,13 @@ def shard_queue(redis_client: redis.Redis, host_id: str) -> ShardQueue:
 
 @pytest.fixture
 def device_workers(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., DeviceWorkers]]:
-    """Start real Celery device workers: ``device_workers("cpu0", "cpu1", lease_s=2.0)``; stopped after."""
+    """Start real Celery device workers: ``device_workers("cpu0", "cpu1", lease_s=2.0)``; stopped after.
+    ``env`` adds variables to the workers' environment."""
     started: list[DeviceWorkers] = []
 
-    def start(*names: str, lease_s: float = 10.0) -> DeviceWorkers:
-        workers = DeviceWorkers(redis_url=redis_url, root=tmp_path / f"workers{len(started)}", lease_s=lease_s)
+    def start(*names: str, lease_s: float = 10.0, env: dict[str, str] | None = None) -> DeviceWorkers:
+        workers = DeviceWorkers(redis_url=redis_url, root=tmp_path / f"workers{len(started)}", lease_s=lease_s,
+                                env=env or {})
         (workers.root).mkdir()
         started.append(workers)
         workers.start(*names)
@@ -43,3 +46,11 @@ def device_workers(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Dev
     yield start
     for workers in started:
         workers.stop()
+
+
+@pytest.fixture
+def tokens(tmp_path: Path) -> str:
+    """A token file of 16,384 random ids below 64, for tiny engine trials."""
+    path = tmp_path / "tokens.npy"
+    np.save(path, np.random.default_rng(0).integers(0, 64, 16384).astype(np.int32))
+    return str(path)

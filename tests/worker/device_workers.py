@@ -24,8 +24,9 @@ STOP_GRACE_S = 15.0
 class DeviceWorkers:
     """CPU device workers of one throw-away host namespace, one thread each, logs under `root`."""
 
-    def __init__(self, *, redis_url: str, root: Path, lease_s: float) -> None:
+    def __init__(self, *, redis_url: str, root: Path, lease_s: float, env: dict[str, str] | None = None) -> None:
         self.redis_url = redis_url
+        self.env = env or {}
         self.root = root
         self.host_id = f"test-{uuid.uuid4().hex[:10]}"
         self.client = redis.Redis.from_url(redis_url, decode_responses=True)
@@ -42,7 +43,7 @@ class DeviceWorkers:
                 **os.environ, **device.worker_env(),
                 "DJANGO_SETTINGS_MODULE": "webapp.settings", "DEBUG": "1", "REDIS_URL": self.redis_url,
                 "HYDRA_HOST_ID": self.host_id, "HYDRA_SPILL_DIR": str(self.spill_dir),
-                "HYDRA_DATA_DIR": str(self.root / "data"),
+                "HYDRA_DATA_DIR": str(self.root / "data"), **self.env,
             }
             log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 -- the worker writes it until stopped
             self.processes[name] = subprocess.Popen(

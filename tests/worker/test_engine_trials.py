@@ -6,7 +6,6 @@ import itertools
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -17,13 +16,6 @@ from worker.engine.session import TrialSession, trial_create
 from worker.scheduling.queue import ShardQueue
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def tokens(tmp_path: Path) -> str:
-    path = tmp_path / "tokens.npy"
-    np.save(path, np.random.default_rng(0).integers(0, 64, 16384).astype(np.int32))
-    return str(path)
 
 
 def tiny_trial(tokens: str, *, seed: int, lr: float, steps: int = 3, width: int = 16,

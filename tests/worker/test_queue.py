@@ -231,6 +231,26 @@ def test_it_publishes_a_requeue_after_a_lost_lease(shard_queue: ShardQueue) -> N
     ]
 
 
+def test_it_swaps_the_plan_of_a_replanned_trial_and_makes_it_runnable(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1", units=6, unit_s=1.0)
+    shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=5, unit_s=1.0)
+    lease = shard_queue.claim("t1", "cpu1")
+    assert shard_queue.replan(lease, remaining_units=9, unit_s=0.5, plan={"shards": 3},
+                              message="re-planned after out-of-memory") == "runnable"
+    record = shard_queue.trial("t1")
+    assert (record.state, record.plan, record.remaining_s, record.units_done, record.replans) == (
+        "runnable", {"shards": 3}, 4.5, 1, 1)
+    assert survey(shard_queue).candidates == [Candidate("t1", 4.5, "cpu1")]
+    assert events(shard_queue)[-1] == ("runnable", "re-planned after out-of-memory")
+    with pytest.raises(LeaseLost):  # its lease ended with the re-plan
+        shard_queue.complete(lease, remaining_units=8, unit_s=0.5)
+
+    lease = shard_queue.claim("t1", "cpu0")
+    shard_queue.pause("t1")
+    assert shard_queue.replan(lease, remaining_units=12, unit_s=0.5, plan={"shards": 4}, message="again") == "paused"
+    assert shard_queue.trial("t1").replans == 2
+
+
 def test_it_keeps_every_key_under_the_host_namespace(
     shard_queue: ShardQueue, redis_client: redis.Redis, host_id: str
 ) -> None:

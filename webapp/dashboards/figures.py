@@ -25,7 +25,8 @@ X_TITLES = {"step": "optimizer step", "tokens": "training tokens", "time": "wall
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
 PHASE_NAMES = {"F": "forward", "FB": "forward+backward (last shard)", "B": "backward", "E": "evaluation",
-               "S": "optimizer step", "plan": "planning"}
+               "S": "optimizer step", "plan": "planning",
+               "replan": "re-planning after out-of-memory"}
 BYTE_CATEGORIES = (("param_bytes", "parameters"), ("grad_bytes", "gradients"), ("optim_bytes", "optimizer state"),
                    ("activation_bytes", "activations"))
 MAX_EXP = 50.0  # exp(50) overflows nothing, and a loss that high is divergence, not a perplexity worth drawing

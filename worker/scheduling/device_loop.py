@@ -9,6 +9,9 @@ While a unit runs, the loop already knows which trial it will most likely take n
 the survey, with the current trial's remaining time reduced by one unit) and hands that guess to the
 runner, which loads that unit's shard in the background, even when it belongs to another trial.
 
+A unit that ran out of device memory comes back as `Replanned` instead: the trial takes its new, smaller
+plan and returns to the queue, and a "replan" span marks the time it cost on the device's timeline.
+
 A unit that raises fails its trial (the message goes to the UI) and the loop goes on with the others. A
 unit whose trial refuses it because its lease was lost (the worker was slow, and a newer lease holder took
 the trial) is dropped: nothing was committed, and the trial is the newer holder's.
@@ -28,7 +31,7 @@ from typing import Any
 from worker.scheduling import telemetry
 from worker.scheduling.policy import Candidate, pick, remaining_seconds, unit_time_estimate
 from worker.scheduling.queue import Lease, LeaseLost, PlanJob, ShardQueue, Survey
-from worker.scheduling.runner import TrialRunner, UnitDone
+from worker.scheduling.runner import Replanned, TrialRunner, UnitDone
 from worker.scheduling.telemetry import Span
 
 log = logging.getLogger(__name__)
@@ -188,7 +191,7 @@ class DeviceLoop:
                 runner = self._runner(lease.spec)
                 done = runner.run_unit(trial_id=lease.trial_id, spec=lease.spec, units_done=lease.units_done,
                                        next_trial=next_trial, token=int(lease.token))
-                if done.remaining_units == 0:
+                if isinstance(done, UnitDone) and done.remaining_units == 0:
                     runner.export(trial_id=lease.trial_id, spec=lease.spec, export_dir=lease.export_dir)
         except LeaseLost as error:  # a newer lease holder owns the trial: drop this unit, fail nothing
             log.warning("unit dropped: %s", error)
@@ -197,7 +200,23 @@ class DeviceLoop:
             self._fail(lease.trial_id, lease.token, f"unit {lease.units_done}", error)
             return
         end = time.time()
-        self._record(lease, done, start, end)
+        if isinstance(done, Replanned):
+            self._replanned(lease, done, start, end)
+        else:
+            self._record(lease, done, start, end)
+
+    def _replanned(self, lease: Lease, replanned: Replanned, start: float, end: float) -> None:
+        span = Span(trial=lease.trial_id, device=self.device, unit=-1, step=-1, micro_batch=0, phase="replan",
+                    shard=-1, start=start, end=end, bytes_moved=0, peak_bytes=0, pid=self.pid)
+        try:
+            state = self.queue.replan(
+                lease, remaining_units=replanned.remaining_units, unit_s=replanned.unit_s, plan=replanned.plan,
+                message=replanned.message, also=lambda pipe: telemetry.add(pipe, self.queue.host_id, "spans", span),
+            )
+        except LeaseLost as error:
+            log.warning("%s", error)
+            return
+        log.warning("trial %s on %s: %s; now %s", lease.trial_id, self.device, replanned.message, state)
 
     def _record(self, lease: Lease, done: UnitDone, start: float, end: float) -> None:
         """Complete the unit and write its telemetry in one round trip."""

@@ -5,10 +5,17 @@ spill store; a session adds only structures derived from the trial's spec and pl
 data), which cost tens of milliseconds to build, as much as a small unit. So the sessions of recent
 trials are kept, and each unit gives its session the store freshly opened from disk, which another device
 may have advanced since (the engine's own recovery after a failed unit does the same).
+
+A unit that runs out of device memory re-plans its trial: the partitioner's estimates can be low (the
+paper's are known to be), and fragmentation or another process can take memory the plan counted on. The
+trial is re-partitioned under ``REPLAN_FACTOR`` of its budget (`worker.engine.repartition`: the step in
+flight is rolled back, so the numbers stay those of plain training) and goes back to the queue with its new
+plan. When even a single layer cannot fit the smaller budget, the trial fails with both reasons.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import shutil
@@ -21,17 +28,19 @@ from typing import Any
 import torch
 
 from worker.engine.config import TrialSpec
-from worker.engine.errors import StaleWriterError
+from worker.engine.errors import BudgetError, StaleWriterError
 from worker.engine.partition import MemoryPlan
+from worker.engine.repartition import repartition
 from worker.engine.session import TrialSession, UnitResult, trial_create
 from worker.engine.spill_store import MANIFEST, SpillStore
 from worker.scheduling.queue import LeaseLost
-from worker.scheduling.runner import Planned, UnitDone, WorkloadError
+from worker.scheduling.runner import Planned, Replanned, UnitDone, WorkloadError
 from worker.scheduling.telemetry import EvalMetrics, StepMetrics
 
 log = logging.getLogger(__name__)
 
 SESSION_CACHE = 8
+REPLAN_FACTOR = 0.75  # a trial that ran out of memory is re-planned under this share of its budget
 
 
 def engine_spec(trial: TrialSpec) -> dict[str, Any]:
@@ -47,9 +56,11 @@ def torch_device(kind: str) -> torch.device:
 class EngineRunner:
     """Engine trials under `spill_dir` on `device` (this process's only device)."""
 
-    def __init__(self, *, spill_dir: Path, device: torch.device) -> None:
+    def __init__(self, *, spill_dir: Path, device: torch.device, fault_oom_above_bytes: int | None = None) -> None:
+        """`fault_oom_above_bytes` is fault injection for tests (see `TrialSession.fault_oom_above_bytes`)."""
         self.spill_dir = spill_dir
         self.device = device
+        self.fault_oom_above_bytes = fault_oom_above_bytes
         self._sessions: OrderedDict[str, TrialSession] = OrderedDict()
 
     def plan(self, *, trial_id: str, spec: Mapping[str, Any]) -> Planned:
@@ -62,7 +73,7 @@ class EngineRunner:
                        plan=plan.to_dict())
 
     def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int, next_trial: str | None,
-                 token: int) -> UnitDone:
+                 token: int) -> UnitDone | Replanned:
         """Run the trial's next unit, fenced by `token` (see `TrialRunner.run_unit`)."""
         session = self._open(trial_id)
         if session.next_unit() is None:
@@ -77,7 +88,31 @@ class EngineRunner:
             result = session.run_unit(token=token)
         except StaleWriterError as error:
             raise LeaseLost(f"trial {trial_id!r}: {error}") from error
-        return unit_done(trial_id, result, session.remaining_units())
+        except torch.OutOfMemoryError as error:
+            reason = str(error).split("\n")[0]  # CUDA's message goes on about allocator settings
+        else:
+            return unit_done(trial_id, result, session.remaining_units())
+        # Outside the except block: its traceback holds the failed unit's frames and their device tensors.
+        return self._replan(trial_id, reason, token)
+
+    def _replan(self, trial_id: str, reason: str, token: int) -> Replanned:
+        old = self._sessions.pop(trial_id).plan  # the session's caches belong to the old plan
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        budget = int(old.budget_bytes * REPLAN_FACTOR)
+        log.warning("trial %s ran out of memory (%s); re-planning under %d bytes", trial_id, reason, budget)
+        try:
+            plan = repartition(spill_dir=self.spill_dir, trial_id=trial_id, device=self.device,
+                               budget_bytes=budget, token=token)
+        except StaleWriterError as error:
+            raise LeaseLost(f"trial {trial_id!r}: {error}") from error
+        except BudgetError as error:
+            raise WorkloadError(f"out of device memory ({reason}), and no smaller plan exists: {error}") from None
+        message = (f"re-planned after out-of-memory: {len(old.shards)} -> {len(plan.shards)} shards, budget "
+                   f"{old.budget_bytes / 2**20:.1f} -> {budget / 2**20:.1f} MiB ({reason})")
+        return Replanned(remaining_units=self._open(trial_id).remaining_units(), unit_s=first_unit_estimate(plan),
+                         plan=plan.to_dict(), message=message)
 
     def export(self, *, trial_id: str, spec: Mapping[str, Any], export_dir: str) -> None:
         """Export the model directory, then delete the trial's spill store (host RAM on /dev/shm)."""
@@ -90,8 +125,9 @@ class EngineRunner:
         session = self._sessions.pop(trial_id, None)
         if session is None:
             session = TrialSession(store, self.device)
+            session.fault_oom_above_bytes = self.fault_oom_above_bytes
         else:
-            session.store = store
+            session.reopen(store)
         self._sessions[trial_id] = session
         while len(self._sessions) > SESSION_CACHE:
             self._sessions.popitem(last=False)
@@ -109,7 +145,7 @@ class EngineRunner:
             return
         root = self.spill_dir / trial_id
         try:
-            session.store = SpillStore(root, json.loads((root / MANIFEST).read_text()))
+            session.reopen(SpillStore(root, json.loads((root / MANIFEST).read_text())))
             unit = session.next_unit()
             if unit is not None:
                 session.prefetch(unit)

@@ -5,8 +5,8 @@ store lives on one host and only that host's devices take its units. Everything 
 
     hydra:<host>:trials          ZSET   trial id -> submit time (s)             every trial of the host
     hydra:<host>:trial:<id>      HASH   state, spec, export_dir, control, lease, device, last_device,
-                                        remaining_units, unit_s, units_done, requeues, message, plan,
-                                        submitted, updated
+                                        remaining_units, unit_s, units_done, requeues, replans, message,
+                                        plan, submitted, updated
     hydra:<host>:planning        LIST   trial ids waiting to be planned (LPUSH in, RPOP out: FIFO)
     hydra:<host>:runnable        ZSET   trial id -> remaining seconds          what Sharded-LRTF picks from
     hydra:<host>:leases          ZSET   trial id -> lease expiry (ms)          planning or running trials
@@ -212,6 +212,17 @@ end
 return after_unit(id, redis.call('HGET', tkey(id), 'active') == '1')
 """
 
+# A unit ran out of device memory and the trial was re-planned with smaller shards: the unit did not complete
+# (units_done stays), its trial takes the new plan and unit count and goes back to the runnable set, with an
+# event saying why.
+_REPLAN = """
+local id, token = ARGV[2], ARGV[3]
+if release(id, token) == 'lost' then return 'lost' end
+redis.call('HSET', tkey(id), 'remaining_units', ARGV[4], 'unit_s', ARGV[5], 'plan', ARGV[6], 'last_device', ARGV[7])
+redis.call('HINCRBY', tkey(id), 'replans', 1)
+return after_unit(id, false, ARGV[8])
+"""
+
 _FAIL = """
 local id, token = ARGV[2], ARGV[3]
 if release(id, token) == 'lost' then return 'lost' end
@@ -321,6 +332,7 @@ class TrialRecord:
     remaining_s: float | None
     units_done: int
     requeues: int
+    replans: int
     submitted: float
     updated: float
     export_dir: str
@@ -348,6 +360,7 @@ class ShardQueue:
                 "claim": _CLAIM,
                 "renew": _RENEW,
                 "complete": _COMPLETE,
+                "replan": _REPLAN,
                 "fail": _FAIL,
                 "pause": _PAUSE,
                 "resume": _RESUME,
@@ -508,6 +521,19 @@ class ShardQueue:
         )
         return self._check_lease(outcome, lease.trial_id)
 
+    def replan(
+        self, lease: Lease, *, remaining_units: int, unit_s: float, plan: Mapping[str, Any], message: str,
+        also: Callable[[redis.client.Pipeline], None] | None = None,
+    ) -> str:
+        """End a unit that did not complete because its trial was re-planned (out of device memory): the
+        trial takes `plan` and its new unit count and becomes runnable again (or paused/cancelled if asked),
+        with `message` on its event. Raises LeaseLost."""
+        outcome: str = self._run_with(
+            also, "replan", lease.trial_id, lease.token, remaining_units, repr(unit_s), json.dumps(dict(plan)),
+            lease.device, message,
+        )
+        return self._check_lease(outcome, lease.trial_id)
+
     def fail(self, trial_id: str, token: str, message: str) -> str:
         """Fail a trial whose unit (or planning) raised, keeping `message` for the UI."""
         return self._check_lease(self._run("fail", trial_id, token, message), trial_id)
@@ -558,6 +584,7 @@ def _record(trial_id: str, fields: Mapping[str, str]) -> TrialRecord:
         ),
         units_done=int(fields.get("units_done", 0)),
         requeues=int(fields.get("requeues", 0)),
+        replans=int(fields.get("replans", 0)),
         submitted=float(fields.get("submitted", 0)),
         updated=float(fields.get("updated", 0)),
         export_dir=fields.get("export_dir", ""),

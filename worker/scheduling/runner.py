@@ -43,6 +43,17 @@ class UnitDone:
     evals: list[EvalMetrics] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Replanned:
+    """A unit ran out of device memory and the trial was re-planned instead: its new plan, units left and
+    first unit-time estimate, and `message` saying what happened (for the trial's event and the UI)."""
+
+    remaining_units: int
+    unit_s: float
+    plan: dict[str, Any]
+    message: str
+
+
 class TrialRunner(Protocol):
     def plan(self, *, trial_id: str, spec: Mapping[str, Any]) -> Planned:
         """Profile and partition the trial on this device, and set up its state. Idempotent: a planning
@@ -50,8 +61,9 @@ class TrialRunner(Protocol):
         ...
 
     def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int, next_trial: str | None,
-                 token: int) -> UnitDone:
-        """Run the trial's next unit (`units_done` units ran before, by any device) and commit it.
+                 token: int) -> UnitDone | Replanned:
+        """Run the trial's next unit (`units_done` units ran before, by any device) and commit it; or, if it
+        ran out of device memory, re-plan the trial with smaller shards and return `Replanned`.
 
         `token` is the lease's fencing token (larger is newer). Raises `LeaseLost` when the trial's state
         refuses this writer because a newer lease holder took it: nothing was committed, drop the unit.
