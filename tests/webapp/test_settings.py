@@ -42,6 +42,8 @@ def test_it_starts_with_no_environment_in_debug():
         ({**DEV, "HYDRA_MAX_UPLOAD_MB": "lots"}, "HYDRA_MAX_UPLOAD_MB"),
         ({**DEV, "HYDRA_MAX_UPLOAD_MB": "0"}, "HYDRA_MAX_UPLOAD_MB"),
         ({**DEV, "HYDRA_HOST_ID": "bad host/name"}, "HYDRA_HOST_ID"),
+        ({**DEV, "HYDRA_FAULT_OOM_ABOVE_BYTES": "1GB"}, "HYDRA_FAULT_OOM_ABOVE_BYTES"),
+        ({**DEV, "HYDRA_FAULT_OOM_ABOVE_BYTES": "0"}, "HYDRA_FAULT_OOM_ABOVE_BYTES"),
     ],
 )
 def test_it_names_the_bad_variable(environ, named):
@@ -59,6 +61,7 @@ def test_it_reads_good_values():
             "HYDRA_SPILL_DIR": "/mnt/nvme/hydra",
             "HYDRA_DEVICES": "cuda:0,1",
             "HYDRA_MAX_UPLOAD_MB": "5",
+            "HYDRA_FAULT_OOM_ABOVE_BYTES": "400000",
         }
     )
     assert config.debug is False
@@ -67,6 +70,8 @@ def test_it_reads_good_values():
     assert config.spill_dir == Path("/mnt/nvme/hydra")
     assert config.devices == "cuda:0,1"
     assert config.max_upload_bytes == 5 * 1024 * 1024
+    assert config.fault_oom_above_bytes == 400_000
+    assert load(DEV).fault_oom_above_bytes is None  # off unless asked for
 
 
 def test_it_stops_manage_py_with_the_message():
