@@ -1,8 +1,10 @@
-"""On a CUDA device: fp32 exactness against plain PyTorch on the same device, bf16 tracking fp32, and the
-device memory of every unit within the budget. Skipped without a GPU."""
+"""On a CUDA device: fp32 exactness against plain PyTorch on the same device, bf16 tracking fp32, the
+device memory of every unit within the budget, and the transfer layer's copy stream and staging buffers.
+Skipped without a GPU."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,13 +13,16 @@ from transformers import GPT2LMHeadModel
 
 from tests.engine.conftest import CPU, run_all, tiny_spec
 from tests.engine.test_exactness import OPTIMIZERS, PLANS, plain_training
+from tests.engine.test_transfer import write_floats
 from worker.engine import ModelSpec, TrialSession, trial_create
+from worker.engine.transfer import Transfers
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 CUDA = torch.device("cuda")
+SLEEP_CYCLES = 2_000_000_000  # about a second of GPU clock: torch.cuda._sleep keeps a stream busy that long
 
 
 def test_it_trains_exactly_like_plain_pytorch_on_cuda(tokens_path: Path, tmp_path: Path) -> None:
@@ -57,3 +62,39 @@ def test_every_unit_stays_within_the_device_budget(tokens_path: Path, tmp_path: 
     session = TrialSession.open(spill_dir=tmp_path, trial_id="t", device=CUDA)
     peaks = [r.peak_device_bytes for r in run_all(session)]
     assert all(peak is not None and peak - baseline <= spec.budget_bytes for peak in peaks), max(peaks)
+
+
+def test_a_prefetch_is_copied_on_the_copy_stream_and_awaited_on_the_device(tmp_path: Path) -> None:
+    values = torch.randn(1000)
+    transfers = Transfers(CUDA, max_numel=1000)
+    copy, compute = transfers.copy_stream, torch.cuda.current_stream()
+    assert copy is not None and copy != compute
+    with torch.cuda.stream(copy):
+        torch.empty(1000, device=CUDA)  # cache a block for the prefetch, so no cudaMalloc runs during the sleep
+        torch.cuda._sleep(SLEEP_CYCLES)  # the prefetch's copy queues behind this
+    transfers.start(("p0", 1), write_floats(tmp_path / "p0@1.bin", values), 1000)
+    taken = transfers.take(("p0", 1))
+    time.sleep(0.1)  # a copy on the compute stream would be over by now
+    assert taken is not None
+    assert not copy.query(), "take waited on the host for the copy"
+    assert not compute.query(), "the compute stream does not wait for the copy"
+    torch.testing.assert_close(taken.cpu(), values, rtol=0, atol=0)
+    transfers.close()
+
+
+def test_reads_in_a_row_reuse_the_staging_buffers_safely(tmp_path: Path) -> None:
+    transfers = Transfers(CUDA, max_numel=1000)  # 2500 values go through the two staging buffers in 3 chunks
+    files = {f"p{i}": (tmp_path / f"p{i}@1.bin", torch.randn(2500)) for i in range(5)}
+    assert transfers.copy_stream is not None
+    with torch.cuda.stream(transfers.copy_stream):
+        torch.cuda._sleep(SLEEP_CYCLES // 10)  # copies wait: a buffer refilled before its copy ran corrupts them
+    for name, (path, values) in files.items():
+        transfers.start((name, 1), write_floats(path, values), 2500)
+    torch.cuda._sleep(SLEEP_CYCLES // 10)  # the same for load, whose copies go on the compute stream
+    path, values = files["p0"]
+    torch.testing.assert_close(transfers.load(path, 2400, offset=4 * 100).cpu(), values[100:], rtol=0, atol=0)
+    for name, (_, values) in files.items():
+        taken = transfers.take((name, 1))
+        assert taken is not None and taken.device.type == "cuda"
+        torch.testing.assert_close(taken.cpu(), values, rtol=0, atol=0)
+    transfers.close()
