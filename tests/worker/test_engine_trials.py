@@ -175,3 +175,31 @@ def test_a_worker_frozen_past_its_lease_cannot_write_the_trial(device_workers, t
     assert record.state == "finished", record.message
     assert record.requeues >= 1
     assert_same_weights(exported(tmp_path / "export-s"), trained_alone(trial, tmp_path / "alone"))
+
+
+def test_trials_that_end_cancelled_or_failed_free_their_spill_stores(
+    device_workers, tokens: str, tmp_path: Path
+) -> None:
+    workers = device_workers("cpu0")
+    queue = workers.queue
+    long = tiny_trial(tokens, seed=1, lr=1e-3, steps=200)
+    queue.submit(trial_id="c", spec=spec_validate({"kind": "engine", "trial": long.to_dict()}),
+                 export_dir=str(tmp_path / "export-c"))
+    workers.wait(lambda: queue.trial("c").units_done >= 2, 60, "the first units")
+    queue.pause("c")
+    workers.wait_for_states(["c"], {"paused"}, 30)
+    assert (workers.spill_dir / "c").is_dir()
+    assert queue.cancel("c") == "cancelled"  # not running: no unit will end to clean up after it
+
+    broken = tiny_trial(tokens, seed=2, lr=1e-3)
+    queue.submit(trial_id="f", spec=spec_validate({"kind": "engine", "trial": broken.to_dict()}),
+                 export_dir=str(tmp_path / "export-f"))
+    workers.wait(lambda: queue.trial("f").units_done >= 1, 60, "a unit of the second trial")
+    queue.pause("f")
+    workers.wait_for_states(["f"], {"paused"}, 30)
+    (workers.spill_dir / "f" / "manifest.json").unlink()  # its next unit cannot open its store
+    queue.resume("f")
+    record = workers.wait_for_states(["f"], {"failed"}, 60)["f"]
+    assert "failed on cpu0: SpillStoreError" in record.message
+
+    workers.wait(lambda: not list(workers.spill_dir.iterdir()), 30, "the spill stores to be freed")

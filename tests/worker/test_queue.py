@@ -251,6 +251,17 @@ def test_it_swaps_the_plan_of_a_replanned_trial_and_makes_it_runnable(shard_queu
     assert shard_queue.trial("t1").replans == 2
 
 
+def test_it_hands_each_ended_trial_to_one_survey_to_free_its_state(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "cancelled")
+    runnable(shard_queue, "failed")
+    runnable(shard_queue, "finished", units=1)
+    shard_queue.cancel("cancelled")
+    shard_queue.fail("failed", shard_queue.claim("failed", "cpu0").token, "boom")
+    shard_queue.complete(shard_queue.claim("finished", "cpu0"), remaining_units=0, unit_s=1.0)
+    assert [survey(shard_queue, "cpu0").reap, survey(shard_queue, "cpu1").reap, survey(shard_queue).reap] == [
+        "cancelled", "failed", None]
+
+
 def test_it_keeps_every_key_under_the_host_namespace(
     shard_queue: ShardQueue, redis_client: redis.Redis, host_id: str
 ) -> None:

@@ -135,6 +135,8 @@ class DeviceLoop:
         survey = self.queue.survey(self.device, self.config.epoch)
         if not survey.alive:
             return False
+        if survey.reap is not None:
+            self._discard(survey.reap)
         if survey.planning:
             job = self.queue.claim_plan(self.device)
             if job is not None:
@@ -154,6 +156,14 @@ class DeviceLoop:
         if kind not in self.runners:
             raise KeyError(f"no runner for trial kind {kind!r}; this worker runs {sorted(self.runners)}")
         return self.runners[kind]
+
+    def _discard(self, trial_id: str) -> None:
+        """Free the state of a trial that ended cancelled or failed (its spill store holds host memory)."""
+        for runner in self.runners.values():
+            try:
+                runner.discard(trial_id=trial_id)
+            except OSError:
+                log.exception("could not free the state of trial %s", trial_id)
 
     def _plan(self, job: PlanJob) -> None:
         start = time.time()

@@ -120,6 +120,11 @@ class EngineRunner:
         self._sessions.pop(trial_id, None)
         shutil.rmtree(self.spill_dir / trial_id)
 
+    def discard(self, *, trial_id: str) -> None:
+        """Delete the trial's spill store, if this host has one."""
+        self._sessions.pop(trial_id, None)
+        shutil.rmtree(self.spill_dir / trial_id, ignore_errors=True)
+
     def _open(self, trial_id: str) -> TrialSession:
         store = SpillStore.open(self.spill_dir / trial_id)
         session = self._sessions.pop(trial_id, None)

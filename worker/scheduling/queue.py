@@ -12,6 +12,7 @@ store lives on one host and only that host's devices take its units. Everything 
     hydra:<host>:leases          ZSET   trial id -> lease expiry (ms)          planning or running trials
     hydra:<host>:seq             STRING lease token counter
     hydra:<host>:wake            LIST   wake-up tokens for idle devices (capped)
+    hydra:<host>:reap            LIST   trials that ended cancelled or failed: a device frees their state
     hydra:<host>:config          HASH   lease_ms (default 10000)
     hydra:<host>:device:<name>   HASH   epoch (of the worker's current loop), stop, seen (last survey, s)
     hydra:<host>:events          STREAM trial, state, message: state changes for the web app (not the
@@ -82,6 +83,8 @@ end
 -- a trial that keeps training: those happen per unit and say nothing new ('active' marks such a trial).
 local function set_state(id, state, message, quiet)
   redis.call('HSET', tkey(id), 'state', state, 'message', message or '', 'updated', now_ms() / 1000)
+  -- No unit of it will run again (a retry is a new trial): the next survey on this host frees its state.
+  if state == 'cancelled' or state == 'failed' then redis.call('LPUSH', key('reap'), id) end
   if quiet then return end
   redis.call('XADD', key('events'), 'MAXLEN', '~', 100000, '*', 'trial', id, 'state', state,
              'message', message or '')
@@ -130,8 +133,8 @@ return 'ok'
 """
 
 # Check that the calling device loop is still the device's current one (its worker did not restart or
-# stop), requeue expired leases, then report how many trials wait to be planned and the head of the
-# runnable set with each trial's last device and units done.
+# stop), requeue expired leases, then report how many trials wait to be planned, one ended trial whose
+# state the caller must free, and the head of the runnable set with each trial's last device and units done.
 _SURVEY = """
 local dkey = key('device:' .. ARGV[3])
 local device = redis.call('HMGET', dkey, 'epoch', 'stop')
@@ -151,7 +154,7 @@ for _, id in ipairs(expired) do
   end
 end
 local head = redis.call('ZREVRANGE', key('runnable'), 0, tonumber(ARGV[2]) - 1, 'WITHSCORES')
-local out = {1, redis.call('LLEN', key('planning'))}
+local out = {1, redis.call('LLEN', key('planning')), redis.call('RPOP', key('reap')) or ''}
 for i = 1, #head, 2 do
   local id = head[i]
   local extra = redis.call('HMGET', tkey(id), 'last_device', 'units_done')
@@ -308,13 +311,15 @@ class Lease:
 class Survey:
     """What a free device sees: trials waiting to be planned, runnable candidates, their units done.
 
-    `alive` is False when the device's loop must end (its worker stopped or started a newer loop).
+    `alive` is False when the device's loop must end (its worker stopped or started a newer loop). `reap`
+    names a trial that ended cancelled or failed: this device (and no other) frees its state on the host.
     """
 
     alive: bool
     planning: int
     candidates: list[Candidate]
     units_done: dict[str, int]
+    reap: str | None = None
 
 
 @dataclass(frozen=True)
@@ -456,11 +461,12 @@ class ShardQueue:
         if not raw[0]:
             return Survey(alive=False, planning=0, candidates=[], units_done={})
         candidates, units_done = [], {}
-        for i in range(2, len(raw), 4):
+        for i in range(3, len(raw), 4):
             trial_id, score, last_device, done = raw[i : i + 4]
             candidates.append(Candidate(trial_id, float(score), last_device or None))
             units_done[trial_id] = int(done)
-        return Survey(alive=True, planning=int(raw[1]), candidates=candidates, units_done=units_done)
+        return Survey(alive=True, planning=int(raw[1]), candidates=candidates, units_done=units_done,
+                      reap=raw[2] or None)
 
     def claim_plan(self, device: str) -> PlanJob | None:
         """Take the oldest trial waiting to be planned, with a lease; None when there is none."""

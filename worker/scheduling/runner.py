@@ -77,3 +77,8 @@ class TrialRunner(Protocol):
     def export(self, *, trial_id: str, spec: Mapping[str, Any], export_dir: str) -> None:
         """Write a finished trial's result to `export_dir`, then free its state."""
         ...
+
+    def discard(self, *, trial_id: str) -> None:
+        """Free whatever state this host keeps for `trial_id` (it ended cancelled or failed, or never was
+        this runner's): nothing of it will run again."""
+        ...

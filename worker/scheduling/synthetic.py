@@ -48,3 +48,6 @@ class SyntheticRunner:
 
     def export(self, *, trial_id: str, spec: Mapping[str, Any], export_dir: str) -> None:
         """A synthetic trial has no result to write."""
+
+    def discard(self, *, trial_id: str) -> None:
+        """A synthetic trial keeps no state outside the queue."""
