@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine.conftest import CPU, tiny_spec
-from worker.engine import ModelSpec, SpecError
+from worker.engine import ModelSpec, SpecError, TrialSession
 from worker.engine.train import parse_bytes, train_trial
 
 
@@ -68,3 +69,34 @@ def test_the_command_line_reports_a_budget_error_without_a_traceback(tokens_path
     result = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parents[2], timeout=300)
     assert result.returncode == 2
     assert result.stderr.startswith("error: layer 'embedding' needs") and "Traceback" not in result.stderr
+
+
+def test_it_stops_early_after_patience_evaluations_without_a_better_loss(tokens_path: Path, tmp_path: Path) -> None:
+    spec = tiny_spec(tokens_path, steps=12, eval_every=1, optimizer=tiny_spec(tokens_path).optimizer)
+    full = [r.eval_loss for r in train_trial(spec=spec, spill_dir=tmp_path, trial_id="full", device=CPU)
+            if r.eval_loss is not None]
+    patience = 2
+    best, since, stop = float("inf"), 0, None  # where the rule must stop on this run's own losses
+    for step, loss in enumerate(full):
+        best, since = (loss, 0) if loss < best else (best, since + 1)
+        if since >= patience:
+            stop = step
+            break
+    assert stop is not None and stop < spec.steps - 1, full  # this data does stop early
+
+    early = dataclasses.replace(spec, early_stop_patience=patience)
+    results = train_trial(spec=early, spill_dir=tmp_path, trial_id="early", device=CPU)
+    assert [r.eval_loss for r in results if r.eval_loss is not None] == full[: stop + 1]
+    assert [r.stopped_early for r in results].count(True) == 1 and results[-1].stopped_early
+    assert max(r.unit.step for r in results) == stop
+    session = TrialSession.open(spill_dir=tmp_path, trial_id="early", device=CPU)
+    assert session.next_unit() is None and session.remaining_units() == 0
+    session.export(tmp_path / "export")
+    assert (tmp_path / "export" / "config.json").is_file()
+
+
+def test_early_stopping_needs_evaluations(tokens_path: Path) -> None:
+    with pytest.raises(SpecError, match="early_stop_patience"):
+        tiny_spec(tokens_path, eval_every=0, early_stop_patience=2)
+    with pytest.raises(SpecError, match="early_stop_patience"):
+        tiny_spec(tokens_path, early_stop_patience=0)

@@ -76,9 +76,9 @@ def test_it_requeues_after_a_unit_and_finishes_after_the_last(shard_queue: Shard
 
     lease = shard_queue.claim("t1", "cpu1")
     assert lease.units_done == 1
-    assert shard_queue.complete(lease, remaining_units=0, unit_s=0.75) == "finished"
+    assert shard_queue.complete(lease, remaining_units=0, unit_s=0.75, message="stopped early") == "finished"
     assert survey(shard_queue).candidates == []
-    assert shard_queue.trial("t1").last_device == "cpu1"
+    assert (shard_queue.trial("t1").last_device, shard_queue.trial("t1").message) == ("cpu1", "stopped early")
 
 
 def test_it_puts_a_unit_back_when_its_lease_expires(shard_queue: ShardQueue) -> None:

@@ -147,7 +147,7 @@ def plan_trials(draft: ExperimentDraft, *, budget_bytes: int) -> list[TrialDraft
 
 
 def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset, steps: int, eval_every: int,
-               seed: int, budget_bytes: int) -> dict[str, Any]:
+               seed: int, budget_bytes: int, early_stop_patience: int | None = None) -> dict[str, Any]:
     """The engine's ``TrialSpec`` of one trial as a plain dict (``TrialSpec.from_dict`` reads it)."""
     values = hyperparameters(params, shape)
     trial_shape = shape.with_params(values, vocab_size=dataset.vocab_size)
@@ -173,5 +173,6 @@ def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset,
         "seed": seed,
         "budget_bytes": budget_bytes,
         "bf16": False,
+        "early_stop_patience": early_stop_patience,
     }
 

@@ -80,7 +80,8 @@ def _launch(trial: Trial) -> None:
     shape = model_shape(experiment.model, models_root=settings.HYDRA.models_root)
     budget, _ = memory_budget(explicit_bytes=experiment.memory_budget_bytes)
     spec = trial_spec(params=trial.params, shape=shape, dataset=experiment.dataset, steps=trial.total_steps,
-                      eval_every=experiment.eval_every, seed=experiment.seed, budget_bytes=budget)
+                      eval_every=experiment.eval_every, seed=experiment.seed, budget_bytes=budget,
+                      early_stop_patience=experiment.early_stop_patience)
     trial.attempt += 1
     trial.queue_id = trial.attempt_queue_id(trial.attempt)
     trial.status = Status.PLANNING

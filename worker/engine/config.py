@@ -83,6 +83,8 @@ class TrialSpec:
     ``bf16`` turns on bf16 autocast (CUDA only) with fp32 master weights. ``activations="auto"`` keeps a
     shard's forward activations for its backward unit when that is measured to be cheaper than recomputing
     them (see :func:`worker.engine.partition.choose_kept`); ``"recompute"`` always recomputes.
+    ``early_stop_patience``: end the trial after that many evaluations in a row without a lower validation
+    loss than the best so far (its weights are those of the last step; ``None`` trains every step).
     """
 
     model: ModelSpec = field(default_factory=ModelSpec)
@@ -98,6 +100,7 @@ class TrialSpec:
     budget_bytes: int = 1 << 30
     bf16: bool = False
     activations: Literal["auto", "recompute"] = "auto"
+    early_stop_patience: int | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size % self.micro_batches:
@@ -108,6 +111,9 @@ class TrialSpec:
             raise SpecError(f"steps must be at least 1, got {self.steps}")
         if self.eval_every < 0 or (self.eval_every and self.eval_batches < 1):
             raise SpecError(f"eval_every={self.eval_every} needs eval_batches >= 1, got {self.eval_batches}")
+        if self.early_stop_patience is not None and (self.early_stop_patience < 1 or not self.eval_every):
+            raise SpecError(f"early_stop_patience={self.early_stop_patience} needs to be at least 1 and "
+                            f"evaluations to count (eval_every={self.eval_every})")
 
     @property
     def micro_batch_size(self) -> int:

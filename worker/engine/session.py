@@ -64,6 +64,7 @@ class UnitResult:
     tokens: int | None = None
     eval_loss: float | None = None
     eval_ppl: float | None = None
+    stopped_early: bool = False
 
 
 def _rng_state(device: torch.device) -> list[torch.Tensor]:
@@ -380,7 +381,8 @@ class TrialSession:
                 raise torch.OutOfMemoryError(
                     f"fault injection: shard {unit.shard} plans a peak of {self.plan.unit_peak_bytes(unit.shard)} "
                     f"bytes, over the injected device memory of {limit} bytes")
-            self.store.manifest["cursor"] = unit.index + 1
+            # An early stop ends the timetable here: the evaluation has applied every pending update.
+            self.store.manifest["cursor"] = len(self.timetable) if metrics.get("stopped_early") else unit.index + 1
             self.store.commit()
             self._prefetcher.retain(self.store.manifest["files"])
         except BaseException:
@@ -524,7 +526,20 @@ class TrialSession:
             return {}
         eval_loss = state["loss_sum"] / self.spec.eval_batches
         state["loss_sum"] = 0.0
-        return {"eval_loss": eval_loss, "eval_ppl": math.exp(eval_loss)}
+        return {"eval_loss": eval_loss, "eval_ppl": math.exp(eval_loss),
+                "stopped_early": self._no_longer_improving(unit.step, eval_loss)}
+
+    def _no_longer_improving(self, step: int, eval_loss: float) -> bool:
+        """Count evaluations without a new best loss; True when the trial should stop early after ``step``."""
+        patience = self.spec.early_stop_patience
+        if patience is None:
+            return False
+        record = self.store.manifest.setdefault("early_stop", {"best": None, "since": 0})
+        if record["best"] is None or eval_loss < record["best"]:
+            record.update(best=eval_loss, since=0)
+        else:
+            record["since"] += 1
+        return record["since"] >= patience and step < self.spec.steps - 1
 
     def _final_step(self, unit: UnitSpec) -> dict[str, Any]:
         """S: apply the last step's pending update (only when the trial ends without an evaluation)."""

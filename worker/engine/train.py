@@ -66,6 +66,7 @@ def summarize(results: Sequence[UnitResult], session: TrialSession, seconds: flo
         "tokens_per_s": tokens / seconds if seconds > 0 else None,
         "seconds": seconds,
         "units": len(results),
+        "stopped_early": any(r.stopped_early for r in results),
         "shards": len(session.plan.shards),
         "state_bytes": session.plan.state_bytes,
         "budget_bytes": session.plan.budget_bytes,
@@ -123,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="learning-rate decay after warm-up")
     optim.add_argument("--eval-every", type=int, default=50, help="evaluate every N steps and at the end; 0: never")
     optim.add_argument("--eval-batches", type=int, default=4, help="validation micro-batches per evaluation")
+    optim.add_argument("--early-stop-patience", type=int,
+                       help="stop after this many evaluations without a lower validation loss (default: never)")
     run = parser.add_argument_group("run")
     run.add_argument("--budget", type=parse_bytes, default=parse_bytes("1G"),
                      help="device memory budget, bytes or with K/M/G suffix")
@@ -160,6 +163,7 @@ def spec_from_args(args: argparse.Namespace) -> TrialSpec:
         batch_size=args.batch_size, micro_batches=args.micro_batches, steps=args.steps,
         eval_every=args.eval_every, eval_batches=args.eval_batches, seed=args.seed,
         budget_bytes=args.budget, bf16=args.bf16, activations=args.activations,
+        early_stop_patience=args.early_stop_patience,
     )
 
 

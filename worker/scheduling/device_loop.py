@@ -236,6 +236,7 @@ class DeviceLoop:
         try:
             self.queue.complete(
                 lease, remaining_units=done.remaining_units, unit_s=unit_time_estimate(lease.unit_s, end - start),
+                message=done.message,
                 also=lambda pipe: telemetry.add_all(pipe, self.queue.host_id, span=span, steps=done.steps,
                                                     evals=done.evals),
             )

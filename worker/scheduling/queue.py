@@ -209,7 +209,7 @@ redis.call('HINCRBY', tkey(id), 'units_done', 1)
 redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', ARGV[5], 'last_device', ARGV[6])
 if remaining_units == 0 then
   redis.call('HDEL', tkey(id), 'control')
-  set_state(id, 'finished')
+  set_state(id, 'finished', ARGV[7])
   return 'finished'
 end
 return after_unit(id, redis.call('HGET', tkey(id), 'active') == '1')
@@ -512,18 +512,18 @@ class ShardQueue:
         return bool(self._run("renew", trial_id, token))
 
     def complete(
-        self, lease: Lease, *, remaining_units: int, unit_s: float,
+        self, lease: Lease, *, remaining_units: int, unit_s: float, message: str = "",
         also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> str:
         """End a unit: the trial finishes (0 units left), or becomes runnable, paused or cancelled.
 
-        `unit_s` is the trial's new unit-time estimate. `also` queues commands to send in the same round
-        trip (telemetry). Raises LeaseLost when the lease expired meanwhile (the unit is being re-run
-        elsewhere).
+        `unit_s` is the trial's new unit-time estimate; `message` goes with the finished state. `also`
+        queues commands to send in the same round trip (telemetry). Raises LeaseLost when the lease expired
+        meanwhile (the unit is being re-run elsewhere).
         """
         outcome: str = self._run_with(
             also,
-            "complete", lease.trial_id, lease.token, remaining_units, repr(unit_s), lease.device
+            "complete", lease.trial_id, lease.token, remaining_units, repr(unit_s), lease.device, message
         )
         return self._check_lease(outcome, lease.trial_id)
 

@@ -41,6 +41,7 @@ class UnitDone:
     peak_bytes: int
     steps: list[StepMetrics] = field(default_factory=list)
     evals: list[EvalMetrics] = field(default_factory=list)
+    message: str = ""  # for the trial's record, e.g. why it ended before its last step
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,17 @@ def test_it_submits_launched_trials_only_after_commit(alice_team, alice_dataset,
     from worker.engine.config import TrialSpec
 
     assert TrialSpec.from_dict(engine).to_dict()["steps"] == 10
+    assert engine["early_stop_patience"] is None
+
+
+def test_it_sends_the_early_stopping_patience_to_the_engine(alice_team, alice_dataset, submitted,
+                                                            django_capture_on_commit_callbacks):
+    experiment = make_experiment(alice_team, alice_dataset, early_stop_patience=3)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.experiment_launch(experiment=experiment)
+    from worker.engine.config import TrialSpec
+
+    assert {TrialSpec.from_dict(call["spec"]["trial"]).early_stop_patience for _, call in submitted} == {3}
 
 
 def test_it_fails_a_trial_the_scheduler_refuses(alice_team, alice_dataset, monkeypatch,
