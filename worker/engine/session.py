@@ -25,7 +25,6 @@ import json
 import math
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,8 @@ from worker.engine.layers import Borrow, LayerStack, ParamRef, build_layer_stack
 from worker.engine.partition import MemoryPlan, choose_kept, plan_with_shards, solve
 from worker.engine.profile import copy_bytes_per_s, optimizer_slots, profile_layers
 from worker.engine.schedule import Timetable, UnitSpec, lr_factor
-from worker.engine.spill_store import SpillStore, read_file
+from worker.engine.spill_store import SpillStore
+from worker.engine.transfer import Transfers
 from worker.engine.weights import PretrainedWeights, init_layer
 
 FP32 = 4
@@ -155,52 +155,6 @@ class _Kept:
     params: torch.Tensor | None = None
 
 
-class _HostArena:
-    """A CUDA session's page-locked host buffer, allocated once (not pinned per copy): reads from the
-    spill store land here and are copied to the device asynchronously; an event guards its reuse."""
-
-    def __init__(self, nbytes: int, device: torch.device) -> None:
-        self._buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        self._device = device
-        self._copied: torch.cuda.Event | None = None
-
-    def load(self, store: SpillStore, name: str, numel: int, *, offset: int = 0) -> torch.Tensor:
-        """``numel`` fp32 values of buffer ``name`` from byte ``offset``, as a new device tensor."""
-        if self._copied is not None:
-            self._copied.synchronize()  # the previous copy out of the arena has finished
-        host = self._buffer[: numel * FP32].view(torch.float32)
-        store.read(name, host, offset=offset)
-        out = torch.empty(numel, device=self._device)
-        out.copy_(host, non_blocking=True)
-        self._copied = torch.cuda.Event()
-        self._copied.record()
-        return out
-
-
-class _Prefetcher:
-    """Reads spill buffers on a background thread: the copy-in half of the double buffer.
-
-    Entries are keyed by (buffer name, version), so a read made stale by a later commit is never used.
-    """
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hydra-prefetch")
-        self._reads: dict[tuple[str, int], Future[torch.Tensor]] = {}
-
-    def start(self, key: tuple[str, int], path: Path, numel: int) -> None:
-        if key not in self._reads:
-            self._reads[key] = self._pool.submit(read_file, path, torch.empty(numel, dtype=torch.float32))
-
-    def take(self, key: tuple[str, int]) -> torch.Tensor | None:
-        read = self._reads.pop(key, None)
-        return None if read is None else read.result()
-
-    def retain(self, current: dict[str, int]) -> None:
-        """Forget reads of versions that are no longer current."""
-        for key in [k for k in self._reads if current.get(k[0]) != k[1]]:
-            del self._reads[key]
-
-
 def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: torch.device,
                  cuts: Sequence[int] | None = None) -> MemoryPlan:
     """Profile, plan and initialize a trial into ``spill_dir/trial_id``; return its memory plan.
@@ -271,6 +225,8 @@ class TrialSession:
         # just before its commit, as a GPU with that much memory would have. None (always, in production)
         # turns it off.
         self.fault_oom_above_bytes: int | None = None
+        # Staging buffers hold one optimizer-state chunk; whole shards stream through them chunk by chunk.
+        self._transfers = Transfers(device, max_numel=STEP_CHUNK)
         self._adopt_plan()
 
     def _adopt_plan(self) -> None:
@@ -283,9 +239,7 @@ class TrialSession:
             shards=len(self.plan.shards), steps=self.spec.steps, micro_batches=self.spec.micro_batches,
             eval_every=self.spec.eval_every, eval_batches=self.spec.eval_batches,
         )
-        self._prefetcher = _Prefetcher()
-        self._arena = (_HostArena(max(*self.layout.numel, STEP_CHUNK) * FP32, self.device)
-                       if self.device.type == "cuda" else None)
+        self._transfers.retain({})  # reads of the old plan's buffers will never be taken
         self._kept.clear()
 
     def reopen(self, store: SpillStore) -> None:
@@ -294,6 +248,10 @@ class TrialSession:
         self.store = store
         if store.manifest.get("replans", 0) != self.replans:
             self._adopt_plan()
+
+    def close(self) -> None:
+        """Stop the background reader (the scheduler calls it when it drops a cached session)."""
+        self._transfers.close()
 
     @classmethod
     def open(cls, *, spill_dir: Path, trial_id: str, device: torch.device) -> TrialSession:
@@ -333,20 +291,16 @@ class TrialSession:
         for name in names:
             version = self.store.version(name)
             assert version is not None, f"{name} is always in the store when a unit may read it"
-            self._prefetcher.start((name, version), self.store.path(name), self.layout.numel[shard])
+            self._transfers.start((name, version), self.store.path(name), self.layout.numel[shard])
 
     def _read_state(self, name: str) -> torch.Tensor:
-        """Shard buffer ``name`` (p or g) on the device, from the prefetcher when it has it."""
+        """Shard buffer ``name`` (p or g) on the device, from the prefetch when it has it."""
         version = self.store.version(name)
-        tensor = None if version is None else self._prefetcher.take((name, version))
-        numel = self.layout.numel[int(name[1:])]
-        if tensor is not None:
-            self.store.bytes_read += tensor.nbytes
-        elif self._arena is not None:
-            return self._arena.load(self.store, name, numel)
-        else:
-            tensor = self.store.read_new(name, numel, torch.float32)
-        return tensor.to(self.device)
+        tensor = None if version is None else self._transfers.take((name, version))
+        if tensor is None:
+            tensor = self._transfers.load(self.store.path(name), self.layout.numel[int(name[1:])])
+        self.store.bytes_read += tensor.nbytes
+        return tensor
 
     def run_unit(self, *, token: int | None = None) -> UnitResult:
         """Run the next unit and commit its outputs with the advanced cursor (all or nothing).
@@ -384,7 +338,7 @@ class TrialSession:
             # An early stop ends the timetable here: the evaluation has applied every pending update.
             self.store.manifest["cursor"] = len(self.timetable) if metrics.get("stopped_early") else unit.index + 1
             self.store.commit()
-            self._prefetcher.retain(self.store.manifest["files"])
+            self._transfers.retain(self.store.manifest["files"])
         except BaseException:
             self.reopen(SpillStore.open(self.store.root))
             self._kept.clear()
@@ -635,9 +589,9 @@ class TrialSession:
         self.store.write(f"p{shard}", params)
 
     def _read_chunk(self, name: str, start: int, stop: int) -> torch.Tensor:
-        if self._arena is not None:
-            return self._arena.load(self.store, name, stop - start, offset=start * FP32)
-        return self.store.read_new(name, stop - start, torch.float32, offset=start * FP32).to(self.device)
+        tensor = self._transfers.load(self.store.path(name), stop - start, offset=start * FP32)
+        self.store.bytes_read += tensor.nbytes
+        return tensor
 
     def _run_shard(self, shard: int, params: torch.Tensor, x: torch.Tensor, labels: torch.Tensor | None, *,
                    train: bool) -> tuple[torch.Tensor, list[nn.Parameter], list[nn.Parameter]]:

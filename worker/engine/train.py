@@ -6,6 +6,7 @@ The command line prints a progress bar on stderr and a JSON summary as its last 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
@@ -39,7 +40,7 @@ def train_trial(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: torc
         raise SpecError(f"trial {trial_id!r} in {spill_dir} was created with another spec; resume it with the "
                         "same settings or pick another trial id")
     results = []
-    with tqdm(total=session.remaining_units(), disable=not progress, unit="unit") as bar:
+    with contextlib.closing(session), tqdm(total=session.remaining_units(), disable=not progress, unit="unit") as bar:
         while (unit := session.next_unit()) is not None:
             if double_buffer and unit.index + 1 < len(session.timetable):
                 session.prefetch(session.timetable[unit.index + 1])

@@ -96,7 +96,10 @@ class EngineRunner:
         return self._replan(trial_id, reason, token)
 
     def _replan(self, trial_id: str, reason: str, token: int) -> Replanned:
-        old = self._sessions.pop(trial_id).plan  # the session's caches belong to the old plan
+        dropped = self._drop(trial_id)  # the session's caches belong to the old plan
+        assert dropped is not None, "run_unit opened it"
+        old = dropped.plan
+        del dropped
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -116,13 +119,14 @@ class EngineRunner:
 
     def export(self, *, trial_id: str, spec: Mapping[str, Any], export_dir: str) -> None:
         """Export the model directory, then delete the trial's spill store (host RAM on /dev/shm)."""
-        self._open(trial_id).export(Path(export_dir))
-        self._sessions.pop(trial_id, None)
+        session = self._open(trial_id)
+        session.export(Path(export_dir))
+        self._drop(trial_id)
         shutil.rmtree(self.spill_dir / trial_id)
 
     def discard(self, *, trial_id: str) -> None:
         """Delete the trial's spill store, if this host has one."""
-        self._sessions.pop(trial_id, None)
+        self._drop(trial_id)
         shutil.rmtree(self.spill_dir / trial_id, ignore_errors=True)
 
     def _open(self, trial_id: str) -> TrialSession:
@@ -135,7 +139,14 @@ class EngineRunner:
             session.reopen(store)
         self._sessions[trial_id] = session
         while len(self._sessions) > SESSION_CACHE:
-            self._sessions.popitem(last=False)
+            self._sessions.popitem(last=False)[1].close()
+        return session
+
+    def _drop(self, trial_id: str) -> TrialSession | None:
+        """Forget the trial's cached session and stop its background reader."""
+        session = self._sessions.pop(trial_id, None)
+        if session is not None:
+            session.close()
         return session
 
     def _prefetch_other(self, trial_id: str) -> None:
