@@ -8,8 +8,13 @@ submission to the last export. Defaults: 4 trials, 2 devices, 6 steps of a 4-blo
 ``--quick``: 3 steps.
 
 The last line is one JSON object: ``{"trials", "devices", "sequential_s", "sharp_s", "speedup",
-"utilization"}``, utilization = busy unit time (planning included) / (G x SHARP wall time). Targets with
-M >= G: utilization >= 0.9 and speedup >= 0.9 x G.
+"utilization", "hardware_speedup", "speedup_of_hardware"}``, utilization = busy unit time (planning
+included) / (G x SHARP wall time). Targets with M >= G: utilization >= 0.9 and speedup >= 0.9 x G.
+
+``hardware_speedup`` is the machine's own ceiling, measured in the same run: the same single-threaded
+matmul work in G processes at once versus in one (G x its time alone / their wall time). Cores that are
+hyper-threads or share a memory bus give less than G, and no scheduler can beat that;
+``speedup_of_hardware`` = speedup / hardware_speedup is the share of it SHARP reaches.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -66,6 +72,42 @@ def sequential(specs: dict[str, TrialSpec], root: Path) -> float:
     return time.perf_counter() - start
 
 
+_MATMULS = """
+import sys, time, torch
+torch.set_num_threads(1)
+width, iterations = int(sys.argv[1]), int(sys.argv[2])
+x, w = torch.randn(512, width), torch.randn(width, 4 * width)
+for _ in range(3):
+    x @ w
+print("ready", flush=True)
+sys.stdin.readline()
+start = time.perf_counter()
+for _ in range(iterations):
+    x @ w
+print(time.perf_counter() - start, flush=True)
+"""
+
+
+def hardware_speedup(devices: int, width: int) -> float:
+    """G x (seconds of a fixed single-thread matmul loop alone) / (seconds of the slowest of G such loops
+    started together, once every process has loaded torch)."""
+    def loops(count: int, iterations: int) -> list[float]:
+        procs = [subprocess.Popen([sys.executable, "-c", _MATMULS, str(width), str(iterations)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(count)]
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        return [float(proc.communicate()[0]) for proc in procs]
+
+    (probe,) = loops(1, 50)
+    iterations = max(50, int(50 * 3.0 / max(probe, 1e-3)))  # about 3 s of work per process
+    (alone,) = loops(1, iterations)
+    return devices * alone / max(loops(devices, iterations))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=4, help="trials M (default 4)")
@@ -99,6 +141,7 @@ def main() -> None:
     if failed:
         raise SystemExit(f"trials failed: {failed}")
 
+    ceiling = hardware_speedup(args.devices, args.width)
     busy = sum(float(s["end"]) - float(s["start"]) for s in spans)
     units = [s for s in spans if s["phase"] != "plan"]
     unit_ms = sorted((float(s["end"]) - float(s["start"])) * 1000 for s in units)
@@ -109,6 +152,8 @@ def main() -> None:
         "trials": args.trials, "devices": args.devices, "sequential_s": round(sequential_s, 3),
         "sharp_s": round(sharp_s, 3), "speedup": round(sequential_s / sharp_s, 3),
         "utilization": round(busy / (args.devices * sharp_s), 3),
+        "hardware_speedup": round(ceiling, 3),
+        "speedup_of_hardware": round(sequential_s / sharp_s / ceiling, 3),
     }))
 
 
