@@ -140,11 +140,13 @@ def _watch_curves_grow(page) -> None:
     page.wait_for_selector("#curves-plot .main-svg")
     page.wait_for_function(f"() => ({RAW_POINTS_JS})() > 0", timeout=GROWTH_TIMEOUT_MS)
     seen = [page.evaluate(RAW_POINTS_JS)]
+    live = []
     for _ in range(2):
         page.wait_for_function(f"() => ({RAW_POINTS_JS})() > {seen[-1]}", timeout=GROWTH_TIMEOUT_MS)
         seen.append(page.evaluate(RAW_POINTS_JS))
-    print(f"learning curves: {seen} points across polls")
-    assert page.is_visible("#live-indicator")
+        live.append(page.is_visible("#live-indicator"))  # hidden again once the last trial finished
+    print(f"learning curves: {seen} points across polls; live indicator {live}")
+    assert live[0], "the page did not say it is live while the curves grew"
 
 
 def _see_trials_share_a_device(page) -> None:
