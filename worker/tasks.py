@@ -9,6 +9,7 @@ trials needs no task: it is a Redis script (worker/api.py).
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 
 import redis
@@ -45,6 +46,7 @@ def device_loop(epoch: str) -> None:
     """Run this worker's device loop until the worker stops or a newer loop (epoch) replaces it."""
     import torch
 
+    from worker.devices import cpu_cores
     from worker.scheduling.device_loop import DeviceLoop, DeviceLoopConfig
     from worker.scheduling.engine_runner import EngineRunner, torch_device
     from worker.scheduling.synthetic import SyntheticRunner
@@ -54,6 +56,8 @@ def device_loop(epoch: str) -> None:
     if bound is None:
         raise RuntimeError("device_loop ran on a worker bound to no device (HYDRA_WORKER_DEVICE is unset).")
     kind, index = bound
+    if kind == "cpu" and hasattr(os, "sched_setaffinity"):  # Linux; elsewhere the thread budget alone binds
+        os.sched_setaffinity(0, cpu_cores(index, torch.get_num_threads(), sorted(os.sched_getaffinity(0))))
     queue = host_queue()
     settings.HYDRA.spill_dir.mkdir(parents=True, exist_ok=True)
     runners = {

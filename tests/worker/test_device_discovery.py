@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.devices import Device, devices_from_spec
+from worker.devices import Device, cpu_cores, devices_from_spec
 from worker.launch import worker_command
 
 
@@ -27,6 +27,15 @@ def test_it_selects_named_gpus_and_refuses_missing_ones():
         devices_from_spec("cuda:3", cuda_count=2, cpu_count=4)
     with pytest.raises(ValueError, match="no GPU"):
         devices_from_spec("cuda", cuda_count=0, cpu_count=4)
+
+
+def test_it_gives_each_cpu_device_its_own_run_of_cores():
+    assert [cpu_cores(i, 1, [0, 1]) for i in range(2)] == [[0], [1]]
+    assert [cpu_cores(i, 4, list(range(12))) for i in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert cpu_cores(1, 2, [2, 5, 7, 9]) == [7, 9]  # the cores this process may use, not 0..n-1
+    assert [cpu_cores(i, 1, [0, 1]) for i in range(3)] == [[0], [1], [0]]  # more devices than cores: shared
+    with pytest.raises(ValueError, match="no core"):
+        cpu_cores(0, 1, [])
 
 
 def test_it_pins_a_gpu_worker_with_cuda_visible_devices():

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 
+from worker.devices import cpu_cores
 from worker.scheduling.synthetic import synthetic_spec
 
 pytestmark = pytest.mark.timeout(180)
@@ -29,6 +31,11 @@ def test_it_runs_trials_on_two_devices_units_interleaved(device_workers) -> None
         assert all(a["end"] <= b["start"] for a, b in itertools.pairwise(own))
     states = [(e["trial"], e["state"]) for e in workers.entries("events") if e["trial"] == "a"]
     assert states[:2] == [("a", "planning"), ("a", "runnable")] and states[-1] == ("a", "finished")
+
+    available = sorted(os.sched_getaffinity(0))  # each device loop runs pinned to its own core(s)
+    loops = {s["device"]: int(s["pid"]) for s in spans}
+    assert {d: sorted(os.sched_getaffinity(pid)) for d, pid in loops.items()} == {
+        "cpu0": cpu_cores(0, 1, available), "cpu1": cpu_cores(1, 1, available)}
 
 
 def test_it_pauses_resumes_and_cancels_at_unit_boundaries(device_workers) -> None:
