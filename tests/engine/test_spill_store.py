@@ -49,3 +49,21 @@ def test_it_refuses_to_overwrite_a_trial(tmp_path: Path) -> None:
         SpillStore.create(tmp_path / "t", {})
     with pytest.raises(SpillStoreError, match="missing"):
         SpillStore.open(tmp_path / "absent")
+
+
+def test_it_tells_whether_a_commit_landed_since_it_looked(tmp_path: Path) -> None:
+    store = SpillStore.create(tmp_path / "t", {"cursor": 0})
+    store.commit()
+    assert store.is_current()  # its own commit
+    other = SpillStore.open(tmp_path / "t")
+    assert other.is_current()
+    for cursor in (1, 2):  # commits right after one another, within the file system's clock tick
+        other.manifest["cursor"] = cursor
+        other.commit()
+        assert not store.is_current() and other.is_current()
+        store = SpillStore.open(tmp_path / "t")
+        assert store.is_current() and store.manifest["cursor"] == cursor
+    taken = SpillStore.take(tmp_path / "t", token=3)  # taking is a commit too
+    assert taken.is_current() and not store.is_current()
+    (tmp_path / "t" / "manifest.json").unlink()
+    assert not taken.is_current()

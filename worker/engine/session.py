@@ -272,6 +272,8 @@ class TrialSession:
 
     def _sync(self) -> None:
         """Pick up commits made by other processes since this session last looked (SHARP moves trials)."""
+        if self.store.is_current():  # a stat, where reading the manifest costs a parse: units call this often
+            return
         on_disk = SpillStore.open(self.store.root)
         if on_disk.manifest["version"] != self.store.manifest["version"]:
             self.reopen(on_disk)

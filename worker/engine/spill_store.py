@@ -58,9 +58,10 @@ class SpillStore:
     buffer under the next version; :meth:`read` sees staged buffers first, then committed ones.
     """
 
-    def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
+    def __init__(self, root: Path, manifest: dict[str, Any], stamp: tuple[int, int, int] | None = None) -> None:
         self.root = root
         self.manifest = manifest
+        self._stamp = stamp  # (inode, mtime ns, size) of the manifest file this copy was read from or written as
         self._committed_files: dict[str, int] = dict(manifest["files"])
         self._base_version: int = manifest["version"]
         self.bytes_read = 0
@@ -77,7 +78,16 @@ class SpillStore:
     @classmethod
     def open(cls, root: Path) -> SpillStore:
         """Open the last committed state of ``root`` (read-only until the caller writes and commits)."""
-        return cls(root, _read_manifest(root))
+        return cls(root, *_read_manifest_stamped(root))
+
+    def is_current(self) -> bool:
+        """Whether no commit landed since this store was opened or last committed here: one ``stat`` of the
+        manifest (every commit replaces it with a new file), instead of reading and parsing it."""
+        try:
+            st = os.stat(self.root / MANIFEST)
+        except FileNotFoundError:
+            return False
+        return self._stamp == (st.st_ino, st.st_mtime_ns, st.st_size)
 
     @classmethod
     def take(cls, root: Path, token: int) -> SpillStore:
@@ -174,8 +184,12 @@ class SpillStore:
         """Replace the manifest by the working one under the next version; the caller holds the lock."""
         self.manifest["version"] = self._next_version
         tmp = self.root / f"{MANIFEST}.tmp"
-        tmp.write_text(json.dumps(self.manifest))
+        with open(tmp, "w") as f:
+            f.write(json.dumps(self.manifest))
+            f.flush()
+            st = os.fstat(f.fileno())
         os.replace(tmp, self.root / MANIFEST)
+        self._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         for name, version in self._committed_files.items():
             if self.manifest["files"].get(name) != version:
                 _file(self.root, name, version).unlink(missing_ok=True)
@@ -184,13 +198,20 @@ class SpillStore:
 
 
 def _read_manifest(root: Path) -> dict[str, Any]:
+    return _read_manifest_stamped(root)[0]
+
+
+def _read_manifest_stamped(root: Path) -> tuple[dict[str, Any], tuple[int, int, int]]:
+    """The manifest, and the (inode, mtime ns, size) of the very file it was read from."""
     try:
-        manifest: dict[str, Any] = json.loads((root / MANIFEST).read_text())
+        with open(root / MANIFEST, "rb") as f:
+            st = os.fstat(f.fileno())
+            manifest: dict[str, Any] = json.loads(f.read())
     except FileNotFoundError:
         raise SpillStoreError(f"no trial in {root}: {MANIFEST} is missing") from None
     if manifest.get("format") != FORMAT:
         raise SpillStoreError(f"{root / MANIFEST} has format {manifest.get('format')!r}, expected {FORMAT!r}")
-    return manifest
+    return manifest, (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 @contextlib.contextmanager
