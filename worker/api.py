@@ -42,10 +42,15 @@ def spec_validate(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Check a trial spec and return it as plain data; raise ValueError saying what is wrong."""
     kind = spec.get("kind")
     if kind == "engine":
+        budget = spec.get("budget", "explicit")
+        if budget not in ("explicit", "auto"):
+            raise ValueError(f"engine trial budget {budget!r} is unknown; use 'explicit' (the trial's budget_bytes) "
+                             "or 'auto' (the planning device's memory).")
         try:
-            return {"kind": "engine", "trial": TrialSpec.from_dict(dict(spec["trial"])).to_dict()}
+            trial = TrialSpec.from_dict(dict(spec["trial"])).to_dict()
         except (KeyError, TypeError, SpecError) as error:
             raise ValueError(f"engine trial spec is invalid: {error}") from error
+        return {"kind": "engine", "trial": trial} | ({"budget": "auto"} if budget == "auto" else {})
     if kind == "synthetic":
         try:
             return synthetic_spec(units=spec["units"], unit_ms=spec.get("unit_ms", 0.0),

@@ -22,8 +22,11 @@ class SchedulerError(RuntimeError):
     """The scheduler refused or could not be reached; the message says which and why."""
 
 
-def submit_on_commit(*, trial_id: str, spec: dict[str, Any], export_dir: str) -> None:
-    """After the current transaction commits, queue the trial; a refusal fails the trial with the reason."""
+def submit_on_commit(*, trial_id: str, spec: dict[str, Any], export_dir: str, auto_budget: bool = False) -> None:
+    """After the current transaction commits, queue the trial; a refusal fails the trial with the reason.
+
+    With `auto_budget`, the device worker that plans the trial replaces its budget with its own device's
+    (the web host may see no GPU, or other ones)."""
 
     def send() -> None:
         from webapp.experiments.services import trial_status_record
@@ -31,7 +34,8 @@ def submit_on_commit(*, trial_id: str, spec: dict[str, Any], export_dir: str) ->
         try:
             from worker import api
 
-            api.trial_submit(trial_id=trial_id, spec={"kind": "engine", "trial": spec}, export_dir=export_dir)
+            api.trial_submit(trial_id=trial_id, export_dir=export_dir,
+                             spec={"kind": "engine", "trial": spec, "budget": "auto" if auto_budget else "explicit"})
         except Exception as error:  # any refusal (bad spec, Redis down) must reach the UI
             log.warning("trial %s could not be queued: %s", trial_id, error)
             trial_status_record(trial_id=trial_id, status="failed",

@@ -91,7 +91,8 @@ def _launch(trial: Trial) -> None:
     trial.best_val_loss = trial.best_val_ppl = None
     trial.save()
     scheduler.submit_on_commit(trial_id=trial.queue_id, spec=spec,
-                               export_dir=str(trial.export_dir_for(trial.queue_id)))
+                               export_dir=str(trial.export_dir_for(trial.queue_id)),
+                               auto_budget=experiment.memory_budget_bytes is None)
 
 
 def experiment_launch(*, experiment: Experiment) -> int:

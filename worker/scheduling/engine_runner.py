@@ -15,6 +15,7 @@ plan. When even a single layer cannot fit the smaller budget, the trial fails wi
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -40,12 +41,23 @@ from worker.scheduling.telemetry import EvalMetrics, StepMetrics
 log = logging.getLogger(__name__)
 
 SESSION_CACHE = 8
+AUTO_BUDGET_FRACTION = 0.9  # of the GPU memory this worker may use; the rest is CUDA context and allocator slack
 REPLAN_FACTOR = 0.75  # a trial that ran out of memory is re-planned under this share of its budget
 
 
-def engine_spec(trial: TrialSpec) -> dict[str, Any]:
-    """The queue spec of an engine trial."""
-    return {"kind": "engine", "trial": trial.to_dict()}
+def engine_spec(trial: TrialSpec, *, auto_budget: bool = False) -> dict[str, Any]:
+    """The queue spec of an engine trial. With `auto_budget`, the device that plans it sets its budget."""
+    return {"kind": "engine", "trial": trial.to_dict()} | ({"budget": "auto"} if auto_budget else {})
+
+
+def device_budget_bytes(device: torch.device, fallback: int) -> int:
+    """The memory budget "auto" means on `device`, decided where the device is (the web host may see no
+    GPU at all): 90% of what this process can have of the GPU now, its free memory plus what PyTorch's
+    allocator already holds. A CPU device has no such number: `fallback` (the budget the trial came with)."""
+    if device.type != "cuda":
+        return fallback
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(AUTO_BUDGET_FRACTION * (free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)))
 
 
 def torch_device(kind: str) -> torch.device:
@@ -65,6 +77,8 @@ class EngineRunner:
 
     def plan(self, *, trial_id: str, spec: Mapping[str, Any]) -> Planned:
         trial = TrialSpec.from_dict(spec["trial"])
+        if spec.get("budget") == "auto":
+            trial = dataclasses.replace(trial, budget_bytes=device_budget_bytes(self.device, trial.budget_bytes))
         # A planning attempt that died half-way left a partial store; planning owns the directory.
         shutil.rmtree(self.spill_dir / trial_id, ignore_errors=True)
         plan = trial_create(spec=trial, spill_dir=self.spill_dir, trial_id=trial_id, device=self.device)

@@ -50,6 +50,15 @@ def test_it_submits_launched_trials_only_after_commit(alice_team, alice_dataset,
 
     assert TrialSpec.from_dict(engine).to_dict()["steps"] == 10
     assert engine["early_stop_patience"] is None
+    assert call["spec"]["budget"] == "explicit"  # the form gave 256 MiB
+
+
+def test_an_auto_budget_is_left_to_the_device_that_plans_the_trial(alice_team, alice_dataset, submitted,
+                                                                   django_capture_on_commit_callbacks):
+    experiment = make_experiment(alice_team, alice_dataset, memory_budget_bytes=None)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.experiment_launch(experiment=experiment)
+    assert {call["spec"]["budget"] for _, call in submitted} == {"auto"}
 
 
 def test_it_sends_the_early_stopping_patience_to_the_engine(alice_team, alice_dataset, submitted,

@@ -1,0 +1,46 @@
+"""The engine runner in this process: trial specs as the queue carries them, and planning on the device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.worker.test_engine_trials import tiny_trial
+from worker.api import spec_validate
+from worker.scheduling.engine_runner import EngineRunner, device_budget_bytes, engine_spec
+
+CPU = torch.device("cpu")
+
+
+def test_it_accepts_an_auto_budget_and_refuses_unknown_ones(tokens: str) -> None:
+    trial = tiny_trial(tokens, seed=0, lr=1e-3)
+    assert spec_validate(engine_spec(trial, auto_budget=True))["budget"] == "auto"
+    assert "budget" not in spec_validate({**engine_spec(trial), "budget": "explicit"})
+    with pytest.raises(ValueError, match="budget 'lots' is unknown"):
+        spec_validate({**engine_spec(trial), "budget": "lots"})
+    with pytest.raises(ValueError, match="engine trial spec is invalid"):
+        spec_validate({"kind": "engine", "trial": {**trial.to_dict(), "early_stop_patience": 0}})
+
+
+def test_a_cpu_device_plans_an_auto_budget_trial_under_the_budget_it_came_with(tokens: str, tmp_path: Path) -> None:
+    assert device_budget_bytes(CPU, 123_456) == 123_456
+    trial = tiny_trial(tokens, seed=0, lr=1e-3, budget_bytes=450_000)
+    runner = EngineRunner(spill_dir=tmp_path, device=CPU)
+    planned = runner.plan(trial_id="t", spec=spec_validate(engine_spec(trial, auto_budget=True)))
+    assert planned.plan["budget_bytes"] == 450_000
+    assert planned.remaining_units > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_gpu_plans_an_auto_budget_trial_under_its_own_memory(tokens: str, tmp_path: Path) -> None:
+    cuda = torch.device("cuda", 0)
+    free, total = torch.cuda.mem_get_info(cuda)
+    budget = device_budget_bytes(cuda, 1)
+    assert 0.8 * free <= budget <= total
+    trial = tiny_trial(tokens, seed=0, lr=1e-3, budget_bytes=450_000)
+    planned = EngineRunner(spill_dir=tmp_path, device=cuda).plan(
+        trial_id="t", spec=spec_validate(engine_spec(trial, auto_budget=True)))
+    assert planned.plan["budget_bytes"] > 450_000 and len(planned.plan["shards"]) == 1
