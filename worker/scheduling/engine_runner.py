@@ -107,6 +107,7 @@ class EngineRunner:
         else:
             return unit_done(trial_id, result, session.remaining_units())
         # Outside the except block: its traceback holds the failed unit's frames and their device tensors.
+        del session
         return self._replan(trial_id, reason, token)
 
     def _replan(self, trial_id: str, reason: str, token: int) -> Replanned:
