@@ -1,4 +1,4 @@
-"""Device workers of a throw-away host namespace on this machine, for benchmarks: start, wait, stop.
+"""Device workers of a throw-away host namespace on this machine, for benchmarks and tests.
 
 Each worker is the same process `python -m worker.launch` starts (`worker.launch.worker_command`), bound
 to its device through its environment, under a fresh ``HYDRA_HOST_ID`` so that its keys and queues never
@@ -11,7 +11,7 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -28,35 +28,30 @@ START_TIMEOUT_S = 120.0
 
 
 class LocalWorkers:
-    """Workers for `devices`, against the Redis at `redis_url`, with spill stores and logs under `root`."""
+    """Workers for `devices`, against the Redis at `redis_url`, with spill stores and logs under `root`.
 
-    def __init__(self, *, devices: Sequence[Device], redis_url: str, root: Path, lease_s: float = 10.0) -> None:
+    As a context manager it starts every device's worker and stops them all on leaving. Tests start
+    workers one by one with `start` (and must call `stop`). `env` adds variables to each worker's
+    environment; `host_prefix` starts the namespace's name.
+    """
+
+    def __init__(self, *, devices: Sequence[Device] = (), redis_url: str, root: Path, lease_s: float = 10.0,
+                 env: Mapping[str, str] | None = None, host_prefix: str = "bench", loglevel: str = "WARNING") -> None:
         self.devices = list(devices)
         self.redis_url = redis_url
         self.root = root
-        self.host_id = f"bench-{uuid.uuid4().hex[:10]}"
+        self.env = dict(env or {})
+        self.loglevel = loglevel
+        self.host_id = f"{host_prefix}-{uuid.uuid4().hex[:10]}"
         self.client = redis.Redis.from_url(redis_url, decode_responses=True)
         self.queue = ShardQueue(self.client, self.host_id)
         self.lease_s = lease_s
-        self.processes: list[subprocess.Popen[bytes]] = []
+        self.spill_dir = root / "spill"
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}  # device name -> its worker
 
     def __enter__(self) -> LocalWorkers:
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.queue.configure(lease_s=self.lease_s)
         try:
-            for device in self.devices:
-                env = {
-                    **os.environ, **device.worker_env(),
-                    "DJANGO_SETTINGS_MODULE": "webapp.settings", "DEBUG": "1", "REDIS_URL": self.redis_url,
-                    "HYDRA_HOST_ID": self.host_id, "HYDRA_SPILL_DIR": str(self.root / "spill"),
-                    "HYDRA_DATA_DIR": str(self.root / "data"),
-                }
-                with open(self.root / f"{device.name}.log", "ab") as log:
-                    self.processes.append(subprocess.Popen(
-                        worker_command(device, self.host_id, loglevel="WARNING"), env=env, stdout=log,
-                        stderr=subprocess.STDOUT, start_new_session=True,
-                    ))
-            self._wait_ready()
+            self.start(self.devices)
         except BaseException:
             self.stop()
             raise
@@ -65,21 +60,46 @@ class LocalWorkers:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None):
         self.stop()
 
-    def _wait_ready(self) -> None:
+    def worker_env(self, device: Device) -> dict[str, str]:
+        """The environment of `device`'s worker: bound to the device, in this namespace, under `root`."""
+        return {
+            **os.environ, **device.worker_env(),
+            "DJANGO_SETTINGS_MODULE": "webapp.settings", "DEBUG": "1", "REDIS_URL": self.redis_url,
+            "HYDRA_HOST_ID": self.host_id, "HYDRA_SPILL_DIR": str(self.spill_dir),
+            "HYDRA_DATA_DIR": str(self.root / "data"), **self.env,
+        }
+
+    def start(self, devices: Sequence[Device]) -> None:
+        """Start a worker per device and wait until their loops run; RuntimeError if one does not start."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.queue.configure(lease_s=self.lease_s)
+        for device in devices:
+            with open(self.root / f"{device.name}.log", "ab") as log:
+                self.processes[device.name] = subprocess.Popen(
+                    worker_command(device, self.host_id, loglevel=self.loglevel), env=self.worker_env(device),
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                )
+        self._wait_ready([d.name for d in devices])
+
+    def _wait_ready(self, names: Sequence[str]) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        names = [d.name for d in self.devices]
         while not all(self.queue.devices().get(n, {}).get("seen") for n in names):
-            if time.monotonic() > deadline or any(p.poll() is not None for p in self.processes):
-                raise RuntimeError(f"device workers {names} did not start; see the logs in {self.root}")
+            if time.monotonic() > deadline or any(self.processes[n].poll() is not None for n in names):
+                raise RuntimeError(f"device workers {list(names)} did not start; see the logs in {self.root}\n"
+                                   f"{self.logs()}")
             time.sleep(0.1)
 
     def stop(self) -> None:
         """Stop every worker (warm shutdown, then SIGKILL after a grace period) and delete the namespace."""
-        stop_processes(self.processes, grace_s=STOP_GRACE_S)
+        stop_processes(self.processes.values(), grace_s=STOP_GRACE_S)
         self.processes.clear()
         keys = list(self.client.scan_iter(match=f"*{self.host_id}*", count=1000))
         if keys:
             self.client.delete(*keys)
+
+    def logs(self) -> str:
+        """The end of every worker's log."""
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted(self.root.glob("*.log")))
 
     def wait_until_ended(self, trial_ids: Sequence[str], *, timeout_s: float, poll_s: float = 0.2) -> None:
         """Block until every trial is finished, failed or cancelled; raise RuntimeError on a timeout."""
