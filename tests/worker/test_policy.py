@@ -25,6 +25,14 @@ def test_it_prefers_the_trial_the_device_last_ran_on_a_tie() -> None:
     assert pick(candidates, "cpu2").trial_id == "a"
 
 
+def test_remaining_times_within_a_tenth_of_the_longest_count_as_tied() -> None:
+    candidates = [Candidate("a", 10.0, "cpu1"), Candidate("b", 9.5, "cpu0"), Candidate("c", 9.8, None)]
+    assert pick(candidates, "cpu0").trial_id == "b"  # its own trial, 5% shorter than the longest
+    assert pick(candidates, "cpu1").trial_id == "a"
+    assert pick(candidates, "cpu2").trial_id == "a"  # no affinity: the longest
+    assert pick([Candidate("a", 10.0, "cpu1"), Candidate("b", 8.9, "cpu0")], "cpu0").trial_id == "a"
+
+
 def test_it_picks_nothing_from_nothing() -> None:
     assert pick([], "cpu0") is None
 

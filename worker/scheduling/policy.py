@@ -2,8 +2,15 @@
 
 The rule (`pick`): the trial with the **longest remaining time** (remaining units * its measured unit time)
 goes first, because the trial that would finish last bounds the makespan. On a tie, the device prefers the
-trial whose last unit it ran (its shard and boundary tensors are still warm there); then the smallest id, so
-that every device and every test agrees on one order.
+trial whose last unit it ran (its kept activations, caches and boundary tensors are still warm there); then
+the longer remaining time, then the smallest id, so that every device and every test agrees on one order.
+
+Remaining times are estimates (a trial's units differ by phase, a last-shard unit takes about twice a
+forward, and the unit time is a smoothed measurement), so trials within ``TIE_TOLERANCE`` (10%) of the
+longest remaining time count as tied. That tolerance is worth a lot: a trial that hops devices loses the
+activations its forward kept in the other process and runs on cold caches, and on 2 CPU devices
+`benchmarks/sharp_scaling.py --steps 12` went from 1.41x to 1.69x with it. Near the end, when remaining
+times are short, 10% of them is little, and the rule is plain LRTF again.
 
 `timetable` replays the rule on known workloads, the way torchgpipe's ``clock_cycles`` draws its schedule.
 Three trials of three 1-second units on two devices (``A1`` is trial A's second unit)::
@@ -27,6 +34,8 @@ from dataclasses import dataclass
 # Weight of the newest measurement in a trial's unit-time estimate: units of one trial differ (forward,
 # last shard, backward), so the estimate is smoothed over a few of them rather than the last one.
 UNIT_TIME_SMOOTHING = 0.2
+# Remaining times within this share of the longest count as tied (see the module docstring).
+TIE_TOLERANCE = 0.1
 
 
 @dataclass(frozen=True)
@@ -38,14 +47,19 @@ class Candidate:
     last_device: str | None = None
 
 
-def order_key(candidate: Candidate, device: str) -> tuple[float, bool, str]:
-    """Sort key, smallest first: longest remaining time, then affinity to `device`, then id."""
-    return (-candidate.remaining_s, candidate.last_device != device, candidate.trial_id)
+def order_key(candidate: Candidate, device: str) -> tuple[bool, float, str]:
+    """Sort key among tied candidates, smallest first: affinity to `device`, longer remaining time, id."""
+    return (candidate.last_device != device, -candidate.remaining_s, candidate.trial_id)
 
 
 def pick(candidates: Iterable[Candidate], device: str) -> Candidate | None:
     """The candidate `device` should run next, or None when there is none."""
-    return min(candidates, key=lambda c: order_key(c, device), default=None)
+    candidates = list(candidates)
+    if not candidates:
+        return None
+    longest = max(c.remaining_s for c in candidates)
+    tied = [c for c in candidates if c.remaining_s >= longest * (1.0 - TIE_TOLERANCE)]
+    return min(tied, key=lambda c: order_key(c, device))
 
 
 def remaining_seconds(remaining_units: int, unit_s: float) -> float:
