@@ -61,7 +61,9 @@ def device_loop(epoch: str) -> None:
     queue = host_queue()
     settings.HYDRA.spill_dir.mkdir(parents=True, exist_ok=True)
     runners = {
+        # A CPU device of one core has no second core to load the next shard on while a unit computes.
         "engine": EngineRunner(spill_dir=settings.HYDRA.spill_dir, device=torch_device(kind),
+                               prefetch=kind == "cuda" or torch.get_num_threads() > 1,
                                fault_oom_above_bytes=settings.HYDRA.fault_oom_above_bytes),
         "synthetic": SyntheticRunner(),
     }

@@ -44,3 +44,17 @@ def test_a_gpu_plans_an_auto_budget_trial_under_its_own_memory(tokens: str, tmp_
     planned = EngineRunner(spill_dir=tmp_path, device=cuda).plan(
         trial_id="t", spec=spec_validate(engine_spec(trial, auto_budget=True)))
     assert planned.plan["budget_bytes"] > 450_000 and len(planned.plan["shards"]) == 1
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_it_loads_the_next_trials_shard_while_a_unit_runs_unless_told_not_to(
+    tokens: str, tmp_path: Path, prefetch: bool
+) -> None:
+    runner = EngineRunner(spill_dir=tmp_path, device=CPU, prefetch=prefetch)
+    specs = {t: engine_spec(tiny_trial(tokens, seed=i, lr=1e-3)) for i, t in enumerate("ab")}
+    for trial_id, spec in specs.items():
+        runner.plan(trial_id=trial_id, spec=spec)
+    runner.run_unit(trial_id="a", spec=specs["a"], units_done=0, next_trial="b", token=1)
+    assert runner._sessions["b"].prefetching() == (["p0"] if prefetch else [])  # b's first unit: shard 0
+    runner.run_unit(trial_id="b", spec=specs["b"], units_done=0, next_trial="b", token=2)
+    assert runner._sessions["b"].prefetching() == (["p1"] if prefetch else [])  # b's own next unit

@@ -278,6 +278,10 @@ class TrialSession:
         if on_disk.manifest["version"] != self.store.manifest["version"]:
             self.reopen(on_disk)
 
+    def prefetching(self) -> list[str]:
+        """The buffers being read in the background for a coming unit (see :meth:`prefetch`)."""
+        return [name for name, _ in self._transfers.pending()]
+
     def prefetch(self, unit: UnitSpec) -> None:
         """Start reading ``unit``'s shard state (parameters, and accumulated gradients when the unit adds
         to them) in the background, so that :meth:`run_unit` finds it loaded.

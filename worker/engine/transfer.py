@@ -122,6 +122,10 @@ class Transfers:
             tensor.record_stream(stream)
         return tensor
 
+    def pending(self) -> list[tuple[str, int]]:
+        """The keys started and not yet taken or forgotten."""
+        return sorted(self._reads)
+
     def retain(self, current: dict[str, int]) -> None:
         """Forget started reads whose version is no longer current (``current``: buffer name -> version).
 

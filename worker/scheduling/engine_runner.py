@@ -68,10 +68,14 @@ def torch_device(kind: str) -> torch.device:
 class EngineRunner:
     """Engine trials under `spill_dir` on `device` (this process's only device)."""
 
-    def __init__(self, *, spill_dir: Path, device: torch.device, fault_oom_above_bytes: int | None = None) -> None:
-        """`fault_oom_above_bytes` is fault injection for tests (see `TrialSession.fault_oom_above_bytes`)."""
+    def __init__(self, *, spill_dir: Path, device: torch.device, prefetch: bool = True,
+                 fault_oom_above_bytes: int | None = None) -> None:
+        """`prefetch`: load the next unit's shard in the background (the double buffer); off where there is
+        nothing to overlap with, as on a CPU device of one core. `fault_oom_above_bytes` is fault injection
+        for tests (see `TrialSession.fault_oom_above_bytes`)."""
         self.spill_dir = spill_dir
         self.device = device
+        self.prefetch = prefetch
         self.fault_oom_above_bytes = fault_oom_above_bytes
         self._sessions: OrderedDict[str, TrialSession] = OrderedDict()
 
@@ -92,6 +96,8 @@ class EngineRunner:
         session = self._open(trial_id)
         if session.next_unit() is None:
             raise WorkloadError(f"trial {trial_id!r} has no unit left, yet the queue had it runnable")
+        if not self.prefetch:
+            next_trial = None
         if next_trial == trial_id:
             cursor = session.store.manifest["cursor"]
             if cursor + 1 < len(session.timetable):
