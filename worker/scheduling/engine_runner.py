@@ -151,13 +151,13 @@ class EngineRunner:
         shutil.rmtree(self.spill_dir / trial_id, ignore_errors=True)
 
     def _open(self, trial_id: str) -> TrialSession:
-        store = SpillStore.open(self.spill_dir / trial_id)
+        """The trial's session, on its last commit (read again only if a commit landed since)."""
         session = self._sessions.pop(trial_id, None)
         if session is None:
-            session = TrialSession(store, self.device)
+            session = TrialSession(SpillStore.open(self.spill_dir / trial_id), self.device)
             session.fault_oom_above_bytes = self.fault_oom_above_bytes
-        else:
-            session.reopen(store)
+        elif not session.store.is_current():
+            session.reopen(SpillStore.open(self.spill_dir / trial_id))
         self._sessions[trial_id] = session
         while len(self._sessions) > SESSION_CACHE:
             self._sessions.popitem(last=False)[1].close()
