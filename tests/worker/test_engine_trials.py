@@ -124,7 +124,7 @@ def test_it_reruns_the_unit_of_a_killed_worker_on_another_device(
     assert_same_weights(exported(tmp_path / "export-k"), trained_alone(trial, tmp_path / "alone"))
 
 
-def taken_over(queue: ShardQueue, units_done: int, timeout_s: float = 30) -> bool:
+def taken_over(queue: ShardQueue, units_done: int, timeout_s: float = 10) -> bool:
     """Whether another device ran two more units of trial "s" (or finished it) within `timeout_s`.
 
     False when the frozen worker holds the spill store's commit lock (a window of one manifest write): the
@@ -144,7 +144,9 @@ def test_a_worker_frozen_past_its_lease_cannot_write_the_trial(device_workers, t
     more, then SIGCONT it: its unit is refused by the spill store (fencing), not committed over the newer
     state, and the trial ends with the weights of an uninterrupted run. A freeze that lands after the unit's
     commit (only its completion is late) is let go, and another unit is frozen."""
-    trial = tiny_trial(tokens, seed=11, lr=2e-3, steps=8, width=128, budget_bytes=8_000_000)
+    # Units long enough that a freeze mostly lands mid-unit, and steps enough for several tries: a freeze
+    # can also land after a unit's commit, or inside the commit lock.
+    trial = tiny_trial(tokens, seed=11, lr=2e-3, steps=16, width=256, budget_bytes=40_000_000)
     workers = device_workers("cpu0", "cpu1", lease_s=1.5)
     queue = workers.queue
     queue.submit(trial_id="s", spec=spec_validate({"kind": "engine", "trial": trial.to_dict()}),
@@ -158,11 +160,16 @@ def test_a_worker_frozen_past_its_lease_cannot_write_the_trial(device_workers, t
 
     refused = False
     while not refused and queue.trial("s").state not in ("finished", "failed"):
-        victim = queue.trial("s").device
+        seen = queue.trial("s")
+        if seen.state != "running":
+            time.sleep(0.002)
+            continue
+        time.sleep(0.3 * (seen.unit_s or 0.0))  # into the unit's computation, not its first or last moments
+        victim = seen.device
         workers.freeze(victim)
         record = queue.trial("s")
-        if (record.state, record.device) != ("running", victim):
-            workers.thaw(victim)
+        if (record.state, record.device, record.units_done) != ("running", victim, seen.units_done):
+            workers.thaw(victim)  # that unit ended meanwhile
             continue
         before = lease_messages(victim)
         if not taken_over(queue, record.units_done):
