@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import logging
 import shutil
 import time
@@ -29,11 +28,11 @@ from typing import Any
 import torch
 
 from worker.engine.config import TrialSpec
-from worker.engine.errors import BudgetError, StaleWriterError
+from worker.engine.errors import BudgetError, SpillStoreError, StaleWriterError
 from worker.engine.partition import MemoryPlan
 from worker.engine.repartition import repartition
 from worker.engine.session import TrialSession, UnitResult, trial_create
-from worker.engine.spill_store import MANIFEST, SpillStore
+from worker.engine.spill_store import SpillStore
 from worker.scheduling.queue import LeaseLost
 from worker.scheduling.runner import Planned, Replanned, UnitDone, WorkloadError
 from worker.scheduling.telemetry import EvalMetrics, StepMetrics
@@ -173,20 +172,20 @@ class EngineRunner:
     def _prefetch_other(self, trial_id: str) -> None:
         """Prefetch another trial's next unit, if this process has its session (building one costs a unit).
 
-        From a snapshot of its manifest, not SpillStore.open: another device may be running that trial's
-        unit right now, and open() would delete the files it is writing. The reads are keyed by buffer
-        version, so if that device commits first they are simply not used.
+        Another device may be running that trial's unit right now: opening the store only reads its last
+        commit (it touches no file), and the reads are keyed by buffer version, so if that device commits
+        first they are simply not used.
         """
         session = self._sessions.get(trial_id)
         if session is None:
             return
-        root = self.spill_dir / trial_id
         try:
-            session.reopen(SpillStore(root, json.loads((root / MANIFEST).read_text())))
+            if not session.store.is_current():
+                session.reopen(SpillStore.open(self.spill_dir / trial_id))
             unit = session.next_unit()
             if unit is not None:
                 session.prefetch(unit)
-        except (OSError, ValueError, KeyError) as error:  # the trial moved on or ended meanwhile
+        except (OSError, ValueError, KeyError, SpillStoreError) as error:  # the trial moved on or ended
             log.debug("prefetch of trial %s skipped: %s", trial_id, error)
 
 
