@@ -173,8 +173,7 @@ class DeviceLoop:
         except Exception as error:  # any failure of planning is the trial's, never the device's
             self._fail(job.trial_id, job.token, "planning", error)
             return
-        span = Span(trial=job.trial_id, device=self.device, unit=-1, step=-1, micro_batch=0, phase="plan",
-                    shard=-1, start=start, end=time.time(), bytes_moved=0, peak_bytes=0, pid=self.pid)
+        span = self._trial_span(job.trial_id, "plan", start, time.time())
         try:
             state = self.queue.plan_done(
                 job, remaining_units=planned.remaining_units, unit_s=planned.unit_s, plan=planned.plan,
@@ -216,8 +215,7 @@ class DeviceLoop:
             self._record(lease, done, start, end)
 
     def _replanned(self, lease: Lease, replanned: Replanned, start: float, end: float) -> None:
-        span = Span(trial=lease.trial_id, device=self.device, unit=-1, step=-1, micro_batch=0, phase="replan",
-                    shard=-1, start=start, end=end, bytes_moved=0, peak_bytes=0, pid=self.pid)
+        span = self._trial_span(lease.trial_id, "replan", start, end)
         try:
             state = self.queue.replan(
                 lease, remaining_units=replanned.remaining_units, unit_s=replanned.unit_s, plan=replanned.plan,
@@ -227,6 +225,11 @@ class DeviceLoop:
             log.warning("%s", error)
             return
         log.warning("trial %s on %s: %s; now %s", lease.trial_id, self.device, replanned.message, state)
+
+    def _trial_span(self, trial_id: str, phase: str, start: float, end: float) -> Span:
+        """A span of work on a whole trial rather than one of its units (planning, re-planning)."""
+        return Span(trial=trial_id, device=self.device, unit=-1, step=-1, micro_batch=0, phase=phase, shard=-1,
+                    start=start, end=end, bytes_moved=0, peak_bytes=0, pid=self.pid)
 
     def _record(self, lease: Lease, done: UnitDone, start: float, end: float) -> None:
         """Complete the unit and write its telemetry in one round trip."""
