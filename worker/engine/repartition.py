@@ -48,14 +48,6 @@ def segment_start(timetable: Timetable, unit: UnitSpec) -> int:
     return start + timetable.train_units_per_step if unit.phase == "E" else start
 
 
-def at_step_boundary(session: TrialSession) -> bool:
-    """Whether the trial's cursor is at the first unit of a step (no step in flight)."""
-    cursor = session.store.manifest["cursor"]
-    timetable = session.timetable
-    return cursor < len(timetable) and cursor == timetable.step_offset(timetable[cursor].step) \
-        and timetable[cursor].phase in ("F", "FB")
-
-
 def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_bytes: int | None = None,
                 cuts: Sequence[int] | None = None, token: int | None = None) -> MemoryPlan:
     """Re-plan trial ``trial_id`` under ``budget_bytes`` (solved from its profiled layer costs) or with
