@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The GPU checks of the engine in one short run, for a machine with a CUDA GPU (e.g. a lent device):
-# the CUDA tests, then spill_overhead and memory_bound on the GPU. Everything lands under $OUT
-# (default artifacts/gpu). Needs torch, transformers, safetensors, tokenizers, numpy and pytest in
-# $PYTHON (default python3); neither Django nor Redis: the engine imports neither. About 8 minutes.
+# The GPU checks in one short run, for a machine with a CUDA GPU (e.g. a lent device): the CUDA tests of
+# the engine and of the worker's engine runner, then spill_overhead and memory_bound on the GPU. Everything
+# lands under $OUT (default artifacts/gpu). Needs torch, transformers, safetensors, tokenizers, numpy,
+# psutil, nvidia-ml-py, redis-py and pytest in $PYTHON (default python3); no Django, Celery or Redis server.
+# About 5 minutes on an H200.
 set -uo pipefail
 out="${OUT:-artifacts/gpu}"
 py="${PYTHON:-python3}"
@@ -10,10 +11,16 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1
+df -h /dev/shm /tmp >> "$out/nvidia-smi.txt" 2>&1
+# The host tier is /dev/shm where it is large enough for spill_overhead's stores (a few GB), else /tmp.
+shm=/dev/shm
+[ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)" -gt 8000000 ] 2>/dev/null || shm=/tmp
 "$py" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__,
 "cuda", torch.cuda.is_available())' 2>&1 | tee "$out/versions.txt"
 # --confcutdir: only the engine's conftest (the repository's root ones set up Django for the web tests).
 timeout 240 "$py" -m pytest tests/engine/test_cuda.py tests/engine/test_transfer.py -m "cuda or not cuda" -q \
   -p no:cacheprovider -p no:django --confcutdir=tests/engine -o addopts="-ra" 2>&1 | tee "$out/cuda-tests.txt"
-timeout 240 "$py" benchmarks/spill_overhead.py --device cuda --rounds 1 --steps 3 2>&1 | tee "$out/spill_overhead.txt"
+timeout 240 "$py" -m pytest tests/worker/test_cuda_runner.py -m "cuda or not cuda" -q -s \
+  -p no:cacheprovider -p no:django --confcutdir=tests/worker -o addopts="-ra" 2>&1 | tee -a "$out/cuda-tests.txt"
+timeout 240 "$py" benchmarks/spill_overhead.py --device cuda --rounds 1 --steps 3 --spill-dir "$shm" 2>&1 | tee "$out/spill_overhead.txt"
 timeout 150 "$py" benchmarks/memory_bound.py --quick --device cuda 2>&1 | tee "$out/memory_bound.txt"

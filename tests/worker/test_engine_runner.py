@@ -33,19 +33,6 @@ def test_a_cpu_device_plans_an_auto_budget_trial_under_the_budget_it_came_with(t
     assert planned.remaining_units > 0
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_gpu_plans_an_auto_budget_trial_under_its_own_memory(tokens: str, tmp_path: Path) -> None:
-    cuda = torch.device("cuda", 0)
-    free, total = torch.cuda.mem_get_info(cuda)
-    budget = device_budget_bytes(cuda, 1)
-    assert 0.8 * free <= budget <= total
-    trial = tiny_trial(tokens, seed=0, lr=1e-3, budget_bytes=450_000)
-    planned = EngineRunner(spill_dir=tmp_path, device=cuda).plan(
-        trial_id="t", spec=spec_validate(engine_spec(trial, auto_budget=True)))
-    assert planned.plan["budget_bytes"] > 450_000 and len(planned.plan["shards"]) == 1
-
-
 @pytest.mark.parametrize("prefetch", [True, False])
 def test_it_loads_the_next_trials_shard_while_a_unit_runs_unless_told_not_to(
     tokens: str, tmp_path: Path, prefetch: bool
