@@ -45,3 +45,13 @@ def test_it_loads_the_next_trials_shard_while_a_unit_runs_unless_told_not_to(
     assert runner._sessions["b"].prefetching() == (["p0"] if prefetch else [])  # b's first unit: shard 0
     runner.run_unit(trial_id="b", spec=specs["b"], units_done=0, next_trial="b", token=2)
     assert runner._sessions["b"].prefetching() == (["p1"] if prefetch else [])  # b's own next unit
+
+
+def test_it_says_which_units_leave_activations_for_a_later_unit_in_this_process(tokens: str, tmp_path: Path) -> None:
+    runner = EngineRunner(spill_dir=tmp_path, device=CPU)
+    spec = engine_spec(tiny_trial(tokens, seed=0, lr=1e-3, steps=1))
+    assert len(runner.plan(trial_id="t", spec=spec).plan["shards"]) == 2
+    units = [runner.run_unit(trial_id="t", spec=spec, units_done=i, next_trial=None, token=1) for i in range(6)]
+    # Each micro-batch: F0 keeps its graph for B0, FB1 leaves F0's, B0 uses it up.
+    assert [(u.phase, u.keeps_activations) for u in units] == [
+        ("F", True), ("FB", True), ("B", False), ("F", True), ("FB", True), ("B", False)]

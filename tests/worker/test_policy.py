@@ -33,6 +33,18 @@ def test_remaining_times_within_a_tenth_of_the_longest_count_as_tied() -> None:
     assert pick([Candidate("a", 10.0, "cpu1"), Candidate("b", 8.9, "cpu0")], "cpu0").trial_id == "a"
 
 
+def test_a_device_finishes_the_micro_batch_it_holds_before_the_longest_trial() -> None:
+    candidates = [Candidate("a", 10.0, "cpu1"), Candidate("b", 2.0, "cpu0", held_by="cpu0")]
+    assert pick(candidates, "cpu0").trial_id == "b"
+
+
+def test_other_devices_pass_over_a_held_trial_even_if_that_leaves_them_idle() -> None:
+    held = Candidate("a", 10.0, "cpu0", held_by="cpu0")
+    assert pick([held, Candidate("b", 2.0, "cpu1")], "cpu1").trial_id == "b"
+    assert pick([held], "cpu1") is None
+    assert pick([held], "cpu0") == held
+
+
 def test_it_picks_nothing_from_nothing() -> None:
     assert pick([], "cpu0") is None
 

@@ -99,6 +99,27 @@ def test_it_puts_a_unit_back_when_its_lease_expires(shard_queue: ShardQueue) -> 
     assert shard_queue.claim("t1", "cpu1").units_done == 0
 
 
+def test_a_device_holds_a_trial_whose_activations_it_keeps_until_the_hold_lapses(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1")
+    shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=2, unit_s=0.5, hold_s=0.3)
+    assert survey(shard_queue, "cpu1").candidates == [Candidate("t1", 1.0, "cpu0", held_by="cpu0")]
+    time.sleep(0.4)
+    assert survey(shard_queue, "cpu1").candidates == [Candidate("t1", 1.0, "cpu0")]  # a dead holder is passed
+    shard_queue.complete(shard_queue.claim("t1", "cpu1"), remaining_units=1, unit_s=0.5, hold_s=10.0)
+    assert survey(shard_queue).candidates[0].held_by == "cpu1"
+    shard_queue.complete(shard_queue.claim("t1", "cpu1"), remaining_units=1, unit_s=0.5)  # the backward is through
+    assert survey(shard_queue).candidates[0].held_by is None
+
+
+def test_a_hold_ends_with_the_lease_of_its_holder(shard_queue: ShardQueue) -> None:
+    shard_queue.configure(lease_s=0.2)
+    runnable(shard_queue, "t1")
+    shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=2, unit_s=0.5, hold_s=60.0)
+    shard_queue.claim("t1", "cpu0")  # the holder takes it back, then dies mid-unit
+    time.sleep(0.3)
+    assert survey(shard_queue, "cpu1").candidates == [Candidate("t1", 1.0, "cpu0")]
+
+
 def test_it_renews_a_lease(shard_queue: ShardQueue) -> None:
     shard_queue.configure(lease_s=0.3)
     runnable(shard_queue, "t1")

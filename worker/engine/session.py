@@ -278,6 +278,11 @@ class TrialSession:
         if on_disk.manifest["version"] != self.store.manifest["version"]:
             self.reopen(on_disk)
 
+    def keeps_activations(self) -> bool:
+        """Whether this session holds forward activations that a coming backward unit will use (another
+        process would recompute them)."""
+        return bool(self._kept)
+
     def prefetching(self) -> list[str]:
         """The buffers being read in the background for a coming unit (see :meth:`prefetch`)."""
         return [name for name, _ in self._transfers.pending()]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.scheduling import telemetry
-from worker.scheduling.policy import Candidate, pick, remaining_seconds, unit_time_estimate
+from worker.scheduling.policy import HOLD_UNITS, Candidate, pick, remaining_seconds, unit_time_estimate
 from worker.scheduling.queue import Lease, LeaseLost, PlanJob, ShardQueue, Survey
 from worker.scheduling.runner import Replanned, TrialRunner, UnitDone
 from worker.scheduling.telemetry import Span
@@ -236,10 +236,11 @@ class DeviceLoop:
         span = Span(trial=lease.trial_id, device=self.device, unit=lease.units_done, step=done.step,
                     micro_batch=done.micro_batch, phase=done.phase, shard=done.shard, start=start, end=end,
                     bytes_moved=done.bytes_moved, peak_bytes=done.peak_bytes, pid=self.pid)
+        unit_s = unit_time_estimate(lease.unit_s, end - start)
         try:
             self.queue.complete(
-                lease, remaining_units=done.remaining_units, unit_s=unit_time_estimate(lease.unit_s, end - start),
-                message=done.message,
+                lease, remaining_units=done.remaining_units, unit_s=unit_s, message=done.message,
+                hold_s=HOLD_UNITS * unit_s if done.keeps_activations else 0.0,
                 also=lambda pipe: telemetry.add_all(pipe, self.queue.host_id, span=span, steps=done.steps,
                                                     evals=done.evals),
             )

@@ -110,7 +110,7 @@ class EngineRunner:
         except torch.OutOfMemoryError as error:
             reason = str(error).split("\n")[0]  # CUDA's message goes on about allocator settings
         else:
-            return unit_done(trial_id, result, session.remaining_units())
+            return unit_done(trial_id, result, session.remaining_units(), keeps=session.keeps_activations())
         # Outside the except block: its traceback holds the failed unit's frames and their device tensors.
         del session
         return self._replan(trial_id, reason, token)
@@ -199,7 +199,7 @@ def first_unit_estimate(plan: MemoryPlan) -> float:
     return max(1e-6, 4 / 3 * sum(layer.time_s for layer in plan.layers) / units)
 
 
-def unit_done(trial_id: str, result: UnitResult, remaining_units: int) -> UnitDone:
+def unit_done(trial_id: str, result: UnitResult, remaining_units: int, *, keeps: bool = False) -> UnitDone:
     """Translate the engine's result of one unit into the scheduler's record."""
     unit = result.unit
     now = time.time()
@@ -216,7 +216,7 @@ def unit_done(trial_id: str, result: UnitResult, remaining_units: int) -> UnitDo
     return UnitDone(
         remaining_units=remaining_units, step=unit.step, micro_batch=unit.micro_batch, phase=unit.phase,
         shard=unit.shard, bytes_moved=result.bytes_read + result.bytes_written,
-        peak_bytes=result.peak_device_bytes or 0, steps=steps, evals=evals,
+        peak_bytes=result.peak_device_bytes or 0, steps=steps, evals=evals, keeps_activations=keeps,
         message=(f"stopped early after step {unit.step + 1}: no lower validation loss in the last "
                  f"evaluations (patience)" if result.stopped_early else ""),
     )

@@ -5,6 +5,7 @@ store lives on one host and only that host's devices take its units. Everything 
 
     hydra:<host>:trials          ZSET   trial id -> submit time (s)             every trial of the host
     hydra:<host>:trial:<id>      HASH   state, spec, export_dir, control, lease, device, last_device,
+                                        held_until (ms: last_device keeps its activations until then),
                                         remaining_units, unit_s, units_done, requeues, replans, message,
                                         plan, submitted, updated
     hydra:<host>:planning        LIST   trial ids waiting to be planned (LPUSH in, RPOP out: FIFO)
@@ -134,7 +135,8 @@ return 'ok'
 
 # Check that the calling device loop is still the device's current one (its worker did not restart or
 # stop), requeue expired leases, then report how many trials wait to be planned, one ended trial whose
-# state the caller must free, and the head of the runnable set with each trial's last device and units done.
+# state the caller must free, and the head of the runnable set with each trial's last device, units done and
+# the device holding its activations (its last device, until held_until).
 _SURVEY = """
 local dkey = key('device:' .. ARGV[3])
 local device = redis.call('HMGET', dkey, 'epoch', 'stop')
@@ -143,7 +145,7 @@ redis.call('HSET', dkey, 'seen', now_ms() / 1000)
 local expired = redis.call('ZRANGEBYSCORE', key('leases'), '-inf', now_ms())
 for _, id in ipairs(expired) do
   redis.call('ZREM', key('leases'), id)
-  redis.call('HDEL', tkey(id), 'lease')
+  redis.call('HDEL', tkey(id), 'lease', 'held_until')
   redis.call('HINCRBY', tkey(id), 'requeues', 1)
   local state = redis.call('HGET', tkey(id), 'state')
   if state == 'planning' then
@@ -157,11 +159,12 @@ local head = redis.call('ZREVRANGE', key('runnable'), 0, tonumber(ARGV[2]) - 1, 
 local out = {1, redis.call('LLEN', key('planning')), redis.call('RPOP', key('reap')) or ''}
 for i = 1, #head, 2 do
   local id = head[i]
-  local extra = redis.call('HMGET', tkey(id), 'last_device', 'units_done')
+  local extra = redis.call('HMGET', tkey(id), 'last_device', 'units_done', 'held_until')
   table.insert(out, id)
   table.insert(out, head[i + 1])
   table.insert(out, extra[1] or '')
   table.insert(out, extra[2] or '0')
+  table.insert(out, (tonumber(extra[3] or '0') > now_ms()) and extra[1] or '')
 end
 return out
 """
@@ -207,6 +210,11 @@ local id, token, remaining_units = ARGV[2], ARGV[3], tonumber(ARGV[4])
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HINCRBY', tkey(id), 'units_done', 1)
 redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', ARGV[5], 'last_device', ARGV[6])
+if tonumber(ARGV[8]) > 0 then
+  redis.call('HSET', tkey(id), 'held_until', now_ms() + tonumber(ARGV[8]))
+else
+  redis.call('HDEL', tkey(id), 'held_until')
+end
 if remaining_units == 0 then
   redis.call('HDEL', tkey(id), 'control')
   set_state(id, 'finished', ARGV[7])
@@ -222,6 +230,7 @@ _REPLAN = """
 local id, token = ARGV[2], ARGV[3]
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HSET', tkey(id), 'remaining_units', ARGV[4], 'unit_s', ARGV[5], 'plan', ARGV[6], 'last_device', ARGV[7])
+redis.call('HDEL', tkey(id), 'held_until')
 redis.call('HINCRBY', tkey(id), 'replans', 1)
 return after_unit(id, false, ARGV[8])
 """
@@ -461,9 +470,9 @@ class ShardQueue:
         if not raw[0]:
             return Survey(alive=False, planning=0, candidates=[], units_done={})
         candidates, units_done = [], {}
-        for i in range(3, len(raw), 4):
-            trial_id, score, last_device, done = raw[i : i + 4]
-            candidates.append(Candidate(trial_id, float(score), last_device or None))
+        for i in range(3, len(raw), 5):
+            trial_id, score, last_device, done, held_by = raw[i : i + 5]
+            candidates.append(Candidate(trial_id, float(score), last_device or None, held_by or None))
             units_done[trial_id] = int(done)
         return Survey(alive=True, planning=int(raw[1]), candidates=candidates, units_done=units_done,
                       reap=raw[2] or None)
@@ -512,18 +521,19 @@ class ShardQueue:
         return bool(self._run("renew", trial_id, token))
 
     def complete(
-        self, lease: Lease, *, remaining_units: int, unit_s: float, message: str = "",
+        self, lease: Lease, *, remaining_units: int, unit_s: float, message: str = "", hold_s: float = 0.0,
         also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> str:
         """End a unit: the trial finishes (0 units left), or becomes runnable, paused or cancelled.
 
-        `unit_s` is the trial's new unit-time estimate; `message` goes with the finished state. `also`
-        queues commands to send in the same round trip (telemetry). Raises LeaseLost when the lease expired
-        meanwhile (the unit is being re-run elsewhere).
+        `unit_s` is the trial's new unit-time estimate; `message` goes with the finished state. `hold_s` > 0
+        says this device keeps activations of the trial for that long (surveys report it as `held_by`).
+        `also` queues commands to send in the same round trip (telemetry). Raises LeaseLost when the lease
+        expired meanwhile (the unit is being re-run elsewhere).
         """
         outcome: str = self._run_with(
-            also,
-            "complete", lease.trial_id, lease.token, remaining_units, repr(unit_s), lease.device, message
+            also, "complete", lease.trial_id, lease.token, remaining_units, repr(unit_s), lease.device, message,
+            int(hold_s * 1000),
         )
         return self._check_lease(outcome, lease.trial_id)
 

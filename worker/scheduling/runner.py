@@ -42,6 +42,7 @@ class UnitDone:
     steps: list[StepMetrics] = field(default_factory=list)
     evals: list[EvalMetrics] = field(default_factory=list)
     message: str = ""  # for the trial's record, e.g. why it ended before its last step
+    keeps_activations: bool = False  # this process kept activations that a later unit of the trial uses
 
 
 @dataclass(frozen=True)
