@@ -23,6 +23,19 @@ def test_it_renews_the_held_lease_until_the_unit_ends() -> None:
     assert len(renewals) == held
 
 
+def test_a_shorter_lease_taken_while_the_keeper_sleeps_on_a_longer_one_is_renewed_in_time() -> None:
+    renewals: list[str] = []
+    keeper = LeaseKeeper()
+    try:
+        with keeper.holding(lambda: renewals.append("long") or True, 30.0, "t1"):
+            time.sleep(0.05)  # the keeper now sleeps until 10 s from now
+        with keeper.holding(lambda: renewals.append("short") or True, 0.3, "t2"):
+            time.sleep(0.35)
+    finally:
+        keeper.stop()
+    assert renewals.count("short") >= 2 and "long" not in renewals
+
+
 def test_it_stops_renewing_a_lost_lease() -> None:
     calls: list[int] = []
     keeper = LeaseKeeper()
