@@ -66,7 +66,7 @@ def main() -> None:
         start = time.monotonic()
         for trial_id in trial_ids:
             workers.queue.submit(trial_id=trial_id, spec=synthetic_spec(units=units), export_dir="")
-        workers.wait_until_ended(trial_ids, timeout_s=600, poll_s=0.05)
+        workers.wait_until_ended(trial_ids, timeout_s=600)
         elapsed = time.monotonic() - start
         spans = [s for s in workers.entries("spans") if s["phase"] != "plan"]
 

@@ -101,16 +101,23 @@ class LocalWorkers:
         """The end of every worker's log."""
         return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted(self.root.glob("*.log")))
 
-    def wait_until_ended(self, trial_ids: Sequence[str], *, timeout_s: float, poll_s: float = 0.2) -> None:
-        """Block until every trial is finished, failed or cancelled; raise RuntimeError on a timeout."""
+    def wait_until_ended(self, trial_ids: Sequence[str], *, timeout_s: float) -> None:
+        """Block until every trial is finished, failed or cancelled; raise RuntimeError on a timeout.
+
+        Woken by the host's events stream rather than by polling, which would take CPU from the devices.
+        """
         deadline = time.monotonic() + timeout_s
+        last = self.client.xrevrange(self.queue.key("events"), count=1)
+        cursor = last[0][0] if last else "0-0"
         while True:
             states = {t: self.queue.trial(t).state for t in trial_ids}
             if all(s in {"finished", "failed", "cancelled"} for s in states.values()):
                 return
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise RuntimeError(f"trials not done after {timeout_s} s: {states}")
-            time.sleep(poll_s)
+            for _, entries in self.client.xread({self.queue.key("events"): cursor}, block=int(min(left, 1.0) * 1000)):
+                cursor = entries[-1][0]
 
     def entries(self, stream: str) -> list[dict[str, object]]:
         """Every entry of one of the namespace's telemetry streams."""
