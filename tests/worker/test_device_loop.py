@@ -74,4 +74,5 @@ def test_it_plans_runs_and_guesses_the_next_trial(shard_queue: ShardQueue) -> No
     assert runner.guesses[0] == ("a", "b")
     assert runner.guesses[-1][1] is None  # nothing left after the last unit
     shard_queue.device_stop("cpu0")
+    assert loop.turn()  # acts on the survey made in the round trip of the last unit's completion, before the stop
     assert not loop.turn()

@@ -120,6 +120,40 @@ def test_a_hold_ends_with_the_lease_of_its_holder(shard_queue: ShardQueue) -> No
     assert survey(shard_queue, "cpu1").candidates == [Candidate("t1", 1.0, "cpu0")]
 
 
+def test_a_device_goes_on_with_the_trial_it_holds_without_a_claim(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1", units=3)
+    runnable(shard_queue, "t2", units=9)  # longer: a claim would pick it
+    survey(shard_queue)  # the loop's epoch
+    lease = shard_queue.claim("t1", "cpu0")
+    state, seen, after = shard_queue.complete_then_survey(lease, "epoch-1", remaining_units=2, unit_s=0.5, hold_s=2.0)
+    assert state == "running" and after is not None
+    assert (after.trial_id, after.units_done, after.remaining_units) == ("t1", 1, 2)
+    assert int(after.token) > int(lease.token) and after.spec == lease.spec
+    assert [c.trial_id for c in seen.candidates] == ["t2"]  # t1 is leased again, not runnable
+    state, _, after = shard_queue.complete_then_survey(after, "epoch-1", remaining_units=1, unit_s=0.5)
+    assert (state, after) == ("runnable", None)  # the backward is through: no hold, the policy picks again
+    assert shard_queue.trial("t1").units_done == 2
+
+
+@pytest.mark.parametrize("reason", ["pause", "planning", "stopped", "old epoch"])
+def test_a_held_trial_goes_back_to_the_policy_when_the_loop_must_look_first(
+    shard_queue: ShardQueue, reason: str
+) -> None:
+    runnable(shard_queue, "t1")
+    survey(shard_queue)
+    lease = shard_queue.claim("t1", "cpu0")
+    if reason == "pause":
+        shard_queue.pause("t1")
+    elif reason == "planning":
+        shard_queue.submit(trial_id="t2", spec=SPEC, export_dir="")
+    elif reason == "stopped":
+        shard_queue.device_stop("cpu0")
+    epoch = "epoch-0" if reason == "old epoch" else "epoch-1"
+    state, _, after = shard_queue.complete_then_survey(lease, epoch, remaining_units=2, unit_s=0.5, hold_s=2.0)
+    assert after is None
+    assert state == ("paused" if reason == "pause" else "runnable")
+
+
 def test_it_renews_a_lease(shard_queue: ShardQueue) -> None:
     shard_queue.configure(lease_s=0.3)
     runnable(shard_queue, "t1")

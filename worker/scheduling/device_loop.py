@@ -1,9 +1,13 @@
 """What a device worker runs: claim the next unit by Sharded-LRTF, run it under a lease, record it, repeat.
 
-One loop per device (the worker's ``device_loop`` task). Each turn costs three Redis round trips: a
-survey (requeue expired leases, read candidates), a claim of the trial the policy picked, and one pipeline
-that completes the unit and writes its telemetry. Planning a trial is work of the same kind: it needs the
-device, so a free device plans waiting trials before it runs units.
+One loop per device (the worker's ``device_loop`` task). A unit costs one Redis round trip, or two: one
+pipeline completes the unit, writes its telemetry and makes the next turn's survey (requeue expired
+leases, read candidates); then a claim of the trial the policy picked. While the device holds the trial
+(its process keeps the activations of the micro-batch in flight), the completion leases the trial's next
+unit at once, as the policy would pick it anyway, and the claim is skipped: 6 units in 7 on a 4-shard
+trial. On a CPU device, where Redis takes its turns on the cores that compute, each round trip saved is
+time for the units (sharp_scaling on 2 devices: utilization 0.95 -> 0.96). Planning a trial is work of the
+same kind: it needs the device, so a free device plans waiting trials before it runs units.
 
 While a unit runs, the loop already knows which trial it will most likely take next (the policy applied to
 the survey, with the current trial's remaining time reduced by one unit) and hands that guess to the
@@ -128,6 +132,8 @@ class DeviceLoop:
         self.device = config.device
         self.pid = os.getpid()
         self.keeper = LeaseKeeper()
+        self._survey: Survey | None = None  # made right after the last unit's completion, in its round trip
+        self._next: Lease | None = None  # the next unit of the trial this device holds, leased with that completion
 
     def run(self) -> None:
         """Run until the queue says this loop is no longer the device's current one (or it must stop)."""
@@ -141,11 +147,15 @@ class DeviceLoop:
 
     def turn(self) -> bool:
         """Plan one trial, run one unit, or wait a little for work. False when the loop must end."""
-        survey = self.queue.survey(self.device, self.config.epoch)
+        survey, self._survey = self._survey or self.queue.survey(self.device, self.config.epoch), None
         if not survey.alive:
             return False
         if survey.reap is not None:
             self._discard(survey.reap)
+        if self._next is not None:
+            lease, self._next = self._next, None
+            self._run_unit(lease, self._next_guess(survey, lease))
+            return True
         if survey.planning:
             job = self.queue.claim_plan(self.device)
             if job is not None:
@@ -241,14 +251,14 @@ class DeviceLoop:
                     start=start, end=end, bytes_moved=0, peak_bytes=0, pid=self.pid)
 
     def _record(self, lease: Lease, done: UnitDone, start: float, end: float) -> None:
-        """Complete the unit and write its telemetry in one round trip."""
+        """Complete the unit, write its telemetry and survey for the next turn, in one round trip."""
         span = Span(trial=lease.trial_id, device=self.device, unit=lease.units_done, step=done.step,
                     micro_batch=done.micro_batch, phase=done.phase, shard=done.shard, start=start, end=end,
                     bytes_moved=done.bytes_moved, peak_bytes=done.peak_bytes, pid=self.pid)
         unit_s = unit_time_estimate(lease.unit_s, end - start)
         try:
-            self.queue.complete(
-                lease, remaining_units=done.remaining_units, unit_s=unit_s, message=done.message,
+            _, self._survey, self._next = self.queue.complete_then_survey(
+                lease, self.config.epoch, remaining_units=done.remaining_units, unit_s=unit_s, message=done.message,
                 hold_s=HOLD_UNITS * unit_s if done.keeps_activations else 0.0,
                 also=lambda pipe: telemetry.add_all(pipe, self.queue.host_id, span=span, steps=done.steps,
                                                     evals=done.evals),

@@ -30,6 +30,7 @@ and `claim` takes that exact trial atomically, failing harmlessly if another dev
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -219,6 +220,19 @@ if remaining_units == 0 then
   redis.call('HDEL', tkey(id), 'control')
   set_state(id, 'finished', ARGV[7])
   return 'finished'
+end
+-- The device holds the trial and its loop (epoch ARGV[9]) goes on: it runs the next unit too (the policy's
+-- choice, see policy.py), so lease it at once, unless a pause or cancel waits or a trial waits to be planned.
+if tonumber(ARGV[8]) > 0 and ARGV[9] and ARGV[9] ~= '' and not redis.call('HGET', tkey(id), 'control')
+    and redis.call('LLEN', key('planning')) == 0 then
+  local device = redis.call('HMGET', key('device:' .. ARGV[6]), 'epoch', 'stop')
+  if device[1] == ARGV[9] and device[2] ~= '1' then
+    local next_token = tostring(redis.call('INCR', key('seq')))
+    local ms = lease_ms()
+    redis.call('HSET', tkey(id), 'lease', next_token)
+    redis.call('ZADD', key('leases'), now_ms() + ms, id)
+    return {next_token, ms}
+  end
 end
 return after_unit(id, redis.call('HGET', tkey(id), 'active') == '1')
 """
@@ -466,16 +480,7 @@ class ShardQueue:
 
         A device loop calls it before each claim; the returned `alive` tells it whether to go on.
         """
-        raw = self._run("survey", SURVEY_LIMIT, device, epoch)
-        if not raw[0]:
-            return Survey(alive=False, planning=0, candidates=[], units_done={})
-        candidates, units_done = [], {}
-        for i in range(3, len(raw), 5):
-            trial_id, score, last_device, done, held_by = raw[i : i + 5]
-            candidates.append(Candidate(trial_id, float(score), last_device or None, held_by or None))
-            units_done[trial_id] = int(done)
-        return Survey(alive=True, planning=int(raw[1]), candidates=candidates, units_done=units_done,
-                      reap=raw[2] or None)
+        return _survey_from(self._run("survey", SURVEY_LIMIT, device, epoch))
 
     def claim_plan(self, device: str) -> PlanJob | None:
         """Take the oldest trial waiting to be planned, with a lease; None when there is none."""
@@ -531,11 +536,38 @@ class ShardQueue:
         `also` queues commands to send in the same round trip (telemetry). Raises LeaseLost when the lease
         expired meanwhile (the unit is being re-run elsewhere).
         """
-        outcome: str = self._run_with(
-            also, "complete", lease.trial_id, lease.token, remaining_units, repr(unit_s), lease.device, message,
-            int(hold_s * 1000),
-        )
+        args = _complete_args(lease, remaining_units, unit_s, message, hold_s)
+        outcome: str = self._run_with(also, "complete", *args)
         return self._check_lease(outcome, lease.trial_id)
+
+    def complete_then_survey(
+        self, lease: Lease, epoch: str, *, remaining_units: int, unit_s: float, message: str = "",
+        hold_s: float = 0.0, also: Callable[[redis.client.Pipeline], None] | None = None,
+    ) -> tuple[str, Survey, Lease | None]:
+        """`complete`, then `survey` for the same device, in one round trip: what a device loop does between
+        two units. Returns the trial's state, the survey, and the lease on the trial's next unit if this
+        device holds the trial (`hold_s` > 0) and goes on with it: then the trial stays running (no claim
+        is needed; the policy picks a held trial first anyway), unless a pause or cancel is pending, a trial
+        waits to be planned, or the device's loop `epoch` is no longer current. Raises LeaseLost (the
+        survey was made, but the loop may as well make another)."""
+        pipe = self.client.pipeline(transaction=False)
+        if also is not None:
+            also(pipe)
+        complete = (*_complete_args(lease, remaining_units, unit_s, message, hold_s), epoch)
+        pipe.evalsha(self._scripts["complete"].sha, 0, self.prefix, *complete)
+        pipe.evalsha(self._scripts["survey"].sha, 0, self.prefix, SURVEY_LIMIT, lease.device, epoch)
+        try:
+            outcome, raw = pipe.execute()[-2:]
+        except redis.exceptions.NoScriptError:  # the server lost its scripts (restart): each loads and runs alone
+            outcome = self._run("complete", *complete)
+            raw = self._run("survey", SURVEY_LIMIT, lease.device, epoch)
+        if isinstance(outcome, list):
+            token, lease_ms = outcome
+            after = dataclasses.replace(lease, token=token, lease_s=int(lease_ms) / 1000,
+                                        units_done=lease.units_done + 1, remaining_units=remaining_units,
+                                        unit_s=unit_s)
+            return "running", _survey_from(raw), after
+        return self._check_lease(outcome, lease.trial_id), _survey_from(raw), None
 
     def replan(
         self, lease: Lease, *, remaining_units: int, unit_s: float, plan: Mapping[str, Any], message: str,
@@ -607,3 +639,21 @@ def _record(trial_id: str, fields: Mapping[str, str]) -> TrialRecord:
         spec=json.loads(fields.get("spec", "{}")),
         plan=json.loads(fields["plan"]) if "plan" in fields else None,
     )
+
+
+def _survey_from(raw: list[Any]) -> Survey:
+    """A `Survey` from what the survey script returned."""
+    if not raw[0]:
+        return Survey(alive=False, planning=0, candidates=[], units_done={})
+    candidates, units_done = [], {}
+    for i in range(3, len(raw), 5):
+        trial_id, score, last_device, done, held_by = raw[i : i + 5]
+        candidates.append(Candidate(trial_id, float(score), last_device or None, held_by or None))
+        units_done[trial_id] = int(done)
+    return Survey(alive=True, planning=int(raw[1]), candidates=candidates, units_done=units_done,
+                  reap=raw[2] or None)
+
+
+def _complete_args(lease: Lease, remaining_units: int, unit_s: float, message: str, hold_s: float) -> tuple:
+    """ARGV 2-8 of the complete script (9, the loop's epoch to go on with a held trial, is optional)."""
+    return (lease.trial_id, lease.token, remaining_units, repr(unit_s), lease.device, message, int(hold_s * 1000))
