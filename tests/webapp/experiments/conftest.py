@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
+import uuid
+
 import pytest
 
 from tests.webapp.datasets.factories import make_dataset, use_data_dir
+from worker.scheduling.queue import ShardQueue
 
 
 @pytest.fixture(autouse=True)
@@ -22,12 +26,20 @@ def bob_dataset(bob_team):
 
 
 @pytest.fixture
-def submitted(monkeypatch):
-    """Replace the scheduler's submit and control calls with recorders (the real ones need Redis)."""
-    calls: list[tuple[str, dict]] = []
-    from worker import api
+def scheduler(settings, redis_client):
+    """The real shard queue (Redis) the web app submits to and controls, under a throw-away host namespace
+    that is deleted afterwards. No device worker takes from it: submitted trials wait to be planned, unless
+    a test plans them as a device would (`planned`)."""
+    host = f"test-web-{uuid.uuid4().hex[:10]}"
+    settings.HYDRA = dataclasses.replace(settings.HYDRA, host_id=host)
+    yield ShardQueue(redis_client, host)
+    keys = list(redis_client.scan_iter(match=f"*{host}*", count=1000))
+    if keys:
+        redis_client.delete(*keys)
 
-    monkeypatch.setattr(api, "trial_submit", lambda **kw: calls.append(("submit", kw)))
-    for name, state in [("trial_pause", "paused"), ("trial_resume", "runnable"), ("trial_cancel", "cancelled")]:
-        monkeypatch.setattr(api, name, lambda state=state, name=name, **kw: calls.append((name, kw)) or state)
-    return calls
+
+def planned(queue: ShardQueue, trial_id: str) -> None:
+    """Plan the trial as a device worker does (claim the planning job, report its plan): it becomes runnable."""
+    job = queue.claim_plan("cpu0")
+    assert job is not None and job.trial_id == trial_id
+    queue.plan_done(job, remaining_units=10, unit_s=0.1, plan={"shards": []})

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from django.core.exceptions import ValidationError
 
+from tests.webapp.experiments.conftest import planned
 from tests.webapp.experiments.factories import make_experiment
 from webapp.experiments import services
 from webapp.experiments.models import Trial
+from worker.engine.config import TrialSpec
 
 pytestmark = pytest.mark.django_db
 
@@ -29,65 +33,59 @@ def test_it_counts_epochs_in_steps(alice_team, alice_dataset):
     assert experiment.trials.get().total_steps == expected
 
 
-def test_it_submits_launched_trials_only_after_commit(alice_team, alice_dataset, submitted,
+def test_it_submits_launched_trials_only_after_commit(alice_team, alice_dataset, scheduler,
                                                       django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         assert services.experiment_launch(experiment=experiment) == 2
-        assert submitted == []
+        assert scheduler.trials() == []
     assert len(callbacks) == 2
     trial = experiment.trials.get(number=1)
     assert trial.status == Trial.Status.PLANNING and trial.queue_id == str(trial.pk)
-    name, call = submitted[0]
-    assert name == "submit"
-    assert call["trial_id"] == str(trial.pk)
-    assert call["spec"]["kind"] == "engine"
-    engine = call["spec"]["trial"]
+    assert [r.trial_id for r in scheduler.trials()] == [str(t.pk) for t in experiment.trials.order_by("number")]
+    record = scheduler.trial(str(trial.pk))
+    assert record.state == "planning"
+    assert record.export_dir == str(trial.export_dir_for(trial.queue_id))
+    assert record.spec["kind"] == "engine"
+    engine = record.spec["trial"]
     assert engine["optimizer"]["lr"] == 0.001 and engine["batch_size"] == 2
     assert engine["data"]["tokens_path"] == str(alice_dataset.tokens_path)
     assert engine["model"]["vocab_size"] == alice_dataset.vocab_size
-    from worker.engine.config import TrialSpec
-
     assert TrialSpec.from_dict(engine).to_dict()["steps"] == 10
     assert engine["early_stop_patience"] is None
-    assert call["spec"]["budget"] == "explicit"  # the form gave 256 MiB
+    assert "budget" not in record.spec  # the form gave 256 MiB: the trial's own budget, no device decides
+    assert engine["budget_bytes"] == 256 << 20
 
 
-def test_an_auto_budget_is_left_to_the_device_that_plans_the_trial(alice_team, alice_dataset, submitted,
+def test_an_auto_budget_is_left_to_the_device_that_plans_the_trial(alice_team, alice_dataset, scheduler,
                                                                    django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset, memory_budget_bytes=None)
     with django_capture_on_commit_callbacks(execute=True):
         services.experiment_launch(experiment=experiment)
-    assert {call["spec"]["budget"] for _, call in submitted} == {"auto"}
+    assert {r.spec["budget"] for r in scheduler.trials()} == {"auto"}
 
 
-def test_it_sends_the_early_stopping_patience_to_the_engine(alice_team, alice_dataset, submitted,
+def test_it_sends_the_early_stopping_patience_to_the_engine(alice_team, alice_dataset, scheduler,
                                                             django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset, early_stop_patience=3)
     with django_capture_on_commit_callbacks(execute=True):
         services.experiment_launch(experiment=experiment)
-    from worker.engine.config import TrialSpec
-
-    assert {TrialSpec.from_dict(call["spec"]["trial"]).early_stop_patience for _, call in submitted} == {3}
+    assert {TrialSpec.from_dict(r.spec["trial"]).early_stop_patience for r in scheduler.trials()} == {3}
 
 
-def test_it_fails_a_trial_the_scheduler_refuses(alice_team, alice_dataset, monkeypatch,
-                                                django_capture_on_commit_callbacks):
-    from worker import api
-
-    def refuse(**kwargs):
-        raise ConnectionError("Redis is down")
-
-    monkeypatch.setattr(api, "trial_submit", refuse)
+def test_it_fails_a_trial_the_scheduler_cannot_take(alice_team, alice_dataset, settings,
+                                                    django_capture_on_commit_callbacks):
+    settings.HYDRA = dataclasses.replace(settings.HYDRA, redis_url="redis://127.0.0.1:1/0")  # nothing listens
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True):
         services.experiment_launch(experiment=experiment)
     trial = experiment.trials.get(number=1)
     assert trial.status == Trial.Status.FAILED
-    assert "Redis is down" in trial.message
+    assert trial.message.startswith("The scheduler did not accept the trial: ")
+    assert "127.0.0.1:1" in trial.message
 
 
-def test_it_records_progress_and_keeps_the_best_loss(alice_team, alice_dataset, submitted,
+def test_it_records_progress_and_keeps_the_best_loss(alice_team, alice_dataset, scheduler,
                                                      django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True):
@@ -109,7 +107,7 @@ def test_it_records_progress_and_keeps_the_best_loss(alice_team, alice_dataset, 
         services.trial_status_record(trial_id=trial.queue_id, status="exploded")
 
 
-def test_it_records_the_exported_model_of_a_finished_trial(alice_team, alice_dataset, submitted,
+def test_it_records_the_exported_model_of_a_finished_trial(alice_team, alice_dataset, scheduler,
                                                           django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True):
@@ -126,27 +124,33 @@ def test_it_records_the_exported_model_of_a_finished_trial(alice_team, alice_dat
     assert missing.export_path == ""
 
 
-def test_it_pauses_resumes_and_cancels_through_the_scheduler(alice_team, alice_dataset, submitted,
+def test_it_pauses_resumes_and_cancels_through_the_scheduler(alice_team, alice_dataset, scheduler,
                                                              django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True):
         services.experiment_launch(experiment=experiment)
     trial = experiment.trials.get(number=1)
-    services.trial_control(trial=trial, action="pause")
+    services.trial_control(trial=trial, action="pause")  # while it waits to be planned: once it is
     trial.refresh_from_db()
-    assert trial.status == "paused"
+    assert (trial.status, scheduler.trial(trial.queue_id).control) == ("planning", "pause")
+    planned(scheduler, trial.queue_id)
+    assert scheduler.trial(trial.queue_id).state == "paused"
+    services.trial_status_record(trial_id=trial.queue_id, status="paused")  # as the event stream reports it
+    trial.refresh_from_db()
     with pytest.raises(ValidationError, match="cannot pause"):
         services.trial_control(trial=trial, action="pause")
     services.trial_control(trial=trial, action="resume")
     trial.refresh_from_db()
-    assert trial.status == "runnable"
+    assert trial.status == scheduler.trial(trial.queue_id).state == "runnable"
+    services.trial_control(trial=trial, action="pause")
+    trial.refresh_from_db()
+    assert trial.status == scheduler.trial(trial.queue_id).state == "paused"
     services.trial_control(trial=trial, action="cancel")
     trial.refresh_from_db()
-    assert trial.status == "cancelled"
-    assert [name for name, _ in submitted[2:]] == ["trial_pause", "trial_resume", "trial_cancel"]
+    assert trial.status == scheduler.trial(trial.queue_id).state == "cancelled"
 
 
-def test_it_retries_a_failed_trial_as_a_new_attempt(alice_team, alice_dataset, submitted,
+def test_it_retries_a_failed_trial_as_a_new_attempt(alice_team, alice_dataset, scheduler,
                                                     django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True):
@@ -157,11 +161,11 @@ def test_it_retries_a_failed_trial_as_a_new_attempt(alice_team, alice_dataset, s
         assert services.experiment_retry_failed(experiment=experiment) == 1
     trial.refresh_from_db()
     assert (trial.status, trial.attempt, trial.queue_id, trial.message) == ("planning", 2, f"{trial.pk}.2", "")
-    assert submitted[-1][1]["trial_id"] == f"{trial.pk}.2"
+    assert scheduler.trial(f"{trial.pk}.2").state == "planning"
     assert not services.trial_status_record(trial_id=str(trial.pk), status="failed")  # the old attempt
 
 
-def test_it_deletes_a_trial_with_its_spill_files(alice_team, alice_dataset, submitted, data_dir,
+def test_it_deletes_a_trial_with_its_spill_files(alice_team, alice_dataset, scheduler, data_dir,
                                                  django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True):
@@ -174,10 +178,10 @@ def test_it_deletes_a_trial_with_its_spill_files(alice_team, alice_dataset, subm
         services.trial_delete(trial=trial)
     assert not spill.exists()
     assert not Trial.objects.filter(pk=trial.pk).exists()
-    assert ("trial_cancel", {"trial_id": trial.queue_id}) in submitted
+    assert scheduler.trial(trial.queue_id).state == "cancelled"  # it was waiting to be planned: at once
 
 
-def test_it_asks_tpe_for_the_next_trial_when_one_ends(alice_team, alice_dataset, submitted,
+def test_it_asks_tpe_for_the_next_trial_when_one_ends(alice_team, alice_dataset, scheduler,
                                                       django_capture_on_commit_callbacks):
     space = {"lr": {"kind": "logfloat", "low": 1e-4, "high": 1e-2}}
     experiment = make_experiment(alice_team, alice_dataset, strategy="tpe", n_trials=6, space=space)
@@ -189,7 +193,7 @@ def test_it_asks_tpe_for_the_next_trial_when_one_ends(alice_team, alice_dataset,
         services.trial_status_record(trial_id=first.queue_id, status="finished", best_val_loss=3.0)
     fifth = experiment.trials.get(number=5)
     assert fifth.status == "planning"
-    assert submitted[-1][1]["trial_id"] == str(fifth.pk)
+    assert scheduler.trials()[-1].trial_id == str(fifth.pk)
     for trial in experiment.trials.exclude(pk=first.pk):
         services.trial_status_record(trial_id=trial.queue_id, status="finished", best_val_loss=2.0)
     assert experiment.trials.count() == 6

@@ -71,7 +71,7 @@ def test_it_renders_script_names_inert(alice_client, alice_team, alice_dataset):
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page, url
 
 
-def test_it_previews_then_creates_and_launches(alice_client, alice_dataset, submitted):
+def test_it_previews_then_creates_and_launches(alice_client, alice_dataset, scheduler):
     preview = alice_client.post(reverse("experiment_create"), post_data(alice_dataset, action="preview"))
     assert preview.status_code == 200
     page = preview.content.decode()
