@@ -95,6 +95,27 @@ def test_it_trains_three_trials_on_two_devices_exactly(device_workers, tokens: s
         assert_same_weights(exported(tmp_path / "exports" / trial_id), trained_alone(trial, tmp_path / trial_id))
 
 
+def test_a_pause_stops_a_trial_its_device_holds_at_the_unit_boundary_and_resume_goes_on_exactly(
+    device_workers, tokens: str, tmp_path: Path
+) -> None:
+    # Two of a micro-batch's three units leave activations that the device holds the trial for, and their
+    # completion leases it the next unit at once (so the pause most likely lands on such a unit; the queue
+    # tests pin that case down): a pending pause must still stop the trial at the unit's end.
+    trial = tiny_trial(tokens, seed=5, lr=2e-3, steps=20, width=64, budget_bytes=1_500_000)
+    workers = device_workers("cpu0")
+    workers.queue.submit(trial_id="t", spec=spec_validate({"kind": "engine", "trial": trial.to_dict()}),
+                         export_dir=str(tmp_path / "exports" / "t"))
+    workers.wait(lambda: workers.queue.trial("t").units_done >= 1, 60, "a first unit")
+    workers.queue.pause("t")
+    paused = workers.wait_for_states(["t"], {"paused"}, 30)["t"]
+    assert len(paused.plan["shards"]) >= 2 and paused.units_done >= 1 and paused.remaining_units > 0
+    time.sleep(0.5)
+    assert workers.queue.trial("t").units_done == paused.units_done  # nothing ran while paused
+    assert workers.queue.resume("t") == "runnable"
+    assert workers.wait_for_states(["t"], {"finished", "failed"}, 120)["t"].state == "finished"
+    assert_same_weights(exported(tmp_path / "exports" / "t"), trained_alone(trial, tmp_path / "alone"))
+
+
 def test_it_reruns_the_unit_of_a_killed_worker_on_another_device(
     device_workers, tokens: str, tmp_path: Path
 ) -> None:
