@@ -135,6 +135,20 @@ def test_a_device_goes_on_with_the_trial_it_holds_without_a_claim(shard_queue: S
     assert shard_queue.trial("t1").units_done == 2
 
 
+def test_a_completion_survives_a_redis_that_lost_its_scripts(
+    shard_queue: ShardQueue, redis_client: redis.Redis
+) -> None:
+    runnable(shard_queue, "t1")
+    survey(shard_queue)
+    lease = shard_queue.claim("t1", "cpu0")
+    redis_client.script_flush()  # as after a restart of the server
+    state, seen, after = shard_queue.complete_then_survey(
+        lease, "epoch-1", remaining_units=2, unit_s=0.5, hold_s=2.0,
+        also=lambda pipe: pipe.set(shard_queue.key("also"), "sent"))
+    assert (state, after.units_done, seen.alive) == ("running", 1, True)
+    assert redis_client.get(shard_queue.key("also")) == "sent"
+
+
 @pytest.mark.parametrize("reason", ["pause", "planning", "stopped", "old epoch"])
 def test_a_held_trial_goes_back_to_the_policy_when_the_loop_must_look_first(
     shard_queue: ShardQueue, reason: str

@@ -404,20 +404,28 @@ class ShardQueue:
         return self._scripts[name](args=[self.prefix, *args])
 
     def _run_with(self, also: Callable[[redis.client.Pipeline], None] | None, name: str, *args: object) -> Any:
-        """Run a script after the commands `also` queues (telemetry), in one round trip.
-
-        By EVALSHA: a pipeline holding a Script object would first ask the server whether the script is
-        loaded, a second round trip per unit. Should the server have lost it (restart), it runs alone.
-        """
+        """Run a script after the commands `also` queues (telemetry), in one round trip."""
         if also is None:
             return self._run(name, *args)
+        return self._run_all(also, [(name, args)])[0]
+
+    def _run_all(self, also: Callable[[redis.client.Pipeline], None] | None,
+                 calls: list[tuple[str, tuple[object, ...]]]) -> list[Any]:
+        """Run scripts (name, args) one after another after the commands `also` queues, in one round trip;
+        return their results.
+
+        By EVALSHA: a pipeline holding a Script object would first ask the server whether the script is
+        loaded, a second round trip per unit. Should the server have lost them (restart), each runs alone.
+        """
         pipe = self.client.pipeline(transaction=False)
-        also(pipe)
-        pipe.evalsha(self._scripts[name].sha, 0, self.prefix, *args)
+        if also is not None:
+            also(pipe)
+        for name, args in calls:
+            pipe.evalsha(self._scripts[name].sha, 0, self.prefix, *args)
         try:
-            return pipe.execute()[-1]
-        except redis.exceptions.NoScriptError:
-            return self._run(name, *args)  # the Script object loads it; what `also` queued was sent already
+            return pipe.execute()[-len(calls):]
+        except redis.exceptions.NoScriptError:  # the Script objects load them; what `also` queued was sent already
+            return [self._run(name, *args) for name, args in calls]
 
     # Configuration --------------------------------------------------------------------------------------
 
@@ -550,17 +558,10 @@ class ShardQueue:
         is needed; the policy picks a held trial first anyway), unless a pause or cancel is pending, a trial
         waits to be planned, or the device's loop `epoch` is no longer current. Raises LeaseLost (the
         survey was made, but the loop may as well make another)."""
-        pipe = self.client.pipeline(transaction=False)
-        if also is not None:
-            also(pipe)
-        complete = (*_complete_args(lease, remaining_units, unit_s, message, hold_s), epoch)
-        pipe.evalsha(self._scripts["complete"].sha, 0, self.prefix, *complete)
-        pipe.evalsha(self._scripts["survey"].sha, 0, self.prefix, SURVEY_LIMIT, lease.device, epoch)
-        try:
-            outcome, raw = pipe.execute()[-2:]
-        except redis.exceptions.NoScriptError:  # the server lost its scripts (restart): each loads and runs alone
-            outcome = self._run("complete", *complete)
-            raw = self._run("survey", SURVEY_LIMIT, lease.device, epoch)
+        outcome, raw = self._run_all(also, [
+            ("complete", (*_complete_args(lease, remaining_units, unit_s, message, hold_s), epoch)),
+            ("survey", (SURVEY_LIMIT, lease.device, epoch)),
+        ])
         if isinstance(outcome, list):
             token, lease_ms = outcome
             after = dataclasses.replace(lease, token=token, lease_s=int(lease_ms) / 1000,
