@@ -12,7 +12,7 @@ of each (as timeit does): run alone, either side varied by up to 20% from run to
 machine, and the first round also pays the workers' first units (each process warms up on its own). SHARP
 uses every core, so whatever else runs on the machine takes from it, where the one-core baseline leaves a
 core free: it needs more rounds to meet an undisturbed one (best of 3: speedup 1.71-1.82, median 1.77, in
-7 runs; best of 5: 1.80-1.85, median 1.82, in 5).
+7 runs; best of 5: 1.80-1.85, median 1.83, in 6).
 
 The last line is one JSON object: ``{"trials", "devices", "sequential_s", "sharp_s", "speedup",
 "utilization", "hardware_speedup", "speedup_of_hardware"}``, utilization = busy unit time (planning
