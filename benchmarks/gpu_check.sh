@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GPU checks in one short run, for a machine with a CUDA GPU (e.g. a lent device): the CUDA tests of
-# the engine and of the worker's engine runner, then spill_overhead and memory_bound on the GPU. Everything
-# lands under $OUT (default artifacts/gpu). Needs torch, transformers, safetensors, tokenizers, numpy,
-# psutil, nvidia-ml-py, redis-py and pytest in $PYTHON (default python3); no Django, Celery or Redis server.
-# About 5 minutes on an H200.
+# The GPU checks in one short run, for a machine with a CUDA GPU: the CUDA tests of the engine and of the
+# worker's engine runner, then spill_overhead and memory_bound on the GPU. Everything lands under $OUT
+# (default artifacts/gpu). Needs torch, transformers, safetensors, tokenizers, numpy, psutil, nvidia-ml-py,
+# redis-py and pytest in $PYTHON (default python3); no Django, Celery or Redis server. Each step runs under
+# a timeout, so the whole run ends within 19 minutes.
 set -uo pipefail
 out="${OUT:-artifacts/gpu}"
 py="${PYTHON:-python3}"

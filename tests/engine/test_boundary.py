@@ -1,4 +1,4 @@
-"""The engine imports no Django, Celery or Redis (DESIGN.md: dependencies point web -> worker -> engine)."""
+"""The engine imports no Django, Celery or Redis: dependencies point one way, web -> worker -> engine."""
 
 from __future__ import annotations
 

@@ -11,16 +11,16 @@ it before anything else, and other devices pass over it, even when that leaves t
 the backward would first recompute the forward (about twice its cost), and a trial runs one unit at a time
 anyway, so moving it gains nothing while its holder is there to go on. The longest trial waits at most the
 few units left of the holder's micro-batch; near the end, when that matters, micro-batches are what is left.
-Before holds, on 2 CPU devices, one backward unit in five or so ran on the other device, and with fewer
-trials than devices the free devices raced the holder for every unit. A hold lapses ``HOLD_UNITS`` unit
+Without holds, backward units would run on other devices at twice their cost, and with fewer trials than
+devices the free devices would race the holder for every unit. A hold lapses ``HOLD_UNITS`` unit
 times after the holder's last unit of the trial, so a holder that died does not keep its trial.
 
 Remaining times are estimates (a trial's units differ by phase, a last-shard unit takes about twice a
 forward, and the unit time is a smoothed measurement), so trials within ``TIE_TOLERANCE`` (10%) of the
-longest remaining time count as tied. That tolerance is worth a lot: a trial that hops devices loses the
-activations its forward kept in the other process and runs on cold caches, and on 2 CPU devices
-`benchmarks/sharp_scaling.py --steps 12` went from 1.41x to 1.69x with it. Near the end, when remaining
-times are short, 10% of them is little, and the rule is plain LRTF again.
+longest remaining time count as tied. Without that tolerance trials would hop devices at nearly every unit,
+and a trial that hops loses the activations its forward kept in the other process and runs on cold caches
+(`benchmarks/RESULTS.md` has `sharp_scaling.py` with and without it). Near the end, when remaining times
+are short, 10% of them is little, and the rule is plain LRTF again.
 
 `timetable` replays the rule on known workloads, the way torchgpipe's ``clock_cycles`` draws its schedule.
 Three trials of three 1-second units on two devices (``A1`` is trial A's second unit)::
