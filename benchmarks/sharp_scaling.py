@@ -8,11 +8,10 @@ submission to the last export. Spill stores live on /dev/shm, the workers' defau
 trials, 2 devices, 6 steps of a 4-block width-192 model; ``--quick``: 3 steps.
 
 ``--rounds`` R (default 5, quick 1) repeats both, alternating, on the same workers, and keeps the fastest
-of each (as timeit does): run alone, either side varied by up to 20% from run to run on a shared 2-core
-machine, and the first round also pays the workers' first units (each process warms up on its own). SHARP
-uses every core, so whatever else runs on the machine takes from it, where the one-core baseline leaves a
-core free: it needs more rounds to meet an undisturbed one (best of 3: speedup 1.71-1.82, median 1.77, in
-7 runs; best of 5: 1.80-1.85, median 1.83, in 6).
+of each (as timeit does): other load on a shared machine only ever slows a run down, and the first round
+also pays the workers' first units (each process warms up on its own). SHARP uses every core, so whatever
+else runs on the machine takes from it, where the one-core baseline leaves a core free: SHARP needs more
+rounds than the baseline to meet an undisturbed run, hence 5 by default. Figures: benchmarks/RESULTS.md.
 
 The last line is one JSON object: ``{"trials", "devices", "sequential_s", "sharp_s", "speedup",
 "utilization", "hardware_speedup", "speedup_of_hardware"}``, utilization = busy unit time (planning

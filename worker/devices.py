@@ -70,7 +70,7 @@ def cpu_cores(index: int, threads: int, available: Sequence[int]) -> list[int]:
     the ``index``-th run of ``threads`` cores, wrapping around when devices outnumber cores.
 
     Pinned, a device's thread stays on its core and keeps its caches: units that hop between devices then
-    cost less (measured with benchmarks/sharp_scaling.py: 1.23x -> 1.31-1.36x on 2 cores)."""
+    cost less (benchmarks/RESULTS.md has benchmarks/sharp_scaling.py with and without pinning)."""
     if not available:
         raise ValueError("no core is available to pin a CPU device to")
     return sorted({available[(index * threads + k) % len(available)] for k in range(threads)})
