@@ -6,7 +6,8 @@ leases, read candidates); then a claim of the trial the policy picked. While the
 (its process keeps the activations of the micro-batch in flight), the completion leases the trial's next
 unit at once, as the policy would pick it anyway, and the claim is skipped: 6 units in 7 on a 4-shard
 trial. On a CPU device, where Redis takes its turns on the cores that compute, each round trip saved is
-time for the units. Planning a trial is work of the same kind: it needs the device, so a free device plans waiting trials before it runs units.
+time for the units. Planning a trial is work of the same kind: it needs the device, so a free device plans
+waiting trials before it runs units.
 
 While a unit runs, the loop already knows which trial it will most likely take next (the policy applied to
 the survey, with the current trial's remaining time reduced by one unit) and hands that guess to the
