@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -22,18 +21,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-os.environ.setdefault("DEBUG", "1")
 
-import django
-
-django.setup()
-
-from django.conf import settings  # noqa: E402
-
-from worker.devices import Device  # noqa: E402
-from worker.scheduling.local_workers import LocalWorkers  # noqa: E402
-from worker.scheduling.synthetic import synthetic_spec  # noqa: E402
+from benchmarks.local_workers import LocalWorkers
+from worker import config
+from worker.contract import SyntheticJob
+from worker.devices import Device
 
 
 def unit_cycles_ms(spans: list[dict[str, object]]) -> list[float]:
@@ -61,11 +53,11 @@ def main() -> None:
 
     devices = [Device("cpu", i, 1) for i in range(args.devices)]
     with tempfile.TemporaryDirectory(prefix="hydra-queue-overhead-") as root, \
-            LocalWorkers(devices=devices, redis_url=settings.HYDRA.redis_url, root=Path(root)) as workers:
+            LocalWorkers(devices=devices, redis_url=config.current().redis_url, root=Path(root)) as workers:
         trial_ids = [f"q{i}" for i in range(args.trials)]
         start = time.monotonic()
         for trial_id in trial_ids:
-            workers.queue.submit(trial_id=trial_id, spec=synthetic_spec(units=units), export_dir="")
+            workers.queue.submit(trial_id=trial_id, job=SyntheticJob(units=units), export_dir="")
         workers.wait_until_ended(trial_ids, timeout_s=600)
         elapsed = time.monotonic() - start
         spans = [s for s in workers.entries("spans") if s["phase"] != "plan"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -35,22 +34,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-os.environ.setdefault("DEBUG", "1")
+import numpy as np
+import torch
 
-import django
-
-django.setup()
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from django.conf import settings  # noqa: E402
-
-from worker.devices import Device  # noqa: E402
-from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, TrialSpec  # noqa: E402
-from worker.engine.session import TrialSession, trial_create  # noqa: E402
-from worker.scheduling.engine_runner import engine_spec  # noqa: E402
-from worker.scheduling.local_workers import LocalWorkers  # noqa: E402
+from benchmarks.local_workers import LocalWorkers
+from worker import config
+from worker.contract import EngineJob
+from worker.devices import Device
+from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, TrialSpec
+from worker.engine.session import TrialSession, trial_create
 
 
 def trials(tokens: Path, *, count: int, steps: int, width: int, budget_bytes: int) -> dict[str, TrialSpec]:
@@ -118,7 +110,7 @@ def sharp(workers: LocalWorkers, specs: dict[str, TrialSpec], export_root: Path)
     """Seconds from submitting every trial to SHARP to the last one ending, and the units' spans."""
     start = time.monotonic()
     for trial_id, spec in specs.items():
-        workers.queue.submit(trial_id=trial_id, spec=engine_spec(spec), export_dir=str(export_root / trial_id))
+        workers.queue.submit(trial_id=trial_id, job=EngineJob(trial=spec), export_dir=str(export_root / trial_id))
     workers.wait_until_ended(list(specs), timeout_s=1800)
     elapsed = time.monotonic() - start
     failed = [r.message for r in workers.queue.trials() if r.trial_id in specs and r.state != "finished"]
@@ -151,7 +143,7 @@ def main() -> None:
         tokens = root / "tokens.npy"
         np.save(tokens, np.random.default_rng(0).integers(0, 256, 1 << 16).astype(np.int32))
         devices = [Device("cpu", i, 1) for i in range(args.devices)]
-        with LocalWorkers(devices=devices, redis_url=settings.HYDRA.redis_url, root=root / "sharp") as workers:
+        with LocalWorkers(devices=devices, redis_url=config.current().redis_url, root=root / "sharp") as workers:
             # Rounds alternate, so that a slow spell of a shared machine does not land on one side only.
             for r in range(rounds):
                 specs = trials(tokens, count=args.trials, steps=steps, width=args.width,

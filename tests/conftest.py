@@ -66,7 +66,7 @@ def bob_client(bob) -> Client:
 
 @pytest.fixture
 def redis_url() -> str:
-    return settings.HYDRA.redis_url
+    return settings.HYDRA.worker.redis_url
 
 
 @pytest.fixture

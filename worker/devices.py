@@ -42,6 +42,16 @@ class Device:
         return env
 
 
+def device_queue(host_id: str, device: str) -> str:
+    """The Celery queue that only `device`'s worker on `host_id` consumes."""
+    return f"hydra.{host_id}.{device}"
+
+
+def host_queue_name(host_id: str) -> str:
+    """The Celery queue every device worker of `host_id` consumes."""
+    return f"hydra.{host_id}"
+
+
 def devices_from_spec(spec: str, *, cuda_count: int, cpu_count: int) -> list[Device]:
     """Expand a HYDRA_DEVICES value (already validated by settings) into devices.
 

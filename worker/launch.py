@@ -16,7 +16,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from worker.devices import Device, host_devices
+from worker import config as worker_config
+from worker.devices import Device, device_queue, host_devices, host_queue_name
 from worker.processes import stop_processes
 
 STOP_GRACE_S = 20.0
@@ -37,7 +38,7 @@ def worker_command(device: Device, host_id: str, *, loglevel: str) -> list[str]:
 
 def worker_queues(device: Device, host_id: str) -> list[str]:
     """Queues a device worker consumes: its own, its host's, and the shared default one."""
-    return [f"hydra.{host_id}.{device.name}", f"hydra.{host_id}", "celery"]
+    return [device_queue(host_id, device.name), host_queue_name(host_id), "celery"]
 
 
 def run_all(devices: Sequence[Device], host_id: str, *, loglevel: str) -> int:
@@ -77,13 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--loglevel", default="INFO", help="Celery log level (default INFO)")
     args = parser.parse_args(argv)
 
-    import django
-
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-    django.setup()
-    from django.conf import settings
-
-    config = settings.HYDRA
+    try:
+        config = worker_config.current()
+    except worker_config.ConfigError as error:
+        parser.error(str(error))
     try:
         devices = host_devices(config.devices)
     except ValueError as error:

@@ -3,7 +3,7 @@
 A device worker (HYDRA_WORKER_DEVICE set, see worker/launch.py) sends itself one ``device_loop`` task when
 it is ready, on its own queue; the loop runs in the worker's pool process until the worker shuts down. The
 worker's main process stays free to answer ping and inspect while units run. Submitting and controlling
-trials needs no task: it is a Redis script (worker/api.py).
+trials needs no task: it is a Redis script (`worker.api`).
 """
 
 from __future__ import annotations
@@ -14,26 +14,22 @@ import uuid
 
 import redis
 from celery import signals
-from django.conf import settings
 
+from worker import config
 from worker.api import host_queue
 from worker.celery_app import app
+from worker.devices import device_queue
 
 log = logging.getLogger(__name__)
 
 
 def _device() -> tuple[str, int] | None:
     """(kind, index) of the device this worker is bound to, or None for a worker bound to none."""
-    spec = settings.HYDRA.worker_device
+    spec = config.current().worker_device
     if spec is None:
         return None
     kind, index = spec.split(":")
     return kind, int(index)
-
-
-def device_queue(host_id: str, device: str) -> str:
-    """The Celery queue only `device`'s worker consumes (worker.launch.worker_queues names it too)."""
-    return f"hydra.{host_id}.{device}"
 
 
 # acks_late + reject_on_worker_lost: if the pool process is killed, the message goes back and the worker's
@@ -58,13 +54,14 @@ def device_loop(epoch: str) -> None:
     kind, index = bound
     if kind == "cpu" and hasattr(os, "sched_setaffinity"):  # Linux; elsewhere the thread budget alone binds
         os.sched_setaffinity(0, cpu_cores(index, torch.get_num_threads(), sorted(os.sched_getaffinity(0))))
-    queue = host_queue()
-    settings.HYDRA.spill_dir.mkdir(parents=True, exist_ok=True)
+    queue = host_queue(config.current())
+    settings = config.current()
+    settings.spill_dir.mkdir(parents=True, exist_ok=True)
     runners = {
         # A CPU device of one core has no second core to load the next shard on while a unit computes.
-        "engine": EngineRunner(spill_dir=settings.HYDRA.spill_dir, device=torch_device(kind),
+        "engine": EngineRunner(spill_dir=settings.spill_dir, device=torch_device(kind),
                                prefetch=kind == "cuda" or torch.get_num_threads() > 1,
-                               fault_oom_above_bytes=settings.HYDRA.fault_oom_above_bytes),
+                               fault_oom_above_bytes=settings.fault_oom_above_bytes),
         "synthetic": SyntheticRunner(),
     }
     name = f"{kind}{index}"
@@ -84,7 +81,7 @@ def start_device_loop(**kwargs: object) -> None:
         return
     name = f"{bound[0]}{bound[1]}"
     epoch = uuid.uuid4().hex
-    queue = host_queue()
+    queue = host_queue(config.current())
     queue.device_start(name, epoch)
     device_loop.apply_async(args=[epoch], queue=device_queue(queue.host_id, name))
     log.info("device loop of %s requested (epoch %s)", name, epoch)
@@ -94,4 +91,4 @@ def start_device_loop(**kwargs: object) -> None:
 def stop_device_loop(**kwargs: object) -> None:
     bound = _device()
     if bound is not None:
-        host_queue().device_stop(f"{bound[0]}{bound[1]}")
+        host_queue(config.current()).device_stop(f"{bound[0]}{bound[1]}")

@@ -105,7 +105,7 @@ def devstack(tmp_path: Path) -> Iterator[DevStack]:
     It has its own data and spill folders and host id, shares the session's Redis, and is stopped with Ctrl-C
     (SIGINT) after the test, which then fails if any process it started is still running.
     """
-    stack = DevStack(root=tmp_path / "stack", redis_url=settings.HYDRA.redis_url)
+    stack = DevStack(root=tmp_path / "stack", redis_url=settings.HYDRA.worker.redis_url)
     stack.root.mkdir()
     try:
         stack.start()

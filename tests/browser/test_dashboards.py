@@ -57,7 +57,7 @@ def test_the_dashboards_draw_grow_and_stop_live(page, live_server, alice, alice_
         write_sample(redis_client, host_id, device="cpu0", at=now + 0.2 * i, utilization=0.9)
         write_sample(redis_client, host_id, device="cpu1", at=now + 0.2 * i, utilization=0.8)
     with db_lock:
-        telemetry_ingest(client=redis_client, host_id=host_id)
+        telemetry_ingest(host_id=host_id)
 
     page.goto(f"{live_server.url}/login/")
     page.fill("input[name=username]", "alice")
@@ -75,7 +75,7 @@ def test_the_dashboards_draw_grow_and_stop_live(page, live_server, alice, alice_
     for trial in trials:
         write_steps(redis_client, host_id, trial, range(20, 35), t0=now)
     with db_lock:
-        telemetry_ingest(client=redis_client, host_id=host_id)
+        telemetry_ingest(host_id=host_id)
     page.wait_for_function(
         "() => document.getElementById('curves-plot').data.filter(t => t.meta.role === 'raw')"
         ".every(t => t.x.length === 35)", timeout=10_000)
@@ -86,7 +86,7 @@ def test_the_dashboards_draw_grow_and_stop_live(page, live_server, alice, alice_
     for trial in trials:
         write_event(redis_client, host_id, trial, "finished")
     with db_lock:
-        telemetry_ingest(client=redis_client, host_id=host_id)
+        telemetry_ingest(host_id=host_id)
     page.wait_for_function("() => document.getElementById('live-indicator').hidden", timeout=10_000)
     assert page.inner_text(f'#trial-table tr[data-trial="{trials[2].pk}"] [data-field="status"]') == "finished"
     page.wait_for_selector("#parallel-plot .main-svg")

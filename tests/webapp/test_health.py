@@ -61,7 +61,8 @@ def test_it_reports_database_redis_and_a_worker_with_its_device(cpu_worker, clie
 
 
 def test_it_reports_redis_down_with_status_503(settings, client):
-    settings.HYDRA = dataclasses.replace(settings.HYDRA, redis_url="redis://:secret@127.0.0.1:1/0")
+    settings.HYDRA = dataclasses.replace(
+        settings.HYDRA, worker=dataclasses.replace(settings.HYDRA.worker, redis_url="redis://:secret@127.0.0.1:1/0"))
     response = client.get(reverse("health_json"))
     assert response.status_code == 503
     body = response.json()

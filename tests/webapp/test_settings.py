@@ -18,8 +18,8 @@ def test_it_starts_with_no_environment_in_debug():
     config = load(DEV)
     assert config.debug is True
     assert config.database["ENGINE"] == "django.db.backends.sqlite3"
-    assert config.redis_url == "redis://127.0.0.1:6379/0"
-    assert config.devices == "auto"
+    assert config.worker.redis_url == "redis://127.0.0.1:6379/0"
+    assert config.worker.devices == "auto"
 
 
 @pytest.mark.parametrize(
@@ -67,11 +67,11 @@ def test_it_reads_good_values():
     assert config.debug is False
     assert config.allowed_hosts == ["hydra.lab.example", "10.0.0.5"]
     assert config.database["NAME"] == "hydra" and config.database["HOST"] == "db"
-    assert config.spill_dir == Path("/mnt/nvme/hydra")
-    assert config.devices == "cuda:0,1"
+    assert config.worker.spill_dir == Path("/mnt/nvme/hydra")
+    assert config.worker.devices == "cuda:0,1"
     assert config.max_upload_bytes == 5 * 1024 * 1024
-    assert config.fault_oom_above_bytes == 400_000
-    assert load(DEV).fault_oom_above_bytes is None  # off unless asked for
+    assert config.worker.fault_oom_above_bytes == 400_000
+    assert load(DEV).worker.fault_oom_above_bytes is None  # off unless asked for
 
 
 def test_it_stops_manage_py_with_the_message():

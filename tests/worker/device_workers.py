@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from benchmarks.local_workers import LocalWorkers
 from worker.devices import Device
-from worker.scheduling.local_workers import LocalWorkers
 from worker.scheduling.queue import TrialRecord
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
+from worker.contract import SyntheticJob
 from worker.scheduling.device_loop import DeviceLoop, DeviceLoopConfig, LeaseKeeper
 from worker.scheduling.queue import ShardQueue
-from worker.scheduling.synthetic import SyntheticRunner, synthetic_spec
+from worker.scheduling.synthetic import SyntheticRunner
 
 
 def test_it_renews_the_held_lease_until_the_unit_ends() -> None:
@@ -51,16 +52,16 @@ class RecordingRunner(SyntheticRunner):
     def __init__(self) -> None:
         self.guesses: list[tuple[str, str | None]] = []
 
-    def run_unit(self, *, trial_id: str, spec, units_done: int, next_trial: str | None, token: int):
+    def run_unit(self, *, trial_id: str, job, units_done: int, next_trial: str | None, token: int):
         self.guesses.append((trial_id, next_trial))
-        return super().run_unit(trial_id=trial_id, spec=spec, units_done=units_done, next_trial=next_trial,
+        return super().run_unit(trial_id=trial_id, job=job, units_done=units_done, next_trial=next_trial,
                                 token=token)
 
 
 def test_it_plans_runs_and_guesses_the_next_trial(shard_queue: ShardQueue) -> None:
     shard_queue.device_start("cpu0", "e1")
-    shard_queue.submit(trial_id="a", spec=synthetic_spec(units=2, unit_ms=20), export_dir="")
-    shard_queue.submit(trial_id="b", spec=synthetic_spec(units=2, unit_ms=20), export_dir="")
+    shard_queue.submit(trial_id="a", job=SyntheticJob(units=2, unit_ms=20), export_dir="")
+    shard_queue.submit(trial_id="b", job=SyntheticJob(units=2, unit_ms=20), export_dir="")
     runner = RecordingRunner()
     loop = DeviceLoop(queue=shard_queue, runners={"synthetic": runner},
                       config=DeviceLoopConfig(device="cpu0", epoch="e1", idle_wait_s=0.01))

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
+from worker.contract import SyntheticJob
 from worker.devices import cpu_cores
-from worker.scheduling.synthetic import synthetic_spec
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(180)
 def test_it_runs_trials_on_two_devices_units_interleaved(device_workers) -> None:
     workers = device_workers("cpu0", "cpu1")
     for name in "abc":
-        workers.queue.submit(trial_id=name, spec=synthetic_spec(units=8, unit_ms=20), export_dir="")
+        workers.queue.submit(trial_id=name, job=SyntheticJob(units=8, unit_ms=20), export_dir="")
     records = workers.wait_for_states("abc", {"finished"}, 60)
     assert all(r.units_done == 8 for r in records.values())
 
@@ -42,7 +42,7 @@ def test_it_pauses_resumes_and_cancels_at_unit_boundaries(device_workers) -> Non
     workers = device_workers("cpu0", "cpu1")
     queue = workers.queue
     for name in ("paused", "cancelled", "other"):
-        queue.submit(trial_id=name, spec=synthetic_spec(units=40, unit_ms=25), export_dir="")
+        queue.submit(trial_id=name, job=SyntheticJob(units=40, unit_ms=25), export_dir="")
     workers.wait(lambda: all(queue.trial(t).units_done >= 2 for t in ("paused", "cancelled")), 30, "progress")
 
     queue.pause("paused")
@@ -62,9 +62,9 @@ def test_it_pauses_resumes_and_cancels_at_unit_boundaries(device_workers) -> Non
 
 def test_it_fails_one_trial_and_finishes_the_others(device_workers) -> None:
     workers = device_workers("cpu0", "cpu1")
-    workers.queue.submit(trial_id="bad", spec=synthetic_spec(units=6, unit_ms=10, fail_at_unit=3), export_dir="")
+    workers.queue.submit(trial_id="bad", job=SyntheticJob(units=6, unit_ms=10, fail_at_unit=3), export_dir="")
     for name in ("good1", "good2"):
-        workers.queue.submit(trial_id=name, spec=synthetic_spec(units=10, unit_ms=10), export_dir="")
+        workers.queue.submit(trial_id=name, job=SyntheticJob(units=10, unit_ms=10), export_dir="")
     records = workers.wait_for_states(["bad", "good1", "good2"], {"finished", "failed"}, 60)
     assert records["bad"].state == "failed"
     assert "unit 3 failed on cpu" in records["bad"].message

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from worker.api import spec_validate
+from worker.contract import EngineJob
 from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, TrialSpec
 from worker.engine.session import TrialSession, trial_create
 from worker.scheduling.queue import ShardQueue
@@ -69,7 +69,7 @@ def test_it_trains_three_trials_on_two_devices_exactly(device_workers, tokens: s
     trials = {f"t{i}": tiny_trial(tokens, seed=i, lr=1e-3 * (i + 1)) for i in range(3)}
     workers = device_workers("cpu0", "cpu1")
     for trial_id, trial in trials.items():
-        workers.queue.submit(trial_id=trial_id, spec=spec_validate({"kind": "engine", "trial": trial.to_dict()}),
+        workers.queue.submit(trial_id=trial_id, job=EngineJob(trial=trial),
                              export_dir=str(tmp_path / "exports" / trial_id))
     records = workers.wait_for_states(trials, {"finished", "failed"}, 120)
     assert {r.state for r in records.values()} == {"finished"}, [r.message for r in records.values()]
@@ -103,7 +103,7 @@ def test_a_pause_stops_a_trial_its_device_holds_at_the_unit_boundary_and_resume_
     # tests pin that case down): a pending pause must still stop the trial at the unit's end.
     trial = tiny_trial(tokens, seed=5, lr=2e-3, steps=20, width=64, budget_bytes=1_500_000)
     workers = device_workers("cpu0")
-    workers.queue.submit(trial_id="t", spec=spec_validate({"kind": "engine", "trial": trial.to_dict()}),
+    workers.queue.submit(trial_id="t", job=EngineJob(trial=trial),
                          export_dir=str(tmp_path / "exports" / "t"))
     workers.wait(lambda: workers.queue.trial("t").units_done >= 1, 60, "a first unit")
     workers.queue.pause("t")
@@ -122,7 +122,7 @@ def test_it_reruns_the_unit_of_a_killed_worker_on_another_device(
     trial = tiny_trial(tokens, seed=7, lr=2e-3, steps=4, width=128, budget_bytes=8_000_000)
     workers = device_workers("cpu0", "cpu1", lease_s=1.5)
     queue = workers.queue
-    queue.submit(trial_id="k", spec=spec_validate({"kind": "engine", "trial": trial.to_dict()}),
+    queue.submit(trial_id="k", job=EngineJob(trial=trial),
                  export_dir=str(tmp_path / "export-k"))
     workers.wait(lambda: queue.trial("k").units_done >= 3, 60, "the first units")
     at_kill = None
@@ -170,7 +170,7 @@ def test_a_worker_frozen_past_its_lease_cannot_write_the_trial(device_workers, t
     trial = tiny_trial(tokens, seed=11, lr=2e-3, steps=16, width=256, budget_bytes=40_000_000)
     workers = device_workers("cpu0", "cpu1", lease_s=1.5)
     queue = workers.queue
-    queue.submit(trial_id="s", spec=spec_validate({"kind": "engine", "trial": trial.to_dict()}),
+    queue.submit(trial_id="s", job=EngineJob(trial=trial),
                  export_dir=str(tmp_path / "export-s"))
     workers.wait(lambda: queue.trial("s").units_done >= 3, 60, "the first units")
 
@@ -213,7 +213,7 @@ def test_trials_that_end_cancelled_or_failed_free_their_spill_stores(
     workers = device_workers("cpu0")
     queue = workers.queue
     long = tiny_trial(tokens, seed=1, lr=1e-3, steps=200)
-    queue.submit(trial_id="c", spec=spec_validate({"kind": "engine", "trial": long.to_dict()}),
+    queue.submit(trial_id="c", job=EngineJob(trial=long),
                  export_dir=str(tmp_path / "export-c"))
     workers.wait(lambda: queue.trial("c").units_done >= 2, 60, "the first units")
     queue.pause("c")
@@ -222,7 +222,7 @@ def test_trials_that_end_cancelled_or_failed_free_their_spill_stores(
     assert queue.cancel("c") == "cancelled"  # not running: no unit will end to clean up after it
 
     broken = tiny_trial(tokens, seed=2, lr=1e-3)
-    queue.submit(trial_id="f", spec=spec_validate({"kind": "engine", "trial": broken.to_dict()}),
+    queue.submit(trial_id="f", job=EngineJob(trial=broken),
                  export_dir=str(tmp_path / "export-f"))
     workers.wait(lambda: queue.trial("f").units_done >= 1, 60, "a unit of the second trial")
     queue.pause("f")

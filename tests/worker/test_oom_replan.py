@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.worker.test_engine_trials import assert_same_weights, exported, tiny_trial, trained_alone
-from worker.api import spec_validate
+from worker.contract import EngineJob
 from worker.engine.session import trial_create
 
 pytestmark = pytest.mark.timeout(240)
@@ -32,7 +32,7 @@ def test_a_trial_that_runs_out_of_memory_is_replanned_and_stays_exact(
 
     workers = device_workers("cpu0", "cpu1", env={"HYDRA_FAULT_OOM_ABOVE_BYTES": str(limit)})
     for trial_id, trial in {"big": big, "small": small}.items():
-        workers.queue.submit(trial_id=trial_id, spec=spec_validate({"kind": "engine", "trial": trial.to_dict()}),
+        workers.queue.submit(trial_id=trial_id, job=EngineJob(trial=trial),
                              export_dir=str(tmp_path / "exports" / trial_id))
     records = workers.wait_for_states(["big", "small"], {"finished", "failed"}, 180)
     assert {t: r.state for t, r in records.items()} == {"big": "finished", "small": "finished"}, \

@@ -7,6 +7,7 @@ import time
 import pytest
 import redis
 
+from worker.contract import SyntheticJob
 from worker.scheduling.policy import Candidate
 from worker.scheduling.queue import (
     InvalidTransition,
@@ -17,7 +18,7 @@ from worker.scheduling.queue import (
     TrialNotFound,
 )
 
-SPEC = {"kind": "synthetic", "units": 3}
+SPEC = SyntheticJob(units=3)
 
 
 def survey(queue: ShardQueue, device: str = "cpu0") -> Survey:
@@ -27,19 +28,19 @@ def survey(queue: ShardQueue, device: str = "cpu0") -> Survey:
 
 def runnable(queue: ShardQueue, trial_id: str, *, units: int = 3, unit_s: float = 0.5) -> None:
     """Submit and plan a trial so that it is runnable."""
-    queue.submit(trial_id=trial_id, spec=SPEC, export_dir=f"/exports/{trial_id}")
+    queue.submit(trial_id=trial_id, job=SPEC, export_dir=f"/exports/{trial_id}")
     job = queue.claim_plan("cpu0")
     assert job is not None and job.trial_id == trial_id
     assert queue.plan_done(job, remaining_units=units, unit_s=unit_s, plan={"shards": 2}) == "runnable"
 
 
 def test_it_plans_a_submitted_trial_then_makes_it_runnable(shard_queue: ShardQueue) -> None:
-    shard_queue.submit(trial_id="t1", spec=SPEC, export_dir="/exports/t1")
+    shard_queue.submit(trial_id="t1", job=SPEC, export_dir="/exports/t1")
     assert shard_queue.trial("t1").state == "planning"
     assert survey(shard_queue).planning == 1
 
     job = shard_queue.claim_plan("cpu1")
-    assert job is not None and (job.trial_id, job.spec) == ("t1", SPEC)
+    assert job is not None and (job.trial_id, job.job) == ("t1", SPEC)
     assert shard_queue.claim_plan("cpu0") is None
     assert shard_queue.plan_done(job, remaining_units=4, unit_s=0.25, plan={"shards": 2}) == "runnable"
 
@@ -60,7 +61,7 @@ def test_it_scores_runnable_trials_by_remaining_time(shard_queue: ShardQueue) ->
 def test_it_claims_a_trial_once(shard_queue: ShardQueue) -> None:
     runnable(shard_queue, "t1")
     lease = shard_queue.claim("t1", "cpu0")
-    assert lease is not None and (lease.units_done, lease.remaining_units, lease.spec) == (0, 3, SPEC)
+    assert lease is not None and (lease.units_done, lease.remaining_units, lease.job) == (0, 3, SPEC)
     assert shard_queue.claim("t1", "cpu1") is None
     assert shard_queue.trial("t1").state == "running"
     assert survey(shard_queue).candidates == []
@@ -128,7 +129,7 @@ def test_a_device_goes_on_with_the_trial_it_holds_without_a_claim(shard_queue: S
     state, seen, after = shard_queue.complete_then_survey(lease, "epoch-1", remaining_units=2, unit_s=0.5, hold_s=2.0)
     assert state == "running" and after is not None
     assert (after.trial_id, after.units_done, after.remaining_units) == ("t1", 1, 2)
-    assert int(after.token) > int(lease.token) and after.spec == lease.spec
+    assert int(after.token) > int(lease.token) and after.job == lease.job
     assert [c.trial_id for c in seen.candidates] == ["t2"]  # t1 is leased again, not runnable
     state, _, after = shard_queue.complete_then_survey(after, "epoch-1", remaining_units=1, unit_s=0.5)
     assert (state, after) == ("runnable", None)  # the backward is through: no hold, the policy picks again
@@ -159,7 +160,7 @@ def test_a_held_trial_goes_back_to_the_policy_when_the_loop_must_look_first(
     if reason == "pause":
         shard_queue.pause("t1")
     elif reason == "planning":
-        shard_queue.submit(trial_id="t2", spec=SPEC, export_dir="")
+        shard_queue.submit(trial_id="t2", job=SPEC, export_dir="")
     elif reason == "stopped":
         shard_queue.device_stop("cpu0")
     epoch = "epoch-0" if reason == "old epoch" else "epoch-1"
@@ -181,7 +182,7 @@ def test_it_renews_a_lease(shard_queue: ShardQueue) -> None:
 
 def test_it_replans_when_a_planning_lease_expires(shard_queue: ShardQueue) -> None:
     shard_queue.configure(lease_s=0.1)
-    shard_queue.submit(trial_id="t1", spec=SPEC, export_dir="")
+    shard_queue.submit(trial_id="t1", job=SPEC, export_dir="")
     stale = shard_queue.claim_plan("cpu0")
     time.sleep(0.2)
     assert survey(shard_queue).planning == 1
@@ -221,7 +222,7 @@ def test_it_drops_a_pending_pause_on_resume(shard_queue: ShardQueue) -> None:
 def test_it_cancels_at_once_or_at_the_end_of_the_unit(shard_queue: ShardQueue) -> None:
     runnable(shard_queue, "idle")
     runnable(shard_queue, "busy")
-    shard_queue.submit(trial_id="unplanned", spec=SPEC, export_dir="")
+    shard_queue.submit(trial_id="unplanned", job=SPEC, export_dir="")
     lease = shard_queue.claim("busy", "cpu0")
 
     assert shard_queue.cancel("idle") == "cancelled"
@@ -234,7 +235,7 @@ def test_it_cancels_at_once_or_at_the_end_of_the_unit(shard_queue: ShardQueue) -
 
 
 def test_it_cancels_a_trial_being_planned_when_planning_ends(shard_queue: ShardQueue) -> None:
-    shard_queue.submit(trial_id="t1", spec=SPEC, export_dir="")
+    shard_queue.submit(trial_id="t1", job=SPEC, export_dir="")
     job = shard_queue.claim_plan("cpu0")
     assert shard_queue.cancel("t1") == "planning"
     assert shard_queue.plan_done(job, remaining_units=3, unit_s=1.0, plan={}) == "cancelled"
@@ -265,11 +266,11 @@ def test_it_refuses_transitions_that_make_no_sense(shard_queue: ShardQueue) -> N
 
 
 def test_it_refuses_duplicate_and_malformed_ids(shard_queue: ShardQueue) -> None:
-    shard_queue.submit(trial_id="t1", spec=SPEC, export_dir="")
+    shard_queue.submit(trial_id="t1", job=SPEC, export_dir="")
     with pytest.raises(TrialExists, match="'t1'"):
-        shard_queue.submit(trial_id="t1", spec=SPEC, export_dir="")
+        shard_queue.submit(trial_id="t1", job=SPEC, export_dir="")
     with pytest.raises(ValueError, match="trial id"):
-        shard_queue.submit(trial_id="a b", spec=SPEC, export_dir="")
+        shard_queue.submit(trial_id="a b", job=SPEC, export_dir="")
 
 
 def events(queue: ShardQueue) -> list[tuple[str, str]]:

@@ -1,7 +1,7 @@
 """Experiments (a dataset, a model, a search space, a strategy, a budget) and their trials.
 
 Per-step metrics, evaluation results, unit spans and device samples are telemetry: they live in their own
-app (``webapp.telemetry``, issue 6 and the scheduler's glue), keyed by trial id, not here. A trial keeps only
+app (``webapp.telemetry``), keyed by trial id, not here. A trial keeps only
 the summary the pages list (status, progress, ETA, best validation result) and its memory plan.
 """
 
@@ -14,6 +14,8 @@ from django.db import models
 
 from webapp.accounts.models import Team
 from webapp.datasets.models import Dataset
+from webapp.queue_client import ENDED as CONTRACT_ENDED
+from webapp.queue_client import TrialState
 
 
 class Experiment(models.Model):
@@ -64,8 +66,9 @@ class Trial(models.Model):
         FAILED = "failed", "Failed"
         CANCELLED = "cancelled", "Cancelled"
 
-    ACTIVE = (Status.PLANNING, Status.RUNNABLE, Status.RUNNING, Status.PAUSED)
-    ENDED = (Status.FINISHED, Status.FAILED, Status.CANCELLED)
+    # The scheduler's states (`worker.contract.TrialState`) plus "new", a trial not launched yet.
+    ENDED = tuple(map(Status, [state for state in TrialState if state in CONTRACT_ENDED]))
+    ACTIVE = tuple(map(Status, [state for state in TrialState if state not in CONTRACT_ENDED]))
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="trials")
     number = models.PositiveIntegerField(help_text="1, 2, ... within the experiment.")
@@ -104,7 +107,7 @@ class Trial(models.Model):
     @property
     def spill_dirs(self) -> list[Path]:
         """The spill stores of every attempt (the scheduler keeps one per queue id)."""
-        return [settings.HYDRA.spill_dir / self.attempt_queue_id(n) for n in range(1, self.attempt + 1)]
+        return [settings.HYDRA.worker.spill_dir / self.attempt_queue_id(n) for n in range(1, self.attempt + 1)]
 
     def export_dir_for(self, queue_id: str) -> Path:
         """Where the worker writes this attempt's final model (``save_pretrained``)."""

@@ -1,4 +1,5 @@
-"""From a validated experiment definition to its trials: parameters, lengths, memory plans, engine specs.
+"""From a validated experiment definition to its trials: parameters, lengths, memory plans, engine specs
+(the typed `TrialSpec` that crosses to the workers).
 
 Pure apart from reading settings for paths: the form builds an `ExperimentDraft`, `plan_trials` checks it
 against the dataset and the memory budget and returns `TrialDraft`s for the preview and for creation.
@@ -15,6 +16,7 @@ from webapp.experiments.memory_preview import memory_plan
 from webapp.experiments.model_shapes import ModelChoiceError, ModelShape
 from webapp.experiments.search_space import PARAMETERS, SearchSpace, SearchSpaceError, Value
 from webapp.experiments.trial_generation import initial_trials
+from webapp.queue_client import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
 
 MEMORY_PARAMETERS = ("batch_size", "seq_len", "n_embd", "n_layer", "optimizer")
 
@@ -147,32 +149,31 @@ def plan_trials(draft: ExperimentDraft, *, budget_bytes: int) -> list[TrialDraft
 
 
 def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset, steps: int, eval_every: int,
-               seed: int, budget_bytes: int, early_stop_patience: int | None = None) -> dict[str, Any]:
-    """The engine's ``TrialSpec`` of one trial as a plain dict (``TrialSpec.from_dict`` reads it)."""
+               seed: int, budget_bytes: int, early_stop_patience: int | None = None) -> TrialSpec:
+    """The engine's ``TrialSpec`` of one trial. Raises SpecError for values the engine cannot train with."""
     values = hyperparameters(params, shape)
     trial_shape = shape.with_params(values, vocab_size=dataset.vocab_size)
-    return {
-        "model": {
-            "n_layer": trial_shape.n_layer, "n_embd": trial_shape.n_embd, "n_head": trial_shape.n_head,
-            "vocab_size": trial_shape.vocab_size, "n_positions": trial_shape.n_positions,
-            "dropout": float(values["dropout"]), "pretrained_dir": trial_shape.pretrained_dir,
-        },
-        "data": {"tokens_path": str(dataset.tokens_path), "seq_len": int(values["seq_len"]),
-                 "val_fraction": dataset.val_fraction},
-        "optimizer": {
-            "kind": str(values["optimizer"]), "lr": float(values["lr"]), "betas": [0.9, 0.999], "eps": 1e-8,
-            "weight_decay": float(values["weight_decay"]), "momentum": float(values["momentum"]),
-            "clip_norm": float(values["clip_norm"]),
-        },
-        "schedule": {"warmup_steps": int(values["warmup_steps"]), "decay": str(values["lr_decay"])},
-        "batch_size": int(values["batch_size"]),
-        "micro_batches": 1,
-        "steps": steps,
-        "eval_every": eval_every,
-        "eval_batches": 2,
-        "seed": seed,
-        "budget_bytes": budget_bytes,
-        "bf16": False,
-        "early_stop_patience": early_stop_patience,
-    }
-
+    return TrialSpec(
+        model=ModelSpec(
+            n_layer=trial_shape.n_layer, n_embd=trial_shape.n_embd, n_head=trial_shape.n_head,
+            vocab_size=trial_shape.vocab_size, n_positions=trial_shape.n_positions,
+            dropout=float(values["dropout"]), pretrained_dir=trial_shape.pretrained_dir,
+        ),
+        data=DataSpec(tokens_path=str(dataset.tokens_path), seq_len=int(values["seq_len"]),
+                      val_fraction=dataset.val_fraction),
+        optimizer=OptimizerSpec(
+            kind=str(values["optimizer"]), lr=float(values["lr"]), betas=(0.9, 0.999), eps=1e-8,  # type: ignore[arg-type]
+            weight_decay=float(values["weight_decay"]), momentum=float(values["momentum"]),
+            clip_norm=float(values["clip_norm"]),
+        ),
+        schedule=ScheduleSpec(warmup_steps=int(values["warmup_steps"]), decay=str(values["lr_decay"])),  # type: ignore[arg-type]
+        batch_size=int(values["batch_size"]),
+        micro_batches=1,
+        steps=steps,
+        eval_every=eval_every,
+        eval_batches=2,
+        seed=seed,
+        budget_bytes=budget_bytes,
+        bf16=False,
+        early_stop_patience=early_stop_patience,
+    )

@@ -9,6 +9,7 @@ from django.db.models import Count, Q, QuerySet
 from webapp.accounts.models import Team
 from webapp.accounts.selectors import team_scoped_get
 from webapp.experiments.models import Experiment, Trial
+from webapp.queue_client import Control, control_changes
 
 
 def experiment_list(*, team: Team | None) -> QuerySet[Experiment]:
@@ -62,14 +63,12 @@ def experiment_state(*, experiment: Experiment) -> dict[str, Any]:
 
 
 def trial_actions(trial: Trial) -> list[str]:
-    """The controls a trial's status allows, in the order the page shows them."""
+    """The controls a trial's status allows, in the order the page shows them: those the scheduler's
+    transitions say change something (`worker.contract.CONTROL_TRANSITIONS`), cancel of a trial not launched
+    yet, and retry of one that failed or was cancelled."""
     status = trial.status
-    actions = []
-    if status in (Trial.Status.PLANNING, Trial.Status.RUNNABLE, Trial.Status.RUNNING):
-        actions.append("pause")
-    if status == Trial.Status.PAUSED:
-        actions.append("resume")
-    if status == Trial.Status.NEW or status in Trial.ACTIVE:
+    actions = [str(control) for control in Control if control_changes(status, control)]
+    if status == Trial.Status.NEW:
         actions.append("cancel")
     if status in (Trial.Status.FAILED, Trial.Status.CANCELLED):
         actions.append("retry")

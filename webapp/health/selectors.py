@@ -1,4 +1,5 @@
-"""What the health page reports: the database, Redis and the device workers, each actually asked."""
+"""What the health page reports: the database, Redis, the telemetry ingest and the device workers, each
+actually asked."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-WORKER_REPLY_TIMEOUT_S = 1.5
+from webapp import queue_client
+
+# The ingest passes every second; a heartbeat older than this means it is not running.
+INGEST_STALE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class WorkerInfo:
 class HealthReport:
     database: Check
     redis: Check
+    ingest: Check
     workers: list[WorkerInfo] = field(default_factory=list)
 
     @property
@@ -50,14 +55,14 @@ def database_check() -> Check:
 
 
 def redis_check() -> Check:
-    client = redis.Redis.from_url(settings.HYDRA.redis_url, socket_connect_timeout=1.0, socket_timeout=1.0)
+    client = redis.Redis.from_url(settings.HYDRA.worker.redis_url, socket_connect_timeout=1.0, socket_timeout=1.0)
     try:
         info = client.info("server")
     except redis.RedisError as error:
-        return Check(False, f"{_redacted(settings.HYDRA.redis_url)}: {error}")
+        return Check(False, f"{_redacted(settings.HYDRA.worker.redis_url)}: {error}")
     finally:
         client.close()
-    return Check(True, f"redis {info.get('redis_version', '?')} at {_redacted(settings.HYDRA.redis_url)}")
+    return Check(True, f"redis {info.get('redis_version', '?')} at {_redacted(settings.HYDRA.worker.redis_url)}")
 
 
 def _redacted(url: str) -> str:
@@ -70,19 +75,24 @@ def _redacted(url: str) -> str:
     return url
 
 
+def ingest_check() -> Check:
+    """Whether the telemetry ingest (``manage.py hydra_ingest``) passed over this host's streams lately.
+    Without it the dashboards' curves stop; trial statuses still come through (pages apply trial events)."""
+    try:
+        age = queue_client.heartbeat_age(name="ingest")
+    except redis.RedisError as error:
+        return Check(False, f"unknown: Redis cannot be reached ({error})")
+    if age is None:
+        return Check(False, "never ran on this host: start `manage.py hydra_ingest` for learning curves")
+    if age > INGEST_STALE_S:
+        return Check(False, f"last pass {age:.0f} s ago: `manage.py hydra_ingest` is not running")
+    return Check(True, f"last pass {age:.1f} s ago")
+
+
 def workers_online() -> list[WorkerInfo]:
     """Ask every Celery worker which device it is bound to (Celery's broadcast, not a guess)."""
-    from worker.celery_app import app
-
-    try:
-        replies = app.control.broadcast("hydra_device", reply=True, timeout=WORKER_REPLY_TIMEOUT_S)
-    except (OSError, redis.RedisError):
-        return []
-    workers = []
-    for reply in replies or []:
-        for name, info in reply.items():
-            info = info if isinstance(info, dict) else {}
-            workers.append(WorkerInfo(name=name, device=info.get("device"), host=info.get("host"), pid=info.get("pid")))
+    workers = [WorkerInfo(name=info["name"], device=info.get("device"), host=info.get("host"), pid=info.get("pid"))
+               for info in queue_client.workers_online()]
     return sorted(workers, key=lambda worker: worker.name)
 
 
@@ -91,5 +101,6 @@ def health_report() -> HealthReport:
     return HealthReport(
         database=database_check(),
         redis=redis_status,
+        ingest=ingest_check() if redis_status.ok else Check(False, "unknown: Redis cannot be reached"),
         workers=workers_online() if redis_status.ok else [],
     )

@@ -3,7 +3,8 @@
 `telemetry_ingest` drains each stream after the cursor stored for it: one transaction per batch inserts the
 rows (``bulk_create`` with ``ignore_conflicts``, so a replayed batch inserts nothing twice) and advances the
 cursor. A crash between the two only replays that batch. Entries of trials that no longer exist (deleted
-since), or of an attempt that a retry replaced, are dropped.
+since), or of an attempt that a retry replaced, are dropped. Trial state changes are not telemetry: after
+the metrics, each pass hands them to the one service that applies them (`webapp.experiments.events`).
 """
 
 from __future__ import annotations
@@ -12,48 +13,48 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-import redis
 from django.db import transaction
 from django.db.models import Q
 
+from webapp import queue_client
+from webapp.experiments.events import trial_events_sync
 from webapp.experiments.models import Trial
-from webapp.experiments.services import trial_status_record
 from webapp.telemetry import levels
 from webapp.telemetry.models import DeviceSample, EvalMetric, StepMetric, StreamCursor, UnitSpan
-from worker.scheduling import telemetry
-from worker.scheduling.queue import ShardQueue, TrialNotFound
 
 log = logging.getLogger(__name__)
 
 Entry = Mapping[str, Any]
-# Steps first, so that when a trial's "finished" event is applied its last metrics are already stored.
-STREAM_ORDER = ("steps", "evals", "spans", "samples", "events")
+# Metrics before events, so that when a trial's "finished" event is applied its last metrics are stored.
+STREAM_ORDER = ("steps", "evals", "spans", "samples")
 BATCH_SIZE = 2000
 
 
-def telemetry_ingest(*, client: redis.Redis, host_id: str, batch_size: int = BATCH_SIZE,
-                     max_batches: int = 50) -> dict[str, int]:
-    """Store what is new in each stream of `host_id`; return the entries read per stream.
+def telemetry_ingest(*, host_id: str, batch_size: int = BATCH_SIZE, max_batches: int = 50) -> dict[str, int]:
+    """Store what is new in each stream of `host_id`, then apply its trial events; return the entries read
+    per stream (``events`` included).
 
     At most `max_batches` batches of `batch_size` entries per stream per call, so one busy stream cannot
-    starve the others; call again (the `hydra_ingest` command loops) to go on. `client` must decode
-    responses. Redis errors propagate: the cursors stay where they were.
+    starve the others; call again (the `hydra_ingest` command loops) to go on. Redis errors propagate: the
+    cursors stay where they were.
     """
     read: dict[str, int] = {}
     for stream in STREAM_ORDER:
         read[stream] = 0
         cursor, _ = StreamCursor.objects.get_or_create(host=host_id, stream=stream)
         for _ in range(max_batches):
-            batch = telemetry.read(client, host_id, stream, after=cursor.cursor, count=batch_size)
-            if not batch.entries:
+            entries, after = queue_client.telemetry_read(stream=stream, after=cursor.cursor, count=batch_size,
+                                                         host_id=host_id)
+            if not entries:
                 break
             with transaction.atomic():
-                STORES[stream](client, host_id, batch.entries)
-                StreamCursor.objects.filter(pk=cursor.pk).update(cursor=batch.cursor)
-            cursor.cursor = batch.cursor
-            read[stream] += len(batch.entries)
-            if len(batch.entries) < batch_size:
+                STORES[stream](host_id, entries)
+                StreamCursor.objects.filter(pk=cursor.pk).update(cursor=after)
+            cursor.cursor = after
+            read[stream] += len(entries)
+            if len(entries) < batch_size:
                 break
+    read["events"] = trial_events_sync(host_id=host_id, max_batches=max_batches)
     return read
 
 
@@ -72,7 +73,7 @@ def _attempts(entries: Iterable[Entry]) -> dict[str, Attempt]:
     return {queue_id: Attempt(pk, attempt) for queue_id, pk, attempt in rows}
 
 
-def _store_steps(client: redis.Redis, host_id: str, entries: list[Entry]) -> None:
+def _store_steps(host_id: str, entries: list[Entry]) -> None:
     attempts = _attempts(entries)
     rows = [
         StepMetric(trial_id=attempts[e["trial"]].trial_id, attempt=attempts[e["trial"]].attempt, step=e["step"],
@@ -110,7 +111,7 @@ def _update_levels(trial_id: int, attempt: int, first_step: int, last_step: int)
             StepMetric.objects.filter(pk__in=demote).update(level=level - 1)
 
 
-def _store_evals(client: redis.Redis, host_id: str, entries: list[Entry]) -> None:
+def _store_evals(host_id: str, entries: list[Entry]) -> None:
     attempts = _attempts(entries)
     rows = [
         EvalMetric(trial_id=attempts[e["trial"]].trial_id, attempt=attempts[e["trial"]].attempt, step=e["step"],
@@ -126,7 +127,7 @@ def _store_evals(client: redis.Redis, host_id: str, entries: list[Entry]) -> Non
                                                                   best_val_ppl=best.perplexity)
 
 
-def _store_spans(client: redis.Redis, host_id: str, entries: list[Entry]) -> None:
+def _store_spans(host_id: str, entries: list[Entry]) -> None:
     attempts = _attempts(entries)
     UnitSpan.objects.bulk_create(
         [
@@ -140,7 +141,7 @@ def _store_spans(client: redis.Redis, host_id: str, entries: list[Entry]) -> Non
     )
 
 
-def _store_samples(client: redis.Redis, host_id: str, entries: list[Entry]) -> None:
+def _store_samples(host_id: str, entries: list[Entry]) -> None:
     DeviceSample.objects.bulk_create(
         [
             DeviceSample(host=host_id, entry_id=e["id"], device=e["device"], time=e["time"],
@@ -152,26 +153,9 @@ def _store_samples(client: redis.Redis, host_id: str, entries: list[Entry]) -> N
     )
 
 
-def _store_events(client: redis.Redis, host_id: str, entries: list[Entry]) -> None:
-    # The status service itself ignores old attempts and unknown queue ids, and never revives an ended trial.
-    for entry in entries:
-        plan = _measured_plan(client, host_id, entry["trial"]) if entry["state"] == "runnable" else None
-        trial_status_record(trial_id=entry["trial"], status=entry["state"], message=entry.get("message") or None,
-                            plan=plan)
-
-
-def _measured_plan(client: redis.Redis, host_id: str, trial_id: str) -> dict[str, Any] | None:
-    """The memory plan a device measured when it planned the trial (it is runnable from then on), if any."""
-    try:
-        return ShardQueue(client, host_id).trial(trial_id).plan
-    except TrialNotFound:
-        return None
-
-
-STORES: dict[str, Callable[[redis.Redis, str, list[Entry]], None]] = {
+STORES: dict[str, Callable[[str, list[Entry]], None]] = {
     "steps": _store_steps,
     "evals": _store_evals,
     "spans": _store_spans,
     "samples": _store_samples,
-    "events": _store_events,
 }

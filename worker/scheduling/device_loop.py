@@ -30,8 +30,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from worker.contract import Job
 from worker.scheduling import telemetry
 from worker.scheduling.policy import HOLD_UNITS, Candidate, pick, remaining_seconds, unit_time_estimate
 from worker.scheduling.queue import Lease, LeaseLost, PlanJob, ShardQueue, Survey
@@ -123,7 +123,7 @@ class LeaseKeeper:
 
 
 class DeviceLoop:
-    """The loop of one device. `runners` maps a spec's ``kind`` to the runner of such trials."""
+    """The loop of one device. `runners` maps a job's ``kind`` to the runner of such trials."""
 
     def __init__(self, *, queue: ShardQueue, runners: Mapping[str, TrialRunner], config: DeviceLoopConfig):
         self.queue = queue
@@ -170,8 +170,8 @@ class DeviceLoop:
             self._run_unit(lease, self._next_guess(survey, lease))
         return True
 
-    def _runner(self, spec: Mapping[str, Any]) -> TrialRunner:
-        kind = spec.get("kind")
+    def _runner(self, job: Job) -> TrialRunner:
+        kind = job.kind
         if kind not in self.runners:
             raise KeyError(f"no runner for trial kind {kind!r}; this worker runs {sorted(self.runners)}")
         return self.runners[kind]
@@ -188,7 +188,7 @@ class DeviceLoop:
         start = time.time()
         try:
             with self.keeper.holding(lambda: self.queue.renew(job.trial_id, job.token), job.lease_s, job.trial_id):
-                planned = self._runner(job.spec).plan(trial_id=job.trial_id, spec=job.spec)
+                planned = self._runner(job.job).plan(trial_id=job.trial_id, job=job.job)
         except Exception as error:  # any failure of planning is the trial's, never the device's
             self._fail(job.trial_id, job.token, "planning", error)
             return
@@ -216,11 +216,11 @@ class DeviceLoop:
         try:
             with self.keeper.holding(lambda: self.queue.renew(lease.trial_id, lease.token), lease.lease_s,
                                      lease.trial_id):
-                runner = self._runner(lease.spec)
-                done = runner.run_unit(trial_id=lease.trial_id, spec=lease.spec, units_done=lease.units_done,
+                runner = self._runner(lease.job)
+                done = runner.run_unit(trial_id=lease.trial_id, job=lease.job, units_done=lease.units_done,
                                        next_trial=next_trial, token=int(lease.token))
                 if isinstance(done, UnitDone) and done.remaining_units == 0:
-                    runner.export(trial_id=lease.trial_id, spec=lease.spec, export_dir=lease.export_dir)
+                    runner.export(trial_id=lease.trial_id, job=lease.job, export_dir=lease.export_dir)
         except LeaseLost as error:  # a newer lease holder owns the trial: drop this unit, fail nothing
             log.warning("unit dropped: %s", error)
             return

@@ -4,7 +4,7 @@ Every key of a host starts with ``hydra:<host>:`` so that several hosts can shar
 store lives on one host and only that host's devices take its units. Everything is readable with redis-cli::
 
     hydra:<host>:trials          ZSET   trial id -> submit time (s)             every trial of the host
-    hydra:<host>:trial:<id>      HASH   state, spec, export_dir, control, lease, device, last_device,
+    hydra:<host>:trial:<id>      HASH   state, job, export_dir, control, lease, device, last_device,
                                         held_until (ms: last_device keeps its activations until then),
                                         remaining_units, unit_s, units_done, requeues, replans, message,
                                         plan, submitted, updated
@@ -31,6 +31,7 @@ and `claim` takes that exact trial atomically, failing harmlessly if another dev
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -39,34 +40,26 @@ from typing import Any
 
 import redis
 
+from worker.contract import (
+    InvalidTransition,
+    Job,
+    LeaseLost,
+    QueueError,
+    TrialExists,
+    TrialNotFound,
+    TrialRecord,
+    job_from_dict,
+)
 from worker.scheduling.policy import Candidate, remaining_seconds
 
-STATES = ("planning", "runnable", "running", "paused", "finished", "failed", "cancelled")
+__all__ = ["InvalidTransition", "Lease", "LeaseLost", "PlanJob", "QueueError", "ShardQueue", "Survey",
+           "TrialExists", "TrialNotFound", "TrialRecord"]
+
 DEFAULT_LEASE_MS = 10_000
 TRIAL_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Candidates read per survey. Only the head of the runnable set matters to the policy; ties deeper than
 # this are broken by id alone.
 SURVEY_LIMIT = 64
-
-
-class QueueError(Exception):
-    """Base of the shard queue's errors."""
-
-
-class TrialNotFound(QueueError, LookupError):
-    pass
-
-
-class TrialExists(QueueError):
-    pass
-
-
-class InvalidTransition(QueueError):
-    pass
-
-
-class LeaseLost(QueueError):
-    """The lease expired and the trial went back to the queue; this unit's result must not be recorded."""
 
 
 # Shared Lua prelude: key names, the Redis clock, and the state-change event.
@@ -125,7 +118,7 @@ _SUBMIT = """
 local id = ARGV[2]
 if redis.call('EXISTS', tkey(id)) == 1 then return 'exists' end
 local now = now_ms() / 1000
-redis.call('HSET', tkey(id), 'spec', ARGV[3], 'export_dir', ARGV[4], 'submitted', now, 'units_done', 0,
+redis.call('HSET', tkey(id), 'job', ARGV[3], 'export_dir', ARGV[4], 'submitted', now, 'units_done', 0,
            'requeues', 0)
 redis.call('ZADD', key('trials'), now, id)
 redis.call('LPUSH', key('planning'), id)
@@ -177,7 +170,7 @@ local token = tostring(redis.call('INCR', key('seq')))
 local ms = lease_ms()
 redis.call('HSET', tkey(id), 'lease', token, 'device', ARGV[2])
 redis.call('ZADD', key('leases'), now_ms() + ms, id)
-return {id, token, ms, redis.call('HGET', tkey(id), 'spec')}
+return {id, token, ms, redis.call('HGET', tkey(id), 'job')}
 """
 
 _PLAN_DONE = """
@@ -195,7 +188,7 @@ local ms = lease_ms()
 redis.call('HSET', tkey(id), 'lease', token, 'device', device)
 redis.call('ZADD', key('leases'), now_ms() + ms, id)
 set_state(id, 'running', nil, redis.call('HGET', tkey(id), 'active') == '1')
-local t = redis.call('HMGET', tkey(id), 'units_done', 'spec', 'export_dir', 'remaining_units', 'unit_s')
+local t = redis.call('HMGET', tkey(id), 'units_done', 'job', 'export_dir', 'remaining_units', 'unit_s')
 return {token, ms, t[1], t[2], t[3], t[4], t[5]}
 """
 
@@ -307,12 +300,17 @@ return redis.call('HGET', tkey(id), 'state')
 
 @dataclass(frozen=True)
 class PlanJob:
-    """A claimed planning job: plan `trial_id` from `spec`, then call `plan_done` with `token`."""
+    """A claimed planning job: plan `trial_id`'s `job`, then call `plan_done` with `token`."""
 
     trial_id: str
     token: str
     lease_s: float
-    spec: dict[str, Any]
+    job_data: dict[str, Any]
+
+    @functools.cached_property
+    def job(self) -> Job:
+        """The typed job; raises JobError if what was stored cannot be read (it fails the trial)."""
+        return job_from_dict(self.job_data)
 
 
 @dataclass(frozen=True)
@@ -326,8 +324,13 @@ class Lease:
     units_done: int
     remaining_units: int
     unit_s: float
-    spec: dict[str, Any]
+    job_data: dict[str, Any]
     export_dir: str
+
+    @functools.cached_property
+    def job(self) -> Job:
+        """The typed job; raises JobError if what was stored cannot be read (it fails the trial)."""
+        return job_from_dict(self.job_data)
 
 
 @dataclass(frozen=True)
@@ -343,29 +346,6 @@ class Survey:
     candidates: list[Candidate]
     units_done: dict[str, int]
     reap: str | None = None
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """A trial's state as plain data. `control` is a pending 'pause' or 'cancel', or ''."""
-
-    trial_id: str
-    state: str
-    message: str
-    control: str
-    device: str
-    last_device: str
-    remaining_units: int | None
-    unit_s: float | None
-    remaining_s: float | None
-    units_done: int
-    requeues: int
-    replans: int
-    submitted: float
-    updated: float
-    export_dir: str
-    spec: dict[str, Any]
-    plan: dict[str, Any] | None
 
 
 class ShardQueue:
@@ -437,11 +417,11 @@ class ShardQueue:
 
     # Submitting and controlling trials -----------------------------------------------------------------
 
-    def submit(self, *, trial_id: str, spec: Mapping[str, Any], export_dir: str) -> None:
+    def submit(self, *, trial_id: str, job: Job, export_dir: str) -> None:
         """Add a trial in state planning; a device worker will plan it. Raises TrialExists, ValueError."""
         if not TRIAL_ID_PATTERN.match(trial_id):
             raise ValueError(f"trial id {trial_id!r} must be 1-64 letters, digits, '.', '_' or '-'.")
-        if self._run("submit", trial_id, json.dumps(dict(spec)), export_dir) == "exists":
+        if self._run("submit", trial_id, json.dumps(job.to_dict()), export_dir) == "exists":
             raise TrialExists(f"trial {trial_id!r} already exists on host {self.host_id!r}.")
 
     def pause(self, trial_id: str) -> str:
@@ -495,8 +475,8 @@ class ShardQueue:
         raw = self._run("claim_plan", device)
         if raw is None:
             return None
-        trial_id, token, lease_ms, spec = raw
-        return PlanJob(trial_id, token, int(lease_ms) / 1000, json.loads(spec))
+        trial_id, token, lease_ms, job = raw
+        return PlanJob(trial_id, token, int(lease_ms) / 1000, json.loads(job))
 
     def plan_done(
         self, job: PlanJob, *, remaining_units: int, unit_s: float, plan: Mapping[str, Any],
@@ -516,7 +496,7 @@ class ShardQueue:
         raw = self._run("claim", trial_id, device)
         if raw is None:
             return None
-        token, lease_ms, units_done, spec, export_dir, remaining_units, unit_s = raw
+        token, lease_ms, units_done, job, export_dir, remaining_units, unit_s = raw
         return Lease(
             trial_id=trial_id,
             token=token,
@@ -525,7 +505,7 @@ class ShardQueue:
             units_done=int(units_done),
             remaining_units=int(remaining_units),
             unit_s=float(unit_s),
-            spec=json.loads(spec),
+            job_data=json.loads(job),
             export_dir=export_dir,
         )
 
@@ -637,7 +617,7 @@ def _record(trial_id: str, fields: Mapping[str, str]) -> TrialRecord:
         submitted=float(fields.get("submitted", 0)),
         updated=float(fields.get("updated", 0)),
         export_dir=fields.get("export_dir", ""),
-        spec=json.loads(fields.get("spec", "{}")),
+        job=json.loads(fields.get("job", "{}")),
         plan=json.loads(fields["plan"]) if "plan" in fields else None,
     )
 

@@ -1,17 +1,17 @@
 """What a device loop asks of a workload: plan a trial, run its next unit, export it.
 
-A trial's spec is plain JSON-able data with a ``kind``: ``engine`` (a `worker.engine` trial, the real
-thing) or ``synthetic`` (units that only sleep, for measuring the queue itself). Runners keep no state that
+A trial's job (`worker.contract`) has a ``kind``: ``engine`` (a `worker.engine` trial, the real thing) or
+``synthetic`` (units that only sleep, for measuring the queue itself). Runners keep no state that
 matters between units: everything lives in the spill store (engine) or in the queue (synthetic), so any
 device's runner can run any trial's next unit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from worker.contract import Job
 from worker.scheduling.telemetry import EvalMetrics, StepMetrics
 
 
@@ -57,12 +57,12 @@ class Replanned:
 
 
 class TrialRunner(Protocol):
-    def plan(self, *, trial_id: str, spec: Mapping[str, Any]) -> Planned:
+    def plan(self, *, trial_id: str, job: Job) -> Planned:
         """Profile and partition the trial on this device, and set up its state. Idempotent: a planning
         attempt that died half-way is planned again from scratch."""
         ...
 
-    def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int, next_trial: str | None,
+    def run_unit(self, *, trial_id: str, job: Job, units_done: int, next_trial: str | None,
                  token: int) -> UnitDone | Replanned:
         """Run the trial's next unit (`units_done` units ran before, by any device) and commit it; or, if it
         ran out of device memory, re-plan the trial with smaller shards and return `Replanned`.
@@ -76,7 +76,7 @@ class TrialRunner(Protocol):
         """
         ...
 
-    def export(self, *, trial_id: str, spec: Mapping[str, Any], export_dir: str) -> None:
+    def export(self, *, trial_id: str, job: Job, export_dir: str) -> None:
         """Write a finished trial's result to `export_dir`, then free its state."""
         ...
 

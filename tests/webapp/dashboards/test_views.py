@@ -29,7 +29,7 @@ def experiment(alice_team, redis_client, host_id):
     write_span(redis_client, host_id, second, device="cpu0", unit=0, start=now + 0.5, end=now + 1)
     write_span(redis_client, host_id, first, device="cpu1", unit=1, start=now + 0.6, end=now + 1.2)
     write_sample(redis_client, host_id, device="cpu0", at=now + 0.7, utilization=0.95)
-    telemetry_ingest(client=redis_client, host_id=host_id)
+    telemetry_ingest(host_id=host_id)
     return experiment
 
 
@@ -83,7 +83,7 @@ def test_the_poll_returns_only_what_is_new(alice_client, experiment, redis_clien
 
     second_trial = experiment.trials.get(number=2)
     write_steps(redis_client, host_id, second_trial, range(40, 45))
-    telemetry_ingest(client=redis_client, host_id=host_id)
+    telemetry_ingest(host_id=host_id)
     update = alice_client.get(url, first["cursor"] | {"x": "tokens"}).json()
 
     assert list(update["points"]) == [str(second_trial.pk)]

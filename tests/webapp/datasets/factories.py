@@ -19,9 +19,8 @@ TINY_CORPUS = (
 
 def use_data_dir(settings: LazySettings, path: Path) -> None:
     """Point HYDRA_DATA_DIR (and the spill and models roots under it) at `path` for one test."""
-    settings.HYDRA = dataclasses.replace(
-        settings.HYDRA, data_dir=path, spill_dir=path / "spill", models_root=path / "models"
-    )
+    worker = dataclasses.replace(settings.HYDRA.worker, data_dir=path, spill_dir=path / "spill")
+    settings.HYDRA = dataclasses.replace(settings.HYDRA, data_dir=path, models_root=path / "models", worker=worker)
 
 
 def make_dataset(team: Team, name: str = "tiny", text: str = TINY_CORPUS, vocab_size: int = 300) -> Dataset:

@@ -31,7 +31,8 @@ def scheduler(settings, redis_client):
     that is deleted afterwards. No device worker takes from it: submitted trials wait to be planned, unless
     a test plans them as a device would (`planned`)."""
     host = f"test-web-{uuid.uuid4().hex[:10]}"
-    settings.HYDRA = dataclasses.replace(settings.HYDRA, host_id=host)
+    settings.HYDRA = dataclasses.replace(settings.HYDRA,
+                                         worker=dataclasses.replace(settings.HYDRA.worker, host_id=host))
     yield ShardQueue(redis_client, host)
     keys = list(redis_client.scan_iter(match=f"*{host}*", count=1000))
     if keys:

@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 
 from tests.webapp.experiments.conftest import planned
 from tests.webapp.experiments.factories import make_experiment
-from webapp.experiments import services
+from webapp.experiments import events, services
 from webapp.experiments.models import Trial
 from worker.engine.config import TrialSpec
 
@@ -46,14 +46,14 @@ def test_it_submits_launched_trials_only_after_commit(alice_team, alice_dataset,
     record = scheduler.trial(str(trial.pk))
     assert record.state == "planning"
     assert record.export_dir == str(trial.export_dir_for(trial.queue_id))
-    assert record.spec["kind"] == "engine"
-    engine = record.spec["trial"]
+    assert record.job["kind"] == "engine"
+    engine = record.job["trial"]
     assert engine["optimizer"]["lr"] == 0.001 and engine["batch_size"] == 2
     assert engine["data"]["tokens_path"] == str(alice_dataset.tokens_path)
     assert engine["model"]["vocab_size"] == alice_dataset.vocab_size
     assert TrialSpec.from_dict(engine).to_dict()["steps"] == 10
     assert engine["early_stop_patience"] is None
-    assert "budget" not in record.spec  # the form gave 256 MiB: the trial's own budget, no device decides
+    assert record.job["budget"] == "explicit"  # the form gave 256 MiB: the trial's own budget, no device decides
     assert engine["budget_bytes"] == 256 << 20
 
 
@@ -62,7 +62,7 @@ def test_an_auto_budget_is_left_to_the_device_that_plans_the_trial(alice_team, a
     experiment = make_experiment(alice_team, alice_dataset, memory_budget_bytes=None)
     with django_capture_on_commit_callbacks(execute=True):
         services.experiment_launch(experiment=experiment)
-    assert {r.spec["budget"] for r in scheduler.trials()} == {"auto"}
+    assert {r.job["budget"] for r in scheduler.trials()} == {"auto"}
 
 
 def test_it_sends_the_early_stopping_patience_to_the_engine(alice_team, alice_dataset, scheduler,
@@ -70,12 +70,13 @@ def test_it_sends_the_early_stopping_patience_to_the_engine(alice_team, alice_da
     experiment = make_experiment(alice_team, alice_dataset, early_stop_patience=3)
     with django_capture_on_commit_callbacks(execute=True):
         services.experiment_launch(experiment=experiment)
-    assert {TrialSpec.from_dict(r.spec["trial"]).early_stop_patience for r in scheduler.trials()} == {3}
+    assert {TrialSpec.from_dict(r.job["trial"]).early_stop_patience for r in scheduler.trials()} == {3}
 
 
 def test_it_fails_a_trial_the_scheduler_cannot_take(alice_team, alice_dataset, settings,
                                                     django_capture_on_commit_callbacks):
-    settings.HYDRA = dataclasses.replace(settings.HYDRA, redis_url="redis://127.0.0.1:1/0")  # nothing listens
+    settings.HYDRA = dataclasses.replace(
+        settings.HYDRA, worker=dataclasses.replace(settings.HYDRA.worker, redis_url="redis://127.0.0.1:1/0"))
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True):
         services.experiment_launch(experiment=experiment)
@@ -91,20 +92,20 @@ def test_it_records_progress_and_keeps_the_best_loss(alice_team, alice_dataset, 
     with django_capture_on_commit_callbacks(execute=True):
         services.experiment_launch(experiment=experiment)
     trial = experiment.trials.get(number=1)
-    assert services.trial_status_record(trial_id=trial.queue_id, status="running", step=3, remaining_s=12.0,
+    assert events.trial_event_apply(trial_id=trial.queue_id, status="running", step=3, remaining_s=12.0,
                                         best_val_loss=2.0)
-    services.trial_status_record(trial_id=trial.queue_id, status="running", step=5, best_val_loss=2.5)
+    events.trial_event_apply(trial_id=trial.queue_id, status="running", step=5, best_val_loss=2.5)
     trial.refresh_from_db()
     assert (trial.status, trial.step, trial.remaining_s, trial.best_val_loss) == ("running", 5, 12.0, 2.0)
     assert trial.best_val_ppl == pytest.approx(7.389, rel=1e-3)
     assert trial.started is not None
-    services.trial_status_record(trial_id=trial.queue_id, status="finished", export_path="/x")
-    assert not services.trial_status_record(trial_id=trial.queue_id, status="running")  # ended stays ended
-    assert not services.trial_status_record(trial_id="999999", status="running")
+    events.trial_event_apply(trial_id=trial.queue_id, status="finished", export_path="/x")
+    assert not events.trial_event_apply(trial_id=trial.queue_id, status="running")  # ended stays ended
+    assert not events.trial_event_apply(trial_id="999999", status="running")
     trial.refresh_from_db()
     assert trial.status == "finished" and trial.finished is not None
     with pytest.raises(ValueError, match="Unknown trial status"):
-        services.trial_status_record(trial_id=trial.queue_id, status="exploded")
+        events.trial_event_apply(trial_id=trial.queue_id, status="exploded")
 
 
 def test_it_records_the_exported_model_of_a_finished_trial(alice_team, alice_dataset, scheduler,
@@ -115,8 +116,8 @@ def test_it_records_the_exported_model_of_a_finished_trial(alice_team, alice_dat
     exported, missing = experiment.trials.order_by("number")
     exported.export_dir_for(exported.queue_id).mkdir(parents=True)  # where the scheduler was told to export
 
-    services.trial_status_record(trial_id=exported.queue_id, status="finished")
-    services.trial_status_record(trial_id=missing.queue_id, status="finished")
+    events.trial_event_apply(trial_id=exported.queue_id, status="finished")
+    events.trial_event_apply(trial_id=missing.queue_id, status="finished")
 
     exported.refresh_from_db()
     missing.refresh_from_db()
@@ -135,7 +136,7 @@ def test_it_pauses_resumes_and_cancels_through_the_scheduler(alice_team, alice_d
     assert (trial.status, scheduler.trial(trial.queue_id).control) == ("planning", "pause")
     planned(scheduler, trial.queue_id)
     assert scheduler.trial(trial.queue_id).state == "paused"
-    services.trial_status_record(trial_id=trial.queue_id, status="paused")  # as the event stream reports it
+    events.trial_event_apply(trial_id=trial.queue_id, status="paused")  # as the event stream reports it
     trial.refresh_from_db()
     with pytest.raises(ValidationError, match="cannot pause"):
         services.trial_control(trial=trial, action="pause")
@@ -156,13 +157,13 @@ def test_it_retries_a_failed_trial_as_a_new_attempt(alice_team, alice_dataset, s
     with django_capture_on_commit_callbacks(execute=True):
         services.experiment_launch(experiment=experiment)
     trial = experiment.trials.get(number=1)
-    services.trial_status_record(trial_id=trial.queue_id, status="failed", message="boom")
+    events.trial_event_apply(trial_id=trial.queue_id, status="failed", message="boom")
     with django_capture_on_commit_callbacks(execute=True):
         assert services.experiment_retry_failed(experiment=experiment) == 1
     trial.refresh_from_db()
     assert (trial.status, trial.attempt, trial.queue_id, trial.message) == ("planning", 2, f"{trial.pk}.2", "")
     assert scheduler.trial(f"{trial.pk}.2").state == "planning"
-    assert not services.trial_status_record(trial_id=str(trial.pk), status="failed")  # the old attempt
+    assert not events.trial_event_apply(trial_id=str(trial.pk), status="failed")  # the old attempt
 
 
 def test_it_deletes_a_trial_with_its_spill_files(alice_team, alice_dataset, scheduler, data_dir,
@@ -190,10 +191,10 @@ def test_it_asks_tpe_for_the_next_trial_when_one_ends(alice_team, alice_dataset,
         services.experiment_launch(experiment=experiment)
     first = experiment.trials.get(number=1)
     with django_capture_on_commit_callbacks(execute=True):
-        services.trial_status_record(trial_id=first.queue_id, status="finished", best_val_loss=3.0)
+        events.trial_event_apply(trial_id=first.queue_id, status="finished", best_val_loss=3.0)
     fifth = experiment.trials.get(number=5)
     assert fifth.status == "planning"
     assert scheduler.trials()[-1].trial_id == str(fifth.pk)
     for trial in experiment.trials.exclude(pk=first.pk):
-        services.trial_status_record(trial_id=trial.queue_id, status="finished", best_val_loss=2.0)
+        events.trial_event_apply(trial_id=trial.queue_id, status="finished", best_val_loss=2.0)
     assert experiment.trials.count() == 6

@@ -10,6 +10,7 @@ from webapp.experiments.models import Trial
 from webapp.telemetry import levels
 from webapp.telemetry.models import DeviceSample, EvalMetric, StepMetric, StreamCursor, UnitSpan
 from webapp.telemetry.services import telemetry_ingest
+from worker.contract import SyntheticJob
 from worker.scheduling.queue import ShardQueue
 
 pytestmark = pytest.mark.django_db
@@ -29,7 +30,7 @@ def test_it_stores_every_stream_in_batches_and_advances_the_cursors(redis_client
     write_span(redis_client, host_id, second, device="cpu1", unit=0, start=1.5, end=2.5)
     write_sample(redis_client, host_id, device="cpu0", at=1.2, utilization=0.9)
 
-    read = telemetry_ingest(client=redis_client, host_id=host_id, batch_size=100)
+    read = telemetry_ingest(host_id=host_id, batch_size=100)
 
     assert read == {"steps": 280, "evals": 28, "spans": 2, "samples": 1, "events": 0}
     assert StepMetric.objects.filter(trial=first).count() == 250
@@ -48,7 +49,7 @@ def test_it_counts_every_step_of_a_finished_trial_as_done(redis_client, host_id,
     write_steps(redis_client, host_id, trial, range(0, 60))  # the scheduler's step indices are 0-based
     write_event(redis_client, host_id, trial, "finished")
 
-    telemetry_ingest(client=redis_client, host_id=host_id)
+    telemetry_ingest(host_id=host_id)
 
     trial.refresh_from_db()
     assert (trial.status, trial.step, trial.progress) == ("finished", 60, 1.0)
@@ -61,11 +62,11 @@ def test_it_keeps_the_plan_a_device_measured_when_the_trial_becomes_runnable(red
                 "shards": [{"index": 0, "layers": ["embedding", "block.0", "block.1", "head"], "param_bytes": 1,
                             "grad_bytes": 1, "optim_bytes": 2, "activation_bytes": 3}]}
     queue = ShardQueue(redis_client, host_id)
-    queue.submit(trial_id=trial.queue_id, spec={"kind": "synthetic"}, export_dir="")
+    queue.submit(trial_id=trial.queue_id, job=SyntheticJob(units=1), export_dir="")
     job = queue.claim_plan("cpu0")
     queue.plan_done(job, remaining_units=10, unit_s=0.01, plan=measured)  # publishes "planning", "runnable"
 
-    telemetry_ingest(client=redis_client, host_id=host_id)
+    telemetry_ingest(host_id=host_id)
 
     trial.refresh_from_db()
     assert trial.status == "runnable" and trial.plan != estimate
@@ -74,19 +75,19 @@ def test_it_keeps_the_plan_a_device_measured_when_the_trial_becomes_runnable(red
 
 def test_it_reads_only_what_is_new(redis_client, host_id, trials):
     write_steps(redis_client, host_id, trials[0], range(0, 10))
-    telemetry_ingest(client=redis_client, host_id=host_id)
+    telemetry_ingest(host_id=host_id)
     write_steps(redis_client, host_id, trials[0], range(10, 15))
-    assert telemetry_ingest(client=redis_client, host_id=host_id)["steps"] == 5
-    assert telemetry_ingest(client=redis_client, host_id=host_id)["steps"] == 0
+    assert telemetry_ingest(host_id=host_id)["steps"] == 5
+    assert telemetry_ingest(host_id=host_id)["steps"] == 0
 
 
 def test_it_stores_nothing_twice_when_a_batch_is_replayed(redis_client, host_id, trials):
     write_steps(redis_client, host_id, trials[0], range(0, 40))
     write_span(redis_client, host_id, trials[0], device="cpu0", unit=0, start=1.0, end=2.0)
-    telemetry_ingest(client=redis_client, host_id=host_id)
+    telemetry_ingest(host_id=host_id)
     StreamCursor.objects.filter(host=host_id).update(cursor="0-0")  # as if the cursor update had been lost
 
-    telemetry_ingest(client=redis_client, host_id=host_id)
+    telemetry_ingest(host_id=host_id)
 
     assert StepMetric.objects.count() == 40
     assert EvalMetric.objects.count() == 4
@@ -102,7 +103,7 @@ def test_it_drops_entries_of_unknown_trials_and_of_replaced_attempts(redis_clien
     redis_client.xadd(f"hydra:{host_id}:steps", {"trial": "999999", "step": 1, "loss": 1.0, "lr": 0.1,
                                                  "tokens": 1, "time": 1.0})
 
-    telemetry_ingest(client=redis_client, host_id=host_id)
+    telemetry_ingest(host_id=host_id)
 
     assert list(StepMetric.objects.values_list("attempt", "step").order_by("step")) == [(2, 0), (2, 1), (2, 2)]
 
@@ -112,7 +113,7 @@ def test_it_keeps_levels_of_detail_equal_to_a_recomputation_from_scratch(redis_c
     # Out of order and in small batches, so buckets are revisited and representatives demoted.
     for chunk in (range(0, 70), range(140, 300), range(70, 140)):
         write_steps(redis_client, host_id, trial, chunk)
-        telemetry_ingest(client=redis_client, host_id=host_id, batch_size=33)
+        telemetry_ingest(host_id=host_id, batch_size=33)
 
     rows = list(StepMetric.objects.filter(trial=trial).values_list("id", "step", "loss", "level"))
     expected = {i: 0 for i, _, _, _ in rows}
@@ -131,7 +132,7 @@ def test_it_applies_trial_state_events_through_the_status_service(redis_client, 
     write_event(redis_client, host_id, second, "failed", "CUDA out of memory twice")
     write_event(redis_client, host_id, first, "running")  # an ended trial is never revived
 
-    telemetry_ingest(client=redis_client, host_id=host_id)
+    telemetry_ingest(host_id=host_id)
 
     first.refresh_from_db()
     second.refresh_from_db()

@@ -10,6 +10,7 @@ import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from webapp.queue_client import heartbeat_set
 from webapp.telemetry.services import telemetry_ingest
 
 
@@ -25,8 +26,7 @@ class Command(BaseCommand):
         parser.add_argument("--interval", type=float, default=1.0, help="Seconds between passes (default 1).")
 
     def handle(self, *args: Any, once: bool, hosts: list[str] | None, interval: float, **options: Any) -> None:
-        client = redis.Redis.from_url(settings.HYDRA.redis_url, decode_responses=True)
-        hosts = hosts or [settings.HYDRA.host_id]
+        hosts = hosts or [settings.HYDRA.worker.host_id]
         stop = threading.Event()
         if not once:
             # A process manager stops us with SIGTERM: finish the current batch, whose transaction is atomic.
@@ -35,7 +35,8 @@ class Command(BaseCommand):
         while True:
             for host in hosts:
                 try:
-                    read = telemetry_ingest(client=client, host_id=host)
+                    read = telemetry_ingest(host_id=host)
+                    heartbeat_set(name="ingest", host_id=host)
                 except redis.ConnectionError as error:  # Redis restarting: try again on the next pass
                     self.stderr.write(f"hydra_ingest: Redis unavailable ({error}); retrying in {interval} s")
                     continue

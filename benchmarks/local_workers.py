@@ -64,7 +64,7 @@ class LocalWorkers:
         """The environment of `device`'s worker: bound to the device, in this namespace, under `root`."""
         return {
             **os.environ, **device.worker_env(),
-            "DJANGO_SETTINGS_MODULE": "webapp.settings", "DEBUG": "1", "REDIS_URL": self.redis_url,
+            "REDIS_URL": self.redis_url,
             "HYDRA_HOST_ID": self.host_id, "HYDRA_SPILL_DIR": str(self.spill_dir),
             "HYDRA_DATA_DIR": str(self.root / "data"), **self.env,
         }

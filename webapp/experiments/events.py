@@ -1,0 +1,123 @@
+"""What the workers report about trials, applied to the web app's records in one place.
+
+`trial_event_apply` is the only writer of a launched trial's status: it mirrors the scheduler's state,
+keeps the trial's message, step, best validation loss, measured memory plan and export path, and asks TPE
+for the next trials when one ends. It never moves a trial out of an ended state (a late report after a
+cancel is ignored) and ignores reports about an old attempt or an unknown trial.
+
+`trial_events_sync` reads a host's events stream after the stored cursor and applies each event. The
+telemetry ingest calls it on every pass, and the pages that show trial status call it before reading, so a
+trial's status never waits on the ingest process. Concurrent callers take turns on the cursor's row.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from webapp import queue_client
+from webapp.experiments.launching import experiment_extend_tpe
+from webapp.experiments.models import Experiment, Trial
+from webapp.telemetry.models import StreamCursor
+
+log = logging.getLogger(__name__)
+Status = Trial.Status
+EVENTS_BATCH = 1000
+
+
+def trial_event_apply(
+    *,
+    trial_id: str,
+    status: str,
+    step: int | None = None,
+    remaining_s: float | None = None,
+    message: str | None = None,
+    best_val_loss: float | None = None,
+    plan: dict[str, Any] | None = None,
+    export_path: str | None = None,
+) -> bool:
+    """Apply what the scheduler reports about the trial it knows as `trial_id` (its queue id).
+
+    Any subset of fields may be given. ``best_val_loss`` only ever improves (its perplexity is derived);
+    ``plan`` replaces the pre-launch estimate with the measured plan; a finished trial without
+    ``export_path`` gets the export directory its launch named, if the model is there. Returns whether
+    anything was recorded. When a TPE trial ends, TPE is asked for the next one.
+    """
+    if status not in Status.values:
+        raise ValueError(f"Unknown trial status {status!r}; use one of {', '.join(Status.values)}.")
+    with transaction.atomic():
+        trial = Trial.objects.select_for_update().filter(queue_id=trial_id).first()
+        if trial is None or (trial.status in Trial.ENDED and status != trial.status):
+            return False
+        now = timezone.now()
+        if status == Status.RUNNING and trial.started is None:
+            trial.started = now
+        if status in Trial.ENDED and trial.finished is None:
+            trial.finished = now
+        trial.status = status
+        if step is not None:
+            trial.step = max(trial.step, step)
+        if remaining_s is not None:
+            trial.remaining_s = remaining_s
+        if message is not None:
+            trial.message = message
+        if best_val_loss is not None and (trial.best_val_loss is None or best_val_loss < trial.best_val_loss):
+            trial.best_val_loss = best_val_loss
+            trial.best_val_ppl = math.exp(min(best_val_loss, 700.0))
+        if plan is not None:
+            trial.plan = plan | {"source": "measured"}
+        if export_path is not None:
+            trial.export_path = export_path
+        elif status == Status.FINISHED and not trial.export_path:
+            # The scheduler exports a trial before it reports it finished, into the directory its launch named.
+            exported = trial.export_dir_for(trial.queue_id)
+            if exported.is_dir():
+                trial.export_path = str(exported)
+        trial.save()
+        if status in Trial.ENDED and trial.experiment.strategy == Experiment.Strategy.TPE:
+            experiment_extend_tpe(experiment=trial.experiment)
+    return True
+
+
+def trial_events_sync(*, host_id: str | None = None, max_batches: int = 50) -> int:
+    """Apply the events of `host_id` (default: this host) not applied yet; returns how many were read.
+
+    Raises redis.RedisError when Redis cannot be reached (the cursor stays where it was).
+    """
+    host = host_id or settings.HYDRA.worker.host_id
+    StreamCursor.objects.get_or_create(host=host, stream="events")
+    read = 0
+    for _ in range(max_batches):
+        with transaction.atomic():
+            cursor = StreamCursor.objects.select_for_update().get(host=host, stream="events")
+            events, after = queue_client.events_read(after=cursor.cursor, count=EVENTS_BATCH, host_id=host)
+            for event in events:
+                _apply(event, host)
+            if after != cursor.cursor:
+                StreamCursor.objects.filter(pk=cursor.pk).update(cursor=after)
+        read += len(events)
+        if len(events) < EVENTS_BATCH:
+            break
+    return read
+
+
+def trial_events_sync_quietly(*, host_id: str | None = None) -> None:
+    """`trial_events_sync` for a page about to show statuses: a Redis outage leaves them as they were."""
+    try:
+        trial_events_sync(host_id=host_id)
+    except redis.RedisError as error:
+        log.warning("trial events not read: %s", error)
+
+
+def _apply(event: queue_client.TrialEvent, host: str) -> None:
+    plan = None
+    if event.state == queue_client.TrialState.RUNNABLE:  # a device planned it: keep the plan it measured
+        record = queue_client.trial_record(trial_id=event.trial_id, host_id=host)
+        plan = record.plan if record is not None else None
+    trial_event_apply(trial_id=event.trial_id, status=event.state, message=event.message or None, plan=plan)

@@ -1,0 +1,110 @@
+"""Sending trials to the workers: a trial's job, its launch, and TPE's next trials.
+
+A launch moves a trial to ``planning`` and queues its job once the transaction commits (the guarantee
+Celery's ``delay_on_commit`` gives): nothing reaches the queue unless the rows that say "launched" are
+committed. A job the queue refuses (or a Redis outage) fails that attempt at once with the reason; it is
+not a trial event (the queue never knew the trial), so it does not ask TPE for another trial.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import transaction
+
+from webapp import queue_client
+from webapp.experiments.memory_preview import auto_budget_bytes
+from webapp.experiments.model_shapes import model_shape
+from webapp.experiments.models import Experiment, Trial
+from webapp.experiments.planning import hyperparameters, total_steps, trial_plan, trial_spec
+from webapp.experiments.search_space import parse_search_space
+from webapp.experiments.trial_generation import TPE_FIRST_WAVE, Outcome, next_tpe_trials
+
+log = logging.getLogger(__name__)
+Status = Trial.Status
+
+
+def memory_budget(*, explicit_bytes: int | None) -> tuple[int, str]:
+    """The device budget in bytes and a note saying where it came from."""
+    if explicit_bytes is not None:
+        return explicit_bytes, "explicit"
+    return auto_budget_bytes()
+
+
+def trial_job(*, trial: Trial) -> queue_client.EngineJob:
+    """The job of `trial`'s next attempt. With no explicit memory budget, the device that plans it decides."""
+    experiment = trial.experiment
+    shape = model_shape(experiment.model, models_root=settings.HYDRA.models_root)
+    budget, _ = memory_budget(explicit_bytes=experiment.memory_budget_bytes)
+    spec = trial_spec(params=trial.params, shape=shape, dataset=experiment.dataset, steps=trial.total_steps,
+                      eval_every=experiment.eval_every, seed=experiment.seed, budget_bytes=budget,
+                      early_stop_patience=experiment.early_stop_patience)
+    return queue_client.EngineJob(trial=spec, budget="auto" if experiment.memory_budget_bytes is None else "explicit")
+
+
+def trial_launch(*, trial: Trial) -> None:
+    """Start a new attempt of a new, failed or cancelled trial: it moves to planning and its job is queued
+    once the current transaction commits. A trial whose values the engine refuses fails at once."""
+    try:
+        job: queue_client.EngineJob | None = trial_job(trial=trial)
+    except queue_client.SpecError as error:
+        job = None
+        refusal = f"The scheduler did not accept the trial: engine trial spec is invalid: {error}"
+    trial.attempt += 1
+    trial.queue_id = trial.attempt_queue_id(trial.attempt)
+    trial.status = Status.PLANNING if job is not None else Status.FAILED
+    trial.spec = job.trial.to_dict() if job is not None else None
+    trial.message = "" if job is not None else refusal
+    trial.step, trial.remaining_s, trial.started, trial.finished = 0, None, None, None
+    trial.best_val_loss = trial.best_val_ppl = None
+    trial.save()
+    if job is None:
+        return
+    queue_id, export_dir = trial.queue_id, str(trial.export_dir_for(trial.queue_id))
+
+    def send() -> None:
+        assert job is not None
+        try:
+            queue_client.trial_submit(trial_id=queue_id, job=job, export_dir=export_dir)
+        except queue_client.SchedulerError as error:
+            log.warning("trial %s could not be queued: %s", queue_id, error)
+            Trial.objects.filter(queue_id=queue_id, status=Status.PLANNING).update(status=Status.FAILED,
+                                                                                    message=str(error))
+
+    transaction.on_commit(send)
+
+
+def experiment_extend_tpe(*, experiment: Experiment) -> list[Trial]:
+    """Keep a TPE experiment's first-wave number of trials in flight: ask TPE (told every result so far) for
+    as many new trials as have ended, up to the experiment's count, and launch them if it was launched.
+    Call it inside a transaction."""
+    trials = list(experiment.trials.select_for_update().order_by("number"))
+    in_flight = sum(t.status not in Trial.ENDED for t in trials)
+    wanted = min(experiment.n_trials - len(trials), min(experiment.n_trials, TPE_FIRST_WAVE) - in_flight)
+    if wanted <= 0:
+        return []
+    history = [
+        Outcome(params=t.params, value=t.best_val_loss if t.status == Status.FINISHED else None,
+                ended=t.status in Trial.ENDED)
+        for t in trials
+    ]
+    proposals = next_tpe_trials(parse_search_space(experiment.search_space), n_trials=experiment.n_trials,
+                                seed=experiment.seed, history=history, count=wanted)
+    shape = model_shape(experiment.model, models_root=settings.HYDRA.models_root)
+    budget, _ = memory_budget(explicit_bytes=experiment.memory_budget_bytes)
+    dataset = experiment.dataset
+    created = []
+    for number, params in enumerate(proposals, start=len(trials) + 1):
+        values = hyperparameters(params, shape)
+        trial = Trial.objects.create(
+            experiment=experiment, number=number, params=params,
+            total_steps=total_steps(budget_unit=experiment.budget_unit, budget=experiment.budget,
+                                    batch_size=int(values["batch_size"]), seq_len=int(values["seq_len"]),
+                                    train_tokens=dataset.train_tokens),
+            plan=trial_plan(params, shape=shape, vocab_size=dataset.vocab_size, budget_bytes=budget),
+        )
+        if experiment.launched is not None:
+            trial_launch(trial=trial)
+        created.append(trial)
+    return created

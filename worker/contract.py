@@ -1,0 +1,246 @@
+"""What crosses from the web app to the workers, defined once.
+
+- **Jobs**: what a trial runs. `EngineJob` wraps the engine's typed `TrialSpec` (the web app builds it, the
+  queue stores it as JSON, the device that plans the trial reads it back); `SyntheticJob` is a trial of
+  units that only sleep, for measuring the queue itself. `job_from_dict` is the one parser of a stored job.
+- **Trial states and their transitions**: `TrialState`, and the tables `CONTROL_TRANSITIONS` (what pause,
+  resume and cancel do in each state) and `UNIT_TRANSITIONS` (where a trial goes when the unit or planning
+  in flight ends). The queue's Lua scripts are the authority at run time; these tables state the same rules
+  once for Python, and a test drives every entry through the real queue to hold the two equal.
+- **Records and events**: `TrialRecord` (a trial's state in the queue) and `TrialEvent` (one entry of the
+  host's events stream: a trial changed state).
+- **Errors**: `QueueError` and its kinds; `JobError` for a job that cannot be run as given.
+
+This module imports neither torch, Django nor Redis: the web process loads it to build jobs, and a GPU
+server loads it without the web app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal
+
+from worker.engine.config import TrialSpec
+from worker.engine.errors import SpecError
+
+# Errors ---------------------------------------------------------------------------------------------------
+
+
+class QueueError(Exception):
+    """Base of the shard queue's errors."""
+
+
+class TrialNotFound(QueueError, LookupError):
+    """The host's queue has no trial of that id."""
+
+
+class TrialExists(QueueError):
+    """A trial of that id was submitted to the host before."""
+
+
+class InvalidTransition(QueueError):
+    """The trial's state does not allow the asked control (see `CONTROL_TRANSITIONS`)."""
+
+
+class LeaseLost(QueueError):
+    """The lease expired and the trial went back to the queue; this unit's result must not be recorded."""
+
+
+class JobError(ValueError):
+    """A job is malformed or impossible; the message says which field and why."""
+
+
+# Jobs -----------------------------------------------------------------------------------------------------
+
+Budget = Literal["explicit", "auto"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineJob:
+    """Train `trial` with the engine. With ``budget="auto"`` the device that plans the trial replaces
+    ``trial.budget_bytes`` with its own memory budget (the web host may see no GPU, or other ones)."""
+
+    trial: TrialSpec
+    budget: Budget = "explicit"
+
+    kind = "engine"
+
+    def __post_init__(self) -> None:
+        if self.budget not in ("explicit", "auto"):
+            raise JobError(f"engine job budget {self.budget!r} is unknown; use 'explicit' (the trial's "
+                           "budget_bytes) or 'auto' (the planning device's memory).")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "trial": self.trial.to_dict(), "budget": self.budget}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticJob:
+    """`units` units that sleep `unit_ms` each and train nothing; unit `fail_at_unit` raises (which fails
+    the trial as a crashing engine unit would)."""
+
+    units: int
+    unit_ms: float = 0.0
+    fail_at_unit: int | None = None
+
+    kind = "synthetic"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.units, int) or self.units < 1:
+            raise JobError(f"a synthetic job needs at least one unit; got units={self.units!r}.")
+        if not isinstance(self.unit_ms, int | float) or self.unit_ms < 0:
+            raise JobError(f"unit_ms={self.unit_ms!r} must be a number of milliseconds, not negative.")
+        if self.fail_at_unit is not None and not isinstance(self.fail_at_unit, int):
+            raise JobError(f"fail_at_unit={self.fail_at_unit!r} must be a unit number or null.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "units": self.units, "unit_ms": self.unit_ms, "fail_at_unit": self.fail_at_unit}
+
+
+Job = EngineJob | SyntheticJob
+
+
+def job_from_dict(raw: Mapping[str, Any]) -> Job:
+    """The job `raw` (as `to_dict` wrote it) describes. Raises JobError saying what is wrong."""
+    if not isinstance(raw, Mapping):
+        raise JobError(f"a job is a mapping with a 'kind'; got {type(raw).__name__}.")
+    kind = raw.get("kind")
+    try:
+        if kind == EngineJob.kind:
+            return EngineJob(trial=TrialSpec.from_dict(dict(raw["trial"])), budget=raw.get("budget", "explicit"))
+        if kind == SyntheticJob.kind:
+            return SyntheticJob(units=raw["units"], unit_ms=raw.get("unit_ms", 0.0),
+                                fail_at_unit=raw.get("fail_at_unit"))
+    except KeyError as error:
+        raise JobError(f"{kind} job lacks {error}.") from error
+    except (TypeError, ValueError, SpecError) as error:
+        if isinstance(error, JobError):
+            raise
+        raise JobError(f"{kind} job is invalid: {error}") from error
+    raise JobError(f"job kind {kind!r} is unknown; use 'engine' or 'synthetic'.")
+
+
+# Trial states ---------------------------------------------------------------------------------------------
+
+
+class TrialState(StrEnum):
+    PLANNING = "planning"
+    RUNNABLE = "runnable"
+    RUNNING = "running"
+    PAUSED = "paused"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+ENDED = frozenset({TrialState.FINISHED, TrialState.FAILED, TrialState.CANCELLED})
+# A device may be working on a trial in these states (planning it, or running its unit): a pause or cancel
+# waits in the trial's ``control`` field and applies when that work ends, at a unit boundary.
+IN_FLIGHT = frozenset({TrialState.PLANNING, TrialState.RUNNING})
+
+
+class Control(StrEnum):
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+
+
+S = TrialState
+# The state each control leaves a trial in, once the work in flight on it (if any) has ended as planned:
+# pause and cancel of an in-flight trial wait for its unit boundary, and a resume drops a pause still
+# waiting. A state missing from a control's row refuses that control (InvalidTransition).
+CONTROL_TRANSITIONS: Mapping[Control, Mapping[TrialState, TrialState]] = {
+    Control.PAUSE: {S.PLANNING: S.PAUSED, S.RUNNABLE: S.PAUSED, S.RUNNING: S.PAUSED, S.PAUSED: S.PAUSED},
+    Control.RESUME: {S.PLANNING: S.RUNNABLE, S.RUNNABLE: S.RUNNABLE, S.RUNNING: S.RUNNABLE, S.PAUSED: S.RUNNABLE},
+    Control.CANCEL: {S.PLANNING: S.CANCELLED, S.RUNNABLE: S.CANCELLED, S.RUNNING: S.CANCELLED,
+                     S.PAUSED: S.CANCELLED, S.CANCELLED: S.CANCELLED},
+}
+
+
+class UnitEnd(StrEnum):
+    """How the work in flight on a trial ended."""
+
+    PLANNED = "planned"  # planning succeeded
+    DONE = "done"  # a unit completed and more remain
+    LAST = "last"  # the trial's last unit completed
+    REPLANNED = "replanned"  # the unit ran out of device memory and the trial was re-planned
+    FAILED = "failed"  # planning or the unit raised
+    LEASE_EXPIRED = "lease_expired"  # the device went silent; the same work runs again
+
+
+# Where a trial goes when its work in flight ends. A waiting pause or cancel turns a RUNNABLE outcome into
+# PAUSED or CANCELLED (`after_unit`); FINISHED and FAILED drop it.
+UNIT_TRANSITIONS: Mapping[TrialState, Mapping[UnitEnd, TrialState]] = {
+    S.PLANNING: {UnitEnd.PLANNED: S.RUNNABLE, UnitEnd.FAILED: S.FAILED, UnitEnd.LEASE_EXPIRED: S.PLANNING},
+    S.RUNNING: {UnitEnd.DONE: S.RUNNABLE, UnitEnd.LAST: S.FINISHED, UnitEnd.REPLANNED: S.RUNNABLE,
+                UnitEnd.FAILED: S.FAILED, UnitEnd.LEASE_EXPIRED: S.RUNNABLE},
+}
+del S
+
+
+def after_unit(state: TrialState, end: UnitEnd, waiting: Control | None = None) -> TrialState:
+    """The state of a trial in `state` whose work in flight ended with `end`, `waiting` being the control
+    that arrived meanwhile. Raises InvalidTransition when nothing can be in flight in `state`."""
+    outcome = UNIT_TRANSITIONS.get(state, {}).get(end)
+    if outcome is None:
+        raise InvalidTransition(f"no work is in flight on a {state} trial, so it cannot end {end}.")
+    if outcome == TrialState.RUNNABLE and waiting in (Control.PAUSE, Control.CANCEL):
+        return CONTROL_TRANSITIONS[waiting][TrialState.RUNNABLE]
+    return outcome
+
+
+def control_changes(state: str, control: Control) -> bool:
+    """Whether `control` does something to a trial in `state` (what the UI offers), rather than being
+    refused or leaving the trial where it was going anyway (runnable once its work in flight ends)."""
+    target = CONTROL_TRANSITIONS[control].get(state)  # type: ignore[call-overload]
+    going = TrialState.RUNNABLE if state in IN_FLIGHT else state
+    return target is not None and target != going
+
+
+# Records and events ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """A trial's state in its host's queue. `control` is a waiting 'pause' or 'cancel', or ''."""
+
+    trial_id: str
+    state: str
+    message: str
+    control: str
+    device: str
+    last_device: str
+    remaining_units: int | None
+    unit_s: float | None
+    remaining_s: float | None
+    units_done: int
+    requeues: int
+    replans: int
+    submitted: float
+    updated: float
+    export_dir: str
+    job: dict[str, Any]
+    plan: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class TrialEvent:
+    """One entry of a host's events stream: trial `trial_id` moved to `state`, with `message` (why it
+    failed, or what happened to it); `entry_id` orders the events of a host."""
+
+    entry_id: str
+    trial_id: str
+    state: TrialState
+    message: str
+
+    @classmethod
+    def from_entry(cls, entry: Mapping[str, Any]) -> TrialEvent:
+        """Parse a stream entry (``id``, ``trial``, ``state``, ``message``); ValueError for a bad state."""
+        try:
+            state = TrialState(entry["state"])
+        except (KeyError, ValueError) as error:
+            raise ValueError(f"event {entry.get('id')!r} has no valid state: {error}") from None
+        return cls(entry_id=str(entry.get("id", "")), trial_id=str(entry["trial"]), state=state,
+                   message=str(entry.get("message") or ""))
