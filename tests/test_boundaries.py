@@ -105,7 +105,8 @@ def _imports(name: str, path: Path, known: set[str]) -> Iterator[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
             targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
         else:
             continue
@@ -142,7 +143,7 @@ def test_nothing_imports_in_a_circle() -> None:
             if module.startswith(target + "."):
                 continue
             if state.get(target) == 1:
-                cycles.append(path[path.index(target):] + [target])
+                cycles.append([*path[path.index(target):], target])
             elif target not in state:
                 visit(target)
         path.pop()

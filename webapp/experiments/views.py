@@ -18,6 +18,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from webapp.datasets.http import form_add_errors, team_required
 from webapp.datasets.selectors import dataset_list
 from webapp.experiments import selectors, services
+from webapp.experiments.events import trial_events_sync_quietly
 from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet, experiment_initial
 from webapp.experiments.models import Experiment
 from webapp.experiments.search_space import KINDS, PARAMETERS
@@ -31,6 +32,7 @@ TRIAL_ACTIONS = ("pause", "resume", "cancel", "retry")
 
 @team_required
 def experiment_list(request: HttpRequest) -> HttpResponse:
+    trial_events_sync_quietly()  # statuses as the scheduler has them, whether or not the ingest runs
     return render(request, "experiments/experiment_list.html", {
         "experiments": selectors.experiment_list(team=request.team),
         "datasets": dataset_list(team=request.team)[:1],
@@ -91,6 +93,7 @@ def experiment_create(request: HttpRequest) -> HttpResponse:
 @team_required
 def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = selectors.experiment_get(team=request.team, experiment_id=experiment_id)
+    trial_events_sync_quietly()
     trials = [
         {"trial": t, "actions": selectors.trial_actions(t), "plan": selectors.plan_summary(t.plan)}
         for t in selectors.experiment_trials(experiment=experiment)
@@ -153,6 +156,8 @@ def experiment_space(request: HttpRequest, experiment_id: int, fmt: str) -> Http
 @team_required
 def trial_detail(request: HttpRequest, trial_id: int) -> HttpResponse:
     trial = selectors.trial_get(team=request.team, trial_id=trial_id)
+    trial_events_sync_quietly()
+    trial.refresh_from_db()
     return render(request, "experiments/trial_detail.html", {
         "trial": trial, "experiment": trial.experiment, "actions": selectors.trial_actions(trial),
         "plan": selectors.plan_summary(trial.plan), "shards": selectors.plan_shard_rows(trial.plan),

@@ -49,17 +49,18 @@ class EvalMetric(models.Model):
 
 
 class UnitSpan(models.Model):
-    """One shard unit (or a trial's planning) that ran on a device, for the device timeline."""
+    """One shard unit (or a trial's planning or re-planning) that ran on a device, for the device timeline.
+    A span of work on the whole trial has ``unit``, ``step`` and ``shard`` -1."""
 
     trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="unit_spans")
     host = models.CharField(max_length=64)
     entry_id = models.CharField(max_length=40, help_text="The Redis stream entry id on its host.")
     device = models.CharField(max_length=32)
-    unit = models.PositiveIntegerField()
-    step = models.PositiveIntegerField()
+    unit = models.IntegerField()
+    step = models.IntegerField()
     micro_batch = models.PositiveIntegerField()
-    phase = models.CharField(max_length=16, help_text="F, FB, B, E, S, plan (or synthetic).")
-    shard = models.PositiveIntegerField()
+    phase = models.CharField(max_length=16, help_text="F, FB, B, E, S, plan, replan (or synthetic).")
+    shard = models.IntegerField()
     start = models.FloatField()
     end = models.FloatField()
     bytes_moved = models.BigIntegerField()
