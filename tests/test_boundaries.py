@@ -1,5 +1,6 @@
 """Dependencies point one way, web -> worker -> engine, and nothing imports in a circle.
 
+- The engine imports no Django, Celery or Redis (nor the web app).
 - The workers run without Django: every `worker` module outside the engine imports with Django blocked,
   and ``python -m worker.launch`` gets as far as choosing its devices.
 - The web process imports no torch at import time: every `webapp` module imports with torch blocked.
@@ -38,6 +39,18 @@ BLOCKER = textwrap.dedent("""
 def _run(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=180,
                           env=env)
+
+
+def test_the_engine_imports_without_django_celery_or_redis() -> None:
+    code = "BLOCKED = {'django', 'celery', 'redis', 'kombu', 'webapp'}\n" + BLOCKER + textwrap.dedent("""
+        import worker.engine
+        for module in pkgutil.walk_packages(worker.engine.__path__, "worker.engine."):
+            importlib.import_module(module.name)
+        print("ok")
+    """)
+    result = _run(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
 
 
 def test_the_workers_import_without_django() -> None:
