@@ -1,28 +1,35 @@
 """The shard task queue: trial states, the runnable set and leases, in Redis, changed only by Lua scripts.
 
-Every key of a host starts with ``hydra:<host>:`` so that several hosts can share one Redis: a trial's spill
-store lives on one host and only that host's devices take its units. Everything is readable with redis-cli::
+Every key of a host starts with ``hydra:<host>:`` (`keys.host_prefix`) so that several hosts can share one
+Redis: a trial's spill store lives on one host and only that host's devices take its units. Everything is
+readable with redis-cli::
 
     hydra:<host>:trials          ZSET   trial id -> submit time (s)             every trial of the host
     hydra:<host>:trial:<id>      HASH   state, job, export_dir, control, lease, device, last_device,
                                         held_until (ms: last_device keeps its activations until then),
                                         remaining_units, unit_s, units_done, requeues, replans, message,
-                                        plan, submitted, updated
+                                        plan, submitted, updated, active
     hydra:<host>:planning        LIST   trial ids waiting to be planned (LPUSH in, RPOP out: FIFO)
     hydra:<host>:runnable        ZSET   trial id -> remaining seconds          what Sharded-LRTF picks from
     hydra:<host>:leases          ZSET   trial id -> lease expiry (ms)          planning or running trials
     hydra:<host>:seq             STRING lease token counter
     hydra:<host>:wake            LIST   wake-up tokens for idle devices (capped)
     hydra:<host>:reap            LIST   trials that ended cancelled or failed: a device frees their state
-    hydra:<host>:config          HASH   lease_ms (default 10000)
+    hydra:<host>:config          HASH   lease_ms (default DEFAULT_LEASE_MS)
     hydra:<host>:device:<name>   HASH   epoch (of the worker's current loop), stop, seen (last survey, s)
     hydra:<host>:events          STREAM trial, state, message: state changes for the web app (not the
-                                        runnable/running flips between units of a trial that goes on)
+                                        runnable/running flips between units of a trial that goes on),
+                                        capped at about `keys.EVENTS_MAXLEN` entries
 
 States: planning -> runnable <-> running -> finished | failed; paused; cancelled. Pause and cancel of a
 trial whose unit (or planning) is in flight set ``control`` and take effect when that unit ends. A lease
 that expires (its worker died) puts the trial back, so another device re-runs the same unit from the spill
 store. Times come from Redis's clock, so hosts with skewed clocks agree on lease expiry.
+
+Each script is the shared prelude followed by its body. ARGV[1] is the key prefix, read by the prelude; the
+body's first lines name the rest (``local id, token = ARGV[2], ARGV[3]``) and nothing after them reads ARGV.
+Python passes the arguments by those names (`_argument_names` reads them), so their order is written in the
+Lua alone.
 
 The policy stays in Python (`worker.scheduling.policy`): `survey` reads the candidates, the caller picks,
 and `claim` takes that exact trial atomically, failing harmlessly if another device was faster.
@@ -50,6 +57,7 @@ from worker.contract import (
     TrialRecord,
     job_from_dict,
 )
+from worker.scheduling.keys import EVENTS_MAXLEN, host_prefix
 from worker.scheduling.policy import Candidate, remaining_seconds
 
 __all__ = ["InvalidTransition", "Lease", "LeaseLost", "PlanJob", "QueueError", "ShardQueue", "Survey",
@@ -62,7 +70,8 @@ TRIAL_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SURVEY_LIMIT = 64
 
 
-# Shared Lua prelude: key names, the Redis clock, and the state-change event.
+# Shared Lua prelude: key names, the Redis clock, leases and the state-change event. The Python constants
+# DEFAULT_LEASE_MS and EVENTS_MAXLEN are written into it.
 _PRELUDE = """
 local P = ARGV[1]
 local function key(name) return P .. name end
@@ -74,6 +83,15 @@ end
 local function lease_ms()
   return tonumber(redis.call('HGET', key('config'), 'lease_ms') or 'DEFAULT_LEASE_MS')
 end
+-- Lease `id` to `device` for the host's lease length: a new token, kept on the trial, and the expiry in the
+-- leases set. Returns the token and the lease length (ms).
+local function grant_lease(id, device)
+  local token = tostring(redis.call('INCR', key('seq')))
+  local ms = lease_ms()
+  redis.call('HSET', tkey(id), 'lease', token, 'device', device)
+  redis.call('ZADD', key('leases'), now_ms() + ms, id)
+  return token, ms
+end
 -- Every change is published on the events stream except the runnable <-> running flips between the units of
 -- a trial that keeps training: those happen per unit and say nothing new ('active' marks such a trial).
 local function set_state(id, state, message, quiet)
@@ -81,7 +99,7 @@ local function set_state(id, state, message, quiet)
   -- No unit of it will run again (a retry is a new trial): the next survey on this host frees its state.
   if state == 'cancelled' or state == 'failed' then redis.call('LPUSH', key('reap'), id) end
   if quiet then return end
-  redis.call('XADD', key('events'), 'MAXLEN', '~', 100000, '*', 'trial', id, 'state', state,
+  redis.call('XADD', key('events'), 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'trial', id, 'state', state,
              'message', message or '')
   if state == 'running' then redis.call('HSET', tkey(id), 'active', '1')
   else redis.call('HDEL', tkey(id), 'active') end
@@ -112,13 +130,13 @@ local function after_unit(id, quiet, message)
   else make_runnable(id, quiet, message) end
   return redis.call('HGET', tkey(id), 'state')
 end
-""".replace("DEFAULT_LEASE_MS", str(DEFAULT_LEASE_MS))
+""".replace("DEFAULT_LEASE_MS", str(DEFAULT_LEASE_MS)).replace("EVENTS_MAXLEN", str(EVENTS_MAXLEN))
 
 _SUBMIT = """
-local id = ARGV[2]
+local id, job, export_dir = ARGV[2], ARGV[3], ARGV[4]
 if redis.call('EXISTS', tkey(id)) == 1 then return 'exists' end
 local now = now_ms() / 1000
-redis.call('HSET', tkey(id), 'job', ARGV[3], 'export_dir', ARGV[4], 'submitted', now, 'units_done', 0,
+redis.call('HSET', tkey(id), 'job', job, 'export_dir', export_dir, 'submitted', now, 'units_done', 0,
            'requeues', 0)
 redis.call('ZADD', key('trials'), now, id)
 redis.call('LPUSH', key('planning'), id)
@@ -131,10 +149,13 @@ return 'ok'
 # stop), requeue expired leases, then report how many trials wait to be planned, one ended trial whose
 # state the caller must free, and the head of the runnable set with each trial's last device, units done and
 # the device holding its activations (its last device, until held_until).
+# It returns a flat array, laid out in its comments; `_survey_from` is its one reader.
 _SURVEY = """
-local dkey = key('device:' .. ARGV[3])
-local device = redis.call('HMGET', dkey, 'epoch', 'stop')
-if device[1] ~= ARGV[4] or device[2] == '1' then return {0} end
+local limit, device, epoch = tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local dkey = key('device:' .. device)
+local loop = redis.call('HMGET', dkey, 'epoch', 'stop')
+-- {0}: the loop must end.
+if loop[1] ~= epoch or loop[2] == '1' then return {0} end
 redis.call('HSET', dkey, 'seen', now_ms() / 1000)
 local expired = redis.call('ZRANGEBYSCORE', key('leases'), '-inf', now_ms())
 for _, id in ipairs(expired) do
@@ -149,7 +170,9 @@ for _, id in ipairs(expired) do
     after_unit(id, false, 'lease of ' .. redis.call('HGET', tkey(id), 'device') .. ' expired; the unit runs again')
   end
 end
-local head = redis.call('ZREVRANGE', key('runnable'), 0, tonumber(ARGV[2]) - 1, 'WITHSCORES')
+-- Else {1, planning, reap, then per candidate, best first: id, remaining_s, last_device, units_done, held_by}:
+-- planning counts the trials waiting to be planned; '' stands for no trial to reap, no last device, no holder.
+local head = redis.call('ZREVRANGE', key('runnable'), 0, limit - 1, 'WITHSCORES')
 local out = {1, redis.call('LLEN', key('planning')), redis.call('RPOP', key('reap')) or ''}
 for i = 1, #head, 2 do
   local id = head[i]
@@ -163,30 +186,28 @@ end
 return out
 """
 
+# Returns {id, token, lease_ms, job}, or nil when no trial waits to be planned.
 _CLAIM_PLAN = """
+local device = ARGV[2]
 local id = redis.call('RPOP', key('planning'))
 if not id then return false end
-local token = tostring(redis.call('INCR', key('seq')))
-local ms = lease_ms()
-redis.call('HSET', tkey(id), 'lease', token, 'device', ARGV[2])
-redis.call('ZADD', key('leases'), now_ms() + ms, id)
+local token, ms = grant_lease(id, device)
 return {id, token, ms, redis.call('HGET', tkey(id), 'job')}
 """
 
 _PLAN_DONE = """
-local id, token = ARGV[2], ARGV[3]
+local id, token, remaining_units, unit_s, plan = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 if release(id, token) == 'lost' then return 'lost' end
-redis.call('HSET', tkey(id), 'remaining_units', ARGV[4], 'unit_s', ARGV[5], 'plan', ARGV[6])
+redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', unit_s, 'plan', plan)
 return after_unit(id, false)
 """
 
+# Returns {token, lease_ms, units_done, job, export_dir, remaining_units, unit_s}, or nil when the trial is
+# not runnable (another device took it first).
 _CLAIM = """
 local id, device = ARGV[2], ARGV[3]
 if redis.call('ZREM', key('runnable'), id) == 0 then return false end
-local token = tostring(redis.call('INCR', key('seq')))
-local ms = lease_ms()
-redis.call('HSET', tkey(id), 'lease', token, 'device', device)
-redis.call('ZADD', key('leases'), now_ms() + ms, id)
+local token, ms = grant_lease(id, device)
 set_state(id, 'running', nil, redis.call('HGET', tkey(id), 'active') == '1')
 local t = redis.call('HMGET', tkey(id), 'units_done', 'job', 'export_dir', 'remaining_units', 'unit_s')
 return {token, ms, t[1], t[2], t[3], t[4], t[5]}
@@ -199,31 +220,32 @@ redis.call('ZADD', key('leases'), 'XX', now_ms() + lease_ms(), id)
 return 1
 """
 
+# `device` ran the unit; `hold_ms` > 0 says it keeps the trial's activations that long; `epoch` is its loop's,
+# or '' when the caller does not go on with a held trial. Returns the trial's state, 'lost', or
+# {token, lease_ms} of the next unit when the device goes on with it.
 _COMPLETE = """
-local id, token, remaining_units = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local id, token, remaining_units, unit_s = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local device, message, hold_ms, epoch = ARGV[6], ARGV[7], tonumber(ARGV[8]), ARGV[9]
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HINCRBY', tkey(id), 'units_done', 1)
-redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', ARGV[5], 'last_device', ARGV[6])
-if tonumber(ARGV[8]) > 0 then
-  redis.call('HSET', tkey(id), 'held_until', now_ms() + tonumber(ARGV[8]))
+redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', unit_s, 'last_device', device)
+if hold_ms > 0 then
+  redis.call('HSET', tkey(id), 'held_until', now_ms() + hold_ms)
 else
   redis.call('HDEL', tkey(id), 'held_until')
 end
 if remaining_units == 0 then
   redis.call('HDEL', tkey(id), 'control')
-  set_state(id, 'finished', ARGV[7])
+  set_state(id, 'finished', message)
   return 'finished'
 end
--- The device holds the trial and its loop (epoch ARGV[9]) goes on: it runs the next unit too (the policy's
--- choice, see policy.py), so lease it at once, unless a pause or cancel waits or a trial waits to be planned.
-if tonumber(ARGV[8]) > 0 and ARGV[9] and ARGV[9] ~= '' and not redis.call('HGET', tkey(id), 'control')
+-- The device holds the trial and its loop `epoch` goes on: it runs the next unit too (the policy's choice,
+-- see policy.py), so lease it at once, unless a pause or cancel waits or a trial waits to be planned.
+if hold_ms > 0 and epoch ~= '' and not redis.call('HGET', tkey(id), 'control')
     and redis.call('LLEN', key('planning')) == 0 then
-  local device = redis.call('HMGET', key('device:' .. ARGV[6]), 'epoch', 'stop')
-  if device[1] == ARGV[9] and device[2] ~= '1' then
-    local next_token = tostring(redis.call('INCR', key('seq')))
-    local ms = lease_ms()
-    redis.call('HSET', tkey(id), 'lease', next_token)
-    redis.call('ZADD', key('leases'), now_ms() + ms, id)
+  local loop = redis.call('HMGET', key('device:' .. device), 'epoch', 'stop')
+  if loop[1] == epoch and loop[2] ~= '1' then
+    local next_token, ms = grant_lease(id, device)
     return {next_token, ms}
   end
 end
@@ -234,19 +256,21 @@ return after_unit(id, redis.call('HGET', tkey(id), 'active') == '1')
 # (units_done stays), its trial takes the new plan and unit count and goes back to the runnable set, with an
 # event saying why.
 _REPLAN = """
-local id, token = ARGV[2], ARGV[3]
+local id, token, remaining_units, unit_s = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local plan, device, message = ARGV[6], ARGV[7], ARGV[8]
 if release(id, token) == 'lost' then return 'lost' end
-redis.call('HSET', tkey(id), 'remaining_units', ARGV[4], 'unit_s', ARGV[5], 'plan', ARGV[6], 'last_device', ARGV[7])
+redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', unit_s, 'plan', plan,
+           'last_device', device)
 redis.call('HDEL', tkey(id), 'held_until')
 redis.call('HINCRBY', tkey(id), 'replans', 1)
-return after_unit(id, false, ARGV[8])
+return after_unit(id, false, message)
 """
 
 _FAIL = """
-local id, token = ARGV[2], ARGV[3]
+local id, token, message = ARGV[2], ARGV[3], ARGV[4]
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HDEL', tkey(id), 'control')
-set_state(id, 'failed', ARGV[4])
+set_state(id, 'failed', message)
 return 'failed'
 """
 
@@ -296,6 +320,52 @@ elseif state ~= 'cancelled' then
 end
 return redis.call('HGET', tkey(id), 'state')
 """
+
+_SCRIPTS = {
+    "submit": _SUBMIT,
+    "survey": _SURVEY,
+    "claim_plan": _CLAIM_PLAN,
+    "plan_done": _PLAN_DONE,
+    "claim": _CLAIM,
+    "renew": _RENEW,
+    "complete": _COMPLETE,
+    "replan": _REPLAN,
+    "fail": _FAIL,
+    "pause": _PAUSE,
+    "resume": _RESUME,
+    "cancel": _CANCEL,
+}
+
+# A line of a script that names arguments: ``local a, b = ARGV[2], tonumber(ARGV[3])``.
+_NAMING_LINE = re.compile(r"local (?P<names>\w+(?:, \w+)*) = (?P<values>.+)")
+_ARGV_VALUE = re.compile(r"ARGV\[(?P<plain>\d+)\]|tonumber\(ARGV\[(?P<number>\d+)\]\)")
+
+
+def _argument_names(body: str) -> tuple[str, ...]:
+    """The names a script body's first lines give to ARGV[2], ARGV[3]..., in order.
+
+    Raises ValueError unless those lines name consecutive entries from ARGV[2] on and no later line reads ARGV.
+    """
+    lines = body.strip().splitlines()
+    names: list[str] = []
+    while lines and (match := _NAMING_LINE.fullmatch(lines[0])):
+        values = [_ARGV_VALUE.fullmatch(value) for value in match["values"].split(", ")]
+        if not all(values):
+            break  # an ordinary local: the naming lines are over
+        line_names = match["names"].split(", ")
+        indexes = [int(value["plain"] or value["number"]) for value in values if value]
+        first = len(names) + 2
+        if len(line_names) != len(indexes) or indexes != list(range(first, first + len(indexes))):
+            raise ValueError(f"script line {lines[0]!r} must name ARGV[{first}] onwards, one name each.")
+        names += line_names
+        lines.pop(0)
+    if not names or any("ARGV[" in line for line in lines):
+        raise ValueError(f"a script names its arguments in its first lines and reads ARGV only there:\n{body}")
+    return tuple(names)
+
+
+# Script name -> the names of its arguments (ARGV[2] on), in order.
+_ARGUMENT_NAMES = {name: _argument_names(body) for name, body in _SCRIPTS.items()}
 
 
 @dataclass(frozen=True)
@@ -357,55 +427,47 @@ class ShardQueue:
     def __init__(self, client: redis.Redis, host_id: str) -> None:
         self.client = client
         self.host_id = host_id
-        self.prefix = f"hydra:{host_id}:"
-        self._scripts = {
-            name: client.register_script(_PRELUDE + body)
-            for name, body in {
-                "submit": _SUBMIT,
-                "survey": _SURVEY,
-                "claim_plan": _CLAIM_PLAN,
-                "plan_done": _PLAN_DONE,
-                "claim": _CLAIM,
-                "renew": _RENEW,
-                "complete": _COMPLETE,
-                "replan": _REPLAN,
-                "fail": _FAIL,
-                "pause": _PAUSE,
-                "resume": _RESUME,
-                "cancel": _CANCEL,
-            }.items()
-        }
+        self.prefix = host_prefix(host_id)
+        self._scripts = {name: client.register_script(_PRELUDE + body) for name, body in _SCRIPTS.items()}
 
     def key(self, name: str) -> str:
         """The full Redis key of `name` (``trials``, ``runnable``, ``trial:<id>``...)."""
         return self.prefix + name
 
-    def _run(self, name: str, *args: object) -> Any:
-        return self._scripts[name](args=[self.prefix, *args])
+    def _argv(self, name: str, args: Mapping[str, object]) -> list[object]:
+        """The ARGV of script `name`: the key prefix, then `args` in the order the script names them."""
+        names = _ARGUMENT_NAMES[name]
+        if args.keys() != set(names):
+            raise TypeError(f"script {name!r} takes {', '.join(names)}; got {', '.join(args)}.")
+        return [self.prefix, *(args[arg] for arg in names)]
 
-    def _run_with(self, also: Callable[[redis.client.Pipeline], None] | None, name: str, *args: object) -> Any:
+    def _run(self, name: str, **args: object) -> Any:
+        return self._scripts[name](args=self._argv(name, args))
+
+    def _run_with(self, also: Callable[[redis.client.Pipeline], None] | None, name: str, **args: object) -> Any:
         """Run a script after the commands `also` queues (telemetry), in one round trip."""
         if also is None:
-            return self._run(name, *args)
+            return self._run(name, **args)
         return self._run_all(also, [(name, args)])[0]
 
     def _run_all(self, also: Callable[[redis.client.Pipeline], None] | None,
-                 calls: list[tuple[str, tuple[object, ...]]]) -> list[Any]:
-        """Run scripts (name, args) one after another after the commands `also` queues, in one round trip;
-        return their results.
+                 calls: list[tuple[str, Mapping[str, object]]]) -> list[Any]:
+        """Run scripts (name, arguments by name) one after another after the commands `also` queues, in one
+        round trip; return their results.
 
         By EVALSHA: a pipeline holding a Script object would first ask the server whether the script is
         loaded, a second round trip per unit. Should the server have lost them (restart), each runs alone.
         """
+        argvs = [(name, self._argv(name, args)) for name, args in calls]
         pipe = self.client.pipeline(transaction=False)
         if also is not None:
             also(pipe)
-        for name, args in calls:
-            pipe.evalsha(self._scripts[name].sha, 0, self.prefix, *args)
+        for name, argv in argvs:
+            pipe.evalsha(self._scripts[name].sha, 0, *argv)
         try:
             return pipe.execute()[-len(calls):]
         except redis.exceptions.NoScriptError:  # the Script objects load them; what `also` queued was sent already
-            return [self._run(name, *args) for name, args in calls]
+            return [self._scripts[name](args=argv) for name, argv in argvs]
 
     # Configuration --------------------------------------------------------------------------------------
 
@@ -421,7 +483,7 @@ class ShardQueue:
         """Add a trial in state planning; a device worker will plan it. Raises TrialExists, ValueError."""
         if not TRIAL_ID_PATTERN.match(trial_id):
             raise ValueError(f"trial id {trial_id!r} must be 1-64 letters, digits, '.', '_' or '-'.")
-        if self._run("submit", trial_id, json.dumps(job.to_dict()), export_dir) == "exists":
+        if self._run("submit", id=trial_id, job=json.dumps(job.to_dict()), export_dir=export_dir) == "exists":
             raise TrialExists(f"trial {trial_id!r} already exists on host {self.host_id!r}.")
 
     def pause(self, trial_id: str) -> str:
@@ -437,7 +499,7 @@ class ShardQueue:
         return self._control("cancel", trial_id)
 
     def _control(self, action: str, trial_id: str) -> str:
-        outcome: str = self._run(action, trial_id)
+        outcome: str = self._run(action, id=trial_id)
         if outcome == "missing":
             raise TrialNotFound(f"trial {trial_id!r} does not exist on host {self.host_id!r}.")
         if outcome.startswith("invalid:"):
@@ -468,11 +530,11 @@ class ShardQueue:
 
         A device loop calls it before each claim; the returned `alive` tells it whether to go on.
         """
-        return _survey_from(self._run("survey", SURVEY_LIMIT, device, epoch))
+        return _survey_from(self._run("survey", **_survey_args(device, epoch)))
 
     def claim_plan(self, device: str) -> PlanJob | None:
         """Take the oldest trial waiting to be planned, with a lease; None when there is none."""
-        raw = self._run("claim_plan", device)
+        raw = self._run("claim_plan", device=device)
         if raw is None:
             return None
         trial_id, token, lease_ms, job = raw
@@ -487,13 +549,14 @@ class ShardQueue:
         `also` queues commands to send in the same round trip (telemetry). Raises LeaseLost.
         """
         outcome: str = self._run_with(
-            also, "plan_done", job.trial_id, job.token, remaining_units, repr(unit_s), json.dumps(dict(plan))
+            also, "plan_done", id=job.trial_id, token=job.token, remaining_units=remaining_units,
+            unit_s=repr(unit_s), plan=json.dumps(dict(plan)),
         )
         return self._check_lease(outcome, job.trial_id)
 
     def claim(self, trial_id: str, device: str) -> Lease | None:
         """Claim the next unit of `trial_id` for `device`; None if another device took it first."""
-        raw = self._run("claim", trial_id, device)
+        raw = self._run("claim", id=trial_id, device=device)
         if raw is None:
             return None
         token, lease_ms, units_done, job, export_dir, remaining_units, unit_s = raw
@@ -511,7 +574,7 @@ class ShardQueue:
 
     def renew(self, trial_id: str, token: str) -> bool:
         """Extend a lease by the host's lease length; False when it was already lost."""
-        return bool(self._run("renew", trial_id, token))
+        return bool(self._run("renew", id=trial_id, token=token))
 
     def complete(
         self, lease: Lease, *, remaining_units: int, unit_s: float, message: str = "", hold_s: float = 0.0,
@@ -524,8 +587,8 @@ class ShardQueue:
         `also` queues commands to send in the same round trip (telemetry). Raises LeaseLost when the lease
         expired meanwhile (the unit is being re-run elsewhere).
         """
-        args = _complete_args(lease, remaining_units, unit_s, message, hold_s)
-        outcome: str = self._run_with(also, "complete", *args)
+        args = _complete_args(lease, remaining_units, unit_s, message, hold_s, epoch="")
+        outcome: str = self._run_with(also, "complete", **args)
         return self._check_lease(outcome, lease.trial_id)
 
     def complete_then_survey(
@@ -539,8 +602,8 @@ class ShardQueue:
         waits to be planned, or the device's loop `epoch` is no longer current. Raises LeaseLost (the
         survey was made, but the loop may as well make another)."""
         outcome, raw = self._run_all(also, [
-            ("complete", (*_complete_args(lease, remaining_units, unit_s, message, hold_s), epoch)),
-            ("survey", (SURVEY_LIMIT, lease.device, epoch)),
+            ("complete", _complete_args(lease, remaining_units, unit_s, message, hold_s, epoch=epoch)),
+            ("survey", _survey_args(lease.device, epoch)),
         ])
         if isinstance(outcome, list):
             token, lease_ms = outcome
@@ -558,14 +621,14 @@ class ShardQueue:
         trial takes `plan` and its new unit count and becomes runnable again (or paused/cancelled if asked),
         with `message` on its event. Raises LeaseLost."""
         outcome: str = self._run_with(
-            also, "replan", lease.trial_id, lease.token, remaining_units, repr(unit_s), json.dumps(dict(plan)),
-            lease.device, message,
+            also, "replan", id=lease.trial_id, token=lease.token, remaining_units=remaining_units,
+            unit_s=repr(unit_s), plan=json.dumps(dict(plan)), device=lease.device, message=message,
         )
         return self._check_lease(outcome, lease.trial_id)
 
     def fail(self, trial_id: str, token: str, message: str) -> str:
         """Fail a trial whose unit (or planning) raised, keeping `message` for the UI."""
-        return self._check_lease(self._run("fail", trial_id, token, message), trial_id)
+        return self._check_lease(self._run("fail", id=trial_id, token=token, message=message), trial_id)
 
     def wait_for_work(self, timeout_s: float) -> None:
         """Block until something may have become claimable, or `timeout_s` passes."""
@@ -623,18 +686,31 @@ def _record(trial_id: str, fields: Mapping[str, str]) -> TrialRecord:
 
 
 def _survey_from(raw: list[Any]) -> Survey:
-    """A `Survey` from what the survey script returned."""
+    """The one reader of what the survey script returns, a flat array (see `_SURVEY`): ``[0]`` when the
+    device's loop must end, else ``[1, planning, reap]`` followed by five entries per candidate, best first:
+    ``id, remaining_s, last_device, units_done, held_by`` ('' for no trial to reap, no last device, no holder).
+    """
     if not raw[0]:
         return Survey(alive=False, planning=0, candidates=[], units_done={})
+    _, planning, reap, *flat = raw
     candidates, units_done = [], {}
-    for i in range(3, len(raw), 5):
-        trial_id, score, last_device, done, held_by = raw[i : i + 5]
+    for i in range(0, len(flat), 5):
+        trial_id, score, last_device, done, held_by = flat[i : i + 5]
         candidates.append(Candidate(trial_id, float(score), last_device or None, held_by or None))
         units_done[trial_id] = int(done)
-    return Survey(alive=True, planning=int(raw[1]), candidates=candidates, units_done=units_done,
-                  reap=raw[2] or None)
+    return Survey(alive=True, planning=int(planning), candidates=candidates, units_done=units_done,
+                  reap=reap or None)
 
 
-def _complete_args(lease: Lease, remaining_units: int, unit_s: float, message: str, hold_s: float) -> tuple:
-    """ARGV 2-8 of the complete script (9, the loop's epoch to go on with a held trial, is optional)."""
-    return (lease.trial_id, lease.token, remaining_units, repr(unit_s), lease.device, message, int(hold_s * 1000))
+def _survey_args(device: str, epoch: str) -> dict[str, object]:
+    """The survey script's arguments for the loop `epoch` of `device`."""
+    return {"limit": SURVEY_LIMIT, "device": device, "epoch": epoch}
+
+
+def _complete_args(
+    lease: Lease, remaining_units: int, unit_s: float, message: str, hold_s: float, *, epoch: str
+) -> dict[str, object]:
+    """The complete script's arguments; `epoch` is the device loop's that goes on with a held trial, or ''."""
+    return {"id": lease.trial_id, "token": lease.token, "remaining_units": remaining_units,
+            "unit_s": repr(unit_s), "device": lease.device, "message": message, "hold_ms": int(hold_s * 1000),
+            "epoch": epoch}

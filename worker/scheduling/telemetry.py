@@ -10,9 +10,10 @@ Streams of a host (``XRANGE hydra:<host>:spans - +`` shows them):
                            memory_used, memory_total (bytes)
     hydra:<host>:events    trial state changes (written by the queue's scripts): trial, state, message
 
-Each stream is capped (approximately `STREAM_MAXLEN` entries), so a web app that stops draining them
-loses the oldest entries rather than the host's memory. The web app keeps, per stream, the id of the
-last entry it stored and calls `read` with it.
+The key prefix and the stream caps are defined in `worker.scheduling.keys`: each stream is capped
+(approximately `STREAM_MAXLEN` entries; the events stream `EVENTS_MAXLEN`), so a web app that stops
+draining them loses the oldest entries rather than the host's memory. The web app keeps, per stream, the
+id of the last entry it stored and calls `read` with it.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from dataclasses import asdict, dataclass
 import psutil
 import redis
 
+from worker.scheduling.keys import STREAM_MAXLEN, host_prefix
+
 log = logging.getLogger(__name__)
 
-STREAM_MAXLEN = 200_000
 SAMPLE_PERIOD_S = 1.0
 
 # Field types per stream; everything else reads back as a string.
@@ -92,9 +94,10 @@ class Batch:
 
 
 def stream_key(host_id: str, stream: str) -> str:
+    """The Redis key of `stream` (one of `STREAMS`) of host `host_id`."""
     if stream not in FIELD_TYPES:
         raise ValueError(f"unknown telemetry stream {stream!r}; use one of {list(STREAMS)}.")
-    return f"hydra:{host_id}:{stream}"
+    return host_prefix(host_id) + stream
 
 
 def add(pipe: redis.client.Pipeline, host_id: str, stream: str, record: Span | StepMetrics | EvalMetrics) -> None:
