@@ -35,6 +35,8 @@ from worker.engine.errors import SpillStoreError, StaleWriterError
 MANIFEST = "manifest.json"
 LOCK = "manifest.lock"
 FORMAT = "hydra-spill/1"
+# The manifest keys the store itself reads and writes; every other key is its caller's (the trial state).
+STORE_KEYS = frozenset({"format", "version", "files", "fence"})
 
 
 def _file(root: Path, name: str, version: int) -> Path:
@@ -74,6 +76,11 @@ class SpillStore:
             raise SpillStoreError(f"{root} already holds a trial; pick another trial id or delete it")
         root.mkdir(parents=True, exist_ok=True)
         return cls(root, {"format": FORMAT, "version": 0, "files": {}} | manifest)
+
+    @staticmethod
+    def exists(root: Path) -> bool:
+        """Whether ``root`` holds a committed store."""
+        return (root / MANIFEST).exists()
 
     @classmethod
     def open(cls, root: Path) -> SpillStore:
@@ -131,6 +138,21 @@ class SpillStore:
 
     def version(self, name: str) -> int | None:
         return self.manifest["files"].get(name)
+
+    @property
+    def buffers(self) -> dict[str, int]:
+        """Buffer name -> version, as of the working manifest (staged buffers included); do not edit it."""
+        files: dict[str, int] = self.manifest["files"]
+        return files
+
+    @property
+    def commit_version(self) -> int:
+        """The version of the commit this working copy was read from or last committed as."""
+        return int(self.manifest["version"])
+
+    def drop(self, name: str) -> None:
+        """Remove buffer ``name`` from the working manifest; the next commit deletes its file."""
+        del self.manifest["files"][name]
 
     def read(self, name: str, out: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
         """Fill the contiguous CPU tensor ``out`` from buffer ``name`` starting at byte ``offset``."""
