@@ -140,7 +140,7 @@ def test_it_recomputes_instead_of_keeping_with_the_same_numbers(
 def test_it_streams_the_optimizer_step_in_chunks_exactly(
     kind: str, references: dict[str, Reference], tokens_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("worker.engine.session.STEP_CHUNK", 1000)  # shards hold ~13k-30k parameters
+    monkeypatch.setattr("worker.engine.optimizer_step.STEP_CHUNK", 1000)  # shards hold ~13k-30k parameters
     spec = tiny_spec(tokens_path, optimizer=OPTIMIZERS[kind])
     trial_create(spec=spec, spill_dir=tmp_path, trial_id="t", device=CPU, cuts=PLANS["2-shards"])
     session = TrialSession.open(spill_dir=tmp_path, trial_id="t", device=CPU)

@@ -4,7 +4,8 @@ The scheduler's entry points are :func:`trial_create` and :class:`TrialSession`;
 whole trial in one process.
 
 Names are resolved lazily (PEP 562): the web process imports the torch-free modules (``config``,
-``partition``, ``errors``, ``schedule``) for its memory preview without loading torch and transformers.
+``partition``, ``errors``, ``schedule``, ``sizes``) for its memory preview without loading torch and
+transformers.
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ _EXPORTS = {
     "MemoryPlan": "partition",
     "ShardPlan": "partition",
     "UnitSpec": "schedule",
+    "FP32": "sizes",
+    "optimizer_slots": "sizes",
     "TrialSession": "session",
     "UnitResult": "session",
-    "trial_create": "session",
+    "TrialState": "trial_state",
+    "trial_create": "create",
 }
 
 __all__ = sorted(_EXPORTS)

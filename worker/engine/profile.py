@@ -9,16 +9,8 @@ import torch
 from worker.engine.config import TrialSpec
 from worker.engine.layers import LayerStack
 from worker.engine.partition import LayerCost
+from worker.engine.sizes import FP32, optimizer_slots
 from worker.engine.weights import init_layer
-
-FP32 = 4
-
-
-def optimizer_slots(spec: TrialSpec) -> int:
-    """fp32 optimizer-state values kept per parameter: AdamW's two moments, SGD's momentum buffer."""
-    if spec.optimizer.kind == "adamw":
-        return 2
-    return 1 if spec.optimizer.momentum else 0
 
 
 def _sync(device: torch.device) -> None:
@@ -52,7 +44,7 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> 
     """
     batch, seq = spec.micro_batch_size, spec.data.seq_len
     width = stack.config.n_embd
-    slots = optimizer_slots(spec)
+    slots = optimizer_slots(spec.optimizer.kind, spec.optimizer.momentum)
     costs = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         for index, name in enumerate(stack.names):

@@ -33,7 +33,8 @@ from worker.engine.errors import EngineError
 from worker.engine.partition import MemoryPlan, choose_kept, plan_with_shards, solve
 from worker.engine.profile import copy_bytes_per_s
 from worker.engine.schedule import Timetable, UnitSpec
-from worker.engine.session import FP32, TrialSession, _caller_rng_kept
+from worker.engine.session import TrialSession
+from worker.engine.sizes import FP32
 from worker.engine.spill_store import SpillStore, read_file
 
 SHARD_STATE = ("p", "m", "v")  # per shard, what survives a step boundary
@@ -66,62 +67,48 @@ def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_
     else:
         store = SpillStore.take(root, token)
     session = TrialSession(store, device)
-    manifest = store.manifest
-    cursor = manifest["cursor"]
-    if cursor >= len(session.timetable):
+    state = session.state
+    if state.cursor >= len(session.timetable):
         raise EngineError(f"trial {trial_id!r} is finished: nothing to re-plan")
     old = session.plan
     budget = old.budget_bytes if budget_bytes is None else budget_bytes
     plan = solve(old.layers, budget) if cuts is None else plan_with_shards(old.layers, cuts, budget)
     if session.spec.activations == "auto":
         plan = choose_kept(plan, copy_bytes_per_s(device))
-    unit = session.timetable[cursor]
+    unit = session.timetable[state.cursor]
     _roll_back(session, unit)
-    with _caller_rng_kept(device):
-        for shard in range(len(old.shards)):
-            session._load_shard(shard)  # applies a pending step (writes p, m, v); no-op otherwise
-    store.commit()  # the rollback and steps on their own: the re-pack below reads these buffers
-    meta = manifest["shards"]
-    assert all(m["grad"] == "empty" and not m["pending"] for m in meta), "no gradient survives a rollback"
-    (optim_steps,) = {m["optim_steps"] for m in meta}  # every shard took every step
+    session.apply_pending_steps()  # writes p, m, v of shards with a pending step
+    session.commit()  # the rollback and steps on their own: the re-pack below reads these buffers
     layer_numel = [session.stack.layer_numel(i) for i in range(len(session.stack))]
     old_starts = [sum(layer_numel[:shard.first]) for shard in old.shards]
     old_buffers = {kind: {s: store.path(f"{kind}{s}") for s in range(len(old.shards))}
                    for kind in SHARD_STATE if store.version(f"{kind}0") is not None}  # SGD: no m before step 1
-    for name in list(manifest["files"]):
+    for name in list(store.buffers):
         if name != "rng":  # boundary buffers and gradients of the old shapes: none is live after a rollback
-            del manifest["files"][name]
+            store.drop(name)
     for shard in plan.shards:
         start, stop = sum(layer_numel[:shard.first]), sum(layer_numel[:shard.stop])
         for kind, paths in old_buffers.items():
             store.write_stream(f"{kind}{shard.index}", _slices(paths, old_starts, session.layout.numel,
                                                                  start, stop))
-    manifest["plan"] = plan.to_dict()
-    manifest["replans"] = manifest.get("replans", 0) + 1
-    manifest["shards"] = [{"pending": False, "grad": "empty", "optim_steps": optim_steps}
-                          for _ in plan.shards]
     spec = session.spec
     timetable = Timetable(shards=len(plan.shards), steps=spec.steps, micro_batches=spec.micro_batches,
                           eval_every=spec.eval_every, eval_batches=spec.eval_batches)
-    manifest["cursor"] = segment_start(timetable, unit)
-    store.commit()
+    state.replan(plan, cursor=segment_start(timetable, unit))
+    session.commit()
     return plan
 
 
 def _roll_back(session: TrialSession, unit: UnitSpec) -> None:
-    """Undo, in the store's working copy, the units of ``unit``'s segment that already ran (see module doc)."""
-    manifest, store = session.store.manifest, session.store
-    started = manifest["cursor"] > segment_start(session.timetable, unit)
+    """Undo, in the session's working state, the units of ``unit``'s segment that already ran (see module doc)."""
+    state = session.state
+    started = state.cursor > segment_start(session.timetable, unit)
     if unit.phase in ("F", "FB", "B"):
-        for meta in manifest["shards"]:
-            if not meta["pending"]:  # its gradient, if any, is this step's partial one
-                meta["grad"] = "empty"
-        manifest["step_state"] = {"loss_sum": 0.0, "norms": {}}
+        state.reset_step()
         if started:
-            rng = store.read_new("rs", sum(session._rng_numel), torch.uint8)
-            store.write("rng", rng)
+            session.rewind_rng_to_step_start()
     elif unit.phase == "E":
-        manifest["eval_state"] = {"loss_sum": 0.0}
+        state.reset_eval()
 
 
 def _slices(paths: dict[int, Path], starts: Sequence[int], numel: Sequence[int], start: int, stop: int

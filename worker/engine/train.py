@@ -18,10 +18,10 @@ import torch
 from tqdm import tqdm
 
 from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
+from worker.engine.create import trial_create, trial_exists
 from worker.engine.data import tokenize_corpus
 from worker.engine.errors import EngineError, SpecError
-from worker.engine.session import TrialSession, UnitResult, trial_create
-from worker.engine.spill_store import MANIFEST
+from worker.engine.session import TrialSession, UnitResult
 
 
 def train_trial(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: torch.device,
@@ -33,7 +33,7 @@ def train_trial(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: torc
     Returns the results of the units run by this call. Raises ``SpecError`` if the existing trial was
     created from a different spec.
     """
-    if not (Path(spill_dir) / trial_id / MANIFEST).exists():
+    if not trial_exists(spill_dir=spill_dir, trial_id=trial_id):
         trial_create(spec=spec, spill_dir=spill_dir, trial_id=trial_id, device=device, cuts=cuts)
     session = TrialSession.open(spill_dir=spill_dir, trial_id=trial_id, device=device)
     if session.spec != spec:

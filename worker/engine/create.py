@@ -1,0 +1,68 @@
+"""Creating a trial: profile its layers, plan its shards and write its initial state into a new spill store.
+
+The store a created trial starts from is exactly the state of plain training before its first step:
+parameters as initialized (or as the pretrained checkpoint has them), zero AdamW moments, and the RNG
+stream of ``torch.manual_seed(seed)``. Layers are initialized one at a time and streamed into the store,
+so the model never exists whole in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from worker.engine.config import TrialSpec
+from worker.engine.data import TokenBlocks
+from worker.engine.errors import SpecError
+from worker.engine.layers import build_layer_stack
+from worker.engine.partition import MemoryPlan, choose_kept, plan_with_shards, solve
+from worker.engine.profile import copy_bytes_per_s, profile_layers
+from worker.engine.rng import initial_rng
+from worker.engine.spill_store import SpillStore
+from worker.engine.trial_state import TrialState
+from worker.engine.weights import PretrainedWeights, init_layer
+
+
+def trial_exists(*, spill_dir: Path, trial_id: str) -> bool:
+    """Whether ``spill_dir/trial_id`` holds a created trial."""
+    return SpillStore.exists(Path(spill_dir) / trial_id)
+
+
+def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: torch.device,
+                 cuts: Sequence[int] | None = None) -> MemoryPlan:
+    """Profile, plan and initialize a trial into ``spill_dir/trial_id``; return its memory plan.
+
+    ``cuts`` forces the shard start layers instead of solving (tests and benchmarks use it). Raises
+    ``BudgetError`` when a layer cannot fit the budget, ``SpecError`` for bad data or checkpoints,
+    ``SpillStoreError`` if the trial directory is taken.
+    """
+    stack = build_layer_stack(spec.model)
+    if spec.data.seq_len > stack.config.n_positions:
+        raise SpecError(f"seq_len {spec.data.seq_len} exceeds the model's context of {stack.config.n_positions}")
+    TokenBlocks(spec.data, vocab_size=stack.config.vocab_size)  # fail on bad data before any work
+    costs = profile_layers(stack, spec, device)
+    plan = solve(costs, spec.budget_bytes) if cuts is None else plan_with_shards(costs, cuts, spec.budget_bytes)
+    if spec.activations == "auto":
+        plan = choose_kept(plan, copy_bytes_per_s(device))
+    state = TrialState.start(trial_id=trial_id, spec=spec, plan=plan)
+    store = SpillStore.create(Path(spill_dir) / trial_id, state.to_manifest())
+    source = PretrainedWeights(Path(spec.model.pretrained_dir)) if spec.model.pretrained_dir else None
+
+    def layer_weights(shard: int) -> Iterator[torch.Tensor]:
+        for index in range(plan.shards[shard].first, plan.shards[shard].stop):
+            yield from source.layer(stack, index) if source else init_layer(stack, index, spec.seed)
+
+    def zeros(shard: int) -> Iterator[torch.Tensor]:
+        for index in range(plan.shards[shard].first, plan.shards[shard].stop):
+            yield torch.zeros(stack.layer_numel(index))
+
+    for shard in plan.shards:
+        store.write_stream(f"p{shard.index}", layer_weights(shard.index))
+        if spec.optimizer.kind == "adamw":  # both moments start at zero, as in torch.optim.AdamW
+            store.write_stream(f"m{shard.index}", zeros(shard.index))
+            store.write_stream(f"v{shard.index}", zeros(shard.index))
+    store.write("rng", *initial_rng(spec.seed, device))
+    store.commit()
+    return plan

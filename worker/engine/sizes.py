@@ -1,0 +1,17 @@
+"""Bytes of a trial's training state per parameter: the one definition the profiler, the session and the
+web's memory preview share, so that a planned byte count and the buffers the engine writes agree.
+
+Torch-free, so that the web process can import it without loading torch.
+"""
+
+from __future__ import annotations
+
+FP32 = 4  # bytes per value of every spilled buffer: parameters, gradients, optimizer state, activations
+
+
+def optimizer_slots(kind: str, momentum: float) -> int:
+    """fp32 optimizer-state values kept per parameter: AdamW's two moments, SGD's momentum buffer (none
+    without momentum). ``kind`` and ``momentum`` are those of :class:`worker.engine.config.OptimizerSpec`."""
+    if kind == "adamw":
+        return 2
+    return 1 if momentum else 0

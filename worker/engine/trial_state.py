@@ -1,0 +1,211 @@
+"""A trial's small state between units, typed, and the one definition of how the manifest holds it.
+
+The spill store's manifest is JSON: the store's own keys (:data:`worker.engine.spill_store.STORE_KEYS`:
+format, commit version, buffer versions, fencing token) plus the trial's, which only this module reads
+or writes. :meth:`TrialState.from_manifest` of :meth:`TrialState.to_manifest` gives back an equal state
+(through ``json`` too), and a manifest that lacks a trial key, or has one this module does not know, is
+refused with a ``SpillStoreError`` naming the key, rather than read as something it is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from worker.engine.config import TrialSpec
+from worker.engine.errors import SpillStoreError
+from worker.engine.partition import MemoryPlan
+from worker.engine.spill_store import STORE_KEYS, SpillStore
+
+GradState = Literal["empty", "partial"]
+
+
+@dataclass
+class ShardState:
+    """One shard between units.
+
+    ``grad``: whether its ``g`` buffer holds gradients of the step in flight ("partial": micro-batches
+    accumulated so far) or nothing to read ("empty"). ``pending``: the last completed step's update is
+    still to be applied to it (it is applied when the shard is next loaded). ``optim_steps``: updates
+    applied so far (AdamW's step count; SGD has momentum from its first update on).
+    """
+
+    pending: bool = False
+    grad: GradState = "empty"
+    optim_steps: int = 0
+
+
+@dataclass(frozen=True)
+class PendingStep:
+    """The completed step whose update the shards marked ``pending`` still have to apply."""
+
+    step: int
+    total_norm: float  # global gradient norm of the step, for clipping
+
+
+@dataclass
+class StepState:
+    """Running sums of the step in flight: summed micro-batch losses, and per shard the norms of its
+    parameters' accumulated gradients (set when the shard's backward of the last micro-batch ran)."""
+
+    loss_sum: float = 0.0
+    norms: dict[int, list[float]] = field(default_factory=dict)
+
+
+@dataclass
+class EvalState:
+    """Running sum of the evaluation in flight: the losses of the validation batches done so far."""
+
+    loss_sum: float = 0.0
+
+
+@dataclass
+class EarlyStop:
+    """The best validation loss so far and the number of evaluations since it."""
+
+    best: float | None = None
+    since: int = 0
+
+
+@dataclass(kw_only=True)
+class TrialState:
+    """Everything of a trial that is not a buffer: its spec and plan, the index of the next unit in the
+    timetable (``cursor``), per-shard flags, the pending update, running sums, and how often it was
+    re-planned. Edited in place during a unit; committed with the unit's buffers by the session."""
+
+    trial_id: str
+    spec: TrialSpec
+    plan: MemoryPlan
+    cursor: int = 0
+    shards: list[ShardState]
+    pending: PendingStep | None = None
+    step_state: StepState = field(default_factory=StepState)
+    eval_state: EvalState = field(default_factory=EvalState)
+    early_stop: EarlyStop = field(default_factory=EarlyStop)
+    replans: int = 0
+    # The JSON form of ``spec`` and ``plan`` (key -> (object, its JSON)): both are frozen, and converting
+    # them at every commit would cost more than the rest of the manifest.
+    _json: dict[str, tuple[Any, Any]] = field(init=False, default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def start(cls, *, trial_id: str, spec: TrialSpec, plan: MemoryPlan) -> TrialState:
+        """A trial before its first unit."""
+        return cls(trial_id=trial_id, spec=spec, plan=plan, shards=[ShardState() for _ in plan.shards])
+
+    # -- transitions -----------------------------------------------------------------------------------
+
+    def mark_step_pending(self, step: int, total_norm: float) -> None:
+        """Step ``step``'s backward is complete: every shard applies its update when next loaded."""
+        self.pending = PendingStep(step, total_norm)
+        for shard in self.shards:
+            shard.pending = True
+        self.step_state = StepState()
+
+    def reset_step(self) -> None:
+        """Forget the step in flight: its partial gradients and running sums (a shard whose update is
+        still pending keeps its gradients, those of the completed step before)."""
+        for shard in self.shards:
+            if not shard.pending:
+                shard.grad = "empty"
+        self.step_state = StepState()
+
+    def reset_eval(self) -> None:
+        """Forget the evaluation in flight."""
+        self.eval_state = EvalState()
+
+    def replan(self, plan: MemoryPlan, *, cursor: int) -> None:
+        """Continue under ``plan`` from timetable index ``cursor``; only between two steps, with every
+        update applied (every shard then took the same number of steps, which the new shards inherit)."""
+        assert all(s.grad == "empty" and not s.pending for s in self.shards), "no gradient survives a rollback"
+        (optim_steps,) = {s.optim_steps for s in self.shards}  # every shard took every step
+        self.plan = plan
+        self.replans += 1
+        self.shards = [ShardState(optim_steps=optim_steps) for _ in plan.shards]
+        self.cursor = cursor
+
+    # -- the manifest ----------------------------------------------------------------------------------
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The trial's keys of the manifest, in JSON's own types (what ``json.loads`` of it gives back)."""
+        return {
+            "trial_id": self.trial_id,
+            "spec": self._json_of("spec", self.spec),
+            "plan": self._json_of("plan", self.plan),
+            "cursor": self.cursor,
+            "shards": [{"pending": s.pending, "grad": s.grad, "optim_steps": s.optim_steps} for s in self.shards],
+            "pending": None if self.pending is None else {"step": self.pending.step,
+                                                          "total_norm": self.pending.total_norm},
+            "step_state": {"loss_sum": self.step_state.loss_sum,
+                           "norms": {str(shard): norms for shard, norms in self.step_state.norms.items()}},
+            "eval_state": {"loss_sum": self.eval_state.loss_sum},
+            "early_stop": {"best": self.early_stop.best, "since": self.early_stop.since},
+            "replans": self.replans,
+        }
+
+    def _json_of(self, key: str, value: TrialSpec | MemoryPlan) -> Any:
+        cached = self._json.get(key)
+        if cached is None or cached[0] is not value:
+            cached = self._json[key] = (value, _json_native(value.to_dict()))
+        return cached[1]
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any]) -> TrialState:
+        """The state in ``manifest`` (the store's keys are ignored); ``SpillStoreError`` if a trial key is
+        missing or unknown. ``early_stop`` and ``replans`` may be absent: a trial not evaluated or not
+        re-planned yet."""
+        raw = _keys(manifest, "manifest", required=_REQUIRED, optional=_OPTIONAL, ignored=STORE_KEYS)
+        step_state = _keys(raw["step_state"], "step_state", required={"loss_sum", "norms"})
+        early_stop = raw.get("early_stop")
+        pending = raw["pending"]
+        state = cls(
+            trial_id=raw["trial_id"],
+            spec=TrialSpec.from_dict(raw["spec"]),
+            plan=MemoryPlan.from_dict(raw["plan"]),
+            cursor=raw["cursor"],
+            shards=[ShardState(**_keys(s, "shards[]", required={"pending", "grad", "optim_steps"}))
+                    for s in raw["shards"]],
+            pending=None if pending is None else PendingStep(
+                **_keys(pending, "pending", required={"step", "total_norm"})),
+            step_state=StepState(loss_sum=step_state["loss_sum"],
+                                 norms={int(shard): norms for shard, norms in step_state["norms"].items()}),
+            eval_state=EvalState(**_keys(raw["eval_state"], "eval_state", required={"loss_sum"})),
+            early_stop=EarlyStop() if early_stop is None else EarlyStop(
+                **_keys(early_stop, "early_stop", required={"best", "since"})),
+            replans=raw.get("replans", 0),
+        )
+        state._json.update(spec=(state.spec, raw["spec"]), plan=(state.plan, raw["plan"]))
+        return state
+
+    @classmethod
+    def of(cls, store: SpillStore) -> TrialState:
+        """The state in ``store``'s working manifest."""
+        return cls.from_manifest(store.manifest)
+
+    def stage_in(self, store: SpillStore) -> None:
+        """Put this state into ``store``'s working manifest, for its next commit to publish."""
+        store.manifest.update(self.to_manifest())
+
+
+_REQUIRED = frozenset({"trial_id", "spec", "plan", "cursor", "shards", "pending", "step_state", "eval_state"})
+_OPTIONAL = frozenset({"early_stop", "replans"})
+
+
+def _json_native(value: Any) -> Any:
+    """``value`` with its tuples as lists, as JSON reads them back."""
+    if isinstance(value, dict):
+        return {k: _json_native(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_native(v) for v in value]
+    return value
+
+
+def _keys(raw: dict[str, Any], where: str, *, required: frozenset[str] | set[str],
+          optional: frozenset[str] = frozenset(), ignored: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """``raw`` without the ``ignored`` keys, after checking it has every ``required`` key and no other
+    than ``optional`` ones."""
+    keys = set(raw) - ignored
+    if missing := sorted(required - keys):
+        raise SpillStoreError(f"trial state: {where} lacks {', '.join(map(repr, missing))}")
+    if unknown := sorted(keys - required - optional):
+        raise SpillStoreError(f"trial state: {where} has unknown {', '.join(map(repr, unknown))}")
+    return {k: v for k, v in raw.items() if k not in ignored}

@@ -1,0 +1,251 @@
+"""What each unit of a trial computes, as a function of the trial's store alone.
+
+A unit reads the shard's committed buffers and the trial state, and stages its outputs (see the buffer
+names in :mod:`worker.engine.session`) and state changes for the session to commit. Its numbers are those
+of plain training of the whole model in one process: the same batches, the same dropout (the RNG state
+each forward ran under is saved, and a recomputed forward replays it), gradients accumulated and clipped
+and updates applied with autograd's and ``torch.optim``'s own arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from worker.engine import gradients, optimizer_step
+from worker.engine.activations import KeptGraph, forward_kept
+from worker.engine.config import TrialSpec
+from worker.engine.data import TokenBlocks
+from worker.engine.layers import LayerStack, ParamRef
+from worker.engine.layout import Layout
+from worker.engine.partition import MemoryPlan
+from worker.engine.rng import rng_state, set_rng_state
+from worker.engine.schedule import UnitSpec, lr_factor
+from worker.engine.sizes import FP32
+from worker.engine.spill_store import SpillStore
+from worker.engine.transfer import Transfers
+from worker.engine.trial_state import TrialState
+
+
+class ShardUnits:
+    """The unit phases (F, FB, B, E, S) of :class:`~worker.engine.session.TrialSession`, which sets the
+    attributes below; each returns the unit's metrics for ``UnitResult``."""
+
+    store: SpillStore
+    state: TrialState
+    device: torch.device
+    spec: TrialSpec
+    stack: LayerStack
+    data: TokenBlocks
+    plan: MemoryPlan
+    layout: Layout
+    _transfers: Transfers
+    _rng_numel: list[int]
+    _kept: dict[tuple[int, int, int], KeptGraph]  # (step, micro-batch, shard) -> graph
+
+    # -- units ---------------------------------------------------------------------------------------
+
+    def _forward(self, unit: UnitSpec) -> dict[str, Any]:
+        """F: shard forward; save the output and the RNG state it started from. Without an autograd
+        graph, unless the plan keeps this shard's activations (then the graph is kept in this process)."""
+        params = self._load_shard(unit.shard)
+        x = self._shard_input(unit)
+        self._set_rng("rng")
+        self._note_step_start(unit)
+        self.store.write(f"r{unit.micro_batch}.{unit.shard}", *rng_state(self.device))
+        if self.plan.shards[unit.shard].keep_activations and not self.layout.lent[unit.shard]:
+            out, kept = forward_kept(lambda x: self._run_shard(unit.shard, params, x, None, train=True)[:2],
+                                     params, x, self.device)
+            self._kept[(unit.step, unit.micro_batch, unit.shard)] = kept
+        else:
+            with torch.no_grad():
+                out = self._run_shard(unit.shard, params, x, None, train=True)[0]
+        self.store.write("rng", *rng_state(self.device))
+        self.store.write(f"a{unit.micro_batch}.{unit.shard}", out.float())
+        return {}
+
+    def _forward_backward(self, unit: UnitSpec) -> dict[str, Any]:
+        """FB: the last shard's forward, loss and backward in one go (nothing to recompute)."""
+        params = self._load_shard(unit.shard)
+        x = self._shard_input(unit)
+        self._set_rng("rng")
+        self._note_step_start(unit)
+        loss, owned, lent = self._run_shard(unit.shard, params, x, self._labels(unit), train=True)
+        (loss / self.spec.micro_batches).backward()
+        self.store.write("rng", *rng_state(self.device))
+        self.state.step_state.loss_sum += loss.item()
+        return self._finish_backward(unit, x, owned, lent)
+
+    def _backward(self, unit: UnitSpec) -> dict[str, Any]:
+        """B: backpropagate through the kept graph, or else recompute the shard's forward from its saved
+        input and RNG state (bit-identical to the original forward) and backpropagate through that."""
+        params = self._load_shard(unit.shard)
+        kept = self._kept.pop((unit.step, unit.micro_batch, unit.shard), None)
+        if kept is not None:
+            ids = self._labels(unit)
+            kept.restore(params, self.layout.slots[unit.shard], (*ids.shape, self._width), self.device)
+            out, x, owned, lent = kept.out, kept.x, kept.owned, []
+        else:
+            x = self._shard_input(unit)
+            self._set_rng(f"r{unit.micro_batch}.{unit.shard}")
+            out, owned, lent = self._run_shard(unit.shard, params, x, None, train=True)
+        grad_out = self._read_boundary(f"d{unit.micro_batch}.{unit.shard}", out.shape)
+        torch.autograd.backward(out, grad_out.to(out.dtype))
+        return self._finish_backward(unit, x, owned, lent)
+
+    def _evaluate(self, unit: UnitSpec) -> dict[str, Any]:
+        """E: evaluation forward of one shard on one validation batch (dropout off, no graph)."""
+        params = self._load_shard(unit.shard)
+        ids = self.data.eval_batch(batch=unit.micro_batch, batch_size=self.spec.micro_batch_size).to(self.device)
+        x = ids if unit.shard == 0 else self._read_boundary(f"e{unit.shard - 1}", (*ids.shape, self._width))
+        last = unit.shard == len(self.plan.shards) - 1
+        with torch.no_grad():
+            out = self._run_shard(unit.shard, params, x, ids if last else None, train=False)[0]
+        if not last:
+            self.store.write(f"e{unit.shard}", out.float())
+            return {}
+        state = self.state.eval_state
+        state.loss_sum += out.item()
+        if unit.micro_batch < self.spec.eval_batches - 1:
+            return {}
+        eval_loss = state.loss_sum / self.spec.eval_batches
+        self.state.reset_eval()
+        return {"eval_loss": eval_loss, "eval_ppl": math.exp(eval_loss),
+                "stopped_early": self._no_longer_improving(unit.step, eval_loss)}
+
+    def _no_longer_improving(self, step: int, eval_loss: float) -> bool:
+        """Count evaluations without a new best loss; True when the trial should stop early after ``step``."""
+        patience = self.spec.early_stop_patience
+        if patience is None:
+            return False
+        record = self.state.early_stop
+        if record.best is None or eval_loss < record.best:
+            record.best, record.since = eval_loss, 0
+        else:
+            record.since += 1
+        return record.since >= patience and step < self.spec.steps - 1
+
+    def _final_step(self, unit: UnitSpec) -> dict[str, Any]:
+        """S: apply the last step's pending update (only when the trial ends without an evaluation)."""
+        self._load_shard(unit.shard)
+        return {}
+
+    # -- pieces --------------------------------------------------------------------------------------
+
+    @property
+    def _width(self) -> int:
+        return self.stack.config.n_embd
+
+    def _labels(self, unit: UnitSpec) -> torch.Tensor:
+        batch = self.data.train_batch(seed=self.spec.seed, step=unit.step, batch_size=self.spec.batch_size)
+        return batch.chunk(self.spec.micro_batches)[unit.micro_batch].to(self.device)  # (B_mb, T)
+
+    def _shard_input(self, unit: UnitSpec) -> torch.Tensor:
+        """Token ids for shard 0, else the saved output of the previous shard (a grad-requiring leaf)."""
+        ids = self._labels(unit)
+        if unit.shard == 0:
+            return ids
+        x = self._read_boundary(f"a{unit.micro_batch}.{unit.shard - 1}", (*ids.shape, self._width))
+        return x.requires_grad_(unit.phase != "F")
+
+    def _read_boundary(self, name: str, shape: Sequence[int]) -> torch.Tensor:
+        return self.store.read_new(name, math.prod(shape), torch.float32).view(*shape).to(self.device)
+
+    def _note_step_start(self, unit: UnitSpec) -> None:
+        """Keep the RNG state a step starts from (``rs``): rolling the step back restores it."""
+        if unit.micro_batch == 0 and unit.shard == 0:
+            self.store.write("rs", *rng_state(self.device))
+
+    def _set_rng(self, name: str) -> None:
+        set_rng_state(self.store.read_new(name, sum(self._rng_numel), torch.uint8), self._rng_numel, self.device)
+
+    def _read_state(self, name: str) -> torch.Tensor:
+        """Shard buffer ``name`` (p or g) on the device, from the prefetch when it has it."""
+        version = self.store.version(name)
+        tensor = None if version is None else self._transfers.take((name, version))
+        if tensor is None:
+            tensor = self._transfers.load(self.store.path(name), self.layout.numel[int(name[1:])])
+        self.store.bytes_read += tensor.nbytes
+        return tensor
+
+    def _load_shard(self, shard: int) -> torch.Tensor:
+        """The shard's flat parameters (P,) on the device, after applying its pending optimizer step."""
+        params = self._read_state(f"p{shard}")
+        meta = self.state.shards[shard]
+        if meta.pending:
+            pending = self.state.pending
+            assert pending is not None, "a shard is pending only after a step completed"
+            optimizer_step.step_shard(store=self.store, transfers=self._transfers, spec=self.spec, shard=shard,
+                                      params=params, step=pending.step, total_norm=pending.total_norm,
+                                      optim_steps=meta.optim_steps, device=self.device)
+            meta.optim_steps += 1
+            meta.pending, meta.grad = False, "empty"
+        return params
+
+    def _run_shard(self, shard: int, params: torch.Tensor, x: torch.Tensor, labels: torch.Tensor | None, *,
+                   train: bool) -> tuple[torch.Tensor, list[nn.Parameter], list[nn.Parameter]]:
+        """Bind the shard's weights into its layers and run them; return (output, owned, lent params).
+
+        Owned parameters are views into ``params``; a parameter borrowed from another shard is read from
+        that shard's committed buffer. The last layer needs ``labels`` and returns the loss. Units that
+        need no graph call this under ``torch.no_grad``.
+        """
+        plan = self.plan.shards[shard]
+        owned = []
+        bound: dict[ParamRef, nn.Parameter] = {}
+        for slot in self.layout.slots[shard]:
+            param = self.stack.bind(slot.ref.layer, slot.ref.name, slot.view(params))
+            bound[slot.ref] = param
+            owned.append(param)
+        lent = []
+        for index in range(plan.first, plan.stop):
+            for borrow in self.stack.borrowed[index]:
+                if borrow.owner in bound:
+                    self.stack.bind(index, borrow.name, bound[borrow.owner])
+                    continue
+                owner = self.layout.by_ref[borrow.owner]
+                weight = self.store.read_new(f"p{owner.shard}", borrow.owner.numel, torch.float32,
+                                             offset=owner.offset * FP32).view(borrow.owner.shape)
+                lent.append(self.stack.bind(index, borrow.name, weight.to(self.device)))
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.spec.bf16):
+            for index in range(plan.first, plan.stop):
+                layer = self.stack.layers[index].train(train)
+                x = layer(x, labels) if index == len(self.stack) - 1 else layer(x)
+        return x, owned, lent
+
+    def _finish_backward(self, unit: UnitSpec, x: torch.Tensor, owned: list[nn.Parameter],
+                         lent: list[nn.Parameter]) -> dict[str, Any]:
+        """Accumulate the shard's gradients (plus tied contributions), pass the input gradient on, and
+        when the step's backward is complete, record the global gradient norm and mark the step pending."""
+        shard, store = unit.shard, self.store
+        meta = self.state.shards[shard]
+        if unit.shard > 0:
+            store.write(f"d{unit.micro_batch}.{unit.shard - 1}", x.grad)
+        if lent:
+            store.write(f"t{shard}", *(p.grad for p in lent))
+        fresh = gradients.with_tied(store, self.layout, shard, owned, self.device)
+        partial = meta.grad == "partial"
+        flat = self._read_state(f"g{shard}") if partial else torch.empty(self.layout.numel[shard], device=self.device)
+        gradients.accumulate(flat, self.layout.slots[shard], fresh, owned, partial=partial)
+        store.write(f"g{shard}", flat)
+        meta.grad = "partial"
+        if unit.micro_batch < self.spec.micro_batches - 1:
+            return {}
+        state = self.state.step_state
+        state.norms[shard] = gradients.parameter_norms(flat, self.layout.slots[shard])
+        if shard > 0:
+            return {}
+        norms = [n for s in range(len(self.plan.shards)) for n in state.norms[s]]
+        total_norm = gradients.global_norm(norms)
+        loss = state.loss_sum / self.spec.micro_batches
+        self.state.mark_step_pending(unit.step, total_norm)
+        return {
+            "loss": loss,
+            "lr": self.spec.optimizer.lr * lr_factor(self.spec.schedule, unit.step, self.spec.steps),
+            "grad_norm": total_norm,
+            "tokens": (unit.step + 1) * self.spec.batch_size * self.spec.data.seq_len,
+        }
