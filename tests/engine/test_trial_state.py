@@ -1,0 +1,75 @@
+"""The trial state: one typed owner of the manifest's trial keys, which round-trip through JSON exactly and
+are refused, by name, when one is missing or unknown."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from worker.engine import DataSpec, OptimizerSpec, TrialSpec
+from worker.engine.errors import SpillStoreError
+from worker.engine.partition import LayerCost, plan_with_shards
+from worker.engine.spill_store import SpillStore
+from worker.engine.trial_state import EarlyStop, PendingStep, ShardState, StepState, TrialState
+
+
+def mid_trial() -> TrialState:
+    """A state with every part set: a pending step, partial gradients, running sums, an early-stop record."""
+    spec = TrialSpec(data=DataSpec(tokens_path="/data/tokens.npy"), optimizer=OptimizerSpec(betas=(0.8, 0.9)),
+                     steps=5, eval_every=1, early_stop_patience=2)
+    costs = [LayerCost(name=f"l{i}", param_bytes=64, grad_bytes=64, optim_bytes=128, activation_bytes=32,
+                       forward_s=0.1 * i, time_s=0.3) for i in range(3)]
+    state = TrialState.start(trial_id="t", spec=spec, plan=plan_with_shards(costs, [0, 2], 1 << 20))
+    state.cursor = 7
+    state.shards[0] = ShardState(pending=True, grad="partial", optim_steps=3)
+    state.pending = PendingStep(2, 0.1 + 0.2)
+    state.step_state = StepState(loss_sum=1 / 3, norms={1: [0.5, 1e-30]})
+    state.eval_state.loss_sum = 2.25
+    state.early_stop = EarlyStop(best=3.5, since=1)
+    state.replans = 2
+    return state
+
+
+def test_it_round_trips_through_json_to_an_equal_state() -> None:
+    state = mid_trial()
+    manifest = state.to_manifest()
+    assert json.loads(json.dumps(manifest)) == manifest  # already in JSON's own types
+    assert TrialState.from_manifest(json.loads(json.dumps(manifest))) == state
+    assert TrialState.start(trial_id="t", spec=state.spec, plan=state.plan) != state
+
+
+def test_it_leaves_the_store_keys_to_the_store(tmp_path: Path) -> None:
+    state = mid_trial()
+    store = SpillStore.create(tmp_path / "t", state.to_manifest())
+    store.commit()
+    reopened = SpillStore.open(tmp_path / "t")
+    assert TrialState.of(reopened) == state
+    state.cursor = 8
+    state.stage_in(reopened)
+    reopened.commit()
+    assert TrialState.of(SpillStore.open(tmp_path / "t")).cursor == 8
+
+
+def test_it_reads_a_trial_never_evaluated_nor_replanned_without_those_keys() -> None:
+    manifest = mid_trial().to_manifest()
+    del manifest["early_stop"], manifest["replans"]
+    state = TrialState.from_manifest(manifest)
+    assert (state.early_stop, state.replans) == (EarlyStop(), 0)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda m: m.pop("cursor"), "manifest lacks 'cursor'"),
+    (lambda m: m.update(curser=0), "manifest has unknown 'curser'"),
+    (lambda m: m["shards"][0].pop("optim_steps"), "shards\\[\\] lacks 'optim_steps'"),
+    (lambda m: m["step_state"].update(extra=1), "step_state has unknown 'extra'"),
+    (lambda m: m.update(pending={"step": 1}), "pending lacks 'total_norm'"),
+])
+def test_it_refuses_a_missing_or_unknown_key_by_name(edit: Callable[[dict[str, Any]], object], message: str) -> None:
+    manifest = mid_trial().to_manifest()
+    edit(manifest)
+    with pytest.raises(SpillStoreError, match=message):
+        TrialState.from_manifest(manifest)
