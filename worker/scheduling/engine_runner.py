@@ -98,7 +98,7 @@ class EngineRunner:
         if not self.prefetch:
             next_trial = None
         if next_trial == trial_id:
-            cursor = session.store.manifest["cursor"]
+            cursor = session.cursor
             if cursor + 1 < len(session.timetable):
                 session.prefetch(session.timetable[cursor + 1])
         elif next_trial is not None:
