@@ -16,9 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from worker.contract import EngineJob
 from worker.devices import cuda_device_count, host_devices
 from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, TrialSpec
-from worker.scheduling.engine_runner import EngineRunner, device_budget_bytes, engine_spec
+from worker.scheduling.engine_runner import EngineRunner, device_budget_bytes
 from worker.scheduling.runner import Replanned, UnitDone
 from worker.scheduling.telemetry import DeviceSampler
 
@@ -39,12 +40,12 @@ def trial(tokens: str, *, seed: int = 3, budget_bytes: int = 1 << 30) -> TrialSp
     )
 
 
-def units(runner: EngineRunner, trial_id: str, spec: dict, *, next_trial: str | None = None
+def units(runner: EngineRunner, trial_id: str, spec: EngineJob, *, next_trial: str | None = None
           ) -> Iterator[UnitDone | Replanned]:
     """Run the trial's units to the end, as a device loop would (one lease token throughout)."""
     done = 0
     while True:
-        out = runner.run_unit(trial_id=trial_id, spec=spec, units_done=done, next_trial=next_trial or trial_id,
+        out = runner.run_unit(trial_id=trial_id, job=spec, units_done=done, next_trial=next_trial or trial_id,
                               token=1)
         yield out
         if isinstance(out, UnitDone):
@@ -53,8 +54,8 @@ def units(runner: EngineRunner, trial_id: str, spec: dict, *, next_trial: str | 
                 return
 
 
-def exported(runner: EngineRunner, trial_id: str, spec: dict, root: Path) -> dict[str, torch.Tensor]:
-    runner.export(trial_id=trial_id, spec=spec, export_dir=str(root / trial_id))
+def exported(runner: EngineRunner, trial_id: str, spec: EngineJob, root: Path) -> dict[str, torch.Tensor]:
+    runner.export(trial_id=trial_id, job=spec, export_dir=str(root / trial_id))
     return {name: t for path in sorted((root / trial_id).glob("*.safetensors")) for name, t in load_file(path).items()}
 
 
@@ -81,22 +82,22 @@ def test_a_gpu_plans_an_auto_budget_trial_under_its_own_memory(tokens: str, tmp_
     budget = device_budget_bytes(CUDA, 1)
     assert 0.8 * free <= budget <= total
     planned = EngineRunner(spill_dir=tmp_path, device=CUDA).plan(
-        trial_id="t", spec=engine_spec(trial(tokens, budget_bytes=450_000), auto_budget=True))
+        trial_id="t", job=EngineJob(trial=trial(tokens, budget_bytes=450_000), budget="auto"))
     assert planned.plan["budget_bytes"] > 450_000 and len(planned.plan["shards"]) == 1
 
 
 def test_two_trials_interleaved_on_one_gpu_train_as_each_alone(tokens: str, tmp_path: Path) -> None:
-    specs = {t: engine_spec(trial(tokens, seed=i, budget_bytes=40 << 20)) for i, t in enumerate("ab")}
+    specs = {t: EngineJob(trial=trial(tokens, seed=i, budget_bytes=40 << 20)) for i, t in enumerate("ab")}
     expected = {}
     for trial_id, spec in specs.items():
         alone = EngineRunner(spill_dir=tmp_path / "alone", device=CUDA)
-        alone.plan(trial_id=trial_id, spec=spec)
+        alone.plan(trial_id=trial_id, job=spec)
         for _ in units(alone, trial_id, spec):
             pass
         expected[trial_id] = exported(alone, trial_id, spec, tmp_path / "alone-export")
 
     runner = EngineRunner(spill_dir=tmp_path / "shared", device=CUDA)
-    shards = {t: len(runner.plan(trial_id=t, spec=s).plan["shards"]) for t, s in specs.items()}
+    shards = {t: len(runner.plan(trial_id=t, job=s).plan["shards"]) for t, s in specs.items()}
     assert min(shards.values()) > 1, shards
     # Alternate a unit of each, each unit prefetching the other trial's next shard on the copy stream.
     running = {"a": units(runner, "a", specs["a"], next_trial="b"), "b": units(runner, "b", specs["b"], next_trial="a")}
@@ -114,16 +115,16 @@ def test_two_trials_interleaved_on_one_gpu_train_as_each_alone(tokens: str, tmp_
 def test_a_real_out_of_memory_re_plans_the_trial_which_trains_on_as_it_would_have(
     tokens: str, tmp_path: Path
 ) -> None:
-    spec = engine_spec(trial(tokens))  # a 1 GiB budget: one shard
+    spec = EngineJob(trial=trial(tokens))  # a 1 GiB budget: one shard
     reference = EngineRunner(spill_dir=tmp_path / "reference", device=CUDA)
-    state_bytes = reference.plan(trial_id="t", spec=spec).plan["state_bytes"]
+    state_bytes = reference.plan(trial_id="t", job=spec).plan["state_bytes"]
     expected_losses = [s.loss for out in units(reference, "t", spec) for s in out.steps]
     expected = exported(reference, "t", spec, tmp_path / "expected")
     del reference
     gc.collect()
 
     runner = EngineRunner(spill_dir=tmp_path / "capped", device=CUDA)
-    assert len(runner.plan(trial_id="t", spec=spec).plan["shards"]) == 1
+    assert len(runner.plan(trial_id="t", job=spec).plan["shards"]) == 1
     # Cap this process's GPU memory at half the training state above what it holds now: the
     # one-shard unit needs the whole state, so it runs out of memory for real inside the caching allocator.
     torch.cuda.empty_cache()

@@ -1,8 +1,9 @@
 """Memory plans before launch: analytic GPT-2 layer costs, packed by the engine's own pure solver.
 
 The real plan is measured by profiling on a device worker when a trial starts (the trial's ``planning``
-state) and replaces this estimate. The estimate uses the same categories and the same solver
-(`worker.engine.partition.solve`, pure Python, no torch), so the two are drawn the same way.
+state) and replaces this estimate. The estimate uses the engine's byte categories, its sizes
+(`worker.engine.sizes`) and its solver (`worker.engine.partition.solve`, pure Python, no torch), so there is
+one rule for "does it fit": whatever the solver refuses is a `FitError` here, with the solver's numbers.
 
 Activation bytes follow Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer
 Models": a block saves about ``s*b*h*(34 + 5*a*s/h)`` bytes in 16-bit, so twice that in fp32.
@@ -14,9 +15,10 @@ import functools
 from typing import Any
 
 from webapp.experiments.model_shapes import ModelShape
+from worker.engine.errors import BudgetError
+from worker.engine.partition import AUTO_BUDGET_FRACTION, LayerCost, solve
+from worker.engine.sizes import FP32, optimizer_slots
 
-FP32 = 4
-AUTO_BUDGET_FRACTION = 0.9  # of a GPU's total memory; the rest is CUDA context and allocator slack
 CPU_DEVICE_BUDGET = 4 << 30  # per CPU device when no GPU is present
 
 
@@ -42,27 +44,16 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def optimizer_slots(optimizer: str, momentum: float) -> int:
-    """fp32 optimizer values per parameter (as the engine keeps them): AdamW 2, SGD with momentum 1."""
-    if optimizer == "adamw":
-        return 2
-    return 1 if momentum else 0
-
-
-def layer_costs(shape: ModelShape, *, batch: int, seq_len: int, slots: int) -> list[dict[str, Any]]:
+def layer_costs(shape: ModelShape, *, batch: int, seq_len: int, slots: int) -> list[LayerCost]:
     """Estimated bytes per layer (embedding, blocks, head) for one micro-batch of ``batch`` x ``seq_len``."""
     C, V, P, a = shape.n_embd, shape.vocab_size, shape.n_positions, shape.n_head  # the paper's names
     tokens = batch * seq_len
 
-    def cost(name: str, params: int, activations: int, borrowed: int = 0) -> dict[str, Any]:
-        return {
-            "name": name,
-            "param_bytes": (params + borrowed) * FP32,
-            "grad_bytes": (params + borrowed) * FP32,
-            "optim_bytes": params * slots * FP32,
-            "activation_bytes": activations,
-            "time_s": 0.0,
-        }
+    def cost(name: str, params: int, activations: int, borrowed: int = 0) -> LayerCost:
+        # A borrowed (tied) weight and its gradient are held by the borrower too: the engine's lent bytes.
+        return LayerCost(name=name, param_bytes=params * FP32, grad_bytes=params * FP32,
+                         optim_bytes=params * slots * FP32, activation_bytes=activations,
+                         lent_bytes=2 * borrowed * FP32)
 
     embedding = cost("embedding", V * C + P * C, 3 * tokens * C * FP32)
     block_acts = 2 * tokens * (34 * C + 5 * a * seq_len) + 2 * tokens * C * FP32
@@ -83,20 +74,13 @@ def memory_plan(shape: ModelShape, *, batch: int, seq_len: int, optimizer: str, 
 
 @functools.lru_cache(maxsize=512)
 def _memory_plan(shape: ModelShape, batch: int, seq_len: int, slots: int, budget_bytes: int) -> dict[str, Any]:
-    from worker.engine.errors import BudgetError
-    from worker.engine.partition import LayerCost, solve
-
-    costs = [LayerCost(**c) for c in layer_costs(shape, batch=batch, seq_len=seq_len, slots=slots)]
-    reserve = max(c.state_bytes for c in costs)
-    for c in costs:
-        if c.state_bytes + c.activation_bytes + reserve > budget_bytes:
-            raise FitError(layer=c.name, needed_bytes=c.state_bytes + c.activation_bytes + reserve,
-                           budget_bytes=budget_bytes)
+    costs = layer_costs(shape, batch=batch, seq_len=seq_len, slots=slots)
     try:
         plan = solve(costs, budget_bytes).to_dict()
-    except BudgetError as error:  # the solver's own check, should ours ever disagree with it
-        raise FitError(layer=str(error), needed_bytes=budget_bytes + 1, budget_bytes=budget_bytes) from None
-    owned = sum(c.param_bytes for c in costs) - shape.vocab_size * shape.n_embd * FP32  # the head's borrow
+    except BudgetError as error:
+        raise FitError(layer=error.layer or "?", needed_bytes=error.needed_bytes or budget_bytes + 1,
+                       budget_bytes=budget_bytes) from None
+    owned = sum(c.param_bytes for c in costs)
     boundary = batch * seq_len * shape.n_embd * FP32
     plan["source"] = "estimate"
     plan["spilled_bytes"] = {

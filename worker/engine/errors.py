@@ -6,7 +6,15 @@ class EngineError(Exception):
 
 
 class BudgetError(EngineError, ValueError):
-    """A layer (or the double buffer) cannot fit the device memory budget; the message names the numbers."""
+    """A layer (or the double buffer) cannot fit the device memory budget; the message names the numbers.
+
+    When one layer is the reason, `layer`, `needed_bytes` and `budget_bytes` say which and by how much.
+    """
+
+    def __init__(self, message: str, *, layer: str | None = None, needed_bytes: int | None = None,
+                 budget_bytes: int | None = None) -> None:
+        super().__init__(message)
+        self.layer, self.needed_bytes, self.budget_bytes = layer, needed_bytes, budget_bytes
 
 
 class SpecError(EngineError, ValueError):

@@ -18,6 +18,9 @@ from typing import Any
 
 from worker.engine.errors import BudgetError
 
+# The share of a GPU's memory that "auto" budgets: the rest is the CUDA context and the allocator's slack.
+AUTO_BUDGET_FRACTION = 0.9
+
 
 @dataclass(frozen=True, kw_only=True)
 class Bytes:
@@ -135,12 +138,14 @@ def solve(costs: Sequence[LayerCost], budget_bytes: int) -> MemoryPlan:
     work = [c.activation_bytes for c in costs]
     smallest = max(states)
     for cost in costs:
-        if cost.device_bytes + cost.activation_bytes + smallest > budget_bytes:
+        needed = cost.device_bytes + cost.activation_bytes + smallest
+        if needed > budget_bytes:
             raise BudgetError(
-                f"layer {cost.name!r} needs {cost.device_bytes + cost.activation_bytes + smallest} bytes "
+                f"layer {cost.name!r} needs {needed} bytes "
                 f"(weights and gradients {cost.device_bytes} + activations {cost.activation_bytes} + prefetch "
                 f"reserve {smallest} for the largest layer) but the budget is {budget_bytes} bytes; raise the "
-                "budget or shrink the micro-batch"
+                "budget or shrink the micro-batch",
+                layer=cost.name, needed_bytes=needed, budget_bytes=budget_bytes,
             )
     reserves = sorted({sum(states[i:j]) for i in range(len(states)) for j in range(i + 1, len(states) + 1)})
     best: list[int] | None = None

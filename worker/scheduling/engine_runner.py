@@ -1,6 +1,6 @@
 """Runs `worker.engine` trials for a device loop: plan into the host's spill directory, run units, export.
 
-Spec: ``{"kind": "engine", "trial": TrialSpec.to_dict()}``. The engine keeps a trial's whole state in its
+Its job is `worker.contract.EngineJob`. The engine keeps a trial's whole state in its
 spill store; a session adds only structures derived from the trial's spec and plan (layer stack, layout,
 data), which cost tens of milliseconds to build, as much as a small unit. So the sessions of recent
 trials are kept, and each unit gives its session the store freshly opened from disk, which another device
@@ -21,32 +21,23 @@ import logging
 import shutil
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from worker.engine.config import TrialSpec
+from worker.contract import EngineJob, LeaseLost
 from worker.engine.errors import BudgetError, SpillStoreError, StaleWriterError
-from worker.engine.partition import MemoryPlan
+from worker.engine.partition import AUTO_BUDGET_FRACTION, MemoryPlan
 from worker.engine.repartition import repartition
 from worker.engine.session import TrialSession, UnitResult, trial_create
 from worker.engine.spill_store import SpillStore
-from worker.scheduling.queue import LeaseLost
 from worker.scheduling.runner import Planned, Replanned, UnitDone, WorkloadError
 from worker.scheduling.telemetry import EvalMetrics, StepMetrics
 
 log = logging.getLogger(__name__)
 
 SESSION_CACHE = 8
-AUTO_BUDGET_FRACTION = 0.9  # of the GPU memory this worker may use; the rest is CUDA context and allocator slack
 REPLAN_FACTOR = 0.75  # a trial that ran out of memory is re-planned under this share of its budget
-
-
-def engine_spec(trial: TrialSpec, *, auto_budget: bool = False) -> dict[str, Any]:
-    """The queue spec of an engine trial. With `auto_budget`, the device that plans it sets its budget."""
-    return {"kind": "engine", "trial": trial.to_dict()} | ({"budget": "auto"} if auto_budget else {})
 
 
 def device_budget_bytes(device: torch.device, fallback: int) -> int:
@@ -78,9 +69,9 @@ class EngineRunner:
         self.fault_oom_above_bytes = fault_oom_above_bytes
         self._sessions: OrderedDict[str, TrialSession] = OrderedDict()
 
-    def plan(self, *, trial_id: str, spec: Mapping[str, Any]) -> Planned:
-        trial = TrialSpec.from_dict(spec["trial"])
-        if spec.get("budget") == "auto":
+    def plan(self, *, trial_id: str, job: EngineJob) -> Planned:
+        trial = job.trial
+        if job.budget == "auto":
             trial = dataclasses.replace(trial, budget_bytes=device_budget_bytes(self.device, trial.budget_bytes))
         # A planning attempt that died half-way left a partial store; planning owns the directory.
         shutil.rmtree(self.spill_dir / trial_id, ignore_errors=True)
@@ -89,7 +80,7 @@ class EngineRunner:
         return Planned(remaining_units=session.remaining_units(), unit_s=first_unit_estimate(plan),
                        plan=plan.to_dict())
 
-    def run_unit(self, *, trial_id: str, spec: Mapping[str, Any], units_done: int, next_trial: str | None,
+    def run_unit(self, *, trial_id: str, job: EngineJob, units_done: int, next_trial: str | None,
                  token: int) -> UnitDone | Replanned:
         """Run the trial's next unit, fenced by `token` (see `TrialRunner.run_unit`)."""
         session = self._open(trial_id)
@@ -137,7 +128,7 @@ class EngineRunner:
         return Replanned(remaining_units=self._open(trial_id).remaining_units(), unit_s=first_unit_estimate(plan),
                          plan=plan.to_dict(), message=message)
 
-    def export(self, *, trial_id: str, spec: Mapping[str, Any], export_dir: str) -> None:
+    def export(self, *, trial_id: str, job: EngineJob, export_dir: str) -> None:
         """Export the model directory, then delete the trial's spill store (host RAM on /dev/shm)."""
         session = self._open(trial_id)
         session.export(Path(export_dir))
