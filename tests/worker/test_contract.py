@@ -23,7 +23,9 @@ from worker.contract import (
     job_from_dict,
 )
 from worker.engine.config import DataSpec, TrialSpec
+from worker.scheduling.device_loop import DeviceLoop, DeviceLoopConfig
 from worker.scheduling.queue import Lease, PlanJob, ShardQueue
+from worker.scheduling.synthetic import SyntheticRunner
 
 DEVICE, EPOCH = "cpu0", "epoch-1"
 S = TrialState
@@ -210,12 +212,17 @@ def test_a_job_round_trips_and_a_bad_one_is_refused_with_its_reason() -> None:
 
 
 def test_a_stored_job_that_cannot_be_read_fails_its_trial_not_the_device(shard_queue: ShardQueue) -> None:
-    driver = Driver(shard_queue, "t")
-    driver.submit()
-    shard_queue.client.hset(shard_queue.key("trial:t"), "job", '{"kind": "gpu"}')
-    job = shard_queue.claim_plan(DEVICE)
-    assert job is not None
-    with pytest.raises(JobError):
-        job.job  # noqa: B018 -- parsing happens on first use, inside the device loop's failure handling
-    shard_queue.fail("t", job.token, "unreadable job")
-    assert driver.state == S.FAILED
+    shard_queue.submit(trial_id="bad", job=SyntheticJob(units=1), export_dir="")
+    shard_queue.submit(trial_id="good", job=SyntheticJob(units=1), export_dir="")
+    shard_queue.client.hset(shard_queue.key("trial:bad"), "job", '{"kind": "gpu"}')
+    shard_queue.device_start(DEVICE, EPOCH)
+    loop = DeviceLoop(queue=shard_queue, runners={"synthetic": SyntheticRunner()},
+                      config=DeviceLoopConfig(device=DEVICE, epoch=EPOCH, idle_wait_s=0.01))
+    try:
+        for _ in range(6):  # plan both, run the good one's unit
+            assert loop.turn()
+    finally:
+        loop.keeper.stop()
+    bad, good = shard_queue.trial("bad"), shard_queue.trial("good")
+    assert bad.state == S.FAILED and "job kind 'gpu' is unknown" in bad.message
+    assert good.state == S.FINISHED

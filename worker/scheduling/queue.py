@@ -26,10 +26,10 @@ trial whose unit (or planning) is in flight set ``control`` and take effect when
 that expires (its worker died) puts the trial back, so another device re-runs the same unit from the spill
 store. Times come from Redis's clock, so hosts with skewed clocks agree on lease expiry.
 
-Each script is the shared prelude followed by its body. ARGV[1] is the key prefix, read by the prelude; the
-body's first lines name the rest (``local id, token = ARGV[2], ARGV[3]``) and nothing after them reads ARGV.
-Python passes the arguments by those names (`_argument_names` reads them), so their order is written in the
-Lua alone.
+Each script is the shared prelude, a line naming its arguments as locals (``local id, token = ARGV[2],
+ARGV[3]``, made by `_script` from the names written beside the body), then the body, which reads ARGV no
+more. ARGV[1] is the key prefix, read by the prelude. Python passes the arguments by those names, so their
+order is written once.
 
 The policy stays in Python (`worker.scheduling.policy`): `survey` reads the candidates, the caller picks,
 and `claim` takes that exact trial atomically, failing harmlessly if another device was faster.
@@ -43,7 +43,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -132,8 +132,20 @@ local function after_unit(id, quiet, message)
 end
 """.replace("DEFAULT_LEASE_MS", str(DEFAULT_LEASE_MS)).replace("EVENTS_MAXLEN", str(EVENTS_MAXLEN))
 
-_SUBMIT = """
-local id, job, export_dir = ARGV[2], ARGV[3], ARGV[4]
+
+class _Script(NamedTuple):
+    names: tuple[str, ...]  # of its arguments ARGV[2], ARGV[3]..., in order
+    source: str
+
+
+def _script(names: str, body: str) -> _Script:
+    """A script taking the space-separated `names` as arguments: the prelude, a line naming them as locals,
+    then `body`."""
+    args = tuple(names.split())
+    argv = ", ".join(f"ARGV[{index}]" for index in range(2, len(args) + 2))
+    return _Script(args, f"{_PRELUDE}local {', '.join(args)} = {argv}\n{body}")
+
+_SUBMIT = _script("id job export_dir", """
 if redis.call('EXISTS', tkey(id)) == 1 then return 'exists' end
 local now = now_ms() / 1000
 redis.call('HSET', tkey(id), 'job', job, 'export_dir', export_dir, 'submitted', now, 'units_done', 0,
@@ -143,15 +155,15 @@ redis.call('LPUSH', key('planning'), id)
 set_state(id, 'planning')
 wake()
 return 'ok'
-"""
+""")
 
 # Check that the calling device loop is still the device's current one (its worker did not restart or
 # stop), requeue expired leases, then report how many trials wait to be planned, one ended trial whose
 # state the caller must free, and the head of the runnable set with each trial's last device, units done and
 # the device holding its activations (its last device, until held_until).
 # It returns a flat array, laid out in its comments; `_survey_from` is its one reader.
-_SURVEY = """
-local limit, device, epoch = tonumber(ARGV[2]), ARGV[3], ARGV[4]
+_SURVEY = _script("limit device epoch", """
+limit = tonumber(limit)
 local dkey = key('device:' .. device)
 local loop = redis.call('HMGET', dkey, 'epoch', 'stop')
 -- {0}: the loop must end.
@@ -184,48 +196,43 @@ for i = 1, #head, 2 do
   table.insert(out, (tonumber(extra[3] or '0') > now_ms()) and extra[1] or '')
 end
 return out
-"""
+""")
 
 # Returns {id, token, lease_ms, job}, or nil when no trial waits to be planned.
-_CLAIM_PLAN = """
-local device = ARGV[2]
+_CLAIM_PLAN = _script("device", """
 local id = redis.call('RPOP', key('planning'))
 if not id then return false end
 local token, ms = grant_lease(id, device)
 return {id, token, ms, redis.call('HGET', tkey(id), 'job')}
-"""
+""")
 
-_PLAN_DONE = """
-local id, token, remaining_units, unit_s, plan = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+_PLAN_DONE = _script("id token remaining_units unit_s plan", """
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', unit_s, 'plan', plan)
 return after_unit(id, false)
-"""
+""")
 
 # Returns {token, lease_ms, units_done, job, export_dir, remaining_units, unit_s}, or nil when the trial is
 # not runnable (another device took it first).
-_CLAIM = """
-local id, device = ARGV[2], ARGV[3]
+_CLAIM = _script("id device", """
 if redis.call('ZREM', key('runnable'), id) == 0 then return false end
 local token, ms = grant_lease(id, device)
 set_state(id, 'running', nil, redis.call('HGET', tkey(id), 'active') == '1')
 local t = redis.call('HMGET', tkey(id), 'units_done', 'job', 'export_dir', 'remaining_units', 'unit_s')
 return {token, ms, t[1], t[2], t[3], t[4], t[5]}
-"""
+""")
 
-_RENEW = """
-local id, token = ARGV[2], ARGV[3]
+_RENEW = _script("id token", """
 if redis.call('HGET', tkey(id), 'lease') ~= token then return 0 end
 redis.call('ZADD', key('leases'), 'XX', now_ms() + lease_ms(), id)
 return 1
-"""
+""")
 
 # `device` ran the unit; `hold_ms` > 0 says it keeps the trial's activations that long; `epoch` is its loop's,
 # or '' when the caller does not go on with a held trial. Returns the trial's state, 'lost', or
 # {token, lease_ms} of the next unit when the device goes on with it.
-_COMPLETE = """
-local id, token, remaining_units, unit_s = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local device, message, hold_ms, epoch = ARGV[6], ARGV[7], tonumber(ARGV[8]), ARGV[9]
+_COMPLETE = _script("id token remaining_units unit_s device message hold_ms epoch", """
+remaining_units, hold_ms = tonumber(remaining_units), tonumber(hold_ms)
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HINCRBY', tkey(id), 'units_done', 1)
 redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', unit_s, 'last_device', device)
@@ -250,33 +257,29 @@ if hold_ms > 0 and epoch ~= '' and not redis.call('HGET', tkey(id), 'control')
   end
 end
 return after_unit(id, redis.call('HGET', tkey(id), 'active') == '1')
-"""
+""")
 
 # A unit ran out of device memory and the trial was re-planned with smaller shards: the unit did not complete
 # (units_done stays), its trial takes the new plan and unit count and goes back to the runnable set, with an
 # event saying why.
-_REPLAN = """
-local id, token, remaining_units, unit_s = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local plan, device, message = ARGV[6], ARGV[7], ARGV[8]
+_REPLAN = _script("id token remaining_units unit_s plan device message", """
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', unit_s, 'plan', plan,
            'last_device', device)
 redis.call('HDEL', tkey(id), 'held_until')
 redis.call('HINCRBY', tkey(id), 'replans', 1)
 return after_unit(id, false, message)
-"""
+""")
 
-_FAIL = """
-local id, token, message = ARGV[2], ARGV[3], ARGV[4]
+_FAIL = _script("id token message", """
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HDEL', tkey(id), 'control')
 set_state(id, 'failed', message)
 return 'failed'
-"""
+""")
 
 # Control: each returns the trial's state afterwards, 'missing', or 'invalid:<state>'.
-_PAUSE = """
-local id = ARGV[2]
+_PAUSE = _script("id", """
 local state = redis.call('HGET', tkey(id), 'state')
 if not state then return 'missing' end
 if state == 'runnable' then
@@ -288,10 +291,9 @@ elseif state ~= 'paused' then
   return 'invalid:' .. state
 end
 return redis.call('HGET', tkey(id), 'state')
-"""
+""")
 
-_RESUME = """
-local id = ARGV[2]
+_RESUME = _script("id", """
 local state = redis.call('HGET', tkey(id), 'state')
 if not state then return 'missing' end
 if state == 'paused' then
@@ -302,10 +304,9 @@ elseif state ~= 'runnable' then
   return 'invalid:' .. state
 end
 return redis.call('HGET', tkey(id), 'state')
-"""
+""")
 
-_CANCEL = """
-local id = ARGV[2]
+_CANCEL = _script("id", """
 local state = redis.call('HGET', tkey(id), 'state')
 if not state then return 'missing' end
 if state == 'runnable' or state == 'paused' then
@@ -319,7 +320,7 @@ elseif state ~= 'cancelled' then
   return 'invalid:' .. state
 end
 return redis.call('HGET', tkey(id), 'state')
-"""
+""")
 
 _SCRIPTS = {
     "submit": _SUBMIT,
@@ -336,36 +337,12 @@ _SCRIPTS = {
     "cancel": _CANCEL,
 }
 
-# A line of a script that names arguments: ``local a, b = ARGV[2], tonumber(ARGV[3])``.
-_NAMING_LINE = re.compile(r"local (?P<names>\w+(?:, \w+)*) = (?P<values>.+)")
-_ARGV_VALUE = re.compile(r"ARGV\[(?P<plain>\d+)\]|tonumber\(ARGV\[(?P<number>\d+)\]\)")
 
 
-def _argument_names(body: str) -> tuple[str, ...]:
-    """The names a script body's first lines give to ARGV[2], ARGV[3]..., in order.
-
-    Raises ValueError unless those lines name consecutive entries from ARGV[2] on and no later line reads ARGV.
-    """
-    lines = body.strip().splitlines()
-    names: list[str] = []
-    while lines and (match := _NAMING_LINE.fullmatch(lines[0])):
-        values = [_ARGV_VALUE.fullmatch(value) for value in match["values"].split(", ")]
-        if not all(values):
-            break  # an ordinary local: the naming lines are over
-        line_names = match["names"].split(", ")
-        indexes = [int(value["plain"] or value["number"]) for value in values if value]
-        first = len(names) + 2
-        if len(line_names) != len(indexes) or indexes != list(range(first, first + len(indexes))):
-            raise ValueError(f"script line {lines[0]!r} must name ARGV[{first}] onwards, one name each.")
-        names += line_names
-        lines.pop(0)
-    if not names or any("ARGV[" in line for line in lines):
-        raise ValueError(f"a script names its arguments in its first lines and reads ARGV only there:\n{body}")
-    return tuple(names)
-
-
-# Script name -> the names of its arguments (ARGV[2] on), in order.
-_ARGUMENT_NAMES = {name: _argument_names(body) for name, body in _SCRIPTS.items()}
+def _stored_job(claimed: PlanJob | Lease) -> Job:
+    """The typed job of a claimed trial, parsed on first use; JobError if what was stored cannot be read (the
+    device loop then fails the trial, not itself)."""
+    return job_from_dict(claimed.job_data)
 
 
 @dataclass(frozen=True)
@@ -377,10 +354,7 @@ class PlanJob:
     lease_s: float
     job_data: dict[str, Any]
 
-    @functools.cached_property
-    def job(self) -> Job:
-        """The typed job; raises JobError if what was stored cannot be read (it fails the trial)."""
-        return job_from_dict(self.job_data)
+    job = functools.cached_property(_stored_job)
 
 
 @dataclass(frozen=True)
@@ -397,10 +371,7 @@ class Lease:
     job_data: dict[str, Any]
     export_dir: str
 
-    @functools.cached_property
-    def job(self) -> Job:
-        """The typed job; raises JobError if what was stored cannot be read (it fails the trial)."""
-        return job_from_dict(self.job_data)
+    job = functools.cached_property(_stored_job)
 
 
 @dataclass(frozen=True)
@@ -428,7 +399,7 @@ class ShardQueue:
         self.client = client
         self.host_id = host_id
         self.prefix = host_prefix(host_id)
-        self._scripts = {name: client.register_script(_PRELUDE + body) for name, body in _SCRIPTS.items()}
+        self._scripts = {name: client.register_script(script.source) for name, script in _SCRIPTS.items()}
 
     def key(self, name: str) -> str:
         """The full Redis key of `name` (``trials``, ``runnable``, ``trial:<id>``...)."""
@@ -436,7 +407,7 @@ class ShardQueue:
 
     def _argv(self, name: str, args: Mapping[str, object]) -> list[object]:
         """The ARGV of script `name`: the key prefix, then `args` in the order the script names them."""
-        names = _ARGUMENT_NAMES[name]
+        names = _SCRIPTS[name].names
         if args.keys() != set(names):
             raise TypeError(f"script {name!r} takes {', '.join(names)}; got {', '.join(args)}.")
         return [self.prefix, *(args[arg] for arg in names)]
