@@ -21,7 +21,6 @@ from django.views.decorators.http import require_GET
 from webapp.accounts.selectors import team_scoped_get
 from webapp.dashboards import figures, selectors
 from webapp.datasets.models import Dataset
-from webapp.experiments.events import trial_events_sync_quietly
 from webapp.experiments.models import Experiment
 from webapp.experiments.selectors import experiment_get, trial_get
 from webapp.leaderboards.selectors import metric_get, team_board
@@ -103,7 +102,6 @@ def experiment_curves_data(request: HttpRequest, experiment_id: int) -> JsonResp
     experiments = _compared(request, experiment)
     x = _choice(request, "x", figures.X_AXES, "step")
     metric = _choice(request, "metric", figures.METRICS, "loss")
-    trial_events_sync_quietly()  # the poll says which trials still run: as the scheduler has them
     after_step, after_eval = _count(request, "after_step"), _count(request, "after_eval")
     # Without a cursor: the whole history at the level of detail that fits the budget (a first load).
     after = None if after_step is None and after_eval is None else selectors.Cursor(after_step or 0, after_eval or 0)

@@ -6,8 +6,9 @@ for the next trials when one ends. It never moves a trial out of an ended state 
 cancel is ignored) and ignores reports about an old attempt or an unknown trial.
 
 `trial_events_sync` reads a host's events stream after the stored cursor and applies each event. The
-telemetry ingest calls it on every pass, and the pages that show trial status call it before reading, so a
-trial's status never waits on the ingest process. Concurrent callers take turns on the cursor's row.
+telemetry ingest calls it on every pass, and the experiment and trial pages call it before reading, so a
+trial's status never waits on the ingest process. (The curves poll does not: its curves come from the
+ingest anyway.) Concurrent callers take turns on the cursor's row.
 """
 
 from __future__ import annotations
@@ -91,11 +92,10 @@ def trial_events_sync(*, host_id: str | None = None, max_batches: int = 50) -> i
     Raises redis.RedisError when Redis cannot be reached (the cursor stays where it was).
     """
     host = host_id or settings.HYDRA.worker.host_id
-    StreamCursor.objects.get_or_create(host=host, stream="events")
     read = 0
     for _ in range(max_batches):
         with transaction.atomic():
-            cursor = StreamCursor.objects.select_for_update().get(host=host, stream="events")
+            cursor, _ = StreamCursor.objects.select_for_update().get_or_create(host=host, stream="events")
             events, after = queue_client.events_read(after=cursor.cursor, count=EVENTS_BATCH, host_id=host)
             for event in events:
                 _apply(event, host)
