@@ -1,5 +1,6 @@
-"""The one service that applies what the workers report: every status, messages, TPE continuation; called
-directly, from the queue's real events stream, and end to end with real device workers and the ingest."""
+"""The one service that applies what the workers report: every status and messages, called directly and from
+the queue's real events stream, and TPE continuation end to end with real device workers and the ingest
+(called directly, it is tested with the other services in test_services.py)."""
 
 from __future__ import annotations
 
@@ -73,19 +74,6 @@ def test_a_page_shows_the_status_without_the_ingest(alice_team, alice_dataset, a
     assert response.status_code == 200
     trial.refresh_from_db()
     assert trial.status == "runnable"
-
-
-def test_it_continues_a_tpe_experiment_when_a_trial_ends(alice_team, alice_dataset, scheduler,
-                                                         django_capture_on_commit_callbacks) -> None:
-    first = _launched(alice_team, alice_dataset, django_capture_on_commit_callbacks, strategy="tpe", n_trials=5,
-                      space=TPE_SPACE)
-    experiment = first.experiment
-    assert experiment.trials.count() == 4
-    with django_capture_on_commit_callbacks(execute=True):
-        events.trial_event_apply(trial_id=first.queue_id, status="finished", best_val_loss=3.0)
-    fifth = experiment.trials.get(number=5)
-    assert fifth.status == "planning"
-    assert scheduler.trial(fifth.queue_id).state == "planning"
 
 
 @pytest.mark.slow
