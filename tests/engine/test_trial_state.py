@@ -42,6 +42,19 @@ def test_it_round_trips_through_json_to_an_equal_state() -> None:
     assert TrialState.start(trial_id="t", spec=state.spec, plan=state.plan) != state
 
 
+def test_it_reuses_a_known_spec_and_plan_until_the_trial_is_replanned() -> None:
+    state = mid_trial()
+    manifest = json.loads(json.dumps(state.to_manifest()))
+    again = TrialState.from_manifest(manifest, known=state)
+    assert again == state and again.spec is state.spec and again.plan is state.plan
+    costs = list(state.plan.layers)
+    manifest |= {"replans": 3, "plan": plan_with_shards(costs, [0, 1, 2], 1 << 20).to_dict(),
+                 "shards": [{"pending": False, "grad": "empty", "optim_steps": 3}] * 3}
+    replanned = TrialState.from_manifest(json.loads(json.dumps(manifest)), known=state)
+    assert replanned.plan is not state.plan and len(replanned.plan.shards) == 3
+    assert replanned == TrialState.from_manifest(json.loads(json.dumps(manifest)))
+
+
 def test_it_leaves_the_store_keys_to_the_store(tmp_path: Path) -> None:
     state = mid_trial()
     store = SpillStore.create(tmp_path / "t", state.to_manifest())

@@ -109,7 +109,7 @@ class TrialSession(ShardUnits):
         """Continue from ``store``, a newer view of this trial's directory (another process may have run
         units or re-planned the trial since this session last looked)."""
         self.store = store
-        self.state = TrialState.of(store)
+        self.state = TrialState.of(store, known=self.state)
         if self.state.replans != self.replans:
             self._adopt_plan()
 

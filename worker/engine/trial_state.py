@@ -149,18 +149,24 @@ class TrialState:
         return cached[1]
 
     @classmethod
-    def from_manifest(cls, manifest: dict[str, Any]) -> TrialState:
+    def from_manifest(cls, manifest: dict[str, Any], *, known: TrialState | None = None) -> TrialState:
         """The state in ``manifest`` (the store's keys are ignored); ``SpillStoreError`` if a trial key is
         missing or unknown. ``early_stop`` and ``replans`` may be absent: a trial not evaluated or not
-        re-planned yet."""
+        re-planned yet.
+
+        ``known`` is an earlier state of the same trial: while no re-plan came between the two, its spec
+        and plan are the manifest's (a spec never changes, a plan only with a re-plan), and they are reused
+        rather than built again, which a session does before every unit.
+        """
         raw = _keys(manifest, "manifest", required=_REQUIRED, optional=_OPTIONAL, ignored=STORE_KEYS)
         step_state = _keys(raw["step_state"], "step_state", required={"loss_sum", "norms"})
         early_stop = raw.get("early_stop")
         pending = raw["pending"]
+        same = known is not None and known.trial_id == raw["trial_id"] and known.replans == raw.get("replans", 0)
         state = cls(
             trial_id=raw["trial_id"],
-            spec=TrialSpec.from_dict(raw["spec"]),
-            plan=MemoryPlan.from_dict(raw["plan"]),
+            spec=known.spec if same else TrialSpec.from_dict(raw["spec"]),  # type: ignore[union-attr]
+            plan=known.plan if same else MemoryPlan.from_dict(raw["plan"]),  # type: ignore[union-attr]
             cursor=raw["cursor"],
             shards=[ShardState(**_keys(s, "shards[]", required={"pending", "grad", "optim_steps"}))
                     for s in raw["shards"]],
@@ -177,9 +183,9 @@ class TrialState:
         return state
 
     @classmethod
-    def of(cls, store: SpillStore) -> TrialState:
-        """The state in ``store``'s working manifest."""
-        return cls.from_manifest(store.manifest)
+    def of(cls, store: SpillStore, *, known: TrialState | None = None) -> TrialState:
+        """The state in ``store``'s working manifest (``known``: see :meth:`from_manifest`)."""
+        return cls.from_manifest(store.manifest, known=known)
 
     def stage_in(self, store: SpillStore) -> None:
         """Put this state into ``store``'s working manifest, for its next commit to publish."""
