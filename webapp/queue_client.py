@@ -20,7 +20,6 @@ from worker.contract import (
     Control,
     EngineJob,
     Job,
-    JobError,
     QueueError,
     TrialEvent,
     TrialNotFound,
@@ -32,7 +31,7 @@ from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpe
 from worker.engine.errors import SpecError
 
 __all__ = [
-    "ENDED", "Control", "DataSpec", "EngineJob", "Job", "JobError", "ModelSpec", "OptimizerSpec",
+    "ENDED", "Control", "DataSpec", "EngineJob", "Job", "ModelSpec", "OptimizerSpec",
     "ScheduleSpec", "SchedulerError", "SpecError", "TrialEvent", "TrialRecord", "TrialSpec", "TrialState",
     "control_changes", "events_read", "heartbeat_age", "heartbeat_set", "trial_control", "trial_record",
     "trial_submit", "workers_online",
@@ -49,7 +48,7 @@ def trial_submit(*, trial_id: str, job: Job, export_dir: str) -> None:
     """Queue the trial on this host. Raises SchedulerError (a refused job, a known id, Redis down)."""
     try:
         api.trial_submit(config=settings.HYDRA.worker, trial_id=trial_id, job=job, export_dir=export_dir)
-    except (QueueError, ValueError, redis.RedisError) as error:
+    except (QueueError, ValueError, redis.RedisError) as error:  # ValueError: a bad id, or a JobError
         raise SchedulerError(f"The scheduler did not accept the trial: {error}") from error
 
 

@@ -51,11 +51,6 @@ class WorkerConfig:
     worker_device: str | None
     fault_oom_above_bytes: int | None = None
 
-    @property
-    def exports_dir(self) -> Path:
-        """Where this host's finished trials are exported, one directory per trial."""
-        return self.data_dir / "exports" / self.host_id
-
 
 def envbool(environ: Mapping[str, str], name: str, default: bool) -> bool:
     raw = environ.get(name)

@@ -61,12 +61,11 @@ def trial_launch(*, trial: Trial) -> None:
     trial.save()
     if job is None:
         return
-    queue_id, export_dir = trial.queue_id, str(trial.export_dir_for(trial.queue_id))
+    queued, queue_id, export_dir = job, trial.queue_id, str(trial.export_dir_for(trial.queue_id))
 
     def send() -> None:
-        assert job is not None
         try:
-            queue_client.trial_submit(trial_id=queue_id, job=job, export_dir=export_dir)
+            queue_client.trial_submit(trial_id=queue_id, job=queued, export_dir=export_dir)
         except queue_client.SchedulerError as error:
             log.warning("trial %s could not be queued: %s", queue_id, error)
             Trial.objects.filter(queue_id=queue_id, status=Status.PLANNING).update(status=Status.FAILED,
