@@ -17,6 +17,7 @@ readable with redis-cli::
     hydra:<host>:reap            LIST   trials that ended cancelled or failed: a device frees their state
     hydra:<host>:config          HASH   lease_ms (default DEFAULT_LEASE_MS)
     hydra:<host>:device:<name>   HASH   epoch (of the worker's current loop), stop, seen (last survey, s)
+    hydra:<host>:heartbeats      HASH   process name (ingest) -> its last pass (s); `worker.api.heartbeat_set`
     hydra:<host>:events          STREAM trial, state, message: state changes for the web app (not the
                                         runnable/running flips between units of a trial that goes on),
                                         capped at about `keys.EVENTS_MAXLEN` entries
