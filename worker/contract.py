@@ -228,19 +228,23 @@ class TrialRecord:
 @dataclass(frozen=True)
 class TrialEvent:
     """One entry of a host's events stream: trial `trial_id` moved to `state`, with `message` (why it
-    failed, or what happened to it); `entry_id` orders the events of a host."""
+    failed, or what happened to it); `entry_id` orders the events of a host. A finished event says how many
+    training steps the trial took (`steps_done`), which its metrics may not have reported yet."""
 
     entry_id: str
     trial_id: str
     state: TrialState
     message: str
+    steps_done: int | None = None
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any]) -> TrialEvent:
-        """Parse a stream entry (``id``, ``trial``, ``state``, ``message``); ValueError for a bad state."""
+        """Parse a stream entry (``id``, ``trial``, ``state``, ``message``, optional ``steps_done``);
+        ValueError for a bad state or step count."""
         try:
             state = TrialState(entry["state"])
+            steps_done = int(entry["steps_done"]) if entry.get("steps_done") not in (None, "") else None
         except (KeyError, ValueError) as error:
-            raise ValueError(f"event {entry.get('id')!r} has no valid state: {error}") from None
+            raise ValueError(f"event {entry.get('id')!r} is not valid: {error}") from None
         return cls(entry_id=str(entry.get("id", "")), trial_id=str(entry["trial"]), state=state,
-                   message=str(entry.get("message") or ""))
+                   message=str(entry.get("message") or ""), steps_done=steps_done)

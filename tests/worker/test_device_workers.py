@@ -29,8 +29,10 @@ def test_it_runs_trials_on_two_devices_units_interleaved(device_workers) -> None
         own = sorted((s for s in spans if s["trial"] == trial), key=lambda s: s["start"])
         assert [s["unit"] for s in own] == list(range(8))
         assert all(a["end"] <= b["start"] for a, b in itertools.pairwise(own))
-    states = [(e["trial"], e["state"]) for e in workers.entries("events") if e["trial"] == "a"]
+    events = [e for e in workers.entries("events") if e["trial"] == "a"]
+    states = [(e["trial"], e["state"]) for e in events]
     assert states[:2] == [("a", "planning"), ("a", "runnable")] and states[-1] == ("a", "finished")
+    assert events[-1]["steps_done"] == "8"  # what the web app shows as done before the metrics arrive
 
     available = sorted(os.sched_getaffinity(0))  # each device loop runs pinned to its own core(s)
     loops = {s["device"]: int(s["pid"]) for s in spans}

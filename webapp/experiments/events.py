@@ -120,4 +120,5 @@ def _apply(event: queue_client.TrialEvent, host: str) -> None:
     if event.state == queue_client.TrialState.RUNNABLE:  # a device planned it: keep the plan it measured
         record = queue_client.trial_record(trial_id=event.trial_id, host_id=host)
         plan = record.plan if record is not None else None
-    trial_event_apply(trial_id=event.trial_id, status=event.state, message=event.message or None, plan=plan)
+    trial_event_apply(trial_id=event.trial_id, status=event.state, message=event.message or None, plan=plan,
+                      step=event.steps_done)

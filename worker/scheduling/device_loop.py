@@ -259,6 +259,7 @@ class DeviceLoop:
         try:
             _, self._survey, self._next = self.queue.complete_then_survey(
                 lease, self.config.epoch, remaining_units=done.remaining_units, unit_s=unit_s, message=done.message,
+                steps_done=done.step + 1,
                 hold_s=HOLD_UNITS * unit_s if done.keeps_activations else 0.0,
                 also=lambda pipe: telemetry.add_all(pipe, self.queue.host_id, span=span, steps=done.steps,
                                                     evals=done.evals),

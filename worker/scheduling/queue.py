@@ -95,13 +95,18 @@ local function grant_lease(id, device)
 end
 -- Every change is published on the events stream except the runnable <-> running flips between the units of
 -- a trial that keeps training: those happen per unit and say nothing new ('active' marks such a trial).
-local function set_state(id, state, message, quiet)
+local function set_state(id, state, message, quiet, steps_done)
   redis.call('HSET', tkey(id), 'state', state, 'message', message or '', 'updated', now_ms() / 1000)
   -- No unit of it will run again (a retry is a new trial): the next survey on this host frees its state.
   if state == 'cancelled' or state == 'failed' then redis.call('LPUSH', key('reap'), id) end
   if quiet then return end
-  redis.call('XADD', key('events'), 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'trial', id, 'state', state,
-             'message', message or '')
+  if steps_done then
+    redis.call('XADD', key('events'), 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'trial', id, 'state', state,
+               'message', message or '', 'steps_done', steps_done)
+  else
+    redis.call('XADD', key('events'), 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'trial', id, 'state', state,
+               'message', message or '')
+  end
   if state == 'running' then redis.call('HSET', tkey(id), 'active', '1')
   else redis.call('HDEL', tkey(id), 'active') end
 end
@@ -229,10 +234,10 @@ redis.call('ZADD', key('leases'), 'XX', now_ms() + lease_ms(), id)
 return 1
 """)
 
-# `device` ran the unit; `hold_ms` > 0 says it keeps the trial's activations that long; `epoch` is its loop's,
-# or '' when the caller does not go on with a held trial. Returns the trial's state, 'lost', or
-# {token, lease_ms} of the next unit when the device goes on with it.
-_COMPLETE = _script("id token remaining_units unit_s device message hold_ms epoch", """
+# `device` ran the unit; `steps_done` (or '') goes with the finished event; `hold_ms` > 0 says it keeps the
+# trial's activations that long; `epoch` is its loop's, or '' when the caller does not go on with a held
+# trial. Returns the trial's state, 'lost', or {token, lease_ms} of the next unit when the device goes on.
+_COMPLETE = _script("id token remaining_units unit_s device message steps_done hold_ms epoch", """
 remaining_units, hold_ms = tonumber(remaining_units), tonumber(hold_ms)
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HINCRBY', tkey(id), 'units_done', 1)
@@ -244,7 +249,7 @@ else
 end
 if remaining_units == 0 then
   redis.call('HDEL', tkey(id), 'control')
-  set_state(id, 'finished', message)
+  set_state(id, 'finished', message, false, steps_done ~= '' and steps_done or nil)
   return 'finished'
 end
 -- The device holds the trial and its loop `epoch` goes on: it runs the next unit too (the policy's choice,
@@ -549,23 +554,27 @@ class ShardQueue:
         return bool(self._run("renew", id=trial_id, token=token))
 
     def complete(
-        self, lease: Lease, *, remaining_units: int, unit_s: float, message: str = "", hold_s: float = 0.0,
+        self, lease: Lease, *, remaining_units: int, unit_s: float, message: str = "",
+        steps_done: int | None = None, hold_s: float = 0.0,
         also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> str:
         """End a unit: the trial finishes (0 units left), or becomes runnable, paused or cancelled.
 
-        `unit_s` is the trial's new unit-time estimate; `message` goes with the finished state. `hold_s` > 0
+        `unit_s` is the trial's new unit-time estimate; `message` and `steps_done` (the training steps the
+        trial has taken, so a reader of the events need not wait for its metrics) go with the finished
+        event. `hold_s` > 0
         says this device keeps activations of the trial for that long (surveys report it as `held_by`).
         `also` queues commands to send in the same round trip (telemetry). Raises LeaseLost when the lease
         expired meanwhile (the unit is being re-run elsewhere).
         """
-        args = _complete_args(lease, remaining_units, unit_s, message, hold_s, epoch="")
+        args = _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch="")
         outcome: str = self._run_with(also, "complete", **args)
         return self._check_lease(outcome, lease.trial_id)
 
     def complete_then_survey(
         self, lease: Lease, epoch: str, *, remaining_units: int, unit_s: float, message: str = "",
-        hold_s: float = 0.0, also: Callable[[redis.client.Pipeline], None] | None = None,
+        steps_done: int | None = None, hold_s: float = 0.0,
+        also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> tuple[str, Survey, Lease | None]:
         """`complete`, then `survey` for the same device, in one round trip: what a device loop does between
         two units. Returns the trial's state, the survey, and the lease on the trial's next unit if this
@@ -574,7 +583,7 @@ class ShardQueue:
         waits to be planned, or the device's loop `epoch` is no longer current. Raises LeaseLost (the
         survey was made, but the loop may as well make another)."""
         outcome, raw = self._run_all(also, [
-            ("complete", _complete_args(lease, remaining_units, unit_s, message, hold_s, epoch=epoch)),
+            ("complete", _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch=epoch)),
             ("survey", _survey_args(lease.device, epoch)),
         ])
         if isinstance(outcome, list):
@@ -680,9 +689,11 @@ def _survey_args(device: str, epoch: str) -> dict[str, object]:
 
 
 def _complete_args(
-    lease: Lease, remaining_units: int, unit_s: float, message: str, hold_s: float, *, epoch: str
+    lease: Lease, remaining_units: int, unit_s: float, message: str, steps_done: int | None, hold_s: float, *,
+    epoch: str,
 ) -> dict[str, object]:
     """The complete script's arguments; `epoch` is the device loop's that goes on with a held trial, or ''."""
     return {"id": lease.trial_id, "token": lease.token, "remaining_units": remaining_units,
-            "unit_s": repr(unit_s), "device": lease.device, "message": message, "hold_ms": int(hold_s * 1000),
+            "unit_s": repr(unit_s), "device": lease.device, "message": message,
+            "steps_done": "" if steps_done is None else int(steps_done), "hold_ms": int(hold_s * 1000),
             "epoch": epoch}

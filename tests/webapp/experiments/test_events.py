@@ -57,11 +57,12 @@ def test_it_applies_the_queues_own_events_with_the_measured_plan(alice_team, ali
     scheduler.device_start("cpu0", "e")
     lease = scheduler.claim(trial.queue_id, "cpu0")
     assert lease is not None
-    scheduler.complete(lease, remaining_units=0, unit_s=0.1, message="done early")
+    scheduler.complete(lease, remaining_units=0, unit_s=0.1, message="done early", steps_done=7)
     # Both trials of the experiment were queued (planning); this one went on: runnable, running, finished.
     assert events.trial_events_sync() == 5
     trial.refresh_from_db()
     assert (trial.status, trial.message) == ("finished", "done early")
+    assert trial.step == 7  # from the finished event: no step metric was ingested
     assert trial.plan["source"] == "measured"
     assert events.trial_events_sync() == 0  # the cursor moved past them
 
