@@ -16,12 +16,26 @@ from urllib.parse import urlparse
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from webapp.experiments.search_space import MAX_TRIALS
 from worker import config as worker_config
 from worker.config import BASE_DIR, ConfigError, envbool, envint, envlist, envpath
 
 __all__ = ["BASE_DIR", "Config", "load"]
 
 DEV_SECRET_KEY = "hydra-dev-only-insecure-secret-key"
+# Trial.step and Trial.total_steps are PostgreSQL integer columns: no trial may be longer.
+STEPS_CEILING = 2**31 - 1
+HSTS_SECONDS_DEFAULT = 365 * 24 * 3600
+
+
+@dataclass(frozen=True, kw_only=True)
+class Caps:
+    """The most work one experiment may ask for; the experiment form and services refuse more, so that a
+    typo in a budget cannot queue a trial that never ends."""
+
+    steps_per_trial: int
+    tokens_per_trial: int
+    trials_per_experiment: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +47,10 @@ class Config:
     data_dir: Path
     models_root: Path
     max_upload_bytes: int
+    caps: Caps
     csrf_trusted_origins: list[str]
+    https: bool
+    hsts_seconds: int
     worker: worker_config.WorkerConfig
 
 
@@ -61,6 +78,37 @@ def database_config(environ: Mapping[str, str], data_dir: Path) -> dict[str, obj
     return config
 
 
+def https_config(environ: Mapping[str, str], debug: bool) -> tuple[bool, int]:
+    """`HYDRA_HTTPS` (on unless DEBUG): the site is served over HTTPS by a TLS proxy that sets
+    ``X-Forwarded-Proto``. `HYDRA_HSTS_SECONDS`: how long browsers must use HTTPS only (a year by default
+    when HTTPS is on; 0 sends no HSTS header)."""
+    https = envbool(environ, "HYDRA_HTTPS", default=not debug)
+    hsts_seconds = envint(environ, "HYDRA_HSTS_SECONDS", HSTS_SECONDS_DEFAULT if https else 0, minimum=0)
+    if hsts_seconds and not https:
+        raise ConfigError(
+            f"HYDRA_HSTS_SECONDS={hsts_seconds} needs HYDRA_HTTPS=1: browsers only honour HSTS over HTTPS."
+        )
+    return https, hsts_seconds
+
+
+def caps_config(environ: Mapping[str, str]) -> Caps:
+    """`HYDRA_MAX_STEPS_PER_TRIAL`, `HYDRA_MAX_TOKENS_PER_TRIAL` (steps x batch x sequence length) and
+    `HYDRA_MAX_TRIALS_PER_EXPERIMENT`, each at most what the database and the search space can hold."""
+    steps = envint(environ, "HYDRA_MAX_STEPS_PER_TRIAL", 1_000_000, minimum=1)
+    if steps > STEPS_CEILING:
+        raise ConfigError(f"HYDRA_MAX_STEPS_PER_TRIAL={steps} is too large; the database holds at most "
+                          f"{STEPS_CEILING} steps per trial.")
+    trials = envint(environ, "HYDRA_MAX_TRIALS_PER_EXPERIMENT", MAX_TRIALS, minimum=1)
+    if trials > MAX_TRIALS:
+        raise ConfigError(f"HYDRA_MAX_TRIALS_PER_EXPERIMENT={trials} is too large; a search expands to at most "
+                          f"{MAX_TRIALS} trials.")
+    return Caps(
+        steps_per_trial=steps,
+        tokens_per_trial=envint(environ, "HYDRA_MAX_TOKENS_PER_TRIAL", 10_000_000_000, minimum=1),
+        trials_per_experiment=trials,
+    )
+
+
 def load(environ: Mapping[str, str]) -> Config:
     """Turn an environment mapping into a `Config`; raise ImproperlyConfigured on any bad value."""
     try:
@@ -79,6 +127,7 @@ def _load(environ: Mapping[str, str]) -> Config:
     elif len(secret_key) < 32 and not debug:
         raise ConfigError("SECRET_KEY is shorter than 32 characters; use a long random value.")
     worker = worker_config.load(environ)
+    https, hsts_seconds = https_config(environ, debug)
     return Config(
         debug=debug,
         secret_key=secret_key,
@@ -87,6 +136,9 @@ def _load(environ: Mapping[str, str]) -> Config:
         data_dir=worker.data_dir,
         models_root=envpath(environ, "HYDRA_MODELS_ROOT", worker.data_dir / "models"),
         max_upload_bytes=envint(environ, "HYDRA_MAX_UPLOAD_MB", 50, minimum=1) * 1024 * 1024,
+        caps=caps_config(environ),
         csrf_trusted_origins=envlist(environ, "CSRF_TRUSTED_ORIGINS", []),
+        https=https,
+        hsts_seconds=hsts_seconds,
         worker=worker,
     )
