@@ -1,6 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from webapp import ids  # noqa: F401 -- registers the <id:...> converter
 from webapp.accounts import views
 from webapp.experiments import views as experiment_views
 
@@ -10,7 +11,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("teams/", views.team_list, name="team_list"),
     path("teams/switch/", views.team_switch, name="team_switch"),
-    path("teams/<int:team_id>/", views.team_detail, name="team_detail"),
-    path("teams/<int:team_id>/members/add/", views.member_add, name="member_add"),
-    path("teams/<int:team_id>/members/remove/", views.member_remove, name="member_remove"),
+    path("teams/<id:team_id>/", views.team_detail, name="team_detail"),
+    path("teams/<id:team_id>/members/add/", views.member_add, name="member_add"),
+    path("teams/<id:team_id>/members/remove/", views.member_remove, name="member_remove"),
 ]

@@ -1,17 +1,18 @@
 """Dashboard pages and their JSON polls. Thin: scope the object, read through selectors, draw with figures.
 
-Every URL needs a login and reaches experiments and trials only through the experiments app's team-scoped
-getters, so another team's id answers 404. A page embeds its figures with ``json_script`` and a state
+Every URL needs a login and a current team (`team_required`: a user in none is sent to the teams page), and
+reaches experiments and trials only through the experiments app's team-scoped getters, so another team's id
+answers 404. A page embeds its figures with ``json_script`` and a state
 (cursor, poll URL, whether anything runs); ``dashboards.js`` polls only while something runs.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Iterator
 from typing import Any
 
-from django.contrib.auth.decorators import login_required
 from django.core.exceptions import BadRequest
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import render
@@ -20,9 +21,11 @@ from django.views.decorators.http import require_GET
 
 from webapp.accounts.selectors import team_scoped_get
 from webapp.dashboards import figures, selectors
+from webapp.datasets.http import team_required
 from webapp.datasets.models import Dataset
 from webapp.experiments.models import Experiment
 from webapp.experiments.selectors import experiment_get, trial_get
+from webapp.ids import parse_id
 from webapp.leaderboards.selectors import metric_get, team_board
 from webapp.telemetry.models import EvalMetric, StepMetric
 
@@ -41,22 +44,28 @@ def _choice(request: HttpRequest, name: str, options: tuple[Any, ...], default: 
 
 
 def _count(request: HttpRequest, name: str) -> int | None:
+    """A cursor from the query string: an id (ASCII digits in the database's range), else BadRequest."""
     raw = request.GET.get(name)
     if raw is None:
         return None
-    if not raw.isdigit():
-        raise BadRequest(f"{name}={raw!r} must be a non-negative integer.")
-    return int(raw)
+    value = parse_id(raw)
+    if value is None:
+        raise BadRequest(f"{name}={raw[:40]!r} must be a non-negative integer.")
+    return value
 
 
 def _compared(request: HttpRequest, experiment: Experiment) -> list[Experiment]:
     """The experiment and those picked to compare with it: the team's, on the same dataset."""
-    ids = [int(i) for i in request.GET.getlist("compare") if i.isdigit() and int(i) != experiment.pk]
+    raw = request.GET.getlist("compare")
+    ids = [parse_id(i) for i in raw]
+    if None in ids:
+        raise BadRequest("compare= takes experiment ids.")
     others = Experiment.objects.filter(team=experiment.team, dataset=experiment.dataset, pk__in=ids)
+    others = others.exclude(pk=experiment.pk)
     return [experiment, *others.order_by("created", "pk")]
 
 
-@login_required
+@team_required
 @require_GET
 def experiment_curves(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = experiment_get(team=request.team, experiment_id=experiment_id)
@@ -93,7 +102,7 @@ def experiment_curves(request: HttpRequest, experiment_id: int) -> HttpResponse:
     })
 
 
-@login_required
+@team_required
 @require_GET
 def experiment_curves_data(request: HttpRequest, experiment_id: int) -> JsonResponse:
     """What is new since the cursor (or everything, downsampled, without one), on the page's axes:
@@ -121,7 +130,7 @@ def _trial_rows(trials: list[selectors.TrialInfo]) -> dict[str, dict[str, Any]]:
                         "best_val_loss": t.best_val_loss, "best_val_ppl": t.best_val_ppl} for t in trials}
 
 
-@login_required
+@team_required
 @require_GET
 def experiment_devices(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = experiment_get(team=request.team, experiment_id=experiment_id)
@@ -145,7 +154,7 @@ def experiment_devices(request: HttpRequest, experiment_id: int) -> HttpResponse
     })
 
 
-@login_required
+@team_required
 @require_GET
 def experiment_devices_data(request: HttpRequest, experiment_id: int) -> JsonResponse:
     experiment = experiment_get(team=request.team, experiment_id=experiment_id)
@@ -154,7 +163,9 @@ def experiment_devices_data(request: HttpRequest, experiment_id: int) -> JsonRes
     try:
         samples_after = float(raw_after) if raw_after else None
     except ValueError:
-        raise BadRequest(f"samples_after={raw_after!r} must be a number of seconds.") from None
+        samples_after = math.nan
+    if samples_after is not None and not math.isfinite(samples_after):
+        raise BadRequest(f"samples_after={raw_after[:40]!r} must be a number of seconds.")
     devices = selectors.devices(experiment=experiment, trials=trials, after=_count(request, "after") or 0,
                                 sample_after=samples_after)
     return JsonResponse({
@@ -165,7 +176,7 @@ def experiment_devices_data(request: HttpRequest, experiment_id: int) -> JsonRes
     })
 
 
-@login_required
+@team_required
 @require_GET
 def trial_plan(request: HttpRequest, trial_id: int) -> HttpResponse:
     trial = trial_get(team=request.team, trial_id=trial_id)
@@ -175,7 +186,7 @@ def trial_plan(request: HttpRequest, trial_id: int) -> HttpResponse:
     })
 
 
-@login_required
+@team_required
 @require_GET
 def experiment_metrics_csv(request: HttpRequest, experiment_id: int) -> StreamingHttpResponse:
     """Every stored step and evaluation of the experiment's trials (current attempts), streamed."""
@@ -203,7 +214,7 @@ def _csv_rows(experiment: Experiment) -> Iterator[str]:
             yield writer.writerow([number, "validation", step, "", time, loss, ppl, ""])
 
 
-@login_required
+@team_required
 @require_GET
 def dataset_leaderboard(request: HttpRequest, dataset_id: int) -> HttpResponse:
     """The team's board on a dataset as a chart beside its table (the leaderboards app ranks, we draw)."""

@@ -1,16 +1,17 @@
 from django.urls import path
 
+from webapp import ids  # noqa: F401 -- registers the <id:...> converter
 from webapp.experiments import views
 
 urlpatterns = [
     path("experiments/", views.experiment_list, name="experiment_list"),
     path("experiments/new/", views.experiment_create, name="experiment_create"),
-    path("experiments/<int:experiment_id>/", views.experiment_detail, name="experiment_detail"),
-    path("experiments/<int:experiment_id>/delete/", views.experiment_delete, name="experiment_delete"),
-    path("experiments/<int:experiment_id>/search-space.<str:fmt>", views.experiment_space, name="experiment_space"),
-    path("experiments/<int:experiment_id>/<slug:action>/", views.experiment_action, name="experiment_action"),
-    path("trials/<int:trial_id>/", views.trial_detail, name="trial_detail"),
-    path("trials/<int:trial_id>/delete/", views.trial_delete, name="trial_delete"),
-    path("trials/<int:trial_id>/export.tar.gz", views.trial_export, name="trial_export"),
-    path("trials/<int:trial_id>/<slug:action>/", views.trial_action, name="trial_action"),
+    path("experiments/<id:experiment_id>/", views.experiment_detail, name="experiment_detail"),
+    path("experiments/<id:experiment_id>/delete/", views.experiment_delete, name="experiment_delete"),
+    path("experiments/<id:experiment_id>/search-space.<str:fmt>", views.experiment_space, name="experiment_space"),
+    path("experiments/<id:experiment_id>/<slug:action>/", views.experiment_action, name="experiment_action"),
+    path("trials/<id:trial_id>/", views.trial_detail, name="trial_detail"),
+    path("trials/<id:trial_id>/delete/", views.trial_delete, name="trial_delete"),
+    path("trials/<id:trial_id>/export.tar.gz", views.trial_export, name="trial_export"),
+    path("trials/<id:trial_id>/<slug:action>/", views.trial_action, name="trial_action"),
 ]

@@ -53,6 +53,16 @@ def test_it_requires_login(client, experiment):
         assert response["Location"].startswith(reverse("login"))
 
 
+def test_a_user_in_no_team_is_sent_to_the_teams_page(charlie, experiment):
+    client = Client()
+    client.force_login(charlie)
+    for url in _urls(experiment):
+        response = client.get(url, follow=True)
+        assert response.status_code == 200, url
+        assert response.redirect_chain == [(reverse("team_list"), 302)], url
+        assert "You are not in a team yet" in response.content.decode(), url
+
+
 def test_it_answers_404_for_another_teams_objects(bob_client, experiment):
     for url in _urls(experiment):
         assert bob_client.get(url).status_code == 404, url
