@@ -11,9 +11,10 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel
 
-from tests.engine.conftest import CPU, run_all, tiny_spec
-from tests.engine.test_exactness import OPTIMIZERS, PLANS, plain_training
+from tests.engine.conftest import run_all, tiny_spec
+from tests.engine.test_exactness import OPTIMIZERS, PLANS
 from tests.engine.test_transfer import write_floats
+from tests.plain_pytorch import initial_weights, plain_training
 from worker.engine import ModelSpec, TrialSession, trial_create
 from worker.engine.transfer import Transfers
 
@@ -27,14 +28,16 @@ SLEEP_CYCLES = 2_000_000_000  # about a second of GPU clock: torch.cuda._sleep k
 
 def test_it_trains_exactly_like_plain_pytorch_on_cuda(tokens_path: Path, tmp_path: Path) -> None:
     spec = tiny_spec(tokens_path, optimizer=OPTIMIZERS["adamw"])
-    trial_create(spec=spec, spill_dir=tmp_path, trial_id="init", device=CPU, cuts=[0])
-    TrialSession.open(spill_dir=tmp_path, trial_id="init", device=CPU).export(tmp_path / "init")
-    reference = plain_training(tmp_path / "init", spec, device=CUDA)
+    reference = plain_training(initial_weights(spec, tmp_path), spec, device=CUDA)
 
     trial_create(spec=spec, spill_dir=tmp_path, trial_id="t", device=CUDA, cuts=PLANS["3-shards"])
     session = TrialSession.open(spill_dir=tmp_path, trial_id="t", device=CUDA)
     losses = [r.loss for r in run_all(session) if r.loss is not None]
     session.export(tmp_path / "final")
+    # A tolerance, unlike on CPU: CUDA libraries pick a kernel, and so an order of addition, per tensor
+    # shape, alignment and free workspace (the engine's tensors are views of flat shard buffers, plain
+    # PyTorch's are not), and some kernels add with atomics in no fixed order. Rounding differs in the last
+    # bits, and training compounds it.
     assert losses == pytest.approx(reference.losses, rel=1e-5)
     final = dict(GPT2LMHeadModel.from_pretrained(tmp_path / "final", local_files_only=True).named_parameters())
     for name, weight in reference.weights.items():
@@ -48,7 +51,7 @@ def test_bf16_tracks_fp32(tokens_path: Path, tmp_path: Path) -> None:
         trial_create(spec=spec, spill_dir=tmp_path, trial_id=str(bf16), device=CUDA, cuts=PLANS["3-shards"])
         session = TrialSession.open(spill_dir=tmp_path, trial_id=str(bf16), device=CUDA)
         losses[bf16] = [r.loss for r in run_all(session) if r.loss is not None]
-    assert losses[True] == pytest.approx(losses[False], rel=2e-2)
+    assert losses[True] == pytest.approx(losses[False], rel=2e-2)  # bf16 keeps 8 bits of mantissa: close, not equal
     assert losses[True][-1] < losses[True][0]
 
 

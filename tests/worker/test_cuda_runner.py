@@ -63,6 +63,8 @@ def assert_close_weights(actual: dict[str, torch.Tensor], expected: dict[str, to
     assert actual.keys() == expected.keys()
     worst = max((actual[n] - t).abs().max().item() for n, t in expected.items())
     print(f"largest weight difference: {worst:.3g}")  # for the GPU check's log
+    # A tolerance, unlike the CPU tests' bit-identity: on CUDA some kernels add with atomics in no fixed order,
+    # and a re-plan changes the shards' tensor layouts, for which CUDA libraries may pick other kernels.
     for name, tensor in expected.items():
         torch.testing.assert_close(actual[name], tensor, rtol=0, atol=1e-5, msg=name)
 
@@ -140,5 +142,5 @@ def test_a_real_out_of_memory_re_plans_the_trial_which_trains_on_as_it_would_hav
     assert "CUDA out of memory" in replans[0].message
     assert len(replans[-1].plan["shards"]) > 1
     losses = [s.loss for out in outs if isinstance(out, UnitDone) for s in out.steps]
-    assert losses == pytest.approx(expected_losses, rel=1e-5)
+    assert losses == pytest.approx(expected_losses, rel=1e-5)  # on CUDA, not bit for bit: see assert_close_weights
     assert_close_weights(exported(runner, "t", spec, tmp_path / "actual"), expected)

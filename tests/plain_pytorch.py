@@ -1,0 +1,115 @@
+"""The reference every exactness test compares with: a trial trained the way anyone would with plain PyTorch.
+
+``GPT2LMHeadModel`` loaded from the engine's initial weights (the engine's streamed init is checked against
+GPT-2's distribution in tests/engine/test_init.py), ``torch.optim``, ``clip_grad_norm_`` and a ``LambdaLR``
+over the documented schedule definition; no engine code except the batch order. On CPU with one thread
+every kernel adds in a fixed order, so the engine, sharded, spilled and run unit by unit in any process,
+must give these numbers bit for bit (`assert_bit_identical`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from transformers import GPT2LMHeadModel
+
+from worker.engine import TrialSession, TrialSpec, trial_create
+from worker.engine.data import TokenBlocks
+
+CPU = torch.device("cpu")
+
+
+@dataclasses.dataclass
+class Reference:
+    losses: list[float]
+    eval_losses: list[float]
+    weights: dict[str, torch.Tensor]
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run torch on one thread, as a worker of a one-core CPU device does, so that float sums add in its order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def initial_weights(spec: TrialSpec, root: Path) -> Path:
+    """Export the engine's initial weights of `spec` (a one-shard trial under `root`) to ``root/init``."""
+    trial_create(spec=spec, spill_dir=root, trial_id="init", device=CPU, cuts=[0])
+    TrialSession.open(spill_dir=root, trial_id="init", device=CPU).export(root / "init")
+    return root / "init"
+
+
+def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU) -> Reference:
+    """Train `spec` from the weights in `init_dir` with plain PyTorch; its losses, evaluations and final weights."""
+    assert spec.schedule.decay == "cosine", "the reference implements the cosine schedule only"
+    model = GPT2LMHeadModel.from_pretrained(init_dir, local_files_only=True).to(device).train()
+    params = list(model.parameters())
+    opt = spec.optimizer
+    optimizer: torch.optim.Optimizer
+    if opt.kind == "adamw":
+        optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
+    else:
+        optimizer = torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
+    warmup = spec.schedule.warmup_steps
+
+    def cosine_with_warmup(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        progress = (step - warmup) / max(1, spec.steps - warmup)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup)
+    data = TokenBlocks(spec.data, vocab_size=model.config.vocab_size)
+    torch.manual_seed(spec.seed)
+    losses, eval_losses = [], []
+    for step in range(spec.steps):
+        batch = data.train_batch(seed=spec.seed, step=step, batch_size=spec.batch_size).to(device)
+        total = 0.0
+        for micro_batch in batch.chunk(spec.micro_batches):
+            loss = model(micro_batch, labels=micro_batch).loss
+            (loss / spec.micro_batches).backward()
+            total += loss.item()
+        losses.append(total / spec.micro_batches)
+        if opt.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, opt.clip_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        if spec.eval_every and ((step + 1) % spec.eval_every == 0 or step == spec.steps - 1):
+            model.eval()
+            with torch.no_grad():
+                batches = [data.eval_batch(batch=b, batch_size=spec.micro_batch_size).to(device)
+                           for b in range(spec.eval_batches)]
+                eval_losses.append(sum(model(b, labels=b).loss.item() for b in batches) / len(batches))
+            model.train()
+    return Reference(losses, eval_losses, {k: v.detach().clone() for k, v in model.named_parameters()})
+
+
+def plain_reference(spec: TrialSpec, root: Path) -> Reference:
+    """`plain_training` of `spec` from the engine's initial weights, on one CPU thread (files under `root`)."""
+    with one_thread():
+        return plain_training(initial_weights(spec, root), spec)
+
+
+def exported_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """The parameters of an exported model directory, as plain PyTorch loads them."""
+    model = GPT2LMHeadModel.from_pretrained(directory, local_files_only=True)
+    return {name: weight.detach() for name, weight in model.named_parameters()}
+
+
+def assert_bit_identical(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """Every tensor equal bit for bit: same names, dtypes, shapes and values (a difference names its largest gap)."""
+    assert actual.keys() == expected.keys()
+    differ = {name: (actual[name] - tensor).abs().max().item() for name, tensor in expected.items()
+              if actual[name].dtype != tensor.dtype or not torch.equal(actual[name], tensor)}
+    assert not differ, f"not bit-identical (largest difference per tensor): {differ}"
