@@ -8,6 +8,9 @@ also the YAML/JSON users paste and download, is::
     n_layer:    {kind: int, low: 2, high: 6, step: 2}
 
 Every error is a `SearchSpaceError` naming the parameter and the field, so forms can put it beside the row.
+Pasted text is read by `load_search_space_text`, whose cost is bounded by the text's length: YAML anchors
+and aliases (which let a few hundred characters stand for a billion values) are refused, and so are
+documents deeper or larger than a search space can be. Messages quote at most `QUOTE_CHARS` of any value.
 """
 
 from __future__ import annotations
@@ -18,11 +21,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import yaml
+
 Kind = Literal["categorical", "int", "float", "logfloat"]
 KINDS: tuple[Kind, ...] = ("categorical", "int", "float", "logfloat")
 GRID_CAP = 256  # most trials a grid may expand to
 MAX_TRIALS = 256  # most trials random search or TPE may ask for
 Value = int | float | str
+QUOTE_CHARS = 40  # the most of a user's value that an error message repeats
+MAX_NODES = 1000  # YAML nodes in a pasted space: a dozen parameters with their ranges and values fit easily
+MAX_DEPTH = 4  # space -> parameter -> field -> list of values
 
 
 class SearchSpaceError(ValueError):
@@ -32,6 +40,16 @@ class SearchSpaceError(ValueError):
         super().__init__(message)
         self.parameter = parameter
         self.field = field
+
+
+def quote(raw: object) -> str:
+    """`raw` for an error message: the repr of a scalar, cut to `QUOTE_CHARS`; only the type of anything else."""
+    if not isinstance(raw, str | int | float) and raw is not None:
+        return f"a {type(raw).__name__}"
+    if isinstance(raw, int) and abs(raw) >= 10**QUOTE_CHARS:
+        return f"a {raw.bit_length()}-bit integer"  # repr() of a long enough int even raises
+    text = repr(raw)
+    return text if len(text) <= QUOTE_CHARS else text[: QUOTE_CHARS - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -148,17 +166,23 @@ class SearchSpace:
 def _number(raw: object, *, parameter: ParameterDef, field: str) -> float:
     if isinstance(raw, bool) or raw is None or raw == "":
         raise SearchSpaceError(f"{parameter.name}: {field} is missing.", parameter=parameter.name, field=field)
-    try:
-        value = float(raw)  # type: ignore[arg-type]  # YAML reads 1e-4 as a string; accept it
-    except (TypeError, ValueError):
+    if not isinstance(raw, str | int | float):
         raise SearchSpaceError(
-            f"{parameter.name}: {field} {raw!r} is not a number.", parameter=parameter.name, field=field
+            f"{parameter.name}: {field} is {quote(raw)}, not a number.", parameter=parameter.name, field=field
+        )
+    try:
+        value = float(raw)  # YAML reads 1e-4 as a string; accept it
+    except OverflowError:  # an int past float's range
+        value = math.inf if raw > 0 else -math.inf  # type: ignore[operator]
+    except ValueError:
+        raise SearchSpaceError(
+            f"{parameter.name}: {field} {quote(raw)} is not a number.", parameter=parameter.name, field=field
         ) from None
     if not math.isfinite(value):
         raise SearchSpaceError(f"{parameter.name}: {field} must be finite.", parameter=parameter.name, field=field)
     if parameter.type is int and value != int(value):
         raise SearchSpaceError(
-            f"{parameter.name}: {field} {raw!r} is not a whole number.", parameter=parameter.name, field=field
+            f"{parameter.name}: {field} {quote(raw)} is not a whole number.", parameter=parameter.name, field=field
         )
     lo, hi = parameter.minimum, parameter.maximum
     if (lo is not None and value < lo) or (hi is not None and value > hi):
@@ -170,10 +194,10 @@ def _number(raw: object, *, parameter: ParameterDef, field: str) -> float:
 
 def _value(raw: object, parameter: ParameterDef) -> Value:
     if parameter.type is str:
-        text = str(raw).strip().lower()
+        text = raw.strip().lower() if isinstance(raw, str) else None
         if text not in parameter.choices:
             raise SearchSpaceError(
-                f"{parameter.name}: {raw!r} is not one of {', '.join(parameter.choices)}.",
+                f"{parameter.name}: {quote(raw)} is not one of {', '.join(parameter.choices)}.",
                 parameter=parameter.name, field="values",
             )
         return text
@@ -185,17 +209,19 @@ def parse_dimension(name: str, raw: Mapping[str, Any]) -> Dimension:
     parameter = PARAMETERS.get(name)
     if parameter is None:
         raise SearchSpaceError(
-            f"Unknown parameter {name!r}; Hydra searches {', '.join(PARAMETERS)}.", parameter=name, field="name"
+            f"Unknown parameter {quote(name)}; Hydra searches {', '.join(PARAMETERS)}.", parameter=name, field="name"
         )
     if not isinstance(raw, Mapping):
         raise SearchSpaceError(f"{name}: give a mapping with kind and values or low/high.", parameter=name)
-    unknown = set(raw) - {"kind", "values", "low", "high", "step"}
+    unknown = sorted(quote(str(key)) for key in set(raw) - {"kind", "values", "low", "high", "step"})
     if unknown:
-        raise SearchSpaceError(f"{name}: unknown field(s) {', '.join(sorted(unknown))}.", parameter=name)
+        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise SearchSpaceError(f"{name}: unknown field(s) {shown}.", parameter=name)
     kind = raw.get("kind", "categorical" if "values" in raw else None)
-    if kind not in parameter.kinds:
+    if not isinstance(kind, str | None) or kind not in parameter.kinds:
         raise SearchSpaceError(
-            f"{name}: kind {kind!r} is not allowed; use {' or '.join(parameter.kinds)}.", parameter=name, field="kind"
+            f"{name}: kind {quote(kind)} is not allowed; use {' or '.join(parameter.kinds)}.", parameter=name,
+            field="kind",
         )
     if kind == "categorical":
         values = raw.get("values")
@@ -203,6 +229,9 @@ def parse_dimension(name: str, raw: Mapping[str, Any]) -> Dimension:
             values = [values]
         if not values:
             raise SearchSpaceError(f"{name}: list at least one value.", parameter=name, field="values")
+        if not isinstance(values, list | tuple):
+            raise SearchSpaceError(f"{name}: values is {quote(values)}; give a list.", parameter=name,
+                                   field="values")
         parsed = tuple(dict.fromkeys(_value(v, parameter) for v in values))  # drop duplicates, keep order
         return Dimension(name, kind, values=parsed)
     if raw.get("values"):
@@ -224,11 +253,11 @@ def parse_dimension(name: str, raw: Mapping[str, Any]) -> Dimension:
             raise SearchSpaceError(f"{name}: only int ranges take a step.", parameter=name, field="step")
         try:
             step_value = float(raw["step"])
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             step_value = 0.0
         step = int(step_value) if math.isfinite(step_value) else 0
         if step < 1 or step != step_value:
-            raise SearchSpaceError(f"{name}: step {raw['step']!r} must be a whole number >= 1.", parameter=name,
+            raise SearchSpaceError(f"{name}: step {quote(raw['step'])} must be a whole number >= 1.", parameter=name,
                                    field="step")
     return Dimension(name, kind, low=low, high=high, step=step)
 
@@ -240,6 +269,52 @@ def parse_search_space(raw: object) -> SearchSpace:
     return SearchSpace(tuple(parse_dimension(str(name), spec) for name, spec in raw.items()))
 
 
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without anchors and aliases, and with at most `MAX_NODES` nodes `MAX_DEPTH` deep."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.nodes = 0
+        self.depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise SearchSpaceError("YAML anchors and aliases (& and *) are not accepted; write each value out.",
+                                   field="space_text")
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise SearchSpaceError(f"The search space has more than {MAX_NODES} entries; it needs far fewer.",
+                                   field="space_text")
+        if self.depth >= MAX_DEPTH:
+            raise SearchSpaceError("The search space nests too deep: give parameter: {kind: ..., values: [...]}.",
+                                   field="space_text")
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def load_search_space_text(text: str) -> SearchSpace:
+    """A search space from pasted YAML or JSON (JSON is read as YAML); raises SearchSpaceError."""
+    loader = _BoundedLoader(text)
+    try:
+        raw = loader.get_single_data()
+    except SearchSpaceError:
+        raise
+    except yaml.YAMLError as error:
+        detail = str(error)  # PyYAML quotes at most a line's snippet; a long line is cut here
+        if len(detail) > 300:
+            detail = detail[:299] + "…"
+        raise SearchSpaceError(f"This is neither YAML nor JSON: {detail}", field="space_text") from None
+    except ValueError:  # an integer with more digits than int() reads
+        raise SearchSpaceError("The search space holds a number too long to read.", field="space_text") from None
+    finally:
+        loader.dispose()
+    return parse_search_space(raw)
+
+
 def space_from_rows(rows: Sequence[Mapping[str, Any]]) -> SearchSpace:
     """A search space from form rows (``name``, ``kind``, ``values`` as comma-separated text, ``low``, ...)."""
     seen: set[str] = set()
@@ -247,7 +322,7 @@ def space_from_rows(rows: Sequence[Mapping[str, Any]]) -> SearchSpace:
     for row in rows:
         name = str(row.get("name", "")).strip()
         if name in seen:
-            raise SearchSpaceError(f"{name} appears twice; give each parameter one row.", parameter=name,
+            raise SearchSpaceError(f"{quote(name)} appears twice; give each parameter one row.", parameter=name,
                                    field="name")
         seen.add(name)
         raw: dict[str, Any] = {"kind": row.get("kind")}

@@ -1,16 +1,43 @@
-"""Search spaces: every bad input is a SearchSpaceError naming the parameter and field."""
+"""Search spaces: every bad input is a SearchSpaceError naming the parameter and field, and pasted text
+costs memory in proportion to its length, whatever it holds."""
 
 from __future__ import annotations
+
+import tracemalloc
 
 import pytest
 
 from webapp.experiments.search_space import (
     GRID_CAP,
+    MAX_NODES,
+    QUOTE_CHARS,
     SearchSpaceError,
+    load_search_space_text,
     parse_search_space,
     rows_from_space,
     space_from_rows,
 )
+
+
+def alias_bomb(levels: int = 9, *, at: str = "kind") -> str:
+    """A few hundred characters of YAML whose aliases stand for 9**levels values, under a known parameter."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    lines.append(f"lr: {{{at}: *a{levels - 1}}}")
+    return "\n".join(lines)
+
+
+def peak_bytes(call) -> int:
+    """The most memory Python allocated while `call` ran."""
+    tracemalloc.start()
+    try:
+        call()
+    except SearchSpaceError:
+        pass
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak
 
 
 @pytest.mark.parametrize(
@@ -86,3 +113,75 @@ def test_it_round_trips_form_rows():
 def test_it_rejects_a_parameter_given_twice():
     with pytest.raises(SearchSpaceError, match="twice"):
         space_from_rows([{"name": "lr", "kind": "categorical", "values": "0.1"}] * 2)
+
+
+@pytest.mark.parametrize("at", ["kind", "values", "low"])
+def test_it_refuses_a_yaml_alias_bomb_without_expanding_it(at):
+    text = alias_bomb(9, at=at)  # 9**9 = 387,420,489 values if expanded
+    assert len(text) < 700
+    with pytest.raises(SearchSpaceError, match="anchors and aliases") as caught:
+        load_search_space_text(text)
+    assert caught.value.field == "space_text"
+    assert peak_bytes(lambda: load_search_space_text(text)) < 1 << 20
+
+
+def test_it_refuses_a_single_anchor_too():
+    with pytest.raises(SearchSpaceError, match="anchors and aliases"):
+        load_search_space_text("lr: &x {values: [0.1]}")
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("[" * 5000, "nests too deep"),
+        ("lr: {values: [[[0.1]]]}", "nests too deep"),
+        ("lr: {values: [" + ", ".join(["0.1"] * (MAX_NODES + 1)) + "]}", f"more than {MAX_NODES} entries"),
+        ("lr: {values: [" + "9" * 5000 + "]}", "number too long"),
+        ("lr: {values: [0.1]\n" + "x" * 10_000, "neither YAML nor JSON"),
+    ],
+    ids=["deep-brackets", "deep-values", "too-many-nodes", "long-integer", "broken"],
+)
+def test_it_bounds_what_pasted_text_may_hold(text, words):
+    with pytest.raises(SearchSpaceError, match=words) as caught:
+        load_search_space_text(text)
+    assert caught.value.field == "space_text"
+    assert len(str(caught.value)) < 400
+
+
+def test_it_reads_pasted_yaml_and_json():
+    expected = {"lr": {"kind": "categorical", "values": [0.1, 0.01]}, "batch_size": {"kind": "int", "low": 2,
+                                                                                      "high": 8, "step": 2}}
+    yaml_text = "lr: {values: [0.1, 0.01]}\nbatch_size: {kind: int, low: 2, high: 8, step: 2}\n"
+    json_text = '{"lr": {"values": [0.1, 0.01]}, "batch_size": {"kind": "int", "low": 2, "high": 8, "step": 2}}'
+    assert load_search_space_text(yaml_text).to_dict() == expected
+    assert load_search_space_text(json_text).to_dict() == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "words"),
+    [
+        ({"lr": {"values": [[0.1, 0.2]]}}, "values", "is a list, not a number"),
+        ({"lr": {"values": {"a": 1}}}, "values", "is a dict; give a list"),
+        ({"lr": {"kind": ["float"] * 1000}}, "kind", "kind a list is not allowed"),
+        ({"optimizer": {"values": [["adamw"]]}}, "values", "a list is not one of"),
+        ({"lr": {"kind": "float", "low": 10**400, "high": 1}}, "low", "must be finite"),
+        ({"batch_size": {"kind": "int", "low": 1, "high": 8, "step": 10**400}}, "step", "-bit integer must be"),
+        ({"lr": {"kind": "float", "low": "9" * 5000, "high": 1}}, "low", "must be finite"),
+        ({"lr": {1: 2, "foo": 3}}, None, "unknown field(s) '1', 'foo'"),
+    ],
+)
+def test_it_checks_values_are_scalars_before_quoting_them(raw, field, words):
+    with pytest.raises(SearchSpaceError) as caught:
+        parse_search_space(raw)
+    assert words in str(caught.value)
+    assert caught.value.field == field
+
+
+def test_it_quotes_at_most_a_few_dozen_characters_of_user_text():
+    name = "x" * 10_000
+    for raw in [{name: {"values": [1]}}, {"optimizer": {"values": [name]}}, {"lr": {"kind": name}},
+                {"lr": {name: 1}}, {"lr": {"kind": "float", "low": name, "high": 1}}]:
+        with pytest.raises(SearchSpaceError) as caught:
+            parse_search_space(raw)
+        assert name[: QUOTE_CHARS - 3] in str(caught.value)
+        assert len(str(caught.value)) < 200, raw
