@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from worker.engine.faults import Fault
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off", ""}
@@ -41,6 +43,7 @@ class WorkerConfig:
     `devices` is ``HYDRA_DEVICES`` as given; `worker_device` the one device this process is bound to
     (``cpu:N``/``cuda:N``, set by the launcher), or None. `fault_oom_above_bytes` is fault injection for
     testing out-of-memory recovery (units of shards planned above it fail as if the device were that small).
+    `fault` is fault injection at a named point of a unit (``HYDRA_FAULT``, see `worker.engine.faults`).
     """
 
     redis_url: str
@@ -50,6 +53,7 @@ class WorkerConfig:
     devices: str
     worker_device: str | None
     fault_oom_above_bytes: int | None = None
+    fault: Fault | None = None
 
 
 def envbool(environ: Mapping[str, str], name: str, default: bool) -> bool:
@@ -124,6 +128,19 @@ def default_spill_dir(data: Path) -> Path:
     return shm / "hydra" if shm.is_dir() else data / "spill"
 
 
+def fault(environ: Mapping[str, str]) -> Fault | None:
+    """``HYDRA_FAULT=<point>[:<action>][@<unit>]`` with ``HYDRA_FAULT_DIR`` (where it reports), else None."""
+    raw = environ.get("HYDRA_FAULT", "").strip()
+    if not raw:
+        return None
+    if not environ.get("HYDRA_FAULT_DIR", "").strip():
+        raise ConfigError("HYDRA_FAULT is set but HYDRA_FAULT_DIR is not; give the directory it reports in.")
+    try:
+        return Fault.parse(raw, signal_dir=envpath(environ, "HYDRA_FAULT_DIR", Path()))
+    except ValueError as error:
+        raise ConfigError(f"HYDRA_FAULT={raw!r}: {error}") from None
+
+
 def load(environ: Mapping[str, str]) -> WorkerConfig:
     """Turn an environment mapping into a `WorkerConfig`; raise ConfigError on any bad value."""
     data = data_dir(environ)
@@ -148,6 +165,7 @@ def load(environ: Mapping[str, str]) -> WorkerConfig:
         worker_device=worker_device,
         fault_oom_above_bytes=(envint(environ, "HYDRA_FAULT_OOM_ABOVE_BYTES", 0, minimum=1)
                                if environ.get("HYDRA_FAULT_OOM_ABOVE_BYTES", "").strip() else None),
+        fault=fault(environ),
     )
 
 

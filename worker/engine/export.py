@@ -8,6 +8,7 @@ safetensors file per shard plus an index, so only one shard's parameters are in 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,9 +20,10 @@ from worker.engine.sizes import FP32
 from worker.engine.spill_store import SpillStore
 
 
-def export_pretrained(out_dir: Path, *, store: SpillStore, stack: LayerStack, layout: Layout) -> None:
+def export_pretrained(out_dir: Path, *, store: SpillStore, stack: LayerStack, layout: Layout,
+                      after_file: Callable[[], None] = lambda: None) -> None:
     """Write the parameters committed in ``store`` (laid out as ``layout``) and ``stack``'s config to
-    ``out_dir``."""
+    ``out_dir``; ``after_file`` is called after each shard's file is written (a fault point)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stack.config.save_pretrained(out_dir)
@@ -38,6 +40,7 @@ def export_pretrained(out_dir: Path, *, store: SpillStore, stack: LayerStack, la
             weight_map[name] = filename
         total += flat.numel() * FP32
         save_file(tensors, out_dir / filename, metadata={"format": "pt"})
+        after_file()
     if n > 1:
         (out_dir / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))

@@ -11,6 +11,7 @@ state buffer are on the device at once.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 
@@ -24,10 +25,12 @@ STEP_CHUNK = 1 << 20  # elements of gradient and optimizer state on the device a
 
 
 def step_shard(*, store: SpillStore, transfers: Transfers, spec: TrialSpec, shard: int, params: torch.Tensor,
-               step: int, total_norm: float, optim_steps: int, device: torch.device) -> None:
+               step: int, total_norm: float, optim_steps: int, device: torch.device,
+               after_chunk: Callable[[], None] = lambda: None) -> None:
     """Update shard ``shard``'s flat parameters ``params`` (on the device, in place) for step ``step``
     from its gradients ``g{shard}`` and optimizer state ``m{shard}``/``v{shard}`` (``optim_steps`` updates
-    taken before this one); stage the new parameters and optimizer state in ``store``."""
+    taken before this one); stage the new parameters and optimizer state in ``store``. ``after_chunk`` is
+    called after each chunk's update, before its state is written (a fault point)."""
     optim = spec.optimizer
     lr = optim.lr * lr_factor(spec.schedule, step, spec.steps)
     clip = None
@@ -58,6 +61,7 @@ def step_shard(*, store: SpillStore, transfers: Transfers, spec: TrialSpec, shar
                 if state:
                     optimizer.state[chunk] = {"momentum_buffer": state["m"]}
             optimizer.step()
+            after_chunk()
             chunk.grad = None
             if optim.kind == "adamw":
                 writers["m"](state["m"])

@@ -34,6 +34,7 @@ from worker.engine.create import trial_create
 from worker.engine.data import TokenBlocks
 from worker.engine.errors import EngineError
 from worker.engine.export import export_pretrained
+from worker.engine.faults import Fault
 from worker.engine.layers import build_layer_stack
 from worker.engine.layout import Layout
 from worker.engine.rng import caller_rng_kept, rng_state
@@ -89,6 +90,11 @@ class TrialSession(ShardUnits):
         # just before its commit, as a GPU with that much memory would have. None (always, in production)
         # turns it off.
         self.fault_oom_above_bytes: int | None = None
+        # Fault injection at named points of a unit, for crash, fencing and out-of-memory tests (see
+        # worker.engine.faults); None (always, in production) turns it off.
+        self.fault: Fault | None = None
+        self._unit_index = self.state.cursor  # the unit the fault points belong to
+        store.before_stage = self._before_stage
         # Staging buffers hold one optimizer-state chunk; whole shards stream through them chunk by chunk.
         self._transfers = Transfers(device, max_numel=optimizer_step.STEP_CHUNK)
         self._adopt_plan()
@@ -109,6 +115,7 @@ class TrialSession(ShardUnits):
         """Continue from ``store``, a newer view of this trial's directory (another process may have run
         units or re-planned the trial since this session last looked)."""
         self.store = store
+        store.before_stage = self._before_stage
         self.state = TrialState.of(store, known=self.state)
         if self.state.replans != self.replans:
             self._adopt_plan()
@@ -197,6 +204,8 @@ class TrialSession(ShardUnits):
             raise EngineError(f"trial {self.trial_id} is finished: no unit left to run")
         if token is None:
             self.store.remove_orphans()  # we are the trial's one writer now
+        self._unit_index = unit.index
+        self.reach("before-compute")
         read0, written0 = self.store.bytes_read, self.store.bytes_written
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -215,8 +224,10 @@ class TrialSession(ShardUnits):
                     f"bytes, over the injected device memory of {limit} bytes")
             # An early stop ends the timetable here: the evaluation has applied every pending update.
             self.state.cursor = len(self.timetable) if metrics.get("stopped_early") else unit.index + 1
+            self.reach("before-commit")
             self.commit()
             self._transfers.retain(self.store.buffers)
+            self.reach("after-commit")
         except BaseException:
             self.reopen(SpillStore.open(self.store.root))
             self._kept.clear()
@@ -236,7 +247,17 @@ class TrialSession(ShardUnits):
         """Write the committed weights as a transformers ``save_pretrained`` directory (safetensors; see
         :mod:`worker.engine.export`). Weights of a step whose update is still pending (mid-trial) are
         exported as they were before that step."""
-        export_pretrained(out_dir, store=self.store, stack=self.stack, layout=self.layout)
+        self._unit_index = self.state.cursor
+        export_pretrained(out_dir, store=self.store, stack=self.stack, layout=self.layout,
+                          after_file=lambda: self.reach("mid-export"))
+
+    def reach(self, point: str) -> None:
+        """Fault point `point` (a name of `worker.engine.faults.POINTS`) of the current unit."""
+        if self.fault is not None:
+            self.fault.reach(point, trial_id=self.trial_id, unit=self._unit_index)
+
+    def _before_stage(self, staged: int) -> None:
+        self.reach("mid-write" if staged else "before-write")
 
     # -- between two steps (re-planning) ------------------------------------------------------------
 

@@ -68,6 +68,9 @@ class SpillStore:
         self._base_version: int = manifest["version"]
         self.bytes_read = 0
         self.bytes_written = 0
+        # Called with the number of buffers staged since the last commit, before each new buffer's file is
+        # created (the session's fault points before-write and mid-write); None: nothing is called.
+        self.before_stage: Callable[[int], None] | None = None
 
     @classmethod
     def create(cls, root: Path, manifest: dict[str, Any]) -> SpillStore:
@@ -177,6 +180,8 @@ class SpillStore:
     def writer(self, name: str) -> Iterator[Callable[[torch.Tensor], None]]:
         """Stage the next version of ``name`` from tensors appended one by one; staged only on success."""
         version = self._next_version
+        if self.before_stage is not None:
+            self.before_stage(len(self.staged()))
         with open(_file(self.root, name, version), "wb") as f:
 
             def append(part: torch.Tensor) -> None:
@@ -187,16 +192,26 @@ class SpillStore:
             yield append
         self.manifest["files"][name] = version
 
+    def staged(self) -> dict[str, int]:
+        """Buffer name -> version of every buffer staged since the last commit (written, not yet published)."""
+        return {name: version for name, version in self.manifest["files"].items()
+                if self._committed_files.get(name) != version}
+
     def commit(self) -> None:
         """Atomically publish the working manifest and every staged buffer, then drop superseded files.
 
         Compare-and-commit: raises ``StaleWriterError`` (and publishes nothing) if the store was committed
-        or taken by another writer since this one read it; this store is then unusable (reopen it).
+        or taken by another writer since this one read it, having deleted the files it staged (their
+        version is one no commit will use, see the module docstring); this store is then unusable (reopen it).
         """
         with _locked(self.root):
             if self._base_version > 0:  # version 0: a store being created, not yet on disk
-                on_disk = _read_manifest(self.root)["version"]
+                current = _read_manifest(self.root)
+                on_disk = current["version"]
                 if on_disk != self._base_version:
+                    for name, version in self.staged().items():
+                        if current["files"].get(name) != version:  # never a file the store refers to
+                            _file(self.root, name, version).unlink(missing_ok=True)
                     raise StaleWriterError(
                         f"commit refused: the trial in {self.root} is at version {on_disk}, this writer read "
                         f"version {self._base_version}; another writer took it or committed since")

@@ -47,6 +47,8 @@ class ShardUnits:
     _rng_numel: list[int]
     _kept: dict[tuple[int, int, int], KeptGraph]  # (step, micro-batch, shard) -> graph
 
+    def reach(self, point: str) -> None: ...  # a fault point of the current unit (TrialSession.reach)
+
     # -- units ---------------------------------------------------------------------------------------
 
     def _forward(self, unit: UnitSpec) -> dict[str, Any]:
@@ -181,7 +183,8 @@ class ShardUnits:
             assert pending is not None, "a shard is pending only after a step completed"
             optimizer_step.step_shard(store=self.store, transfers=self._transfers, spec=self.spec, shard=shard,
                                       params=params, step=pending.step, total_norm=pending.total_norm,
-                                      optim_steps=meta.optim_steps, device=self.device)
+                                      optim_steps=meta.optim_steps, device=self.device,
+                                      after_chunk=lambda: self.reach("mid-step"))
             meta.optim_steps += 1
             meta.pending, meta.grad = False, "empty"
         return params
@@ -215,6 +218,10 @@ class ShardUnits:
             for index in range(plan.first, plan.stop):
                 layer = self.stack.layers[index].train(train)
                 x = layer(x, labels) if index == len(self.stack) - 1 else layer(x)
+                if index == plan.first:
+                    self.reach("mid-forward")
+                    if x.requires_grad:  # a graph is built: its backward passes this point too
+                        x.register_hook(lambda grad: self.reach("mid-backward"))
         return x, owned, lent
 
     def _finish_backward(self, unit: UnitSpec, x: torch.Tensor, owned: list[nn.Parameter],

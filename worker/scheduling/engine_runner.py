@@ -27,6 +27,7 @@ import torch
 
 from worker.contract import EngineJob, LeaseLost
 from worker.engine.errors import BudgetError, SpillStoreError, StaleWriterError
+from worker.engine.faults import Fault
 from worker.engine.partition import AUTO_BUDGET_FRACTION, MemoryPlan
 from worker.engine.repartition import repartition
 from worker.engine.session import TrialSession, UnitResult, trial_create
@@ -59,14 +60,15 @@ class EngineRunner:
     """Engine trials under `spill_dir` on `device` (this process's only device)."""
 
     def __init__(self, *, spill_dir: Path, device: torch.device, prefetch: bool = True,
-                 fault_oom_above_bytes: int | None = None) -> None:
+                 fault_oom_above_bytes: int | None = None, fault: Fault | None = None) -> None:
         """`prefetch`: load the next unit's shard in the background (the double buffer); off where there is
-        nothing to overlap with, as on a CPU device of one core. `fault_oom_above_bytes` is fault injection
-        for tests (see `TrialSession.fault_oom_above_bytes`)."""
+        nothing to overlap with, as on a CPU device of one core. `fault_oom_above_bytes` and `fault` are
+        fault injection for tests (see `TrialSession.fault_oom_above_bytes` and `TrialSession.fault`)."""
         self.spill_dir = spill_dir
         self.device = device
         self.prefetch = prefetch
         self.fault_oom_above_bytes = fault_oom_above_bytes
+        self.fault = fault
         self._sessions: OrderedDict[str, TrialSession] = OrderedDict()
 
     def plan(self, *, trial_id: str, job: EngineJob) -> Planned:
@@ -146,6 +148,7 @@ class EngineRunner:
         if session is None:
             session = TrialSession(SpillStore.open(self.spill_dir / trial_id), self.device)
             session.fault_oom_above_bytes = self.fault_oom_above_bytes
+            session.fault = self.fault
         elif not session.store.is_current():
             session.reopen(SpillStore.open(self.spill_dir / trial_id))
         self._sessions[trial_id] = session
