@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 from webapp.config import BASE_DIR, load
 
@@ -28,6 +29,7 @@ INSTALLED_APPS = [
     "webapp.leaderboards",
     "webapp.telemetry",
     "webapp.dashboards",
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -40,6 +42,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "webapp.accounts.middleware.CurrentTeamMiddleware",
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "webapp.urls"
@@ -70,6 +73,20 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
 
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # refuses a locked-out login before the password is checked
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Login throttling (the login page and the admin's): after AXES_FAILURE_LIMIT wrong passwords for a username,
+# that username cannot log in for AXES_COOLOFF_TIME. Counting by username, not by address, keeps working
+# behind a proxy where every request comes from the proxy's address. Administrators unlock early with
+# `manage.py axes_reset_username <name>` (or `axes_reset` for everyone) or in the admin's "Access attempts".
+AXES_FAILURE_LIMIT = 5
+AXES_COOLOFF_TIME = timedelta(minutes=15)
+AXES_LOCKOUT_PARAMETERS = ["username"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
@@ -97,6 +114,19 @@ SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the page's fetch() calls read the token from the cookie
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+
+# Production runs behind a TLS proxy that terminates HTTPS and sets X-Forwarded-Proto (README, Deployment).
+# The proxy must overwrite that header from clients, and gunicorn must be reachable only through the proxy.
+if HYDRA.https:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    # The load balancer's up/down check may call the server directly over plain HTTP.
+    SECURE_REDIRECT_EXEMPT = [r"^health$"]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+SECURE_HSTS_SECONDS = HYDRA.hsts_seconds
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HYDRA.hsts_seconds > 0
+SECURE_HSTS_PRELOAD = HYDRA.hsts_seconds > 0
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
