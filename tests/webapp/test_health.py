@@ -1,4 +1,4 @@
-"""The health page asks the real database, the real Redis and real Celery workers."""
+"""The health pages ask the real database, the real Redis and real Celery workers; only staff see the details."""
 
 from __future__ import annotations
 
@@ -11,12 +11,31 @@ import time
 from pathlib import Path
 
 import pytest
+from django.core.cache import cache
+from django.test import Client
 from django.urls import reverse
 
+from tests.conftest import PASSWORD
+from webapp import queue_client
 from webapp.health.selectors import health_report
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def no_cached_workers():
+    """Each test asks the workers afresh, whatever an earlier test left in the cache."""
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture
+def staff_client(django_user_model) -> Client:
+    client = Client()
+    client.force_login(django_user_model.objects.create_user(username="oscar", password=PASSWORD, is_staff=True))
+    return client
 
 
 @pytest.fixture
@@ -37,7 +56,7 @@ def cpu_worker(redis_url, tmp_path):
         process.wait()
 
 
-def test_it_reports_database_redis_and_a_worker_with_its_device(cpu_worker, client):
+def test_it_reports_database_redis_and_a_worker_with_its_device(cpu_worker, staff_client):
     deadline = time.monotonic() + 90
     workers = []
     while time.monotonic() < deadline:
@@ -49,24 +68,71 @@ def test_it_reports_database_redis_and_a_worker_with_its_device(cpu_worker, clie
     assert workers, "the worker never answered the broadcast"
     assert workers[0].device == "cpu:0" and workers[0].pid == cpu_worker.pid
 
-    response = client.get(reverse("health_json"))
+    response = staff_client.get(reverse("health_json"))
     assert response.status_code == 200
     body = response.json()
     assert body["ok"] and body["database"]["ok"] and body["redis"]["ok"]
     assert {"name": "cpu0@healthcheck", "device": "cpu:0", "host": "healthcheck", "pid": cpu_worker.pid} in body[
         "workers"
     ]
-    page = client.get(reverse("health")).content.decode()
+    page = staff_client.get(reverse("health")).content.decode()
     assert "cpu0@healthcheck" in page and "cpu:0" in page
 
 
-def test_it_reports_redis_down_with_status_503(settings, client):
+def test_it_reports_redis_down_with_status_503(settings, client, staff_client):
     settings.HYDRA = dataclasses.replace(
         settings.HYDRA, worker=dataclasses.replace(settings.HYDRA.worker, redis_url="redis://:secret@127.0.0.1:1/0"))
-    response = client.get(reverse("health_json"))
+    status = client.get("/health")
+    assert (status.status_code, status.content) == (503, b"down\n")
+    response = staff_client.get(reverse("health_json"))
     assert response.status_code == 503
     body = response.json()
     assert body["database"]["ok"] and not body["redis"]["ok"]
     assert "secret" not in body["redis"]["detail"]
     assert body["workers"] == []
-    assert client.get(reverse("health")).status_code == 503
+    assert staff_client.get(reverse("health")).status_code == 503
+
+
+def test_it_tells_anyone_only_up_or_down(client):
+    response = client.get("/health")
+    assert (response.status_code, response.content) == (200, b"up\n")
+    assert response["Content-Type"].startswith("text/plain")
+
+
+def test_it_sends_anonymous_visitors_of_the_details_to_the_login_page(client):
+    for name in ("health", "health_json"):
+        response = client.get(reverse(name))
+        assert response.status_code == 302 and response["Location"].startswith(reverse("login")), name
+
+
+def test_it_refuses_the_details_to_users_who_are_not_staff(alice_client):
+    for name in ("health", "health_json"):
+        response = alice_client.get(reverse(name))
+        assert response.status_code == 403, name
+        assert b"redis" not in response.content.lower(), name
+    assert b'href="/health/"' not in alice_client.get(reverse("team_list")).content
+
+
+def test_it_shows_the_details_to_staff(staff_client):
+    body = staff_client.get(reverse("health_json")).json()
+    assert body["ok"] and body["database"]["detail"] in {"postgresql", "sqlite"}
+    assert body["redis"]["detail"].startswith("redis ")
+    page = staff_client.get(reverse("health")).content.decode()
+    assert "Workers online" in page and body["redis"]["detail"] in page
+    assert 'href="/health/"' in staff_client.get(reverse("team_list")).content.decode()
+
+
+def test_it_broadcasts_to_the_workers_once_for_two_quick_requests(staff_client, monkeypatch):
+    broadcasts = []
+    broadcast = queue_client.workers_online
+
+    def counted() -> list[dict[str, object]]:
+        broadcasts.append(1)
+        return broadcast()
+
+    monkeypatch.setattr(queue_client, "workers_online", counted)
+    assert staff_client.get(reverse("health_json")).status_code == 200
+    assert staff_client.get(reverse("health")).status_code == 200
+    assert len(broadcasts) == 1
+    assert staff_client.get("/health").status_code == 200  # the up/down answer asks no worker
+    assert len(broadcasts) == 1

@@ -1,5 +1,5 @@
-"""What the health page reports: the database, Redis, the telemetry ingest and the device workers, each
-actually asked."""
+"""What the health pages report: the database, Redis, the telemetry ingest and the device workers, each
+actually asked (the workers' answer is kept a few seconds, see `workers_online`)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,16 @@ from dataclasses import asdict, dataclass, field
 
 import redis
 from django.conf import settings
+from django.core.cache import cache
 from django.db import DatabaseError, connection
 
 from webapp import queue_client
 
 # The ingest passes every second; a heartbeat older than this means it is not running.
 INGEST_STALE_S = 30.0
+# A broadcast waits for every worker's reply, so reloads within this many seconds reuse the last answer.
+WORKERS_CACHE_S = 5.0
+WORKERS_CACHE_KEY = "health:workers"
 
 
 @dataclass(frozen=True)
@@ -90,10 +94,23 @@ def ingest_check() -> Check:
 
 
 def workers_online() -> list[WorkerInfo]:
-    """Ask every Celery worker which device it is bound to (Celery's broadcast, not a guess)."""
-    workers = [WorkerInfo(name=info["name"], device=info.get("device"), host=info.get("host"), pid=info.get("pid"))
-               for info in queue_client.workers_online()]
-    return sorted(workers, key=lambda worker: worker.name)
+    """Every Celery worker with the device it is bound to (Celery's broadcast, not a guess), as answered at
+    most `WORKERS_CACHE_S` ago: the broadcast reaches every worker and waits out its reply timeout, too much
+    to repeat on each page load."""
+    workers = cache.get(WORKERS_CACHE_KEY)
+    if workers is None:
+        workers = sorted(
+            (WorkerInfo(name=info["name"], device=info.get("device"), host=info.get("host"), pid=info.get("pid"))
+             for info in queue_client.workers_online()),
+            key=lambda worker: worker.name,
+        )
+        cache.set(WORKERS_CACHE_KEY, workers, WORKERS_CACHE_S)
+    return workers
+
+
+def service_up() -> bool:
+    """Whether this web server can serve: its database and Redis answer. Asks no worker."""
+    return database_check().ok and redis_check().ok
 
 
 def health_report() -> HealthReport:

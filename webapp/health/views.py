@@ -1,16 +1,45 @@
+"""Two kinds of health page: `/health` answers only up or down, to anyone (load balancers); the details
+(`/health/`, `/health.json`: addresses, versions, worker processes) are for logged-in staff."""
+
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
-from webapp.health.selectors import health_report
+from webapp.health.selectors import health_report, service_up
 
 
+def health_status(request: HttpRequest) -> HttpResponse:
+    """200 ``up`` when the database and Redis answer, else 503 ``down``; nothing else."""
+    up = service_up()
+    return HttpResponse("up\n" if up else "down\n", content_type="text/plain", status=200 if up else 503)
+
+
+def staff_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Anonymous visitors go to the login page; logged-in users who are not staff get 403."""
+
+    @login_required
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+        if not request.user.is_staff:
+            raise PermissionDenied("The health details are for staff.")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+@staff_only
 def health_page(request: HttpRequest) -> HttpResponse:
     report = health_report()
     return render(request, "health/health.html", {"report": report}, status=200 if report.ok else 503)
 
 
+@staff_only
 def health_json(request: HttpRequest) -> JsonResponse:
     report = health_report()
     return JsonResponse(report.as_dict(), status=200 if report.ok else 503)
