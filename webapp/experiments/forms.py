@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
 from django import forms
 from django.conf import settings
 
@@ -16,13 +15,14 @@ from webapp.accounts.models import Team
 from webapp.datasets.models import Dataset
 from webapp.experiments.model_shapes import PRESETS, ModelChoiceError, model_shape
 from webapp.experiments.models import Experiment
-from webapp.experiments.planning import ExperimentDraft
+from webapp.experiments.planning import CapError, ExperimentDraft, check_caps
 from webapp.experiments.search_space import (
     KINDS,
     MAX_TRIALS,
     PARAMETERS,
     SearchSpace,
     SearchSpaceError,
+    load_search_space_text,
     parse_search_space,
     space_from_rows,
 )
@@ -84,6 +84,11 @@ class ExperimentForm(forms.Form):
         self.team = team
         self.rows = rows
         self.fields["dataset"].queryset = Dataset.objects.filter(team=team)
+        caps = settings.HYDRA.caps
+        self.fields["n_trials"].help_text = (f"For random search and TPE; at most {caps.trials_per_experiment} "
+                                             "trials per experiment.")
+        self.fields["budget"].help_text = (f"Training length of each trial: at most {caps.steps_per_trial:,} "
+                                           f"optimizer steps and {caps.tokens_per_trial:,} tokens.")
 
     def is_valid(self) -> bool:
         """Valid when the form and every row are; `clean` may add errors to rows, so rows are judged after."""
@@ -108,11 +113,7 @@ class ExperimentForm(forms.Form):
     def _space(self, cleaned: dict[str, Any]) -> SearchSpace:
         text = (cleaned.get("space_text") or "").strip()
         if text:
-            try:
-                raw = yaml.safe_load(text)
-            except yaml.YAMLError as error:
-                raise SearchSpaceError(f"This is neither YAML nor JSON: {error}", field="space_text") from None
-            return parse_search_space(raw)
+            return load_search_space_text(text)
         if not self.rows.is_valid():
             raise SearchSpaceError("", field="rows")
         rows = [row.cleaned_data for row in self.rows.forms if row.cleaned_data and not row.cleaned_data.get("DELETE")]
@@ -138,12 +139,20 @@ class ExperimentForm(forms.Form):
             else:
                 budget = cleaned["memory_budget_mib"] * 1024 * 1024
         if not self.errors and model is not None and shape is not None and space is not None:
-            cleaned["draft"] = ExperimentDraft(
+            draft = ExperimentDraft(
                 name=cleaned["name"].strip(), dataset=cleaned["dataset"], model=model, shape=shape, space=space,
                 strategy=cleaned["strategy"], n_trials=cleaned["n_trials"], budget_unit=cleaned["budget_unit"],
                 budget=cleaned["budget"], eval_every=cleaned["eval_every"], seed=cleaned["seed"],
                 memory_budget_bytes=budget, early_stop_patience=cleaned.get("early_stop_patience"),
             )
+            try:
+                check_caps(draft, caps=settings.HYDRA.caps)
+            except CapError as error:
+                self.add_error(error.field, str(error))
+            except SearchSpaceError as error:  # a range a grid cannot expand
+                self._add_space_error(error, from_text=bool((cleaned.get("space_text") or "").strip()))
+            else:
+                cleaned["draft"] = draft
         return cleaned
 
     def _add_space_error(self, error: SearchSpaceError, *, from_text: bool) -> None:
@@ -175,7 +184,7 @@ class ExperimentForm(forms.Form):
         """Place an error raised while planning a valid draft (see `services.experiment_plan`)."""
         if isinstance(error, SearchSpaceError):
             self._add_space_error(error, from_text=bool((self.cleaned_data.get("space_text") or "").strip()))
-        elif isinstance(error, ModelChoiceError):
+        elif isinstance(error, ModelChoiceError | CapError):
             self.add_error(error.field if error.field in self.fields else None, str(error))
         else:
             self.add_error("memory_budget_mib" if self.cleaned_data.get("memory_budget") == "explicit" else None,

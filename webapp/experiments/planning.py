@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from webapp.config import Caps
 from webapp.datasets.models import Dataset
 from webapp.experiments.memory_preview import memory_plan
 from webapp.experiments.model_shapes import ModelChoiceError, ModelShape
@@ -19,6 +20,14 @@ from webapp.experiments.trial_generation import initial_trials
 from webapp.queue_client import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
 
 MEMORY_PARAMETERS = ("batch_size", "seq_len", "n_embd", "n_layer", "optimizer")
+
+
+class CapError(ValueError):
+    """A draft that asks for more than `Caps` allows; ``field`` is the form field to change."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +70,50 @@ def total_steps(*, budget_unit: str, budget: float, batch_size: int, seq_len: in
     if budget_unit == "steps":
         return max(1, int(budget))
     return max(1, math.ceil(budget * train_tokens / (batch_size * seq_len)))
+
+
+def check_trial_caps(*, steps: int, batch_size: int, seq_len: int, caps: Caps) -> None:
+    """Raise CapError when one trial of `steps` steps of `batch_size` x `seq_len` tokens is over a cap."""
+    if steps > caps.steps_per_trial:
+        raise CapError(
+            f"A trial would take {steps:,} optimizer steps; the cap is {caps.steps_per_trial:,} per trial "
+            "(HYDRA_MAX_STEPS_PER_TRIAL). Lower the budget.", field="budget",
+        )
+    tokens = steps * batch_size * seq_len
+    if tokens > caps.tokens_per_trial:
+        raise CapError(
+            f"A trial would train on {tokens:,} tokens ({steps:,} steps x batch {batch_size} x sequence "
+            f"{seq_len}); the cap is {caps.tokens_per_trial:,} per trial (HYDRA_MAX_TOKENS_PER_TRIAL). Lower the "
+            "budget, the batch size or the sequence length.", field="budget",
+        )
+
+
+def check_caps(draft: ExperimentDraft, *, caps: Caps) -> None:
+    """Raise CapError when some trial the draft may start is over a cap, or there are too many trials.
+
+    Steps and tokens are monotonic in batch size and sequence length, so the corners of their ranges bound
+    every trial, whichever the strategy draws; this is what the form checks before anything is planned.
+    """
+    count = draft.space.grid_size() if draft.strategy == "grid" else draft.n_trials
+    if count > caps.trials_per_experiment:
+        raise CapError(
+            f"The experiment would have {count} trials; the cap is {caps.trials_per_experiment} "
+            "(HYDRA_MAX_TRIALS_PER_EXPERIMENT).", field="n_trials" if draft.strategy != "grid" else "strategy",
+        )
+    for batch_size in _int_bounds(draft.space, "batch_size"):
+        for seq_len in _int_bounds(draft.space, "seq_len"):
+            steps = total_steps(budget_unit=draft.budget_unit, budget=draft.budget, batch_size=batch_size,
+                                seq_len=seq_len, train_tokens=draft.dataset.train_tokens)
+            check_trial_caps(steps=steps, batch_size=batch_size, seq_len=seq_len, caps=caps)
+
+
+def _int_bounds(space: SearchSpace, name: str) -> list[int]:
+    """The smallest and largest value of an integer parameter (its default when it is not searched)."""
+    dimension = space.get(name)
+    if dimension is None:
+        return [int(PARAMETERS[name].default)]
+    low = min(dimension.values) if dimension.kind == "categorical" else dimension.low
+    return [int(low), int(dimension.largest())]  # type: ignore[arg-type]
 
 
 def check_space(draft: ExperimentDraft) -> None:
@@ -121,13 +174,15 @@ def worst_case_params(space: SearchSpace) -> dict[str, Value]:
     return worst
 
 
-def plan_trials(draft: ExperimentDraft, *, budget_bytes: int) -> list[TrialDraft]:
+def plan_trials(draft: ExperimentDraft, *, budget_bytes: int, caps: Caps) -> list[TrialDraft]:
     """The experiment's initial trials with their lengths and estimated memory plans.
 
-    Raises SearchSpaceError, ModelChoiceError or FitError (a layer that cannot fit: for random search and
-    TPE the worst corner of the space is checked, since not every trial is known before launch).
+    Raises SearchSpaceError, ModelChoiceError, FitError (a layer that cannot fit: for random search and
+    TPE the worst corner of the space is checked, since not every trial is known before launch) or
+    CapError (more steps, tokens or trials than `caps` allow).
     """
     check_space(draft)
+    check_caps(draft, caps=caps)
     vocab = draft.dataset.vocab_size
     if draft.strategy != "grid":
         trial_plan(worst_case_params(draft.space), shape=draft.shape, vocab_size=vocab, budget_bytes=budget_bytes)
@@ -137,12 +192,12 @@ def plan_trials(draft: ExperimentDraft, *, budget_bytes: int) -> list[TrialDraft
         start=1,
     ):
         values = hyperparameters(params, draft.shape)
+        batch_size, seq_len = int(values["batch_size"]), int(values["seq_len"])
+        steps = total_steps(budget_unit=draft.budget_unit, budget=draft.budget, batch_size=batch_size,
+                            seq_len=seq_len, train_tokens=draft.dataset.train_tokens)
+        check_trial_caps(steps=steps, batch_size=batch_size, seq_len=seq_len, caps=caps)
         drafts.append(TrialDraft(
-            number=number, params=params,
-            total_steps=total_steps(
-                budget_unit=draft.budget_unit, budget=draft.budget, batch_size=int(values["batch_size"]),
-                seq_len=int(values["seq_len"]), train_tokens=draft.dataset.train_tokens,
-            ),
+            number=number, params=params, total_steps=steps,
             plan=trial_plan(params, shape=draft.shape, vocab_size=vocab, budget_bytes=budget_bytes),
         ))
     return drafts

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -21,18 +22,18 @@ from webapp.experiments.launching import memory_budget, trial_launch
 from webapp.experiments.memory_preview import FitError
 from webapp.experiments.model_shapes import ModelChoiceError
 from webapp.experiments.models import Experiment, Trial
-from webapp.experiments.planning import ExperimentDraft, TrialDraft, plan_trials
+from webapp.experiments.planning import CapError, ExperimentDraft, TrialDraft, plan_trials
 from webapp.experiments.search_space import SearchSpaceError
 from webapp.experiments.selectors import trial_actions
 
-PLAN_ERRORS = (SearchSpaceError, ModelChoiceError, FitError)
+PLAN_ERRORS = (SearchSpaceError, ModelChoiceError, FitError, CapError)
 Status = Trial.Status
 
 
 def experiment_plan(*, draft: ExperimentDraft) -> list[TrialDraft]:
     """The trials `draft` starts with, each with its estimated memory plan. Raises one of `PLAN_ERRORS`."""
     budget, _ = memory_budget(explicit_bytes=draft.memory_budget_bytes)
-    return plan_trials(draft, budget_bytes=budget)
+    return plan_trials(draft, budget_bytes=budget, caps=settings.HYDRA.caps)
 
 
 def experiment_create(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -158,3 +159,43 @@ def test_it_offers_only_the_teams_datasets(alice_team, bob_dataset):
     form = bound(alice_team, post_data(bob_dataset))
     assert not form.is_valid()
     assert "dataset" in form.errors
+
+
+def with_caps(settings, **caps):
+    settings.HYDRA = dataclasses.replace(settings.HYDRA, caps=dataclasses.replace(settings.HYDRA.caps, **caps))
+
+
+def test_it_refuses_ten_million_epochs_as_more_steps_than_the_cap(alice_team, alice_dataset, settings):
+    form = bound(alice_team, post_data(alice_dataset, budget_unit="epochs", budget=10_000_000))
+    assert not form.is_valid()
+    message = text(form.errors["budget"])
+    assert "HYDRA_MAX_STEPS_PER_TRIAL" in message and f"{settings.HYDRA.caps.steps_per_trial:,}" in message
+
+
+def test_it_refuses_a_trial_over_the_token_cap(alice_team, alice_dataset, settings):
+    with_caps(settings, tokens_per_trial=10_000)
+    rows = [{"name": "batch_size", "kind": "categorical", "values": "2, 8"},
+            {"name": "seq_len", "kind": "categorical", "values": "16"}]
+    form = bound(alice_team, post_data(alice_dataset, rows, budget=50))  # 50 x 8 x 16 = 6,400: under the cap
+    assert form.is_valid(), form.errors
+    form = bound(alice_team, post_data(alice_dataset, rows, budget=100))  # 100 x 8 x 16 = 12,800
+    assert not form.is_valid()
+    assert "12,800 tokens" in text(form.errors["budget"]) and "HYDRA_MAX_TOKENS_PER_TRIAL" in text(form.errors)
+
+
+def test_it_refuses_more_trials_than_the_cap(alice_team, alice_dataset, settings):
+    with_caps(settings, trials_per_experiment=3)
+    grid = bound(alice_team, post_data(alice_dataset, [{"name": "lr", "kind": "categorical",
+                                                        "values": "0.1, 0.01, 0.001, 0.0001"}]))
+    assert not grid.is_valid()
+    assert "4 trials; the cap is 3" in text(grid.errors["strategy"])
+    random = bound(alice_team, post_data(alice_dataset, strategy="random", n_trials=4))
+    assert not random.is_valid() and "4 trials; the cap is 3" in text(random.errors["n_trials"])
+    assert bound(alice_team, post_data(alice_dataset, strategy="random", n_trials=3)).is_valid()
+
+
+def test_it_states_the_caps_in_its_help_text(alice_team, settings):
+    with_caps(settings, steps_per_trial=5000, tokens_per_trial=2_000_000, trials_per_experiment=12)
+    form = ExperimentForm(team=alice_team, rows=ParameterRowFormSet(prefix="space"))
+    assert "5,000 optimizer steps and 2,000,000 tokens" in form.fields["budget"].help_text
+    assert "at most 12 trials" in form.fields["n_trials"].help_text

@@ -10,7 +10,8 @@ from django.core.exceptions import ValidationError
 from tests.webapp.experiments.conftest import planned
 from tests.webapp.experiments.factories import make_experiment
 from webapp.experiments import events, services
-from webapp.experiments.models import Trial
+from webapp.experiments.models import Experiment, Trial
+from webapp.experiments.planning import CapError
 from worker.engine.config import TrialSpec
 
 pytestmark = pytest.mark.django_db
@@ -31,6 +32,16 @@ def test_it_counts_epochs_in_steps(alice_team, alice_dataset):
                                  space={"seq_len": {"values": [16]}, "batch_size": {"values": [2]}})
     expected = -(-2 * alice_dataset.train_tokens // (2 * 16))
     assert experiment.trials.get().total_steps == expected
+
+
+def test_it_refuses_an_experiment_over_the_caps_and_stores_nothing(alice_team, alice_dataset, settings):
+    with pytest.raises(CapError, match="HYDRA_MAX_STEPS_PER_TRIAL"):
+        make_experiment(alice_team, alice_dataset, budget_unit="epochs", budget=10_000_000)
+    settings.HYDRA = dataclasses.replace(settings.HYDRA, caps=dataclasses.replace(
+        settings.HYDRA.caps, tokens_per_trial=10 * 2 * 64 - 1))  # steps x batch x the default sequence length
+    with pytest.raises(CapError, match="HYDRA_MAX_TOKENS_PER_TRIAL"):
+        make_experiment(alice_team, alice_dataset)
+    assert not Experiment.objects.exists() and not Trial.objects.exists()
 
 
 def test_it_submits_launched_trials_only_after_commit(alice_team, alice_dataset, scheduler,
