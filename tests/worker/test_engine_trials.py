@@ -1,4 +1,5 @@
-"""Engine trials on real device workers: exact results across devices and processes, and after a kill -9."""
+"""Engine trials on real device workers: plain PyTorch's numbers, bit for bit, across devices and processes,
+and after a kill -9."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from tests.plain_pytorch import assert_bit_identical, exported_weights, plain_reference
+from tests.worker.device_workers import DeviceWorkers
 from worker.contract import EngineJob
 from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, TrialSpec
-from worker.engine.session import TrialSession, trial_create
 from worker.scheduling.queue import ShardQueue
 
 pytestmark = pytest.mark.timeout(240)
@@ -30,39 +31,29 @@ def tiny_trial(tokens: str, *, seed: int, lr: float, steps: int = 3, width: int 
 
 
 def trained_alone(trial: TrialSpec, root: Path) -> dict[str, torch.Tensor]:
-    """The same trial trained by the engine in this process, start to end, then exported.
-
-    With one thread, like a worker of a one-core CPU device, so that float sums add in the same order.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _train_alone(trial, root)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _train_alone(trial: TrialSpec, root: Path) -> dict[str, torch.Tensor]:
-    trial_create(spec=trial, spill_dir=root / "spill", trial_id="alone", device=torch.device("cpu"))
-    session = TrialSession.open(spill_dir=root / "spill", trial_id="alone", device=torch.device("cpu"))
-    while session.next_unit() is not None:
-        session.run_unit()
-    session.export(root / "export")
-    return exported(root / "export")
+    """The final weights of the same trial trained with plain PyTorch in this process, on one thread like a
+    worker of a one-core CPU device (tests/plain_pytorch.py)."""
+    return plain_reference(trial, root).weights
 
 
 def exported(directory: Path) -> dict[str, torch.Tensor]:
-    weights: dict[str, torch.Tensor] = {}
-    for path in sorted(directory.glob("*.safetensors")):
-        weights.update(load_file(path))
-    return weights
+    return exported_weights(directory)
 
 
 def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    assert actual.keys() == expected.keys()
-    for name, tensor in expected.items():
-        torch.testing.assert_close(actual[name], tensor, rtol=0, atol=1e-6,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+    """Bit for bit: units run in any order of devices and processes add in the same order as plain PyTorch."""
+    assert_bit_identical(actual, expected)
+
+
+def assert_trained_like_plain_pytorch(workers: DeviceWorkers, trial_id: str, trial: TrialSpec, root: Path) -> None:
+    """The trial's step losses and evaluations (as its telemetry carries them) and exported weights are plain
+    PyTorch's, bit for bit."""
+    reference = plain_reference(trial, root / f"plain-{trial_id}")
+    steps = sorted((s["step"], s["loss"]) for s in workers.entries("steps") if s["trial"] == trial_id)
+    evals = sorted((e["step"], e["loss"]) for e in workers.entries("evals") if e["trial"] == trial_id)
+    assert [loss for _, loss in steps] == reference.losses
+    assert [loss for _, loss in evals] == reference.eval_losses
+    assert_bit_identical(exported_weights(root / "exports" / trial_id), reference.weights)
 
 
 def test_it_trains_three_trials_on_two_devices_exactly(device_workers, tokens: str, tmp_path: Path) -> None:
@@ -92,7 +83,7 @@ def test_it_trains_three_trials_on_two_devices_exactly(device_workers, tokens: s
     assert not list(workers.spill_dir.iterdir())  # finished trials free their spill stores
 
     for trial_id, trial in trials.items():
-        assert_same_weights(exported(tmp_path / "exports" / trial_id), trained_alone(trial, tmp_path / trial_id))
+        assert_trained_like_plain_pytorch(workers, trial_id, trial, tmp_path)
 
 
 def test_a_pause_stops_a_trial_its_device_holds_at_the_unit_boundary_and_resume_goes_on_exactly(
@@ -113,7 +104,7 @@ def test_a_pause_stops_a_trial_its_device_holds_at_the_unit_boundary_and_resume_
     assert workers.queue.trial("t").units_done == paused.units_done  # nothing ran while paused
     assert workers.queue.resume("t") == "runnable"
     assert workers.wait_for_states(["t"], {"finished", "failed"}, 120)["t"].state == "finished"
-    assert_same_weights(exported(tmp_path / "exports" / "t"), trained_alone(trial, tmp_path / "alone"))
+    assert_trained_like_plain_pytorch(workers, "t", trial, tmp_path)
 
 
 def test_it_reruns_the_unit_of_a_killed_worker_on_another_device(
