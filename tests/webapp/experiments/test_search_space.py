@@ -20,11 +20,13 @@ from webapp.experiments.search_space import (
 
 
 def alias_bomb(levels: int = 9, *, at: str = "kind") -> str:
-    """A few hundred characters of YAML whose aliases stand for 9**levels values, under a known parameter."""
-    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
-    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
-    lines.append(f"lr: {{{at}: *a{levels - 1}}}")
-    return "\n".join(lines)
+    """A few hundred characters of YAML whose last alias, `lr`'s field `at`, stands for 9**levels values (the
+    anchors sit in a field that is checked after `at`)."""
+    anchors = ["&a0 [x, x, x, x, x, x, x, x, x]"]
+    anchors += [f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    holder = "high" if at == "low" else "low"
+    kind = "kind: float, " if at == "low" else ""
+    return f"lr: {{{kind}{holder}: [{', '.join(anchors)}], {at}: *a{levels - 1}}}"
 
 
 def peak_bytes(call) -> int:
@@ -185,3 +187,21 @@ def test_it_quotes_at_most_a_few_dozen_characters_of_user_text():
             parse_search_space(raw)
         assert name[: QUOTE_CHARS - 3] in str(caught.value)
         assert len(str(caught.value)) < 200, raw
+
+
+@pytest.mark.django_db
+def test_the_form_page_answers_an_alias_bomb_with_a_field_error(alice_client, alice_dataset):
+    from django.urls import reverse
+
+    from tests.webapp.experiments.test_forms import post_data
+
+    url = reverse("experiment_create")
+    plain_error = post_data(alice_dataset, action="preview", space_text="lr: {values: [oops]}")
+    bomb = post_data(alice_dataset, action="preview", space_text=alias_bomb(9, at="values"))
+    alice_client.post(url, plain_error)  # the first request fills caches (templates, URL resolver)
+    baseline = peak_bytes(lambda: alice_client.post(url, plain_error))
+    responses = []
+    peak = peak_bytes(lambda: responses.append(alice_client.post(url, bomb)))
+    assert responses[0].status_code == 400
+    assert "anchors and aliases (&amp; and *) are not accepted" in responses[0].content.decode()
+    assert peak < 2 * baseline, (peak, baseline)
