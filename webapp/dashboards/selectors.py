@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Max, Q
+from django.db.models import Max, Min, Q
 
 from webapp.dashboards.downsample import lttb, minmax
 from webapp.experiments.models import Experiment, Trial
@@ -41,6 +41,8 @@ class TrialInfo:
     best_val_loss: float | None
     best_val_ppl: float | None
     launched: float | None  # the experiment's launch (epoch seconds): wall time is measured from it
+    started: float | None = None  # when the trial began running, and ended (epoch seconds)
+    finished: float | None = None
 
     @property
     def label(self) -> str:
@@ -113,7 +115,9 @@ def trial_infos(trials: Iterable[Trial]) -> list[TrialInfo]:
         TrialInfo(id=t.pk, number=t.number, attempt=t.attempt, experiment=t.experiment.name, params=dict(t.params),
                   status=t.status, step=t.step, total_steps=t.total_steps, best_val_loss=t.best_val_loss,
                   best_val_ppl=t.best_val_ppl,
-                  launched=t.experiment.launched.timestamp() if t.experiment.launched else None)
+                  launched=t.experiment.launched.timestamp() if t.experiment.launched else None,
+                  started=t.started.timestamp() if t.started else None,
+                  finished=t.finished.timestamp() if t.finished else None)
         for t in trials
     ]
 
@@ -211,7 +215,11 @@ def _thin_evals(series: EvalSeries) -> EvalSeries:
 def devices(*, experiment: Experiment, trials: list[TrialInfo], after: int | None = None,
             sample_after: float | None = None) -> Devices:
     """Unit spans of the experiment's trials (the latest `SPAN_LIMIT`, or those after span id `after`) and
-    the samples of the devices they ran on since the experiment began (or since `sample_after`)."""
+    the samples of the devices they ran on since the experiment began (or since `sample_after`).
+
+    Devices are shared between teams: a device's samples are shown only from the times this experiment's
+    trials ran (`run_windows`), never from before or after, when another team's work had the device.
+    """
     ids = [t.id for t in trials]
     spans = UnitSpan.objects.filter(trial_id__in=ids)
     if after is not None:
@@ -231,7 +239,7 @@ def devices(*, experiment: Experiment, trials: list[TrialInfo], after: int | Non
         for _, trial, host, device, phase, shard, step, start, end, peak in rows
     ]
     since = sample_after if sample_after is not None else (origin or 0.0)
-    samples = _samples(lanes, since)
+    samples = _samples(lanes, since, run_windows(trials))
     last_sample = max((s.time[-1] for s in samples.values() if s.time), default=since)
     return Devices(spans=span_rows, samples=samples, origin=origin, cursor=cursor, sample_after=last_sample)
 
@@ -243,14 +251,41 @@ def _lanes(pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
     return {(host, device): device if one_host else f"{host}/{device}" for host, device in pairs}
 
 
-def _samples(lanes: dict[tuple[str, str], str], since: float) -> dict[str, SampleSeries]:
-    if not lanes:
+def run_windows(trials: Sequence[TrialInfo]) -> list[tuple[float, float | None]]:
+    """The times any of `trials` ran, merged and in order: ``(start, end)``, end None while one still runs.
+
+    A trial runs from its first unit span (planning comes before the scheduler calls it running) or its
+    start, whichever is earlier, until it finished; one that has neither span nor start has not run.
+    """
+    firsts = dict(UnitSpan.objects.filter(trial_id__in=[t.id for t in trials]).values("trial_id")
+                  .annotate(first=Min("start")).values_list("trial_id", "first"))
+    windows: list[tuple[float, float | None]] = []
+    for trial in trials:
+        begins = [b for b in (trial.started, firsts.get(trial.id)) if b is not None]
+        if begins:
+            windows.append((min(begins), trial.finished))
+    merged: list[tuple[float, float | None]] = []
+    for start, end in sorted(windows, key=lambda w: w[0]):
+        if merged and (merged[-1][1] is None or start <= merged[-1][1]):
+            first, last = merged[-1]
+            merged[-1] = (first, None if last is None or end is None else max(last, end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _samples(lanes: dict[tuple[str, str], str], since: float,
+             windows: Sequence[tuple[float, float | None]]) -> dict[str, SampleSeries]:
+    if not lanes or not windows:
         return {}
     where = Q(pk__in=[])
     for host, device in lanes:
         where |= Q(host=host, device=device)
+    during = Q(pk__in=[])
+    for start, end in windows:
+        during |= Q(time__gte=start) if end is None else Q(time__gte=start, time__lte=end)
     rows = (
-        DeviceSample.objects.filter(where, time__gt=since).order_by("time")
+        DeviceSample.objects.filter(where, during, time__gt=since).order_by("time")
         .values_list("host", "device", "time", "utilization", "memory_used", "memory_total")
     )
     raw: dict[str, SampleSeries] = defaultdict(SampleSeries)

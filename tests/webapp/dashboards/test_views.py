@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 
@@ -144,3 +145,44 @@ def test_it_renders_a_script_name_inert(alice_client, experiment):
     for url in _urls(experiment)[:3] + _urls(experiment)[5:6]:
         page = alice_client.get(url).content.decode()
         assert "<script>alert(1)</script>" not in page, url
+
+
+def test_device_samples_are_limited_to_when_the_teams_trials_ran(alice_client, alice_team, bob_team,
+                                                                    redis_client, host_id):
+    # Bob's experiment had the shared device cpu0 first; Alice's trial ran on it from t0+20 s to t0+30 s;
+    # then the device went on working for someone else.
+    t0 = time.time() - 100
+    bob_experiment = make_experiment(bob_team, name="bob sweep")
+    alice_experiment = make_experiment(alice_team, name="alice sweep", status="finished")
+    bob_trial, alice_trial = bob_experiment.trials.get(), alice_experiment.trials.get()
+    write_span(redis_client, host_id, bob_trial, device="cpu0", unit=0, start=t0, end=t0 + 10)
+    write_span(redis_client, host_id, alice_trial, device="cpu0", unit=0, start=t0 + 21, end=t0 + 29)
+    for at, utilization in [(t0 + 5, 0.11), (t0 + 25, 0.22), (t0 + 35, 0.33)]:
+        write_sample(redis_client, host_id, device="cpu0", at=at, utilization=utilization)
+    telemetry_ingest(host_id=host_id)
+    Trial.objects.filter(pk=alice_trial.pk).update(started=_at(t0 + 20), finished=_at(t0 + 30))
+    alice_experiment.__class__.objects.filter(pk=alice_experiment.pk).update(launched=_at(t0 - 60))
+
+    url = reverse("dashboard_devices_data", args=[alice_experiment.pk])
+    assert alice_client.get(url, {"samples_after": "0"}).json()["samples"]["cpu0"]["utilization"] == [22.0]
+    assert alice_client.get(url).json()["samples"]["cpu0"]["utilization"] == [22.0]
+    page = alice_client.get(reverse("dashboard_devices", args=[alice_experiment.pk])).content.decode()
+    figure = json.loads(page.split('id="utilization-figure" type="application/json">')[1].split("</script>")[0])
+    assert [trace["y"] for trace in figure["data"]] == [[22.0]]
+
+
+def test_a_running_trials_window_is_open_ended():
+    trials = [_info(1, started=10.0, finished=20.0), _info(2, started=15.0, finished=None),
+              _info(3, started=40.0, finished=50.0), _info(4, started=None, finished=None)]
+    assert selectors.run_windows(trials) == [(10.0, None)]
+    assert selectors.run_windows([trials[0], trials[2]]) == [(10.0, 20.0), (40.0, 50.0)]
+
+
+def _at(epoch: float):
+    return datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC)
+
+
+def _info(trial_id: int, *, started: float | None, finished: float | None) -> selectors.TrialInfo:
+    return selectors.TrialInfo(id=trial_id, number=trial_id, attempt=1, experiment="e", params={}, status="running",
+                               step=0, total_steps=1, best_val_loss=None, best_val_ppl=None, launched=None,
+                               started=started, finished=finished)
