@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import redis
 
@@ -82,13 +80,22 @@ def test_it_requeues_after_a_unit_and_finishes_after_the_last(shard_queue: Shard
     assert (shard_queue.trial("t1").last_device, shard_queue.trial("t1").message) == ("cpu1", "stopped early")
 
 
+# Lease tests move the queue's clock (`advance_clock_for_tests`) instead of sleeping: a minute-long lease
+# that the clock moves just short of, or well past, gives the same answer however slowly this machine runs.
+LEASE_S = 60.0
+
+
 def test_it_puts_a_unit_back_when_its_lease_expires(shard_queue: ShardQueue) -> None:
-    shard_queue.configure(lease_s=0.2)
+    shard_queue.configure(lease_s=LEASE_S)
     runnable(shard_queue, "t1")
     lease = shard_queue.claim("t1", "cpu0")
-    assert lease.lease_s == 0.2
+    assert lease.lease_s == LEASE_S
+    shard_queue.advance_clock_for_tests(seconds=LEASE_S - 10)
+    assert survey(shard_queue).candidates == [] and shard_queue.trial("t1").requeues == 0  # still leased
     assert shard_queue.renew("t1", lease.token)
-    time.sleep(0.3)
+    shard_queue.advance_clock_for_tests(seconds=LEASE_S - 10)
+    assert survey(shard_queue).candidates == []  # renewed: a lease from the renewal
+    shard_queue.advance_clock_for_tests(seconds=20)
 
     seen = survey(shard_queue)
     assert [c.trial_id for c in seen.candidates] == ["t1"]
@@ -102,22 +109,24 @@ def test_it_puts_a_unit_back_when_its_lease_expires(shard_queue: ShardQueue) -> 
 
 def test_a_device_holds_a_trial_whose_activations_it_keeps_until_the_hold_lapses(shard_queue: ShardQueue) -> None:
     runnable(shard_queue, "t1")
-    shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=2, unit_s=0.5, hold_s=0.3)
+    shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=2, unit_s=0.5, hold_s=60.0)
     assert survey(shard_queue, "cpu1").candidates == [Candidate("t1", 1.0, "cpu0", held_by="cpu0")]
-    time.sleep(0.4)
+    shard_queue.advance_clock_for_tests(seconds=50)
+    assert survey(shard_queue, "cpu1").candidates == [Candidate("t1", 1.0, "cpu0", held_by="cpu0")]
+    shard_queue.advance_clock_for_tests(seconds=20)
     assert survey(shard_queue, "cpu1").candidates == [Candidate("t1", 1.0, "cpu0")]  # a dead holder is passed
-    shard_queue.complete(shard_queue.claim("t1", "cpu1"), remaining_units=1, unit_s=0.5, hold_s=10.0)
+    shard_queue.complete(shard_queue.claim("t1", "cpu1"), remaining_units=1, unit_s=0.5, hold_s=60.0)
     assert survey(shard_queue).candidates[0].held_by == "cpu1"
     shard_queue.complete(shard_queue.claim("t1", "cpu1"), remaining_units=1, unit_s=0.5)  # the backward is through
     assert survey(shard_queue).candidates[0].held_by is None
 
 
 def test_a_hold_ends_with_the_lease_of_its_holder(shard_queue: ShardQueue) -> None:
-    shard_queue.configure(lease_s=0.2)
+    shard_queue.configure(lease_s=LEASE_S)
     runnable(shard_queue, "t1")
-    shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=2, unit_s=0.5, hold_s=60.0)
+    shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=2, unit_s=0.5, hold_s=100 * LEASE_S)
     shard_queue.claim("t1", "cpu0")  # the holder takes it back, then dies mid-unit
-    time.sleep(0.3)
+    shard_queue.advance_clock_for_tests(seconds=LEASE_S + 10)
     assert survey(shard_queue, "cpu1").candidates == [Candidate("t1", 1.0, "cpu0")]
 
 
@@ -170,21 +179,23 @@ def test_a_held_trial_goes_back_to_the_policy_when_the_loop_must_look_first(
 
 
 def test_it_renews_a_lease(shard_queue: ShardQueue) -> None:
-    shard_queue.configure(lease_s=0.3)
+    shard_queue.configure(lease_s=LEASE_S)
     runnable(shard_queue, "t1")
     lease = shard_queue.claim("t1", "cpu0")
-    for _ in range(3):
-        time.sleep(0.15)
+    for _ in range(3):  # three times 2/3 of the lease: it would have expired without the renewals
+        shard_queue.advance_clock_for_tests(seconds=LEASE_S * 2 / 3)
         assert shard_queue.renew("t1", lease.token)
         survey(shard_queue)
+    assert shard_queue.trial("t1").requeues == 0
     assert shard_queue.complete(lease, remaining_units=2, unit_s=0.5) == "runnable"
 
 
 def test_it_replans_when_a_planning_lease_expires(shard_queue: ShardQueue) -> None:
-    shard_queue.configure(lease_s=0.1)
+    shard_queue.configure(lease_s=LEASE_S)
     shard_queue.submit(trial_id="t1", job=SPEC, export_dir="")
     stale = shard_queue.claim_plan("cpu0")
-    time.sleep(0.2)
+    assert survey(shard_queue).planning == 0
+    shard_queue.advance_clock_for_tests(seconds=LEASE_S + 10)
     assert survey(shard_queue).planning == 1
     job = shard_queue.claim_plan("cpu1")
     assert job.trial_id == "t1" and job.token != stale.token
@@ -290,10 +301,10 @@ def test_it_publishes_state_changes_but_not_the_flips_between_units(shard_queue:
 
 
 def test_it_publishes_a_requeue_after_a_lost_lease(shard_queue: ShardQueue) -> None:
-    shard_queue.configure(lease_s=0.1)
+    shard_queue.configure(lease_s=LEASE_S)
     runnable(shard_queue, "t1")
     shard_queue.claim("t1", "cpu1")
-    time.sleep(0.2)
+    shard_queue.advance_clock_for_tests(seconds=LEASE_S + 10)
     survey(shard_queue)
     shard_queue.claim("t1", "cpu0")
     assert events(shard_queue)[-2:] == [
@@ -352,3 +363,18 @@ def test_it_tells_a_device_loop_to_end_when_stopped_or_superseded(shard_queue: S
     shard_queue.device_stop("cpu0")
     assert not shard_queue.survey("cpu0", "new").alive
     assert shard_queue.devices()["cpu0"]["epoch"] == "new"
+
+
+def test_the_test_clock_moves_only_forward_and_only_its_own_host(
+    shard_queue: ShardQueue, redis_client: redis.Redis, host_id: str
+) -> None:
+    other = ShardQueue(redis_client, f"{host_id}-other")
+    for queue in (shard_queue, other):
+        queue.configure(lease_s=LEASE_S)
+        runnable(queue, "t1")
+        queue.claim("t1", "cpu0")
+    shard_queue.advance_clock_for_tests(seconds=LEASE_S + 10)
+    assert [c.trial_id for c in survey(shard_queue).candidates] == ["t1"]
+    assert survey(other).candidates == [] and other.trial("t1").state == "running"
+    with pytest.raises(ValueError, match="only moves forward"):
+        shard_queue.advance_clock_for_tests(seconds=-1)

@@ -15,7 +15,7 @@ readable with redis-cli::
     hydra:<host>:seq             STRING lease token counter
     hydra:<host>:wake            LIST   wake-up tokens for idle devices (capped)
     hydra:<host>:reap            LIST   trials that ended cancelled or failed: a device frees their state
-    hydra:<host>:config          HASH   lease_ms (default DEFAULT_LEASE_MS)
+    hydra:<host>:config          HASH   lease_ms (default DEFAULT_LEASE_MS); clock_offset_ms (tests only)
     hydra:<host>:device:<name>   HASH   epoch (of the worker's current loop), stop, seen (last survey, s)
     hydra:<host>:heartbeats      HASH   process name (ingest) -> its last pass (s); `worker.api.heartbeat_set`
     hydra:<host>:events          STREAM trial, state, message: state changes for the web app (not the
@@ -25,7 +25,8 @@ readable with redis-cli::
 States: planning -> runnable <-> running -> finished | failed; paused; cancelled. Pause and cancel of a
 trial whose unit (or planning) is in flight set ``control`` and take effect when that unit ends. A lease
 that expires (its worker died) puts the trial back, so another device re-runs the same unit from the spill
-store. Times come from Redis's clock, so hosts with skewed clocks agree on lease expiry.
+store. Times come from Redis's clock, so hosts with skewed clocks agree on lease expiry; tests move that
+clock forward (`ShardQueue.advance_clock_for_tests`) instead of sleeping past a lease.
 
 Each script is the shared prelude, a line naming its arguments as locals (``local id, token = ARGV[2],
 ARGV[3]``, made by `_script` from the names written beside the body), then the body, which reads ARGV no
@@ -77,9 +78,16 @@ _PRELUDE = """
 local P = ARGV[1]
 local function key(name) return P .. name end
 local function tkey(id) return P .. 'trial:' .. id end
+-- Redis's clock (one reading per script: a script is atomic), moved by the host's clock_offset_ms, which only
+-- tests set (`ShardQueue.advance_clock_for_tests`) to expire a lease or lapse a hold without sleeping.
+local NOW
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not NOW then
+    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+          + tonumber(redis.call('HGET', key('config'), 'clock_offset_ms') or '0')
+  end
+  return NOW
 end
 local function lease_ms()
   return tonumber(redis.call('HGET', key('config'), 'lease_ms') or 'DEFAULT_LEASE_MS')
@@ -453,6 +461,14 @@ class ShardQueue:
         if lease_s <= 0:
             raise ValueError(f"lease_s={lease_s} must be positive.")
         self.client.hset(self.key("config"), "lease_ms", int(lease_s * 1000))
+
+    def advance_clock_for_tests(self, *, seconds: float) -> None:
+        """Move this host's queue clock `seconds` forward, for every script from now on: leases expire and
+        holds lapse as if that time had passed, without a test sleeping and hoping. Never called in
+        production, where the clock is Redis's own."""
+        if seconds <= 0:
+            raise ValueError(f"seconds={seconds} must be positive: the queue's clock only moves forward.")
+        self.client.hincrby(self.key("config"), "clock_offset_ms", int(seconds * 1000))
 
     # Submitting and controlling trials -----------------------------------------------------------------
 
