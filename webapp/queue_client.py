@@ -9,6 +9,7 @@ what crosses the layers is named in one place. Nothing here imports torch: `work
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import redis
@@ -17,11 +18,13 @@ from django.conf import settings
 from worker import api
 from worker.contract import (
     ENDED,
+    Budget,
     Control,
     EngineJob,
     Job,
     QueueError,
     TrialEvent,
+    TrialExists,
     TrialNotFound,
     TrialRecord,
     TrialState,
@@ -31,10 +34,10 @@ from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpe
 from worker.engine.errors import SpecError
 
 __all__ = [
-    "ENDED", "Control", "DataSpec", "EngineJob", "Job", "ModelSpec", "OptimizerSpec",
-    "ScheduleSpec", "SchedulerError", "SpecError", "TrialEvent", "TrialRecord", "TrialSpec", "TrialState",
-    "control_changes", "events_read", "heartbeat_age", "heartbeat_set", "trial_control", "trial_record",
-    "trial_submit", "workers_online",
+    "ENDED", "Budget", "Control", "DataSpec", "EngineJob", "Job", "ModelSpec", "OptimizerSpec",
+    "ScheduleSpec", "SchedulerError", "SchedulerUnavailable", "SpecError", "TrialEvent", "TrialRecord", "TrialSpec",
+    "TrialState", "control_changes", "events_read", "heartbeat_age", "heartbeat_set", "trial_control",
+    "trial_record", "trial_states", "trial_submit", "workers_online",
 ]
 
 WORKER_REPLY_TIMEOUT_S = 1.5
@@ -44,25 +47,47 @@ class SchedulerError(RuntimeError):
     """The scheduler refused or could not be reached; the message says which and why."""
 
 
+class SchedulerUnavailable(SchedulerError):
+    """Redis could not be reached, so nothing changed in the queue; the same call may succeed later."""
+
+
 def trial_submit(*, trial_id: str, job: Job, export_dir: str) -> None:
-    """Queue the trial on this host. Raises SchedulerError (a refused job, a known id, Redis down)."""
+    """Queue the trial on this host.
+
+    Submitting the same job under the same id again is one submission, not an error: a caller that cannot
+    tell whether an earlier submit landed (it died, or lost its connection, before hearing back) repeats it.
+    Raises SchedulerUnavailable (Redis down) or SchedulerError (a refused job, an id another job holds).
+    """
     try:
         api.trial_submit(config=settings.HYDRA.worker, trial_id=trial_id, job=job, export_dir=export_dir)
-    except (QueueError, ValueError, redis.RedisError) as error:  # ValueError: a bad id, or a JobError
+        return
+    except TrialExists as error:
+        taken = error
+    except redis.RedisError as error:
+        raise SchedulerUnavailable(f"The scheduler could not be reached: {error}") from error
+    except (QueueError, ValueError) as error:  # ValueError: a bad id, or a JobError
         raise SchedulerError(f"The scheduler did not accept the trial: {error}") from error
+    try:
+        held = trial_record(trial_id=trial_id)
+    except redis.RedisError as error:
+        raise SchedulerUnavailable(f"The scheduler could not be reached: {error}") from error
+    stored_job = json.loads(json.dumps(job.to_dict()))  # as the queue stores it: tuples become lists
+    if held is None or held.job != stored_job or held.export_dir != export_dir:
+        raise SchedulerError(f"The scheduler did not accept the trial: {taken}") from taken
 
 
 def trial_control(*, trial_id: str, control: Control) -> TrialState:
     """Pause, resume or cancel a queued or running trial; returns the scheduler's state afterwards.
 
-    Raises SchedulerError when the scheduler refuses (for example, a trial it does not know).
+    Raises SchedulerError when the scheduler refuses (for example, a trial it does not know), and
+    SchedulerUnavailable when it cannot be reached.
     """
     try:
         return TrialState(api.trial_control(config=settings.HYDRA.worker, trial_id=trial_id, control=control))
     except QueueError as error:
         raise SchedulerError(f"The scheduler refused to {control} trial {trial_id}: {error}") from error
     except redis.RedisError as error:
-        raise SchedulerError(f"The scheduler could not be reached: {error}") from error
+        raise SchedulerUnavailable(f"The scheduler could not be reached: {error}") from error
 
 
 def trial_record(*, trial_id: str, host_id: str | None = None) -> TrialRecord | None:
@@ -71,6 +96,12 @@ def trial_record(*, trial_id: str, host_id: str | None = None) -> TrialRecord | 
         return api.trial_get(config=settings.HYDRA.worker, trial_id=trial_id, host_id=host_id)
     except TrialNotFound:
         return None
+
+
+def trial_states(*, host_id: str | None = None) -> dict[str, TrialState]:
+    """Every trial in the queue of `host_id` (default: this host) -> its state. Raises redis.RedisError."""
+    return {trial_id: TrialState(state) for trial_id, state in
+            api.trial_states(config=settings.HYDRA.worker, host_id=host_id).items()}
 
 
 def telemetry_read(

@@ -59,6 +59,11 @@ def trial_list(*, config: WorkerConfig, host_id: str | None = None) -> list[Tria
     return host_queue(config, host_id).trials()
 
 
+def trial_states(*, config: WorkerConfig, host_id: str | None = None) -> dict[str, str]:
+    """Every trial of the host -> its state (what `trial_list` says, without reading each job)."""
+    return host_queue(config, host_id).states()
+
+
 def telemetry_read(
     *, config: WorkerConfig, stream: str, after: str = "0-0", count: int = 1000, host_id: str | None = None
 ) -> telemetry.Batch:

@@ -1,9 +1,13 @@
 """Sending trials to the workers: a trial's job, its launch, and TPE's next trials.
 
-A launch moves a trial to ``planning`` and queues its job once the transaction commits (the guarantee
-Celery's ``delay_on_commit`` gives): nothing reaches the queue unless the rows that say "launched" are
-committed. A job the queue refuses (or a Redis outage) fails that attempt at once with the reason; it is
-not a trial event (the queue never knew the trial), so it does not ask TPE for another trial.
+A launch is an outbox. Its transaction moves the trial to ``planning`` with its job's spec and
+``submitted`` false; once that commits (the guarantee Celery's ``delay_on_commit`` gives), `trial_send`
+submits the job and marks the trial submitted. Nothing reaches the queue unless the rows that say
+"launched" are committed, and a launch whose send never ran (the process died) or could not reach Redis
+stays to submit until the reconciler (`webapp.experiments.reconcile`) sends it. Sending twice is one
+submission, so the launch and the reconciler may race. A job the queue refuses fails that attempt at once
+with the reason; it is not a trial event (the queue never knew the trial), so it does not ask TPE for
+another trial.
 """
 
 from __future__ import annotations
@@ -40,12 +44,16 @@ def trial_job(*, trial: Trial) -> queue_client.EngineJob:
     spec = trial_spec(params=trial.params, shape=shape, dataset=experiment.dataset, steps=trial.total_steps,
                       eval_every=experiment.eval_every, seed=experiment.seed, budget_bytes=budget,
                       early_stop_patience=experiment.early_stop_patience)
-    return queue_client.EngineJob(trial=spec, budget="auto" if experiment.memory_budget_bytes is None else "explicit")
+    return queue_client.EngineJob(trial=spec, budget=_budget_mode(experiment))
+
+
+def _budget_mode(experiment: Experiment) -> queue_client.Budget:
+    return "auto" if experiment.memory_budget_bytes is None else "explicit"
 
 
 def trial_launch(*, trial: Trial) -> None:
-    """Start a new attempt of a new, failed or cancelled trial: it moves to planning and its job is queued
-    once the current transaction commits. A trial whose values the engine refuses fails at once."""
+    """Start a new attempt of a new, failed or cancelled trial: it moves to planning, to be submitted, and its
+    job is sent once the current transaction commits. A trial whose values the engine refuses fails at once."""
     try:
         job: queue_client.EngineJob | None = trial_job(trial=trial)
     except queue_client.SpecError as error:
@@ -53,25 +61,48 @@ def trial_launch(*, trial: Trial) -> None:
         refusal = f"The scheduler did not accept the trial: engine trial spec is invalid: {error}"
     trial.attempt += 1
     trial.queue_id = trial.attempt_queue_id(trial.attempt)
+    trial.submitted = False
     trial.status = Status.PLANNING if job is not None else Status.FAILED
     trial.spec = job.trial.to_dict() if job is not None else None
     trial.message = "" if job is not None else refusal
     trial.step, trial.remaining_s, trial.started, trial.finished = 0, None, None, None
     trial.best_val_loss = trial.best_val_ppl = None
     trial.save()
-    if job is None:
-        return
-    queued, queue_id, export_dir = job, trial.queue_id, str(trial.export_dir_for(trial.queue_id))
+    if job is not None:
+        queue_id = trial.queue_id
+        transaction.on_commit(lambda: trial_send(queue_id=queue_id))
 
-    def send() -> None:
+
+def trial_send(*, queue_id: str) -> bool:
+    """Submit the launched attempt `queue_id` if it is still to be submitted; returns whether this call marked it
+    submitted (by its submit, or by finding that an earlier one landed).
+
+    Any number of callers may call it for the same attempt, at once: the trial's row is locked while its job
+    is sent, and a trial submitted, ended, retried or deleted meanwhile is left alone. When Redis cannot be
+    reached the trial stays to submit, its message saying so; a job the queue refuses fails the attempt.
+    """
+    with transaction.atomic():
+        trial = (Trial.objects.select_for_update(of=("self",)).select_related("experiment")
+                 .filter(queue_id=queue_id, status=Status.PLANNING, submitted=False).first())
+        if trial is None:
+            return False
+        job = queue_client.EngineJob(trial=queue_client.TrialSpec.from_dict(trial.spec),
+                                     budget=_budget_mode(trial.experiment))
         try:
-            queue_client.trial_submit(trial_id=queue_id, job=queued, export_dir=export_dir)
+            queue_client.trial_submit(trial_id=queue_id, job=job, export_dir=str(trial.export_dir_for(queue_id)))
+        except queue_client.SchedulerUnavailable as error:
+            log.warning("trial %s not queued yet: %s", queue_id, error)
+            trial.message = f"Waiting to be sent to the scheduler. {error}"
+            trial.save(update_fields=["message", "updated"])
+            return False
         except queue_client.SchedulerError as error:
             log.warning("trial %s could not be queued: %s", queue_id, error)
-            Trial.objects.filter(queue_id=queue_id, status=Status.PLANNING).update(status=Status.FAILED,
-                                                                                    message=str(error))
-
-    transaction.on_commit(send)
+            trial.status, trial.message = Status.FAILED, str(error)
+            trial.save(update_fields=["status", "message", "updated"])
+            return False
+        trial.submitted, trial.message = True, ""
+        trial.save(update_fields=["submitted", "message", "updated"])
+    return True
 
 
 def experiment_extend_tpe(*, experiment: Experiment) -> list[Trial]:

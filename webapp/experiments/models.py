@@ -79,6 +79,10 @@ class Trial(models.Model):
         max_length=40, blank=True, db_index=True,
         help_text="The id the scheduler knows this attempt by: '<pk>' at first, '<pk>.<attempt>' after a retry.",
     )
+    submitted = models.BooleanField(
+        default=False,
+        help_text="Whether the scheduler holds this attempt; a launched one not yet submitted waits in this outbox.",
+    )
     step = models.PositiveIntegerField(default=0)
     total_steps = models.PositiveIntegerField()
     remaining_s = models.FloatField(null=True, blank=True, help_text="The scheduler's remaining-time estimate.")

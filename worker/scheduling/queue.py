@@ -653,6 +653,14 @@ class ShardQueue:
             pipe.hgetall(self.key(f"trial:{trial_id}"))
         return [_record(trial_id, fields) for trial_id, fields in zip(ids, pipe.execute(), strict=True) if fields]
 
+    def states(self) -> dict[str, str]:
+        """Every trial of this host -> its state, oldest first; `trials` without the jobs and plans."""
+        ids = self.client.zrange(self.key("trials"), 0, -1)
+        pipe = self.client.pipeline(transaction=False)
+        for trial_id in ids:
+            pipe.hget(self.key(f"trial:{trial_id}"), "state")
+        return {trial_id: state for trial_id, state in zip(ids, pipe.execute(), strict=True) if state is not None}
+
 
 def _record(trial_id: str, fields: Mapping[str, str]) -> TrialRecord:
     remaining_units = int(fields["remaining_units"]) if "remaining_units" in fields else None

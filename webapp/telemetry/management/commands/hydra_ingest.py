@@ -1,4 +1,5 @@
-"""``manage.py hydra_ingest``: copy telemetry from Redis streams into the database, every second."""
+"""``manage.py hydra_ingest``: copy telemetry from Redis streams into the database, every second, and bring the
+trials' rows and the queue of this web app's host back in line (`webapp.experiments.reconcile`)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from webapp.queue_client import heartbeat_set
+from webapp.experiments.reconcile import trials_reconcile
+from webapp.queue_client import SchedulerUnavailable, heartbeat_set
 from webapp.telemetry.services import telemetry_ingest
 
 
 class Command(BaseCommand):
-    help = "Drain the hosts' telemetry streams (steps, evals, spans, samples, trial events) into the database."
+    help = ("Drain the hosts' telemetry streams (steps, evals, spans, samples, trial events) into the database; "
+            "submit launched trials not submitted yet and cancel queued trials whose records are gone.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--once", action="store_true", help="Drain what is there now, then exit.")
@@ -36,8 +39,11 @@ class Command(BaseCommand):
             for host in hosts:
                 try:
                     read = telemetry_ingest(host_id=host)
+                    if host == settings.HYDRA.worker.host_id:  # the one host this web app submits to
+                        reconciled = trials_reconcile()
+                        read |= {"submitted": len(reconciled.submitted), "cancelled": len(reconciled.cancelled)}
                     heartbeat_set(name="ingest", host_id=host)
-                except redis.ConnectionError as error:  # Redis restarting: try again on the next pass
+                except (redis.ConnectionError, SchedulerUnavailable) as error:  # Redis restarting: next pass
                     self.stderr.write(f"hydra_ingest: Redis unavailable ({error}); retrying in {interval} s")
                     continue
                 if any(read.values()):
