@@ -44,6 +44,10 @@ def test_it_starts_with_no_environment_in_debug():
         ({**DEV, "HYDRA_HOST_ID": "bad host/name"}, "HYDRA_HOST_ID"),
         ({**DEV, "HYDRA_FAULT_OOM_ABOVE_BYTES": "1GB"}, "HYDRA_FAULT_OOM_ABOVE_BYTES"),
         ({**DEV, "HYDRA_FAULT_OOM_ABOVE_BYTES": "0"}, "HYDRA_FAULT_OOM_ABOVE_BYTES"),
+        ({**DEV, "HYDRA_HTTPS": "sometimes"}, "HYDRA_HTTPS"),
+        ({**DEV, "HYDRA_HTTPS": "1", "HYDRA_HSTS_SECONDS": "a year"}, "HYDRA_HSTS_SECONDS"),
+        ({**DEV, "HYDRA_HTTPS": "1", "HYDRA_HSTS_SECONDS": "-1"}, "HYDRA_HSTS_SECONDS"),
+        ({**DEV, "HYDRA_HSTS_SECONDS": "3600"}, "HYDRA_HSTS_SECONDS"),
     ],
 )
 def test_it_names_the_bad_variable(environ, named):
@@ -72,6 +76,15 @@ def test_it_reads_good_values():
     assert config.max_upload_bytes == 5 * 1024 * 1024
     assert config.worker.fault_oom_above_bytes == 400_000
     assert load(DEV).worker.fault_oom_above_bytes is None  # off unless asked for
+
+
+def test_it_serves_production_over_https_with_hsts_and_development_over_http():
+    production = {"SECRET_KEY": "s" * 50, "ALLOWED_HOSTS": "hydra.lab.example"}
+    assert (load(production).https, load(production).hsts_seconds) == (True, 365 * 24 * 3600)
+    assert load({**production, "HYDRA_HSTS_SECONDS": "0"}).hsts_seconds == 0
+    plain = load({**production, "HYDRA_HTTPS": "off"})
+    assert (plain.https, plain.hsts_seconds) == (False, 0)
+    assert (load(DEV).https, load(DEV).hsts_seconds) == (False, 0)
 
 
 def test_it_stops_manage_py_with_the_message():
