@@ -1,10 +1,13 @@
-"""docker-compose.yml describes a lab GPU server: it validates and has one pinned worker per GPU."""
+"""docker-compose.yml describes a lab GPU server: it validates, keeps plain HTTP and default passwords off the
+network and has one pinned worker per GPU; production settings pass Django's deployment checklist."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,15 +24,66 @@ def compose_command() -> list[str] | None:
     return [legacy] if legacy else None
 
 
-def test_it_passes_docker_compose_config():
+COMPOSE_ENV = {"SECRET_KEY": "x" * 40, "POSTGRES_PASSWORD": "p" * 24, "HYDRA_HOSTNAME": "hydra.lab.example"}
+
+
+def compose_config(tmp_path: Path, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`compose config` with exactly `environ` for compose's variables (an empty .env, none inherited)."""
     command = compose_command()
     if command is None:
         pytest.skip("neither `docker compose` nor docker-compose is installed (.ci/run installs docker-compose)")
-    result = subprocess.run(
-        [*command, "config", "-q"], cwd=ROOT, env={**os.environ, "SECRET_KEY": "x" * 40},
+    env_file = tmp_path / "empty.env"
+    env_file.write_text("")
+    inherited = {key: value for key, value in os.environ.items() if key not in COMPOSE_ENV}
+    return subprocess.run(
+        [*command, "--env-file", str(env_file), "config", "-q"], cwd=ROOT, env={**inherited, **environ},
         capture_output=True, text=True,
     )
+
+
+def test_it_passes_docker_compose_config(tmp_path):
+    result = compose_config(tmp_path, COMPOSE_ENV)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("missing", sorted(COMPOSE_ENV))
+def test_it_refuses_to_start_without_a_secret_or_the_host_name(tmp_path, missing):
+    result = compose_config(tmp_path, {key: value for key, value in COMPOSE_ENV.items() if key != missing})
+    assert result.returncode != 0
+    assert f"set {missing}" in result.stderr
+
+
+def test_it_publishes_plain_http_to_this_host_only():
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    published = [port for service in spec["services"].values() for port in service.get("ports", [])]
+    assert published == ["127.0.0.1:8000:8000"]
+
+
+def production_environ(tmp_path: Path) -> dict[str, str]:
+    """What a production server sets: no DEBUG, a real secret, its host name (HTTPS is on by default)."""
+    return {
+        "PATH": os.environ["PATH"], "DEBUG": "0", "SECRET_KEY": secrets.token_urlsafe(50),
+        "ALLOWED_HOSTS": "hydra.lab.example", "HYDRA_DATA_DIR": str(tmp_path),
+    }
+
+
+def deploy_check(environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT, env=environ, capture_output=True, text=True,
+    )
+
+
+def test_it_passes_the_deployment_checklist_with_production_settings(tmp_path):
+    result = deploy_check(production_environ(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_it_fails_the_deployment_checklist_when_https_is_turned_off(tmp_path):
+    result = deploy_check({**production_environ(tmp_path), "HYDRA_HTTPS": "0"})
+    assert result.returncode != 0
+    for check in ("security.W004", "security.W008", "security.W012", "security.W016"):
+        assert check in result.stderr, check
 
 
 def test_it_runs_one_worker_per_gpu_with_a_shared_spill_volume():
