@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from worker.contract import SyntheticJob
 from worker.scheduling.device_loop import DeviceLoop, DeviceLoopConfig, LeaseKeeper
@@ -10,31 +11,46 @@ from worker.scheduling.queue import ShardQueue
 from worker.scheduling.synthetic import SyntheticRunner
 
 
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Poll `condition`; the timeout only bounds a broken keeper, it is not what a passing test waits for."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(0.01)
+
+
+# The keeper renews every third of a lease. These tests wait for renewals to happen rather than sleeping a
+# lease's length and counting: a slow machine makes them wait longer, not fail.
+
+
 def test_it_renews_the_held_lease_until_the_unit_ends() -> None:
     renewals: list[float] = []
     keeper = LeaseKeeper()
     try:
         with keeper.holding(lambda: renewals.append(time.monotonic()) or True, 0.3, "t1"):
-            time.sleep(0.35)
+            wait_until(lambda: len(renewals) >= 3, "three renewals")
         held = len(renewals)
-        time.sleep(0.25)
+        time.sleep(1.0)  # ten renewal periods; a renewal already under way when the unit ended lands meanwhile
+        after = len(renewals)
+        time.sleep(1.0)
     finally:
         keeper.stop()
-    assert held >= 2
-    assert len(renewals) == held
+    assert after <= held + 1
+    assert len(renewals) == after
 
 
 def test_a_shorter_lease_taken_while_the_keeper_sleeps_on_a_longer_one_is_renewed_in_time() -> None:
     renewals: list[str] = []
     keeper = LeaseKeeper()
     try:
-        with keeper.holding(lambda: renewals.append("long") or True, 30.0, "t1"):
-            time.sleep(0.05)  # the keeper now sleeps until 10 s from now
+        with keeper.holding(lambda: renewals.append("long") or True, 300.0, "t1"):
+            time.sleep(0.05)  # the keeper now sleeps until 100 s from now
         with keeper.holding(lambda: renewals.append("short") or True, 0.3, "t2"):
-            time.sleep(0.35)
+            # Well within the 100 s the keeper would sleep if taking the short lease had not woken it.
+            wait_until(lambda: renewals.count("short") >= 2, "two renewals of the short lease")
     finally:
         keeper.stop()
-    assert renewals.count("short") >= 2 and "long" not in renewals
+    assert "long" not in renewals
 
 
 def test_it_stops_renewing_a_lost_lease() -> None:
@@ -42,7 +58,8 @@ def test_it_stops_renewing_a_lost_lease() -> None:
     keeper = LeaseKeeper()
     try:
         with keeper.holding(lambda: calls.append(1) and False, 0.15, "t1"):
-            time.sleep(0.3)
+            wait_until(lambda: len(calls) >= 1, "the first renewal")
+            time.sleep(0.5)  # ten renewal periods of the lost lease
     finally:
         keeper.stop()
     assert calls == [1]
