@@ -3,6 +3,10 @@
 Nothing here touches the database or the request, so every figure is tested by comparing dicts, and the
 page hands the result to Plotly.js through ``json_script``. Traces carry ``meta`` (trial id and role) so
 that ``static/js/dashboards.js`` can append a poll's new points to the right trace.
+
+Plotly renders a subset of HTML in trace names, legends, axis and tick labels and hover text, so every text
+that a user chose (experiment names, parameter values) or a worker reported (device names) goes through
+`text` first: ``<b>`` then shows as typed instead of turning bold, and no tag reaches the page.
 """
 
 from __future__ import annotations
@@ -38,6 +42,11 @@ BASE_LAYOUT: Figure = {
 }
 
 
+def text(value: object) -> str:
+    """`value` as text Plotly shows literally (it decodes the entities back to the characters typed)."""
+    return html.escape(str(value))
+
+
 def colour(index: int) -> str:
     return PALETTE[index % len(PALETTE)]
 
@@ -63,7 +72,7 @@ def perplexity(loss: float) -> float:
 
 def params_text(params: Mapping[str, Any]) -> str:
     """A trial's parameters for hover labels (escaped: Plotly renders hover text as HTML)."""
-    return "<br>".join(html.escape(f"{name} = {value}") for name, value in sorted(params.items()))
+    return "<br>".join(text(f"{name} = {value}") for name, value in sorted(params.items()))
 
 
 def _trial_x(series: TrainSeries | EvalSeries, x: XAxis, origin: float, train: TrainSeries) -> list[float]:
@@ -127,15 +136,16 @@ def learning_curves(curves: Curves, *, x: XAxis = "step", metric: Metric = "loss
     traces: list[Figure] = []
     for index, trial in enumerate(curves.trials):
         p = points[trial.id]
-        hover = f"<b>{html.escape(trial.label)}</b><br>{params_text(trial.params)}<br>%{{x}}: %{{y:.4g}}<extra></extra>"
+        label = text(trial.label)
+        hover = f"<b>{label}</b><br>{params_text(trial.params)}<br>%{{x}}: %{{y:.4g}}<extra></extra>"
         common = {"legendgroup": str(trial.id), "hovertemplate": hover}
-        traces.append({"type": "scattergl", "mode": "lines", "name": f"{trial.label} train (raw)", "x": p["x"],
+        traces.append({"type": "scattergl", "mode": "lines", "name": f"{label} train (raw)", "x": p["x"],
                        "y": p["y"], "opacity": 0.25, "showlegend": False, "line": {"color": colour(index)},
                        "meta": {"trial": trial.id, "role": "raw"}, **common})
-        traces.append({"type": "scattergl", "mode": "lines", "name": trial.label, "x": p["x"],
+        traces.append({"type": "scattergl", "mode": "lines", "name": label, "x": p["x"],
                        "y": ema(p["y"], smoothing), "line": {"color": colour(index)},
                        "meta": {"trial": trial.id, "role": "smooth"}, **common})
-        traces.append({"type": "scattergl", "mode": "lines+markers", "name": f"{trial.label} validation",
+        traces.append({"type": "scattergl", "mode": "lines+markers", "name": f"{label} validation",
                        "x": p["eval_x"], "y": p["eval_y"], "showlegend": False, "marker": {"size": 6},
                        "line": {"color": colour(index), "dash": "dot"},
                        "meta": {"trial": trial.id, "role": "eval"}, **common})
@@ -164,7 +174,7 @@ def device_timeline(devices: Devices, trials: Sequence[TrialInfo]) -> Figure:
     for span in devices.spans:
         by_trial.setdefault(span.trial, []).append(span)
     traces = [_timeline_trace(index, trial, by_trial.get(trial.id, []), origin) for index, trial in enumerate(trials)]
-    lanes = sorted({lane for s in devices.spans for lane in [s.lane]})
+    lanes = sorted({text(s.lane) for s in devices.spans})
     return {
         "data": traces,
         "layout": BASE_LAYOUT | {
@@ -181,14 +191,14 @@ def device_timeline(devices: Devices, trials: Sequence[TrialInfo]) -> Figure:
 
 def _timeline_trace(index: int, trial: TrialInfo, spans: Sequence[SpanRow], origin: float) -> Figure:
     return {
-        "type": "bar", "orientation": "h", "name": trial.label, "legendgroup": str(trial.id),
+        "type": "bar", "orientation": "h", "name": text(trial.label), "legendgroup": str(trial.id),
         "marker": {"color": colour(index)},
         "base": [round(s.start - origin, 4) for s in spans],
         "x": [round(max(s.end - s.start, 1e-4), 4) for s in spans],
-        "y": [s.lane for s in spans],
+        "y": [text(s.lane) for s in spans],
         "customdata": [[PHASE_NAMES.get(s.phase, s.phase), s.shard, s.step, round(s.peak_bytes / 2**20, 1)]
                        for s in spans],
-        "hovertemplate": (f"<b>{html.escape(trial.label)}</b><br>%{{customdata[0]}} of shard %{{customdata[1]}}"
+        "hovertemplate": (f"<b>{text(trial.label)}</b><br>%{{customdata[0]}} of shard %{{customdata[1]}}"
                           ", step %{customdata[2]}<br>%{base:.3f} s + %{x:.3f} s<br>peak %{customdata[3]} MiB"
                           "<extra></extra>"),
         "meta": {"trial": trial.id, "role": "units"},
@@ -198,7 +208,7 @@ def _timeline_trace(index: int, trial: TrialInfo, spans: Sequence[SpanRow], orig
 def device_utilization(samples: Mapping[str, SampleSeries], origin: float | None) -> Figure:
     start = origin or 0.0
     traces = [
-        {"type": "scattergl", "mode": "lines", "name": lane, "x": [round(t - start, 3) for t in s.time],
+        {"type": "scattergl", "mode": "lines", "name": text(lane), "x": [round(t - start, 3) for t in s.time],
          "y": [round(100 * u, 2) for u in s.utilization], "line": {"color": colour(i)},
          "meta": {"lane": lane, "role": "utilization"}}
         for i, (lane, s) in enumerate(sorted(samples.items()))
@@ -217,7 +227,7 @@ def device_memory(samples: Mapping[str, SampleSeries], origin: float | None, bud
     """Memory used per device against the experiment's device budget (else each device's total), dashed."""
     start = origin or 0.0
     traces = [
-        {"type": "scattergl", "mode": "lines", "name": lane, "x": [round(t - start, 3) for t in s.time],
+        {"type": "scattergl", "mode": "lines", "name": text(lane), "x": [round(t - start, 3) for t in s.time],
          "y": [round(m / 2**30, 4) for m in s.memory_used], "line": {"color": colour(i)},
          "meta": {"lane": lane, "role": "memory"}}
         for i, (lane, s) in enumerate(sorted(samples.items()))
@@ -260,7 +270,7 @@ def memory_plan(plan: Mapping[str, Any]) -> Figure:
     """Per shard, two stacked bars: what is resident on the device while its unit runs, and what stays spilled
     in host memory between units (fp32 parameters and optimizer state). The budget is a dashed line."""
     shards = plan.get("shards", [])
-    labels = [f"shard {s['index']}<br>{html.escape(_layer_range(s['layers']))}" for s in shards]
+    labels = [f"shard {s['index']}<br>{text(_layer_range(s['layers']))}" for s in shards]
     traces: list[Figure] = []
     for i, (key, name) in enumerate(BYTE_CATEGORIES):
         traces.append({"type": "bar", "name": f"{name} (resident)", "x": labels, "offsetgroup": "resident",
@@ -301,7 +311,8 @@ def _dimension_values(values: Sequence[Any]) -> tuple[list[float], dict[str, Any
         return [float(v) for v in values], {}
     categories = sorted({str(v) for v in values})
     codes = {c: i for i, c in enumerate(categories)}
-    return [float(codes[str(v)]) for v in values], {"tickvals": list(range(len(categories))), "ticktext": categories}
+    return [float(codes[str(v)]) for v in values], {"tickvals": list(range(len(categories))),
+                                                    "ticktext": [text(c) for c in categories]}
 
 
 def hyperparameters(trials: Sequence[TrialInfo], *, metric: Metric = "loss") -> Figure:
@@ -315,7 +326,7 @@ def hyperparameters(trials: Sequence[TrialInfo], *, metric: Metric = "loss") -> 
     dimensions = []
     for name in names:
         values, ticks = _dimension_values([t.params.get(name, "") for t, _ in scored])
-        dimensions.append({"label": name, "values": values, **ticks})
+        dimensions.append({"label": text(name), "values": values, **ticks})
     best = [v for _, v in scored]
     dimensions.append({"label": f"best validation {metric}", "values": best})
     return {
@@ -341,14 +352,14 @@ def hyperparameter_scatter(trials: Sequence[TrialInfo], *, metric: Metric = "los
         values = [t.params.get(name) for t, _ in scored]
         numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
         traces.append({
-            "type": "scatter", "mode": "markers", "name": name, "xaxis": f"x{axis}", "yaxis": f"y{axis}",
-            "x": values if numeric else [str(v) for v in values], "y": [v for _, v in scored],
-            "text": [html.escape(t.label) for t, _ in scored],
+            "type": "scatter", "mode": "markers", "name": text(name), "xaxis": f"x{axis}", "yaxis": f"y{axis}",
+            "x": values if numeric else [text(v) for v in values], "y": [v for _, v in scored],
+            "text": [text(t.label) for t, _ in scored],
             "marker": {"color": [colour(_index_of(trials, t)) for t, _ in scored], "size": 9},
-            "hovertemplate": f"%{{text}}<br>{html.escape(name)} = %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>",
+            "hovertemplate": f"%{{text}}<br>{text(name)} = %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>",
         })
         start = i * (width + gap)
-        x_axis: Figure = {"domain": [start, start + width], "title": {"text": name}, "anchor": f"y{axis}"}
+        x_axis: Figure = {"domain": [start, start + width], "title": {"text": text(name)}, "anchor": f"y{axis}"}
         if numeric and _spans_decades(values):
             x_axis["type"] = "log"
         layout[f"xaxis{axis}"] = x_axis
@@ -373,7 +384,7 @@ def _best(trial: TrialInfo, metric: Metric) -> float | None:
 def leaderboard(rows: Sequence[tuple[str, float]], *, metric: str = "validation perplexity") -> Figure:
     """Horizontal bars, best (lowest) on top, for a leaderboard of (label, value) rows in rank order."""
     return {
-        "data": [{"type": "bar", "orientation": "h", "y": [html.escape(label) for label, _ in rows],
+        "data": [{"type": "bar", "orientation": "h", "y": [text(label) for label, _ in rows],
                   "x": [value for _, value in rows], "marker": {"color": [colour(i) for i in range(len(rows))]},
                   "hovertemplate": f"%{{y}}<br>{metric} %{{x:.4g}}<extra></extra>"}],
         "layout": BASE_LAYOUT | {

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from webapp.dashboards import figures
-from webapp.dashboards.selectors import Cursor, Curves, Devices, EvalSeries, SpanRow, TrainSeries, TrialInfo
+from webapp.dashboards.selectors import (
+    Cursor,
+    Curves,
+    Devices,
+    EvalSeries,
+    SampleSeries,
+    SpanRow,
+    TrainSeries,
+    TrialInfo,
+)
 
 
 def _trial(id: int, number: int, params: dict, loss: float | None = None) -> TrialInfo:
@@ -74,3 +83,52 @@ def test_parallel_coordinates_map_categories_to_ticks_and_skip_unscored_trials()
     assert dims[0] == {"label": "lr", "values": [0.1, 0.01]}
     assert dims[1] == {"label": "optimizer", "values": [1.0, 0.0], "tickvals": [0, 1], "ticktext": ["adamw", "sgd"]}
     assert dims[2]["values"] == [2.0, 1.5]
+
+
+MARKUP = '<img src=x onerror="alert(1)"><b>bold</b>'
+ESCAPED = "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&lt;b&gt;bold&lt;/b&gt;"
+
+
+def _strings(value) -> list[str]:
+    """Every string a figure shows: anywhere in it but its keys and its ``meta`` (which Plotly never draws)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() if k != "meta" for s in _strings(v)]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def test_every_figure_escapes_user_text():
+    # Names and values come from users (experiment names, parameter values) and workers (device names);
+    # Plotly would render their markup in legends, labels and hover text.
+    trials = [TrialInfo(id=1, number=1, attempt=1, experiment=MARKUP, params={"optimizer": MARKUP, MARKUP: 1},
+                        status="finished", step=3, total_steps=3, best_val_loss=2.0, best_val_ppl=7.4, launched=0.0)]
+    curves = Curves(trials=trials, train={1: TrainSeries(step=[0], tokens=[1], time=[1.0], loss=[2.0])},
+                    evals={1: EvalSeries(step=[0], time=[1.0], loss=[2.0], perplexity=[7.4])}, cursor=Cursor())
+    lane = f"host/{MARKUP}"
+    samples = {lane: SampleSeries(time=[1.0], utilization=[0.5], memory_used=[1], memory_total=2)}
+    devices = Devices(spans=[SpanRow(trial=1, lane=lane, phase="F", shard=0, step=0, start=0.0, end=1.0,
+                                     peak_bytes=0)], samples=samples, origin=0.0, cursor=1, sample_after=1.0)
+    shard = {"index": 0, "layers": [MARKUP], "param_bytes": 1, "grad_bytes": 1, "optim_bytes": 1,
+             "activation_bytes": 1}
+    built = {
+        "curves": figures.learning_curves(curves),
+        "parallel": figures.hyperparameters(trials),
+        "scatter": figures.hyperparameter_scatter(trials),
+        "timeline": figures.device_timeline(devices, trials),
+        "poll": figures.device_points(devices, trials)["spans"],
+        "utilization": figures.device_utilization(samples, 0.0),
+        "memory": figures.device_memory(samples, 0.0, None),
+        "plan": figures.memory_plan({"shards": [shard]}),
+        "leaderboard": figures.leaderboard([(f"{MARKUP} #1", 2.0)]),
+    }
+    for name, figure in built.items():
+        strings = _strings(figure)
+        assert not [s for s in strings if "<img" in s or "<b>bold" in s], name
+        assert any(ESCAPED in s for s in strings), name
+    assert built["curves"]["data"][1]["name"] == f"{ESCAPED} #1"
+    assert built["timeline"]["data"][0]["name"] == f"{ESCAPED} #1"
+    assert built["utilization"]["data"][0]["name"] == f"host/{ESCAPED}"
+    assert built["utilization"]["data"][0]["meta"]["lane"] == lane  # what the page's poll matches samples by

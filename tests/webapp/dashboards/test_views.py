@@ -186,3 +186,13 @@ def _info(trial_id: int, *, started: float | None, finished: float | None) -> se
     return selectors.TrialInfo(id=trial_id, number=trial_id, attempt=1, experiment="e", params={}, status="running",
                                step=0, total_steps=1, best_val_loss=None, best_val_ppl=None, launched=None,
                                started=started, finished=finished)
+
+
+def test_the_pages_figures_carry_names_as_text(alice_client, experiment):
+    experiment.name = "<b>bold</b>"
+    experiment.save()
+    page = alice_client.get(reverse("dashboard_curves", args=[experiment.pk])).content.decode()
+    figure = json.loads(page.split('id="curves-figure" type="application/json">')[1].split("</script>")[0])
+    names = {trace["name"] for trace in figure["data"]}
+    assert "&lt;b&gt;bold&lt;/b&gt; #1" in names
+    assert not [name for name in names if "<b>" in name]
