@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,10 @@ from safetensors.torch import load_file
 
 from tests.engine.conftest import CPU, run_all, tiny_spec
 from worker.engine import StaleWriterError, TrialSession, trial_create
+from worker.engine.faults import REACHED, RELEASE, Fault
 from worker.engine.spill_store import SpillStore
 
 CUTS = [0, 2, 4]
-PHASE_METHODS = {"F": "_forward", "FB": "_forward_backward", "B": "_backward", "E": "_evaluate", "S": "_final_step"}
 
 
 def weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -26,6 +27,16 @@ def weights(directory: Path) -> dict[str, torch.Tensor]:
 
 def snapshot(root: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
+
+
+def live(store: SpillStore) -> list[str]:
+    """The files a store's manifest refers to."""
+    return [store.path(name).name for name in store.buffers]
+
+
+def unreferenced(trial_dir: Path) -> set[str]:
+    """Buffer files on disk that the committed manifest does not refer to."""
+    return {p.name for p in trial_dir.glob("*.bin")} - set(live(SpillStore.open(trial_dir)))
 
 
 def test_a_newer_token_takes_the_store_and_an_older_one_is_refused(tmp_path: Path) -> None:
@@ -43,10 +54,13 @@ def test_a_newer_token_takes_the_store_and_an_older_one_is_refused(tmp_path: Pat
     assert sorted(p.name for p in (tmp_path / "t").glob("*.bin")) == ["p0@1.bin"]
 
 
-def test_a_slow_writer_past_its_lease_leaves_the_store_untouched(tokens_path: Path, tmp_path: Path) -> None:
-    """Two writers of one trial: the slow one stalls mid-unit (its outputs staged, not committed) while the
-    new lease holder re-runs that unit and more; the slow one's commit is then refused, the store is
-    byte-for-byte what the new holder left, and training ends exactly as an uninterrupted run."""
+@pytest.mark.parametrize("point", ["before-write", "mid-step", "mid-write", "before-commit"])
+def test_a_writer_stalled_before_during_or_after_writing_cannot_commit_and_leaves_nothing(
+    point: str, tokens_path: Path, tmp_path: Path
+) -> None:
+    """The stale writer stalls at `point` of unit 10 (F0 of step 1: it updates shard 0, then writes its
+    forward's outputs) while a newer token re-runs that unit and more. Readers only ever see commits; the
+    stale writer's commit is refused, what it staged is deleted, and training ends as an uninterrupted run."""
     spec = tiny_spec(tokens_path, steps=3)
     trial_create(spec=spec, spill_dir=tmp_path / "plain", trial_id="t", device=CPU, cuts=CUTS)
     plain = TrialSession.open(spill_dir=tmp_path / "plain", trial_id="t", device=CPU)
@@ -54,43 +68,42 @@ def test_a_slow_writer_past_its_lease_leaves_the_store_untouched(tokens_path: Pa
     plain.export(tmp_path / "plain-export")
 
     trial_create(spec=spec, spill_dir=tmp_path, trial_id="t", device=CPU, cuts=CUTS)
+    trial_dir = tmp_path / "t"
     slow = TrialSession.open(spill_dir=tmp_path, trial_id="t", device=CPU)
     fast = TrialSession.open(spill_dir=tmp_path, trial_id="t", device=CPU)
-    for token in range(1, 4):
+    for token in range(1, 11):
         slow.run_unit(token=token)
-    staged, release = threading.Event(), threading.Event()
-    unit = slow.next_unit()
-    assert unit is not None
-    name = PHASE_METHODS[unit.phase]
-    original = getattr(slow, name)
-
-    def stall(unit_spec: object) -> object:
-        metrics = original(unit_spec)
-        staged.set()
-        release.wait()
-        return metrics
-
-    setattr(slow, name, stall)
+    slow.fault = Fault(point=point, unit=10, signal_dir=tmp_path / "fault")
     errors: list[BaseException] = []
 
     def run_slow() -> None:
         try:
-            slow.run_unit(token=4)
+            slow.run_unit(token=11)
         except BaseException as error:  # handed to the test thread, which checks it
             errors.append(error)
 
     thread = threading.Thread(target=run_slow)
     thread.start()
-    assert staged.wait(30)
-    for token in range(5, 9):  # the new lease holder re-runs the stalled unit, then goes on
-        fast.run_unit(token=token)
-    before = snapshot(tmp_path / "t")
-    release.set()
-    thread.join(30)
-    assert len(errors) == 1 and isinstance(errors[0], StaleWriterError), errors
-    assert snapshot(tmp_path / "t") == before
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "fault" / REACHED).exists():
+        assert thread.is_alive() and time.monotonic() < deadline, errors
+        time.sleep(0.01)
+    stale = unreferenced(trial_dir)
+    assert bool(stale) == (point in ("mid-step", "mid-write", "before-commit")), stale  # files it staged so far
+    reader = TrialSession.open(spill_dir=tmp_path, trial_id="t", device=CPU)
+    assert reader.cursor == 10 and not stale & set(live(reader.store))
 
-    token = 9
+    for token in range(12, 16):  # the new holder re-runs unit 10, then goes on
+        fast.run_unit(token=token)
+    assert not unreferenced(trial_dir)  # taking the trial removed what the stale writer had staged
+    before = snapshot(trial_dir)
+    (tmp_path / "fault" / RELEASE).touch()
+    thread.join(60)
+    assert len(errors) == 1 and isinstance(errors[0], StaleWriterError), errors
+    assert snapshot(trial_dir) == before  # whatever it wrote after the takeover it deleted again
+    assert TrialSession.open(spill_dir=tmp_path, trial_id="t", device=CPU).cursor == 14
+
+    token = 16
     while fast.next_unit() is not None:
         fast.run_unit(token=token)
         token += 1

@@ -32,7 +32,7 @@ from worker.engine import optimizer_step
 from worker.engine.activations import KeptGraph
 from worker.engine.create import trial_create
 from worker.engine.data import TokenBlocks
-from worker.engine.errors import EngineError
+from worker.engine.errors import EngineError, StaleWriterError
 from worker.engine.export import export_pretrained
 from worker.engine.faults import Fault
 from worker.engine.layers import build_layer_stack
@@ -194,8 +194,9 @@ class TrialSession(ShardUnits):
         the unit first takes the store with it, and its commit is refused if a writer with a newer token
         took the trial meanwhile. ``None`` is for a trial that only this process runs (no fencing, but
         the commit still refuses if another commit landed since). Raises ``StaleWriterError`` when refused:
-        nothing was written and the unit's result must be dropped. On any exception the session reloads
-        the last commit, so it stays usable; the unit re-runs.
+        nothing was written and the unit's result must be dropped; also when the unit failed otherwise
+        (e.g. a file it read was superseded) after a newer writer took the trial. On any exception the
+        session reloads the last commit, so it stays usable; the unit re-runs.
         """
         if token is not None:
             self.reopen(SpillStore.take(self.store.root, token))  # also removes orphans, under the lock
@@ -228,9 +229,17 @@ class TrialSession(ShardUnits):
             self.commit()
             self._transfers.retain(self.store.buffers)
             self.reach("after-commit")
-        except BaseException:
+        except BaseException as error:
+            mine = self.store
             self.reopen(SpillStore.open(self.store.root))
             self._kept.clear()
+            if token is not None and self.store.fence > token and isinstance(error, Exception):
+                # A newer writer took the trial while this unit ran, and superseded (deleted) files it was
+                # reading: whatever the unit failed with, it could not have committed.
+                mine.remove_own_files()
+                raise StaleWriterError(
+                    f"unit {unit.index} of trial {self.trial_id} failed ({type(error).__name__}: {error}) after a "
+                    f"writer with fencing token {self.store.fence} took the trial from token {token}") from error
             raise
         finally:
             self.stack.release(self.plan.shards[unit.shard].first, self.plan.shards[unit.shard].stop)

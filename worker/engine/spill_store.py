@@ -149,6 +149,11 @@ class SpillStore:
         return files
 
     @property
+    def fence(self) -> int:
+        """The fencing token of the trial's writer as of this working copy (-1: never taken)."""
+        return int(self.manifest.get("fence", -1))
+
+    @property
     def commit_version(self) -> int:
         """The version of the commit this working copy was read from or last committed as."""
         return int(self.manifest["version"])
@@ -197,21 +202,30 @@ class SpillStore:
         return {name: version for name, version in self.manifest["files"].items()
                 if self._committed_files.get(name) != version}
 
+    def remove_own_files(self) -> None:
+        """Delete the files this writer created since its last commit, staged or cut off half-way, for a
+        writer that will not commit (refused, or failed after a newer writer took the trial). They carry a
+        version no other writer stages under (see the module docstring); any file the committed manifest
+        refers to is kept all the same."""
+        suffix = f"@{self._next_version}.bin"
+        live = {f"{name}@{version}.bin" for name, version in _read_manifest(self.root)["files"].items()}
+        with os.scandir(self.root) as entries:
+            mine = [e.path for e in entries if e.name.endswith(suffix) and e.name not in live]
+        for path in mine:
+            os.unlink(path)
+
     def commit(self) -> None:
         """Atomically publish the working manifest and every staged buffer, then drop superseded files.
 
         Compare-and-commit: raises ``StaleWriterError`` (and publishes nothing) if the store was committed
-        or taken by another writer since this one read it, having deleted the files it staged (their
-        version is one no commit will use, see the module docstring); this store is then unusable (reopen it).
+        or taken by another writer since this one read it, having deleted the files it staged (see
+        :meth:`remove_own_files`); this store is then unusable (reopen it).
         """
         with _locked(self.root):
             if self._base_version > 0:  # version 0: a store being created, not yet on disk
-                current = _read_manifest(self.root)
-                on_disk = current["version"]
+                on_disk = _read_manifest(self.root)["version"]
                 if on_disk != self._base_version:
-                    for name, version in self.staged().items():
-                        if current["files"].get(name) != version:  # never a file the store refers to
-                            _file(self.root, name, version).unlink(missing_ok=True)
+                    self.remove_own_files()
                     raise StaleWriterError(
                         f"commit refused: the trial in {self.root} is at version {on_disk}, this writer read "
                         f"version {self._base_version}; another writer took it or committed since")
