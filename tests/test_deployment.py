@@ -3,6 +3,7 @@ network and has one pinned worker per GPU; production settings pass Django's dep
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.conf import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,3 +101,31 @@ def test_it_runs_one_worker_per_gpu_with_a_shared_spill_volume():
         assert "hydra-spill:/spill" in service["volumes"]
     assert spec["volumes"]["hydra-spill"]["driver_opts"]["type"] == "tmpfs"
     assert "migrate" in services["web"]["command"] and "gunicorn" in services["web"]["command"]
+
+
+# Requests through Django's test client under the production settings, printed as one JSON line.
+PROBE = """
+import json
+from django.test import Client
+client = Client()
+plain = client.get("/login/")
+secure = client.get("/login/", headers={"x-forwarded-proto": "https"})
+print(json.dumps({
+    "plain": [plain.status_code, plain.get("Location")],
+    "health": client.get("/health").status_code,
+    "secure": [secure.status_code, secure.get("Strict-Transport-Security"), secure.cookies["csrftoken"]["secure"]],
+}))
+"""
+
+
+def test_it_redirects_plain_http_to_https_except_the_load_balancers_health_check(tmp_path):
+    redis_url = settings.HYDRA.worker.redis_url  # the tests' Redis, which /health asks
+    environ = {**production_environ(tmp_path), "ALLOWED_HOSTS": "testserver", "REDIS_URL": redis_url}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", PROBE], cwd=ROOT, env=environ, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["plain"] == [301, "https://testserver/login/"]
+    assert seen["health"] == 200
+    assert seen["secure"] == [200, "max-age=31536000; includeSubDomains; preload", True]
