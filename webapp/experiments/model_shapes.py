@@ -10,6 +10,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from webapp.experiments.search_space import quote
+
+MAX_CONFIG_BYTES = 1 << 20
 
 class ModelChoiceError(ValueError):
     """A model that cannot be used; ``field`` names the form field at fault."""
@@ -78,12 +81,19 @@ def resolve_pretrained_dir(relative: str, *, models_root: Path) -> Path:
 
 
 def pretrained_shape(directory: Path) -> ModelShape:
-    """The shape from a ``save_pretrained`` GPT-2 directory's ``config.json``."""
+    """The shape from a ``save_pretrained`` GPT-2 directory's ``config.json`` (read only if under 1 MiB)."""
     try:
-        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        with (directory / "config.json").open("rb") as file:
+            text = file.read(MAX_CONFIG_BYTES + 1)
+        if len(text) > MAX_CONFIG_BYTES:
+            raise ModelChoiceError(f"{directory.name}/config.json is over {MAX_CONFIG_BYTES >> 20} MiB; a GPT-2 "
+                                   "config is a few hundred bytes.", field="pretrained_dir")
+        config = json.loads(text)
+        if not isinstance(config, dict):
+            raise ModelChoiceError(f"{directory.name}/config.json is not a JSON object.", field="pretrained_dir")
         if config.get("model_type") != "gpt2":
             raise ModelChoiceError(
-                f"{directory.name} is a {config.get('model_type')!r} model; Hydra trains GPT-2 models.",
+                f"{directory.name} has model_type {quote(config.get('model_type'))}; Hydra trains GPT-2 models.",
                 field="pretrained_dir",
             )
         return ModelShape(
@@ -91,11 +101,13 @@ def pretrained_shape(directory: Path) -> ModelShape:
             n_positions=int(config["n_positions"]), vocab_size=int(config["vocab_size"]),
             pretrained_dir=str(directory),
         )
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        if isinstance(error, ModelChoiceError):
-            raise
+    except ModelChoiceError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as error:
+        # RecursionError: JSON nested deeper than the parser goes; OverflowError: int(Infinity).
+        detail = str(error)[:120] if not isinstance(error, RecursionError) else "nested too deep"
         raise ModelChoiceError(
-            f"{directory.name} has no readable GPT-2 config.json ({error}).", field="pretrained_dir"
+            f"{directory.name} has no readable GPT-2 config.json ({detail}).", field="pretrained_dir"
         ) from None
 
 
