@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "webapp.leaderboards",
     "webapp.telemetry",
     "webapp.dashboards",
+    "webapp.background",
     "axes",
 ]
 
@@ -134,6 +135,11 @@ SECURE_HSTS_PRELOAD = HYDRA.hsts_seconds > 0
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+FILE_UPLOAD_HANDLERS = [
+    "webapp.datasets.uploads.UploadLimitHandler",  # HYDRA_MAX_UPLOAD_MB, held while the body streams in
+    "django.core.files.uploadhandler.MemoryFileUploadHandler",
+    "django.core.files.uploadhandler.TemporaryFileUploadHandler",
+]
 
 LOGGING = {
     "version": 1,

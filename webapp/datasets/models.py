@@ -1,4 +1,8 @@
-"""A dataset is a team's text corpus plus the tokenizer trained on it and the corpus as token ids."""
+"""A dataset is a team's text corpus plus the tokenizer trained on it and the corpus as token ids.
+
+The corpus is stored when it is uploaded; the tokenizer and the token ids follow from the web worker
+(``tokenizing`` until then, ``ready`` or ``failed`` after).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,11 @@ class Dataset(models.Model):
         UPLOAD = "upload", "Uploaded corpus"
         SAMPLE = "sample", "Built-in sample corpus"
 
+    class Status(models.TextChoices):
+        TOKENIZING = "tokenizing", "Tokenizing…"
+        READY = "ready", "Ready"
+        FAILED = "failed", "Failed"
+
     CORPUS_FILE = "corpus.txt"
     TOKENIZER_FILE = "tokenizer.json"
     TOKENS_FILE = "tokens.npy"
@@ -29,10 +38,16 @@ class Dataset(models.Model):
     name = models.CharField(max_length=120)
     source = models.CharField(max_length=10, choices=Source.choices)
     filename = models.CharField(max_length=255, blank=True, help_text="The uploaded file's name, if any.")
-    vocab_size = models.PositiveIntegerField(help_text="Tokens in the trained tokenizer's vocabulary.")
+    status = models.CharField(
+        max_length=12, choices=Status.choices, default=Status.TOKENIZING,
+        help_text="The web worker trains the tokenizer after the upload; experiments use ready datasets only.",
+    )
+    message = models.TextField(blank=True, help_text="Why tokenizing failed, for the UI.")
+    vocab_size = models.PositiveIntegerField(
+        help_text="Tokens in the trained tokenizer's vocabulary (the size asked for, until it is trained).")
     val_fraction = models.FloatField(help_text="Fraction of the token stream (its tail) held out for validation.")
     n_bytes = models.BigIntegerField()
-    n_tokens = models.BigIntegerField()
+    n_tokens = models.BigIntegerField(default=0, help_text="0 until the corpus is tokenized.")
     fingerprint = models.CharField(
         max_length=64, db_index=True,
         help_text="sha256 of the corpus, vocabulary size and split: equal fingerprints are comparable results.",
@@ -47,6 +62,10 @@ class Dataset(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def is_ready(self) -> bool:
+        return self.status == self.Status.READY
 
     @property
     def directory(self) -> Path:

@@ -1,26 +1,43 @@
-"""Writes about datasets. A dataset's files and its row appear together or not at all."""
+"""Writes about datasets. A dataset's files and its row appear together or not at all; the tokenizer and the
+token ids follow from the web worker (`dataset_tokenize`)."""
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
+import logging
+import os
 import shutil
 import uuid
 
 import numpy as np
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
+from django.core.files.base import File
 from django.db import transaction
 from django.db.models import ProtectedError
 
 from webapp.accounts.models import Team
+from webapp.background.celery_app import enqueue_on_commit
 from webapp.datasets.models import Dataset, datasets_root
-from webapp.datasets.tokenization import tokenize_corpus
+from webapp.datasets.tokenization import TokenizedCorpus, tokenize_corpus
+
+log = logging.getLogger(__name__)
 
 
-def dataset_fingerprint(*, text: str, vocab_size: int, val_fraction: float) -> str:
-    """Equal fingerprints mean the same corpus, vocabulary and split, so results on them compare."""
-    digest = hashlib.sha256(text.encode("utf-8"))
+TOKENIZE_TASK = "hydra.web.dataset_tokenize"
+BOM = codecs.BOM_UTF8
+
+
+class CorpusError(ValueError):
+    """A stored corpus that cannot become a dataset; the message is shown on the dataset's page."""
+
+
+def dataset_fingerprint(*, corpus_sha256: hashlib._Hash, vocab_size: int, val_fraction: float) -> str:
+    """Equal fingerprints mean the same corpus, vocabulary and split, so results on them compare.
+    `corpus_sha256` has hashed the corpus's UTF-8 bytes (no byte-order mark)."""
+    digest = corpus_sha256.copy()
     digest.update(json.dumps([vocab_size, round(val_fraction, 6)]).encode())
     return digest.hexdigest()
 
@@ -30,49 +47,95 @@ def dataset_create(
     team: Team,
     user: AbstractBaseUser | None,
     name: str,
-    text: str,
+    corpus: File,
     source: str,
     vocab_size: int,
     val_fraction: float,
     filename: str = "",
 ) -> Dataset:
-    """Train a tokenizer on `text`, store corpus, tokenizer and token ids, and record the dataset.
+    """Store `corpus` (UTF-8 text, checked by the form) and record the dataset as tokenizing; the web worker
+    trains its tokenizer (`dataset_tokenize`) once the transaction commits.
 
-    Files are written into a temporary directory that is renamed into place only when complete, and removed
-    again if the row cannot be saved, so a failure leaves neither files nor a row. Raises ValidationError
-    for a duplicate name or a corpus too small to hold a training and a validation token.
+    The corpus is copied chunk by chunk into a temporary directory that is renamed into place only when
+    complete, and removed again if the row cannot be saved, so a failure leaves neither files nor a row.
+    Raises ValidationError for a missing or duplicate name.
     """
     name = name.strip()
     if not name:
         raise ValidationError({"name": "A dataset needs a name."})
     if Dataset.objects.filter(team=team, name=name).exists():
         raise ValidationError({"name": f"Your team already has a dataset named {name!r}."})
-    corpus = tokenize_corpus(text, vocab_size=vocab_size)
-    if len(corpus.ids) < 2:
-        raise ValidationError({"file": "The corpus is too small: it must give at least two tokens."})
-
     key = uuid.uuid4().hex
     root = datasets_root()
     staging = root / f".staging-{key}"
     final = root / key
     staging.mkdir(parents=True)
     try:
-        (staging / Dataset.CORPUS_FILE).write_text(text, encoding="utf-8")
-        corpus.tokenizer.save(str(staging / Dataset.TOKENIZER_FILE))
-        np.save(staging / Dataset.TOKENS_FILE, corpus.ids)
+        digest, n_bytes = hashlib.sha256(), 0
+        with (staging / Dataset.CORPUS_FILE).open("wb") as out:
+            for index, chunk in enumerate(corpus.chunks()):
+                if index == 0:
+                    chunk = chunk.removeprefix(BOM)
+                digest.update(chunk)
+                n_bytes += len(chunk)
+                out.write(chunk)
         staging.rename(final)
         with transaction.atomic():
-            return Dataset.objects.create(
-                team=team, name=name, source=source, filename=filename[:255],
-                vocab_size=corpus.vocab_size, val_fraction=val_fraction,
-                n_bytes=len(text.encode("utf-8")), n_tokens=len(corpus.ids),
-                fingerprint=dataset_fingerprint(text=text, vocab_size=vocab_size, val_fraction=val_fraction),
+            dataset = Dataset.objects.create(
+                team=team, name=name, source=source, filename=filename[:255], status=Dataset.Status.TOKENIZING,
+                vocab_size=vocab_size, val_fraction=val_fraction, n_bytes=n_bytes,
+                fingerprint=dataset_fingerprint(corpus_sha256=digest, vocab_size=vocab_size,
+                                                val_fraction=val_fraction),
                 storage_key=key, created_by=user,
             )
+            enqueue_on_commit(TOKENIZE_TASK, dataset.pk)
+            return dataset
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(final, ignore_errors=True)
         raise
+
+
+def dataset_tokenize(*, dataset_id: int) -> None:
+    """Train the tokenizer on a tokenizing dataset's stored corpus and write its token ids: the dataset becomes
+    ready, or failed with a message saying why (the corpus stays, nothing is lost).
+
+    Idempotent, for a task that runs again: a dataset no longer tokenizing (or deleted) is left alone, and the
+    files are written under temporary names and renamed into place.
+    """
+    dataset = Dataset.objects.filter(pk=dataset_id, status=Dataset.Status.TOKENIZING).first()
+    if dataset is None:
+        return
+    pending = Dataset.objects.filter(pk=dataset_id, status=Dataset.Status.TOKENIZING)
+    try:
+        corpus = tokenize_corpus(dataset.corpus_path.read_text(encoding="utf-8"), vocab_size=dataset.vocab_size)
+        if len(corpus.ids) < 2:
+            raise CorpusError("The corpus is too small: it must give at least two tokens. Upload a longer text.")
+        _write_tokenized(dataset, corpus)
+    except CorpusError as error:
+        pending.update(status=Dataset.Status.FAILED, message=str(error))
+        return
+    except Exception as error:  # a dataset deleted meanwhile updates no row below
+        log.exception("tokenizing dataset %s failed", dataset_id)
+        pending.update(status=Dataset.Status.FAILED, message=(
+            f"Tokenizing failed ({type(error).__name__}: {error}). The corpus is kept; delete the dataset and "
+            "upload it again, or ask an administrator to look at the web worker's log."))
+        return
+    pending.update(status=Dataset.Status.READY, vocab_size=corpus.vocab_size, n_tokens=len(corpus.ids), message="")
+
+
+def _write_tokenized(dataset: Dataset, corpus: TokenizedCorpus) -> None:
+    """Write tokenizer and token ids under temporary names, then rename them into place (none left behind)."""
+    partial = [dataset.directory / f".partial-{uuid.uuid4().hex}{suffix}" for suffix in (".json", ".npy")]
+    try:
+        corpus.tokenizer.save(str(partial[0]))
+        with partial[1].open("wb") as out:
+            np.save(out, corpus.ids)
+        os.replace(partial[0], dataset.tokenizer_path)
+        os.replace(partial[1], dataset.tokens_path)
+    finally:
+        for path in partial:
+            path.unlink(missing_ok=True)
 
 
 def dataset_delete(*, dataset: Dataset) -> None:

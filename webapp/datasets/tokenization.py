@@ -1,8 +1,8 @@
 """Train a byte-level BPE tokenizer on a corpus and turn the corpus into token ids.
 
-Pure functions over text (no Django): `dataset_create` calls them and stores what they return. The token
-file is a 1-D ``.npy`` array, the format the engine's ``DataSpec.tokens_path`` reads; the validation split
-is the tail of the token stream, as in the engine.
+Pure functions over text (no Django): `dataset_tokenize` calls them (in the web worker) and stores what
+they return. The token file is a 1-D ``.npy`` array, the format the engine's ``DataSpec.tokens_path`` reads;
+the validation split is the tail of the token stream, as in the engine.
 """
 
 from __future__ import annotations

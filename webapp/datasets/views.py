@@ -10,34 +10,40 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from webapp.datasets import selectors, services
-from webapp.datasets.forms import DatasetForm
+from webapp.datasets.forms import DatasetForm, upload_limit_error
 from webapp.datasets.http import form_add_errors, team_required
+from webapp.datasets.uploads import upload_refused
 
 
 @team_required
 @require_http_methods(["GET", "POST"])
 def dataset_list(request: HttpRequest) -> HttpResponse:
+    limit = settings.HYDRA.max_upload_bytes
+    if upload_refused(request):
+        # The body was cut off at the file: what came after it (the other fields) never arrived.
+        form = DatasetForm(initial=request.POST.dict())
+        return render(request, "datasets/dataset_list.html", {
+            "datasets": selectors.dataset_list(team=request.team), "form": form, "max_upload_bytes": limit,
+            "upload_error": upload_limit_error(limit),
+        }, status=413)
     form = DatasetForm(request.POST or None, request.FILES or None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
             dataset = services.dataset_create(
-                team=request.team, user=request.user, name=data["name"], text=data["text"], source=data["source"],
-                vocab_size=data["vocab_size"], val_fraction=data["val_fraction"], filename=data["filename"],
+                team=request.team, user=request.user, name=data["name"], corpus=data["corpus"],
+                source=data["source"], vocab_size=data["vocab_size"], val_fraction=data["val_fraction"],
+                filename=data["filename"],
             )
         except ValidationError as error:
             form_add_errors(form, error)
         else:
-            messages.success(request, f"Dataset {dataset.name} is ready: {dataset.n_tokens:,} tokens.")
+            messages.success(request, f"Dataset {dataset.name} is stored; its tokenizer is being trained.")
             return redirect("dataset_detail", dataset_id=dataset.pk)
     status = 400 if form.errors else 200
     return render(
         request, "datasets/dataset_list.html",
-        {
-            "datasets": selectors.dataset_list(team=request.team),
-            "form": form,
-            "max_upload_bytes": settings.HYDRA.max_upload_bytes,
-        },
+        {"datasets": selectors.dataset_list(team=request.team), "form": form, "max_upload_bytes": limit},
         status=status,
     )
 
@@ -47,7 +53,9 @@ def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
     dataset = selectors.dataset_get(team=request.team, dataset_id=dataset_id)
     return render(
         request, "datasets/dataset_detail.html",
-        {"dataset": dataset, "preview": selectors.dataset_preview(dataset=dataset)},
+        {
+            "dataset": dataset, "preview": selectors.dataset_preview(dataset=dataset) if dataset.is_ready else None,
+        },
     )
 
 

@@ -83,7 +83,7 @@ class ExperimentForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.team = team
         self.rows = rows
-        self.fields["dataset"].queryset = Dataset.objects.filter(team=team)
+        self.fields["dataset"].queryset = Dataset.objects.filter(team=team, status=Dataset.Status.READY)
         caps = settings.HYDRA.caps
         self.fields["n_trials"].help_text = (f"For random search and TPE; at most {caps.trials_per_experiment} "
                                              "trials per experiment.")

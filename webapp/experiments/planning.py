@@ -119,6 +119,9 @@ def _int_bounds(space: SearchSpace, name: str) -> list[int]:
 def check_space(draft: ExperimentDraft) -> None:
     """Rules that tie the search space to the model and the dataset; raises SearchSpaceError/ModelChoiceError."""
     space, shape = draft.space, draft.shape
+    if not draft.dataset.is_ready:
+        raise ModelChoiceError(f"The dataset {draft.dataset.name} is not ready "
+                               f"({draft.dataset.get_status_display().lower()}); choose a ready one.", field="dataset")
     for name in ("n_embd", "n_layer"):
         if space.get(name) and shape.pretrained_dir:
             raise SearchSpaceError(f"{name}: a pretrained model's shape is fixed; remove this row.",

@@ -6,10 +6,11 @@ import dataclasses
 from pathlib import Path
 
 from django.conf import LazySettings
+from django.core.files.base import ContentFile
 
 from webapp.accounts.models import Team
 from webapp.datasets.models import Dataset
-from webapp.datasets.services import dataset_create
+from webapp.datasets.services import dataset_create, dataset_tokenize
 
 TINY_CORPUS = (
     "The quick brown fox jumps over the lazy dog. A hydra has many heads, and each head trains a model.\n"
@@ -24,7 +25,11 @@ def use_data_dir(settings: LazySettings, path: Path) -> None:
 
 
 def make_dataset(team: Team, name: str = "tiny", text: str = TINY_CORPUS, vocab_size: int = 300) -> Dataset:
-    return dataset_create(
-        team=team, user=None, name=name, text=text, source=Dataset.Source.UPLOAD,
+    """A ready dataset: stored, then tokenized here as the web worker would."""
+    dataset = dataset_create(
+        team=team, user=None, name=name, corpus=ContentFile(text.encode()), source=Dataset.Source.UPLOAD,
         vocab_size=vocab_size, val_fraction=0.1, filename=f"{name}.txt",
     )
+    dataset_tokenize(dataset_id=dataset.pk)
+    dataset.refresh_from_db()
+    return dataset

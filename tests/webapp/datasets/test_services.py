@@ -1,13 +1,18 @@
-"""dataset_create stores corpus, tokenizer and tokens together, or nothing at all."""
+"""dataset_create stores the corpus and its row together, or nothing at all; dataset_tokenize (the web
+worker's task) adds tokenizer and tokens, or fails the dataset with a message and keeps the corpus."""
 
 from __future__ import annotations
+
+import codecs
 
 import numpy as np
 import pytest
 from django.core.exceptions import ValidationError
+from django.core.files.base import ContentFile
 from tokenizers import Tokenizer
 
 from tests.webapp.datasets.factories import TINY_CORPUS, make_dataset
+from webapp.background import celery_app
 from webapp.datasets import services
 from webapp.datasets.models import Dataset
 from webapp.datasets.tokenization import split_sizes
@@ -27,15 +32,54 @@ def test_it_trains_a_tokenizer_and_stores_the_token_ids(alice_team):
     assert dataset.val_tokens == round(dataset.n_tokens * 0.1)
 
 
-def test_it_leaves_nothing_behind_when_saving_fails(alice_team, data_dir, monkeypatch):
+def test_it_stores_the_corpus_as_tokenizing_and_sends_it_to_the_web_worker_after_commit(
+        alice_team, django_capture_on_commit_callbacks, monkeypatch):
+    sent = []
+    monkeypatch.setattr(celery_app.app, "send_task", lambda name, args, queue: sent.append((name, args, queue)))
+    with django_capture_on_commit_callbacks(execute=True):
+        dataset = services.dataset_create(
+            team=alice_team, user=None, name="bom", corpus=ContentFile(codecs.BOM_UTF8 + TINY_CORPUS.encode()),
+            source=Dataset.Source.UPLOAD, vocab_size=300, val_fraction=0.1,
+        )
+        assert sent == []  # not before the row is committed, or the worker would not find it
+    assert sent == [(services.TOKENIZE_TASK, (dataset.pk,), celery_app.web_queue())]
+    assert dataset.status == Dataset.Status.TOKENIZING and dataset.n_tokens == 0
+    assert dataset.corpus_path.read_bytes() == TINY_CORPUS.encode()  # without the byte-order mark
+    assert not dataset.tokens_path.exists() and not dataset.tokenizer_path.exists()
+
+
+def test_it_fails_a_corpus_too_small_to_tokenize_and_keeps_it(alice_team):
+    dataset = services.dataset_create(team=alice_team, user=None, name="tiny", corpus=ContentFile(b"a"),
+                                      source=Dataset.Source.UPLOAD, vocab_size=300, val_fraction=0.1)
+    services.dataset_tokenize(dataset_id=dataset.pk)
+    dataset.refresh_from_db()
+    assert dataset.status == Dataset.Status.FAILED
+    assert "too small" in dataset.message
+    assert dataset.corpus_path.read_text() == "a"
+    assert not dataset.tokens_path.exists()
+
+
+def test_it_fails_with_a_message_and_leaves_no_partial_files_when_saving_fails(alice_team, monkeypatch):
+    dataset = services.dataset_create(team=alice_team, user=None, name="tiny", corpus=ContentFile(TINY_CORPUS.encode()),
+                                      source=Dataset.Source.UPLOAD, vocab_size=300, val_fraction=0.1)
+
     def broken_save(*args, **kwargs):
         raise OSError("disk full")
 
     monkeypatch.setattr(np, "save", broken_save)
-    with pytest.raises(OSError, match="disk full"):
-        make_dataset(alice_team)
-    assert not Dataset.objects.exists()
-    assert list((data_dir / "datasets").iterdir()) == []
+    services.dataset_tokenize(dataset_id=dataset.pk)
+    dataset.refresh_from_db()
+    assert dataset.status == Dataset.Status.FAILED
+    assert "OSError: disk full" in dataset.message and "The corpus is kept" in dataset.message
+    assert [p.name for p in dataset.directory.iterdir()] == ["corpus.txt"]
+
+
+def test_it_tokenizes_a_dataset_once(alice_team):
+    dataset = make_dataset(alice_team)
+    written = dataset.tokens_path.stat().st_mtime_ns
+    services.dataset_tokenize(dataset_id=dataset.pk)  # a message delivered twice
+    services.dataset_tokenize(dataset_id=dataset.pk + 1000)  # a dataset deleted before its task ran
+    assert dataset.tokens_path.stat().st_mtime_ns == written
 
 
 def test_it_removes_the_files_when_the_row_cannot_be_saved(alice_team, data_dir, monkeypatch):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
@@ -9,6 +12,8 @@ from django.urls import reverse
 
 from tests.webapp.datasets.factories import TINY_CORPUS, make_dataset
 from webapp.datasets.models import Dataset
+from webapp.datasets.services import dataset_tokenize
+from webapp.datasets.uploads import UploadLimitHandler
 
 pytestmark = pytest.mark.django_db
 
@@ -34,8 +39,32 @@ def test_it_uploads_a_corpus(alice_client, alice_team):
     assert response.status_code == 302
     assert response["Location"] == reverse("dataset_detail", args=[dataset.pk])
     assert dataset.team == alice_team and dataset.name == "fox.txt"
+    # The request stored the corpus only; tokenizing is the web worker's (this test runs without one).
+    assert dataset.status == Dataset.Status.TOKENIZING and not dataset.tokens_path.exists()
     page = alice_client.get(response["Location"]).content.decode()
+    assert 'data-status="tokenizing"' in page and 'http-equiv="refresh"' in page
+    dataset_tokenize(dataset_id=dataset.pk)
+    dataset.refresh_from_db()
+    page = alice_client.get(response["Location"]).content.decode()
+    assert 'data-status="ready"' in page and 'http-equiv="refresh"' not in page
     assert f"{dataset.train_tokens} / {dataset.val_tokens} tokens" in page
+
+
+def test_it_refuses_an_upload_over_the_limit_while_it_streams_in(alice_client, settings, data_dir, monkeypatch):
+    settings.HYDRA = dataclasses.replace(settings.HYDRA, max_upload_bytes=256 * 1024)
+    received = []
+    receive = UploadLimitHandler.receive_data_chunk
+    monkeypatch.setattr(UploadLimitHandler, "receive_data_chunk",
+                        lambda self, data, start: received.append(len(data)) or receive(self, data, start))
+    big = SimpleUploadedFile("big.txt", b"word " * 2_000_000, content_type="text/plain")  # 10 MB
+    response = alice_client.post(reverse("dataset_list"), {"source": "upload", "file": big,
+                                                           "vocab_size": 300, "val_fraction": 0.1})
+    assert response.status_code == 413
+    assert "larger than the limit of 256.0" in response.content.decode()
+    # It stopped at the first chunk past the limit: the other 9.7 MB were never handed to a handler.
+    assert sum(received) <= 256 * 1024 + 64 * 1024
+    assert not Dataset.objects.exists()
+    assert not (data_dir / "datasets").exists()
 
 
 def test_it_shows_field_errors_and_stores_nothing_for_a_binary_upload(alice_client, data_dir):
@@ -87,3 +116,31 @@ def test_it_sends_a_user_without_a_team_to_the_teams_page(charlie):
     client.force_login(charlie)
     response = client.get(reverse("dataset_list"))
     assert response.status_code == 302 and response["Location"] == reverse("team_list")
+
+
+def test_the_web_worker_tokenizes_an_upload_and_the_page_shows_it_ready(alice, data_dir, web_worker):
+    client = Client()
+    client.force_login(alice)
+    upload = SimpleUploadedFile("fox.txt", TINY_CORPUS.encode(), content_type="text/plain")
+    response = client.post(reverse("dataset_list"), {"source": "upload", "vocab_size": 300, "val_fraction": 0.1,
+                                                     "file": upload})
+    assert response.status_code == 302
+    dataset = Dataset.objects.get()
+    web_worker.wait(lambda: Dataset.objects.get().status != Dataset.Status.TOKENIZING, 60, "the tokenizer")
+    dataset.refresh_from_db()
+    assert dataset.status == Dataset.Status.READY, dataset.message
+    assert dataset.n_tokens == len(np.load(dataset.tokens_path)) > 2
+    page = client.get(response["Location"]).content.decode()
+    assert 'data-status="ready"' in page and f"{dataset.train_tokens} / {dataset.val_tokens} tokens" in page
+
+
+def test_the_page_says_why_the_web_worker_could_not_tokenize_a_corpus(alice, data_dir, web_worker):
+    client = Client()
+    client.force_login(alice)
+    upload = SimpleUploadedFile("one.txt", b"a", content_type="text/plain")
+    response = client.post(reverse("dataset_list"), {"source": "upload", "vocab_size": 300, "val_fraction": 0.1,
+                                                     "file": upload})
+    web_worker.wait(lambda: Dataset.objects.get().status != Dataset.Status.TOKENIZING, 60, "the tokenizer")
+    page = client.get(response["Location"]).content.decode()
+    assert 'data-status="failed"' in page and "The corpus is too small" in page
+    assert Dataset.objects.get().corpus_path.read_text() == "a"

@@ -1,0 +1,25 @@
+"""``manage.py hydra_web_worker``: the web worker, which runs the pages' background work (`webapp.background`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+
+from webapp.background.celery_app import app, web_queue
+
+
+class Command(BaseCommand):
+    help = "Run the web worker: tokenize uploads, pack models for download, plan large sweeps."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--concurrency", type=int, default=2, help="Tasks run at once (default 2).")
+        parser.add_argument("--loglevel", default="INFO", help="Celery log level (default INFO).")
+
+    def handle(self, *args: Any, concurrency: int, loglevel: str, **options: Any) -> None:
+        host = settings.HYDRA.worker.host_id
+        app.worker_main([
+            "worker", "--hostname", f"web@{host}", "--queues", web_queue(host), "--concurrency", str(concurrency),
+            "--pool", "prefork", "--without-gossip", "--without-mingle", "--loglevel", loglevel,
+        ])
