@@ -50,13 +50,16 @@ __all__ = ["TrialSession", "UnitResult", "trial_create"]  # the session API in o
 @dataclass(frozen=True, kw_only=True)
 class UnitResult:
     """What one unit did. Step metrics are set on the unit that completes a step's backward; eval
-    metrics on the unit that completes an evaluation. ``peak_device_bytes`` is ``None`` on CPU."""
+    metrics on the unit that completes an evaluation. ``peak_device_bytes`` is ``None`` on CPU. ``io_s`` is
+    the part of ``seconds`` the unit spent moving its state between the device and the spill store
+    (reading, waiting for prefetched reads, writing, committing) rather than computing."""
 
     unit: UnitSpec
     seconds: float
     bytes_read: int
     bytes_written: int
     peak_device_bytes: int | None
+    io_s: float = 0.0
     loss: float | None = None
     lr: float | None = None
     grad_norm: float | None = None
@@ -208,6 +211,7 @@ class TrialSession(ShardUnits):
         self._unit_index = unit.index
         self.reach("before-compute")
         read0, written0 = self.store.bytes_read, self.store.bytes_written
+        io0 = self.store.io_s + self._transfers.wait_s
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
@@ -248,6 +252,7 @@ class TrialSession(ShardUnits):
         return UnitResult(
             unit=unit, seconds=time.perf_counter() - start,
             bytes_read=self.store.bytes_read - read0, bytes_written=self.store.bytes_written - written0,
+            io_s=self.store.io_s + self._transfers.wait_s - io0,
             peak_device_bytes=torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None,
             **metrics,
         )

@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ class SpillStore:
         self._base_version: int = manifest["version"]
         self.bytes_read = 0
         self.bytes_written = 0
+        self.io_s = 0.0  # seconds this writer spent reading, writing and committing buffers
         # Called with the number of buffers staged since the last commit, before each new buffer's file is
         # created (the session's fault points before-write and mid-write); None: nothing is called.
         self.before_stage: Callable[[int], None] | None = None
@@ -164,7 +166,9 @@ class SpillStore:
 
     def read(self, name: str, out: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
         """Fill the contiguous CPU tensor ``out`` from buffer ``name`` starting at byte ``offset``."""
+        start = time.perf_counter()
         read_file(self.path(name), out, offset=offset)
+        self.io_s += time.perf_counter() - start
         self.bytes_read += out.nbytes
         return out
 
@@ -190,8 +194,10 @@ class SpillStore:
         with open(_file(self.root, name, version), "wb") as f:
 
             def append(part: torch.Tensor) -> None:
+                start = time.perf_counter()
                 data = part.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy()
                 f.write(data.data)
+                self.io_s += time.perf_counter() - start
                 self.bytes_written += data.nbytes
 
             yield append
@@ -221,6 +227,7 @@ class SpillStore:
         or taken by another writer since this one read it, having deleted the files it staged (see
         :meth:`remove_own_files`); this store is then unusable (reopen it).
         """
+        start = time.perf_counter()
         with _locked(self.root):
             if self._base_version > 0:  # version 0: a store being created, not yet on disk
                 on_disk = _read_manifest(self.root)["version"]
@@ -230,6 +237,7 @@ class SpillStore:
                         f"commit refused: the trial in {self.root} is at version {on_disk}, this writer read "
                         f"version {self._base_version}; another writer took it or committed since")
             self._publish()
+        self.io_s += time.perf_counter() - start
 
     def _publish(self) -> None:
         """Replace the manifest by the working one under the next version; the caller holds the lock."""

@@ -17,6 +17,7 @@ of its shards (page-locked memory cannot be swapped, and a worker keeps several 
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -88,6 +89,7 @@ class Transfers:
         self.device = device
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hydra-prefetch")
         self._reads: dict[tuple[str, int], Future[_Read]] = {}
+        self.wait_s = 0.0  # seconds the caller's thread spent loading, or waiting for background reads
         self.copy_stream: torch.cuda.Stream | None = None
         if device.type == "cuda":
             self.copy_stream = torch.cuda.Stream(device)
@@ -115,7 +117,9 @@ class Transfers:
         read = self._reads.pop(key, None)
         if read is None:
             return None
+        start = time.perf_counter()
         tensor, copied = read.result()
+        self.wait_s += time.perf_counter() - start
         if copied is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(copied)
@@ -140,10 +144,13 @@ class Transfers:
         on the current stream: on CUDA copied through this thread's own staging buffers on the current
         stream (so no prefetch's buffers are touched). Raises ``FileNotFoundError``, or ``SpillStoreError``
         if the file is shorter than ``offset + 4 * numel`` bytes."""
+        start = time.perf_counter()
         if self.copy_stream is None:
-            return read_file(path, torch.empty(numel, dtype=torch.float32), offset=offset)
-        out = torch.empty(numel, dtype=torch.float32, device=self.device)
-        self._load_staging.copy(path, out, offset=offset)
+            out = read_file(path, torch.empty(numel, dtype=torch.float32), offset=offset)
+        else:
+            out = torch.empty(numel, dtype=torch.float32, device=self.device)
+            self._load_staging.copy(path, out, offset=offset)
+        self.wait_s += time.perf_counter() - start
         return out
 
     def close(self) -> None:

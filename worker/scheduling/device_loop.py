@@ -254,7 +254,7 @@ class DeviceLoop:
         """Complete the unit, write its telemetry and survey for the next turn, in one round trip."""
         span = Span(trial=lease.trial_id, device=self.device, unit=lease.units_done, step=done.step,
                     micro_batch=done.micro_batch, phase=done.phase, shard=done.shard, start=start, end=end,
-                    bytes_moved=done.bytes_moved, peak_bytes=done.peak_bytes, pid=self.pid)
+                    bytes_moved=done.bytes_moved, peak_bytes=done.peak_bytes, pid=self.pid, io_s=done.io_s)
         unit_s = unit_time_estimate(lease.unit_s, end - start)
         try:
             _, self._survey, self._next = self.queue.complete_then_survey(

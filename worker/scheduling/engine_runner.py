@@ -210,7 +210,7 @@ def unit_done(trial_id: str, result: UnitResult, remaining_units: int, *, keeps:
     return UnitDone(
         remaining_units=remaining_units, step=unit.step, micro_batch=unit.micro_batch, phase=unit.phase,
         shard=unit.shard, bytes_moved=result.bytes_read + result.bytes_written,
-        peak_bytes=result.peak_device_bytes or 0, steps=steps, evals=evals, keeps_activations=keeps,
+        peak_bytes=result.peak_device_bytes or 0, io_s=result.io_s, steps=steps, evals=evals, keeps_activations=keeps,
         message=(f"stopped early after step {unit.step + 1}: no lower validation loss in the last "
                  f"evaluations (patience)" if result.stopped_early else ""),
     )

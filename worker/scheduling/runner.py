@@ -39,6 +39,7 @@ class UnitDone:
     shard: int
     bytes_moved: int
     peak_bytes: int
+    io_s: float = 0.0  # the part of the unit's time spent moving state to and from the spill store
     steps: list[StepMetrics] = field(default_factory=list)
     evals: list[EvalMetrics] = field(default_factory=list)
     message: str = ""  # for the trial's record, e.g. why it ended before its last step

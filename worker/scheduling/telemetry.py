@@ -50,7 +50,8 @@ STREAMS = tuple(FIELD_TYPES)
 
 @dataclass(frozen=True)
 class Span:
-    """One unit that ran on a device. ``phase`` is the engine's (F, FB, B, E, S) or ``plan``."""
+    """One unit that ran on a device. ``phase`` is the engine's (F, FB, B, E, S) or ``plan``; ``io_s`` is the
+    part of ``end - start`` spent moving the trial's state to and from the spill store."""
 
     trial: str
     device: str
@@ -64,6 +65,7 @@ class Span:
     bytes_moved: int
     peak_bytes: int
     pid: int
+    io_s: float = 0.0
 
 
 @dataclass(frozen=True)
