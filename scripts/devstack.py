@@ -128,6 +128,8 @@ def run(host: str, port: int) -> int:
                 [sys.executable, "-m", "worker.launch"],
                 # Drains the workers' telemetry streams from Redis into the database for the dashboards.
                 [sys.executable, "manage.py", "hydra_ingest"],
+                # The pages' background work (tokenizing uploads, model downloads, large previews).
+                [sys.executable, "manage.py", "hydra_web_worker"],
             ):
                 # Own sessions: Ctrl-C reaches this script only, which then stops each child in order.
                 processes.append(subprocess.Popen(command, env=env, cwd=ROOT, start_new_session=True))
@@ -165,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return test(argv[1:])  # everything after "test" goes to pytest untouched
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    run_parser = sub.add_parser("run", help="start Redis (if needed), the web server and one worker per device")
+    run_parser = sub.add_parser("run", help="start Redis (if needed), the web server, the web worker and one "
+                                            "worker per device")
     run_parser.add_argument("--host", default="127.0.0.1")
     run_parser.add_argument("--port", type=int, default=8000)
     sub.add_parser("test", help="start Redis (if needed), run ruff, then pytest with the remaining arguments")

@@ -129,3 +129,10 @@ def test_it_redirects_plain_http_to_https_except_the_load_balancers_health_check
     assert seen["plain"] == [301, "https://testserver/login/"]
     assert seen["health"] == 200
     assert seen["secure"] == [200, "max-age=31536000; includeSubDomains; preload", True]
+
+
+def test_it_runs_the_web_worker_on_the_data_volume():
+    """Uploads are tokenized and model archives packed by the web worker, which reads and writes /data."""
+    service = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["web-worker"]
+    assert service["command"] == ["python", "manage.py", "hydra_web_worker"]
+    assert "hydra-data:/data" in service["volumes"]

@@ -83,6 +83,8 @@ def test_it_serves_login_and_a_worker_then_stops_everything_on_ctrl_c(tmp_path):
         assert status == 200 and 'name="password"' in page
         assert "log in as demo" in (tmp_path / "make-run.log").read_text()
         seen |= descendants(make.pid)
+        commands = [" ".join(psutil.Process(pid).cmdline()) for pid in seen if psutil.pid_exists(pid)]
+        assert any("hydra_web_worker" in command for command in commands), commands  # the pages' background work
     finally:
         os.killpg(make.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
         make.wait(timeout=60)

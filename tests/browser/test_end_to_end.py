@@ -182,8 +182,13 @@ def _wait_until_finished(page, stack: DevStack, experiment_id: int) -> None:
 
 def _download_a_model(page, tmp_path: Path) -> None:
     """A finished trial's model directory comes down as an archive that transformers could load."""
+    page.locator("#trial-table tbody tr[data-trial]").first.locator("a.button", has_text="Model").click()
+    page.wait_for_url(re.compile(r"/trials/\d+/$"))
+    # The web worker packs the model; the page reloads itself until the download link is there.
+    page.click(".actions >> text=Prepare model download")
+    page.wait_for_selector(".actions >> text=Download model (.tar.gz)", timeout=60_000)
     with page.expect_download() as download:
-        page.locator("#trial-table tbody tr[data-trial]").first.locator("a.button", has_text="Model").click()
+        page.click(".actions >> text=Download model (.tar.gz)")
     archive = tmp_path / download.value.suggested_filename
     download.value.save_as(archive)
     with tarfile.open(archive) as tar:

@@ -113,6 +113,11 @@ class Trial(models.Model):
         """The spill stores of every attempt (the scheduler keeps one per queue id)."""
         return [settings.HYDRA.worker.spill_dir / self.attempt_queue_id(n) for n in range(1, self.attempt + 1)]
 
+    @property
+    def archive_dirs(self) -> list[Path]:
+        """Where the model downloads of every attempt are packed (`TrialArchive`)."""
+        return [archive_dir_for(self.attempt_queue_id(n)) for n in range(1, self.attempt + 1)]
+
     def export_dir_for(self, queue_id: str) -> Path:
         """Where the worker writes this attempt's final model (``save_pretrained``)."""
         return settings.HYDRA.data_dir / "exports" / queue_id
@@ -124,3 +129,38 @@ class Trial(models.Model):
     @property
     def progress(self) -> float:
         return self.step / self.total_steps if self.total_steps else 0.0
+
+
+class TrialArchive(models.Model):
+    """A finished trial's model directory packed as a .tar.gz for download, by the web worker on request.
+
+    It belongs to one attempt (``queue_id``): a retried trial's new model needs a new archive.
+    """
+
+    class Status(models.TextChoices):
+        PREPARING = "preparing", "Preparing…"
+        READY = "ready", "Ready"
+        FAILED = "failed", "Failed"
+
+    trial = models.OneToOneField(Trial, on_delete=models.CASCADE, related_name="archive")
+    queue_id = models.CharField(max_length=40, help_text="The attempt whose exported model this packs.")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PREPARING)
+    message = models.TextField(blank=True, help_text="Why packing failed, for the UI.")
+    size_bytes = models.BigIntegerField(null=True, blank=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"archive of {self.trial}"
+
+    @property
+    def directory(self) -> Path:
+        """Where the archive is written: ``<HYDRA_DATA_DIR>/archives/<queue_id>/``."""
+        return archive_dir_for(self.queue_id)
+
+    @property
+    def path(self) -> Path:
+        return self.directory / "model.tar.gz"
+
+
+def archive_dir_for(queue_id: str) -> Path:
+    return settings.HYDRA.data_dir / "archives" / queue_id

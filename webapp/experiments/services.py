@@ -124,7 +124,8 @@ def trial_delete(*, trial: Trial) -> None:
     if trial.is_active:
         with contextlib.suppress(queue_client.SchedulerError):  # unknown to the scheduler: nothing left to stop
             queue_client.trial_control(trial_id=trial.queue_id, control=queue_client.Control.CANCEL)
-    paths = [*trial.spill_dirs, *([trial.export_dir_for(trial.queue_id)] if trial.queue_id else [])]
+    paths = [*trial.spill_dirs, *trial.archive_dirs,
+             *([trial.export_dir_for(trial.queue_id)] if trial.queue_id else [])]
     with transaction.atomic():
         trial.delete()
         transaction.on_commit(lambda: [shutil.rmtree(path, ignore_errors=True) for path in paths])

@@ -13,5 +13,6 @@ urlpatterns = [
     path("trials/<id:trial_id>/", views.trial_detail, name="trial_detail"),
     path("trials/<id:trial_id>/delete/", views.trial_delete, name="trial_delete"),
     path("trials/<id:trial_id>/export.tar.gz", views.trial_export, name="trial_export"),
+    path("trials/<id:trial_id>/archive/", views.trial_archive, name="trial_archive"),
     path("trials/<id:trial_id>/<slug:action>/", views.trial_action, name="trial_action"),
 ]

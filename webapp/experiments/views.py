@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import tarfile
-import tempfile
-from pathlib import Path
 
 import yaml
 from django.conf import settings
@@ -17,7 +14,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.datasets.http import form_add_errors, team_required
 from webapp.datasets.selectors import dataset_list
-from webapp.experiments import selectors, services
+from webapp.experiments import archives, selectors, services
 from webapp.experiments.events import trial_events_sync_quietly
 from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet, experiment_initial
 from webapp.experiments.models import Experiment
@@ -162,6 +159,7 @@ def trial_detail(request: HttpRequest, trial_id: int) -> HttpResponse:
         "trial": trial, "experiment": trial.experiment, "actions": selectors.trial_actions(trial),
         "plan": selectors.plan_summary(trial.plan), "shards": selectors.plan_shard_rows(trial.plan),
         "spec_json": json.dumps(trial.spec, indent=2) if trial.spec else "",
+        "archive": archives.trial_archive_get(trial=trial),
     })
 
 
@@ -199,16 +197,23 @@ def trial_delete(request: HttpRequest, trial_id: int) -> HttpResponse:
 
 
 @team_required
-def trial_export(request: HttpRequest, trial_id: int) -> FileResponse:
-    """The trial's final model directory as a .tar.gz (only a directory under HYDRA_DATA_DIR/exports)."""
+@require_POST
+def trial_archive(request: HttpRequest, trial_id: int) -> HttpResponse:
+    """Ask the web worker to pack the trial's model for download; the trial's page shows when it is ready."""
     trial = selectors.trial_get(team=request.team, trial_id=trial_id)
-    exports = (settings.HYDRA.data_dir / "exports").resolve()
-    directory = Path(trial.export_path).resolve() if trial.export_path else None
-    if directory is None or not directory.is_relative_to(exports) or not directory.is_dir():
-        raise Http404("This trial has no exported model.")
-    archive = tempfile.TemporaryFile()  # noqa: SIM115 -- FileResponse closes it
-    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
-        tar.add(directory, arcname=f"trial-{trial.pk}")
-    archive.seek(0)
-    name = f"{trial.experiment.name}-trial-{trial.number}.tar.gz".replace(" ", "_").replace('"', "")
-    return FileResponse(archive, as_attachment=True, filename=name, content_type="application/gzip")
+    try:
+        archives.trial_archive_request(trial=trial)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+    return redirect("trial_detail", trial_id=trial.pk)
+
+
+@team_required
+def trial_export(request: HttpRequest, trial_id: int) -> FileResponse:
+    """The packed model of the trial's current attempt, streamed from disk (see `archives`)."""
+    trial = selectors.trial_get(team=request.team, trial_id=trial_id)
+    archive = archives.trial_archive_get(trial=trial)
+    if archive is None or archive.status != archive.Status.READY or not archive.path.is_file():
+        raise Http404("This trial's model is not packed for download; ask for it on the trial's page.")
+    return FileResponse(archive.path.open("rb"), as_attachment=True, filename=archives.archive_filename(trial),
+                        content_type="application/gzip")

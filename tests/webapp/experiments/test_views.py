@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from tests.webapp.experiments.factories import make_experiment
 from tests.webapp.experiments.test_forms import post_data
-from webapp.experiments.models import Experiment
+from webapp.experiments.models import Experiment, Trial, TrialArchive
 
 pytestmark = pytest.mark.django_db
 
@@ -117,24 +117,57 @@ def test_it_confirms_then_deletes_a_trial(alice_client, alice_team, alice_datase
     assert experiment.trials.count() == 1
 
 
-def test_it_downloads_an_exported_model_only_from_the_exports_dir(alice_client, alice_team, alice_dataset,
-                                                                  data_dir):
-    experiment = make_experiment(alice_team, alice_dataset)
+def exported_trial(experiment, data_dir):
+    """The experiment's first trial as a finished attempt whose model the worker exported."""
     trial = experiment.trials.first()
-    url = reverse("trial_export", args=[trial.pk])
-    assert alice_client.get(url).status_code == 404
-    export = data_dir / "exports" / "1"
+    trial.queue_id, trial.attempt, trial.status = str(trial.pk), 1, Trial.Status.FINISHED
+    export = data_dir / "exports" / trial.queue_id
     export.mkdir(parents=True)
     (export / "config.json").write_text("{}")
     trial.export_path = str(export)
     trial.save()
-    response = alice_client.get(url)
-    assert response.status_code == 200
-    with tarfile.open(fileobj=io.BytesIO(b"".join(response.streaming_content)), mode="r:gz") as tar:
-        assert f"trial-{trial.pk}/config.json" in tar.getnames()
+    return trial
+
+
+def test_it_packs_a_model_for_download_outside_the_request(alice_client, alice_team, alice_dataset, data_dir):
+    trial = exported_trial(make_experiment(alice_team, alice_dataset), data_dir)
+    export_url = reverse("trial_export", args=[trial.pk])
+    assert alice_client.get(export_url).status_code == 404  # nothing packed yet
+    assert "Prepare model download" in alice_client.get(reverse("trial_detail", args=[trial.pk])).content.decode()
+    response = alice_client.post(reverse("trial_archive", args=[trial.pk]))
+    assert response.status_code == 302 and response["Location"] == reverse("trial_detail", args=[trial.pk])
+    # The request only recorded the wish (this test runs without a web worker): no archive was built in it.
+    assert TrialArchive.objects.get().status == TrialArchive.Status.PREPARING
+    assert not (data_dir / "archives").exists()
+    page = alice_client.get(response["Location"]).content.decode()
+    assert "Preparing the model download" in page and 'http-equiv="refresh"' in page
+    assert alice_client.get(export_url).status_code == 404
+
+
+def test_it_refuses_to_pack_a_model_outside_the_exports_dir(alice_client, alice_team, alice_dataset, data_dir):
+    trial = exported_trial(make_experiment(alice_team, alice_dataset), data_dir)
     trial.export_path = str(data_dir)  # outside exports/
     trial.save()
-    assert alice_client.get(url).status_code == 404
+    page = alice_client.post(reverse("trial_archive", args=[trial.pk]), follow=True).content.decode()
+    assert "has no exported model to download" in page
+    assert not TrialArchive.objects.exists()
+
+
+def test_the_web_worker_packs_the_model_and_the_page_links_it(alice, alice_team, alice_dataset, data_dir,
+                                                              web_worker):
+    client = Client()
+    client.force_login(alice)
+    trial = exported_trial(make_experiment(alice_team, alice_dataset), data_dir)
+    client.post(reverse("trial_archive", args=[trial.pk]))
+    web_worker.wait(lambda: TrialArchive.objects.get().status != TrialArchive.Status.PREPARING, 60, "the archive")
+    assert TrialArchive.objects.get().status == TrialArchive.Status.READY, TrialArchive.objects.get().message
+    page = client.get(reverse("trial_detail", args=[trial.pk])).content.decode()
+    assert "Download model (.tar.gz)" in page and 'http-equiv="refresh"' not in page
+    response = client.get(reverse("trial_export", args=[trial.pk]))
+    assert response.status_code == 200
+    assert response["Content-Disposition"] == 'attachment; filename="sweep-trial-1.tar.gz"'
+    with tarfile.open(fileobj=io.BytesIO(b"".join(response.streaming_content)), mode="r:gz") as tar:
+        assert f"trial-{trial.pk}/config.json" in tar.getnames()
 
 
 def test_it_cancels_a_trial_not_yet_launched(alice_client, alice_team, alice_dataset):
