@@ -1,36 +1,48 @@
 """SHARP strong scaling: the same trials one after another on one device, then with SHARP on G devices.
 
 `--trials` M tiny GPT-2 trials (different seeds and learning rates, several shards each) are first trained
-one after another by the engine in this process on one CPU thread (the one-trial-at-a-time baseline,
-planning and export included). Then `--devices` G CPU device workers of one thread each (real Celery
-processes under a throw-away host namespace of ``REDIS_URL``) train the same trials with SHARP, from
-submission to the last export. Spill stores live on /dev/shm, the workers' default host tier. Defaults: 4
-trials, 2 devices, 6 steps of a 4-block width-192 model; ``--quick``: 3 steps.
+one after another by the engine in this process on one CPU thread pinned to one core, the core the first
+device worker is pinned to (the one-trial-at-a-time baseline, planning and export included). Then
+`--devices` G CPU device workers of one thread each, each pinned to its own core (real Celery processes
+under a throw-away host namespace of ``REDIS_URL``), train the same trials with SHARP, from submission to
+the last export. Spill stores live on /dev/shm, the workers' default host tier. Two cases run:
+``identical`` (M trials of a 4-block width-192 model, 6 steps each; ``--quick``: 3) and ``heterogeneous``
+(M trials of 2 to 6 blocks, widths 128 to 256 and 3 to 9 steps; ``--quick``: 2 to 5 steps), where
+trials end at different times and the scheduler must keep every device busy as they do.
 
-``--rounds`` R (default 5, quick 1) repeats both, alternating, on the same workers, and keeps the fastest
-of each (as timeit does): other load on a shared machine only ever slows a run down, and the first round
-also pays the workers' first units (each process warms up on its own). SHARP uses every core, so whatever
-else runs on the machine takes from it, where the one-core baseline leaves a core free: SHARP needs more
-rounds than the baseline to meet an undisturbed run, hence 5 by default. Figures: benchmarks/RESULTS.md.
-
-The last line is one JSON object: ``{"trials", "devices", "sequential_s", "sharp_s", "speedup",
-"utilization", "hardware_speedup", "speedup_of_hardware"}``, utilization = busy unit time (planning
-included) / (G x SHARP wall time). Targets with M >= G: utilization >= 0.9 and speedup >= 0.9 x G.
+``--rounds`` R (default 5, quick 1) repeats each case's pair (sequential, SHARP), alternating, on the same
+workers. Both the median and the best of the rounds are reported; the target is judged on the median.
+The first round also pays the workers' first units (each process warms up on its own).
 
 ``hardware_speedup`` is the machine's own ceiling, measured in the same run: the same single-threaded
-matmul work in G processes at once versus in one (G x its time alone / their wall time). Cores that are
-hyper-threads or share a memory bus give less than G, and no scheduler can beat that;
-``speedup_of_hardware`` = speedup / hardware_speedup is the share of it SHARP reaches.
+matmul work in G pinned processes at once versus in one (G x its time alone / their wall time). Cores that
+are hyper-threads or share a memory bus give less than G, and no scheduler can beat that. Target with
+M >= G: the median speedup >= 0.95 x hardware_speedup (``target_met``).
+
+Device time (G x SHARP wall time) is split into ``compute`` (units' time less their I/O), ``io`` (units
+moving trial state between the device and the spill store: reads, waits for prefetched reads, writes,
+commits), ``planning`` (profiling and planning trials) and ``idle`` (the rest: no unit running, the
+scheduler's round trips, process overhead). A trial's export runs inside its last unit and counts as
+compute there. Figures: benchmarks/RESULTS.md.
+
+The last line is one JSON object: ``{"devices", "trials", "hardware_speedup", "cases": {case: {"rounds",
+"sequential_s" {"median", "best"}, "sharp_s" {...}, "speedup" {...}, "speedup_of_hardware" {...},
+"device_time" {"compute", "io", "planning", "idle"} (shares of the median SHARP round), "target_met"}}}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -40,21 +52,51 @@ import torch
 from benchmarks.local_workers import LocalWorkers
 from worker import config
 from worker.contract import EngineJob
-from worker.devices import Device
+from worker.devices import Device, cpu_cores
 from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, TrialSpec
 from worker.engine.session import TrialSession, trial_create
 
 
-def trials(tokens: Path, *, count: int, steps: int, width: int, budget_bytes: int) -> dict[str, TrialSpec]:
+def identical(tokens: Path, *, count: int, steps: int, budget_bytes: int) -> dict[str, TrialSpec]:
+    """`count` trials of one shape and length, differing in seed and learning rate."""
     return {
         f"s{i}": TrialSpec(
-            model=ModelSpec(n_layer=4, n_embd=width, n_head=4, vocab_size=256, n_positions=64, dropout=0.1),
+            model=ModelSpec(n_layer=4, n_embd=192, n_head=4, vocab_size=256, n_positions=64, dropout=0.1),
             data=DataSpec(tokens_path=str(tokens), seq_len=64),
             optimizer=OptimizerSpec(lr=1e-3 * (1 + i)), batch_size=8, steps=steps, seed=i,
             budget_bytes=budget_bytes,
         )
         for i in range(count)
     }
+
+
+def heterogeneous(tokens: Path, *, count: int, steps: int, budget_bytes: int) -> dict[str, TrialSpec]:
+    """`count` trials of different depths, widths and lengths (`steps` is the shortest's length)."""
+    shapes = [(2, 128), (6, 256), (4, 192), (3, 256), (5, 128), (2, 192)]
+    return {
+        f"h{i}": TrialSpec(
+            model=ModelSpec(n_layer=shapes[i % len(shapes)][0], n_embd=shapes[i % len(shapes)][1], n_head=4,
+                            vocab_size=256, n_positions=64, dropout=0.1),
+            data=DataSpec(tokens_path=str(tokens), seq_len=64),
+            optimizer=OptimizerSpec(lr=1e-3 * (1 + i)), batch_size=8, steps=steps + (i * 2) % 7, seed=i,
+            budget_bytes=budget_bytes,
+        )
+        for i in range(count)
+    }
+
+
+CASES = {"identical": identical, "heterogeneous": heterogeneous}
+
+
+@contextmanager
+def pinned(cores: list[int]) -> Iterator[None]:
+    """Run this process on `cores` only (as a CPU device worker is), then on what it had before."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def sequential(specs: dict[str, TrialSpec], root: Path) -> float:
@@ -88,10 +130,14 @@ print(time.perf_counter() - start, flush=True)
 
 def hardware_speedup(devices: int, width: int) -> float:
     """G x (seconds of a fixed single-thread matmul loop alone) / (seconds of the slowest of G such loops
-    started together, once every process has loaded torch)."""
+    started together, once every process has loaded torch); each process pinned like device worker i."""
+    available = sorted(os.sched_getaffinity(0))
+
     def loops(count: int, iterations: int) -> list[float]:
         procs = [subprocess.Popen([sys.executable, "-c", _MATMULS, str(width), str(iterations)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(count)]
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  preexec_fn=functools.partial(os.sched_setaffinity, 0, cpu_cores(i, 1, available)))
+                 for i in range(count)]
         for proc in procs:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         for proc in procs:
@@ -119,25 +165,43 @@ def sharp(workers: LocalWorkers, specs: dict[str, TrialSpec], export_root: Path)
     return elapsed, [s for s in workers.entries("spans") if s["trial"] in specs]
 
 
+def device_time(spans: list[dict], devices: int, wall_s: float) -> dict[str, float]:
+    """Shares of G x `wall_s` spent computing, moving state, planning, and idle."""
+    total = devices * wall_s
+    planning = sum(float(s["end"]) - float(s["start"]) for s in spans if s["phase"] in ("plan", "replan"))
+    units = [s for s in spans if s["phase"] not in ("plan", "replan")]
+    io = sum(float(s.get("io_s") or 0.0) for s in units)
+    compute = sum(float(s["end"]) - float(s["start"]) for s in units) - io
+    return {"compute": round(compute / total, 3), "io": round(io / total, 3), "planning": round(planning / total, 3),
+            "idle": round(1 - (compute + io + planning) / total, 3)}
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 3), "best": round(max(values), 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=4, help="trials M (default 4)")
+    parser.add_argument("--trials", type=int, default=4, help="trials M per case (default 4)")
     parser.add_argument("--devices", type=int, default=2, help="CPU devices G, one thread each (default 2)")
-    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per trial (default 6)")
-    parser.add_argument("--width", type=int, default=192, help="model width (default 192)")
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per (shortest) trial (default 6)")
     parser.add_argument("--budget-mb", type=float, default=40, help="device budget per trial (default 40: "
-                        "one block per shard at the default width)")
-    parser.add_argument("--rounds", type=int, help="rounds of (sequential, SHARP), the fastest of each kept "
-                        "(default 5; quick 1)")
-    parser.add_argument("--quick", action="store_true", help="3 steps per trial, 1 round")
+                        "one block per shard at width 192)")
+    parser.add_argument("--rounds", type=int, help="rounds of (sequential, SHARP) per case (default 5; quick 1)")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--quick", action="store_true", help="3 steps per (shortest) trial, 1 round")
     args = parser.parse_args()
     steps = 3 if args.quick else args.steps
     rounds = args.rounds or (1 if args.quick else 5)
+    cases = [c for c in args.cases.split(",") if c]
+    if unknown := set(cases) - set(CASES):
+        parser.error(f"unknown case(s) {sorted(unknown)}; use {', '.join(CASES)}")
+    available = sorted(os.sched_getaffinity(0))
+    baseline_cores = cpu_cores(0, 1, available)  # where device worker 0 runs
 
     # Spill stores on the host tier, /dev/shm, as a deployed worker keeps them (HYDRA_SPILL_DIR's default).
     host_tier = "/dev/shm" if Path("/dev/shm").is_dir() else None
-    sequential_runs: list[float] = []
-    sharp_runs: list[tuple[float, list[dict]]] = []
+    runs: dict[str, list[tuple[float, float, list[dict]]]] = {case: [] for case in cases}
     with tempfile.TemporaryDirectory(prefix="hydra-sharp-scaling-", dir=host_tier) as tmp:
         root = Path(tmp)
         tokens = root / "tokens.npy"
@@ -146,31 +210,34 @@ def main() -> None:
         with LocalWorkers(devices=devices, redis_url=config.current().redis_url, root=root / "sharp") as workers:
             # Rounds alternate, so that a slow spell of a shared machine does not land on one side only.
             for r in range(rounds):
-                specs = trials(tokens, count=args.trials, steps=steps, width=args.width,
-                               budget_bytes=int(args.budget_mb * 1e6))
-                sequential_runs.append(sequential(specs, root / f"sequential{r}"))
-                sharp_runs.append(sharp(workers, {f"r{r}-{t}": spec for t, spec in specs.items()},
-                                        root / "sharp" / "export"))
-                print(f"round {r + 1}: sequential {sequential_runs[-1]:.3f} s, SHARP {sharp_runs[-1][0]:.3f} s",
-                      file=sys.stderr)
+                for case in cases:
+                    specs = CASES[case](tokens, count=args.trials, steps=steps, budget_bytes=int(args.budget_mb * 1e6))
+                    with pinned(baseline_cores):
+                        sequential_s = sequential(specs, root / f"sequential-{case}-{r}")
+                    sharp_s, spans = sharp(workers, {f"r{r}-{t}": spec for t, spec in specs.items()},
+                                           root / "sharp" / "export")
+                    runs[case].append((sequential_s, sharp_s, spans))
+                    print(f"round {r + 1} {case}: sequential {sequential_s:.3f} s, SHARP {sharp_s:.3f} s, "
+                          f"speedup {sequential_s / sharp_s:.3f}", file=sys.stderr)
 
-    ceiling = hardware_speedup(args.devices, args.width)
-    sequential_s = min(sequential_runs)
-    sharp_s, spans = min(sharp_runs, key=lambda run: run[0])
-    busy = sum(float(s["end"]) - float(s["start"]) for s in spans)
-    units = [s for s in spans if s["phase"] != "plan"]
-    unit_ms = sorted((float(s["end"]) - float(s["start"])) * 1000 for s in units)
-    hops = sum(len({s["device"] for s in units if s["trial"] == t}) > 1 for t in {s["trial"] for s in units})
-    print(f"fastest SHARP round: {len(units)} units, median {unit_ms[len(unit_ms) // 2]:.1f} ms; {hops} of "
-          f"{args.trials} trials ran on more than one device; busy {busy:.2f} s of {args.devices} x {sharp_s:.2f} s",
-          file=sys.stderr)
-    print(json.dumps({
-        "trials": args.trials, "devices": args.devices, "sequential_s": round(sequential_s, 3),
-        "sharp_s": round(sharp_s, 3), "speedup": round(sequential_s / sharp_s, 3),
-        "utilization": round(busy / (args.devices * sharp_s), 3),
-        "hardware_speedup": round(ceiling, 3),
-        "speedup_of_hardware": round(sequential_s / sharp_s / ceiling, 3),
-    }))
+    ceiling = hardware_speedup(args.devices, 192)
+    results = {}
+    for case, case_runs in runs.items():
+        speedups = [seq / sharp_s for seq, sharp_s, _ in case_runs]
+        median_run = sorted(case_runs, key=lambda run: run[0] / run[1])[len(case_runs) // 2]
+        results[case] = {
+            "rounds": len(case_runs),
+            "sequential_s": {"median": round(statistics.median(r[0] for r in case_runs), 3),
+                             "best": round(min(r[0] for r in case_runs), 3)},
+            "sharp_s": {"median": round(statistics.median(r[1] for r in case_runs), 3),
+                        "best": round(min(r[1] for r in case_runs), 3)},
+            "speedup": summary(speedups),
+            "speedup_of_hardware": summary([x / ceiling for x in speedups]),
+            "device_time": device_time(median_run[2], args.devices, median_run[1]),
+            "target_met": statistics.median(speedups) >= 0.95 * ceiling,
+        }
+    print(json.dumps({"devices": args.devices, "trials": args.trials, "hardware_speedup": round(ceiling, 3),
+                      "cases": results}))
 
 
 if __name__ == "__main__":
