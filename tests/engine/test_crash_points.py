@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import GPT2LMHeadModel
 
 from tests.engine.conftest import CPU, tiny_spec
-from tests.engine.test_exactness import Reference, plain_training
+from tests.plain_pytorch import Reference, assert_bit_identical, exported_weights, plain_reference
 from worker.engine import TrialSession, TrialSpec, trial_create
 from worker.engine.faults import REACHED, Fault
 from worker.engine.repartition import repartition
@@ -47,11 +46,7 @@ def spec_of(tokens_path: Path) -> TrialSpec:
 
 @pytest.fixture(scope="module")
 def reference(tokens_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Reference:
-    """Plain PyTorch from the engine's initial weights."""
-    root = tmp_path_factory.mktemp("reference")
-    trial_create(spec=spec_of(tokens_path), spill_dir=root, trial_id="init", device=CPU, cuts=[0])
-    TrialSession.open(spill_dir=root, trial_id="init", device=CPU).export(root / "init")
-    return plain_training(root / "init", spec_of(tokens_path))
+    return plain_reference(spec_of(tokens_path), tmp_path_factory.mktemp("reference"))
 
 
 def files(trial_dir: Path) -> set[str]:
@@ -104,10 +99,7 @@ def kill_at(pid: int, fault: Fault, timeout_s: float = 120) -> dict[str, object]
 def assert_plain(losses: list[float], eval_losses: list[float], export_dir: Path, reference: Reference) -> None:
     assert losses == reference.losses
     assert eval_losses == reference.eval_losses
-    final = dict(GPT2LMHeadModel.from_pretrained(export_dir, local_files_only=True).named_parameters())
-    assert final.keys() == reference.weights.keys()
-    for name, weight in reference.weights.items():
-        assert torch.equal(final[name], weight), name
+    assert_bit_identical(exported_weights(export_dir), reference.weights)
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)

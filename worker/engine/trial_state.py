@@ -83,6 +83,9 @@ class TrialState:
     eval_state: EvalState = field(default_factory=EvalState)
     early_stop: EarlyStop = field(default_factory=EarlyStop)
     replans: int = 0
+    # The metrics the last committed unit reported (UnitResult's loss, eval_loss...): a device that finds the
+    # unit committed by one that died before reporting it reports them in its place.
+    last_metrics: dict[str, Any] = field(default_factory=dict)
     # The JSON form of ``spec`` and ``plan`` (key -> (object, its JSON)): both are frozen, and converting
     # them at every commit would cost more than the rest of the manifest.
     _json: dict[str, tuple[Any, Any]] = field(init=False, default_factory=dict, compare=False, repr=False)
@@ -140,6 +143,7 @@ class TrialState:
             "eval_state": {"loss_sum": self.eval_state.loss_sum},
             "early_stop": {"best": self.early_stop.best, "since": self.early_stop.since},
             "replans": self.replans,
+            "last_metrics": self.last_metrics,
         }
 
     def _json_of(self, key: str, value: TrialSpec | MemoryPlan) -> Any:
@@ -151,8 +155,8 @@ class TrialState:
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], *, known: TrialState | None = None) -> TrialState:
         """The state in ``manifest`` (the store's keys are ignored); ``SpillStoreError`` if a trial key is
-        missing or unknown. ``early_stop`` and ``replans`` may be absent: a trial not evaluated or not
-        re-planned yet.
+        missing or unknown. ``early_stop``, ``replans`` and ``last_metrics`` may be absent: a trial not
+        evaluated, not re-planned or not run yet.
 
         ``known`` is an earlier state of the same trial: while no re-plan came between the two, its spec
         and plan are the manifest's (a spec never changes, a plan only with a re-plan), and they are reused
@@ -178,6 +182,7 @@ class TrialState:
             early_stop=EarlyStop() if early_stop is None else EarlyStop(
                 **_keys(early_stop, "early_stop", required={"best", "since"})),
             replans=raw.get("replans", 0),
+            last_metrics=raw.get("last_metrics", {}),
         )
         state._json.update(spec=(state.spec, raw["spec"]), plan=(state.plan, raw["plan"]))
         return state
@@ -193,7 +198,7 @@ class TrialState:
 
 
 _REQUIRED = frozenset({"trial_id", "spec", "plan", "cursor", "shards", "pending", "step_state", "eval_state"})
-_OPTIONAL = frozenset({"early_stop", "replans"})
+_OPTIONAL = frozenset({"early_stop", "replans", "last_metrics"})
 
 
 def _json_native(value: Any) -> Any:

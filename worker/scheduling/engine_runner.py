@@ -87,7 +87,7 @@ class EngineRunner:
         """Run the trial's next unit, fenced by `token` (see `TrialRunner.run_unit`)."""
         session = self._open(trial_id)
         if session.next_unit() is None:
-            raise WorkloadError(f"trial {trial_id!r} has no unit left, yet the queue had it runnable")
+            return self._committed_last(trial_id, session, token)
         if not self.prefetch:
             next_trial = None
         if next_trial == trial_id:
@@ -107,6 +107,20 @@ class EngineRunner:
         # Outside the except block: its traceback holds the failed unit's frames and their device tensors.
         del session
         return self._replan(trial_id, reason, token)
+
+    def _committed_last(self, trial_id: str, session: TrialSession, token: int) -> UnitDone:
+        """The trial's last unit is committed, but the device that ran it died before the queue heard of it
+        (or while exporting): report that unit done in its place, with the metrics it committed, so that
+        this device exports the trial."""
+        try:
+            SpillStore.take(self.spill_dir / trial_id, token)  # fenced like a unit: one device exports
+        except StaleWriterError as error:
+            raise LeaseLost(f"trial {trial_id!r}: {error}") from error
+        last = session.timetable[len(session.timetable) - 1]
+        log.warning("trial %s: its last unit was committed by a device that did not report it; exporting", trial_id)
+        result = UnitResult(unit=last, seconds=0.0, bytes_read=0, bytes_written=0, peak_device_bytes=None,
+                            **session.state.last_metrics)
+        return unit_done(trial_id, result, 0)
 
     def _replan(self, trial_id: str, reason: str, token: int) -> Replanned:
         dropped = self._drop(trial_id)  # the session's caches belong to the old plan

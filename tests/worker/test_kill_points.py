@@ -1,0 +1,140 @@
+"""Real device workers killed, frozen or out of memory at a named point of a unit (HYDRA_FAULT).
+
+The fault stops the worker at its point and reports it (worker.engine.faults), so each test acts on a unit
+known to be exactly there, never on wherever a timer happened to fall. Every unit's completion carries its
+place in the engine's timetable (step, micro-batch, phase, shard), so the spans say which units completed,
+on which device; the killed or frozen unit was started by its victim (the fault's report names its process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.worker.device_workers import DeviceWorkers
+from tests.worker.test_engine_trials import assert_trained_like_plain_pytorch, tiny_trial
+from worker.contract import EngineJob
+from worker.engine.config import TrialSpec
+from worker.engine.faults import REACHED, RELEASE
+from worker.engine.schedule import Timetable
+from worker.engine.session import trial_create
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+
+Unit = tuple[int, int, str, int]  # step, micro-batch, phase, shard
+
+
+def timetable(trial: TrialSpec, root: Path) -> list[Unit]:
+    """The trial's units, planned here as a CPU worker plans it (the plan depends on sizes, not timings)."""
+    plan = trial_create(spec=trial, spill_dir=root, trial_id="probe", device=torch.device("cpu"))
+    units = Timetable(shards=len(plan.shards), steps=trial.steps, micro_batches=trial.micro_batches,
+                      eval_every=trial.eval_every, eval_batches=trial.eval_batches)
+    return [(u.step, u.micro_batch, u.phase, u.shard) for u in (units[i] for i in range(len(units)))]
+
+
+def start(device_workers, tmp_path: Path, fault: str, *, lease_s: float = 1.5) -> DeviceWorkers:
+    """Two CPU workers, both armed with `fault` (it fires once, in whichever reaches it first); a short
+    lease, so that another device soon re-runs the unit of a worker killed or frozen."""
+    return device_workers("cpu0", "cpu1", lease_s=lease_s,
+                          env={"HYDRA_FAULT": fault, "HYDRA_FAULT_DIR": str(tmp_path / "fault")})
+
+
+def blocked(workers: DeviceWorkers, tmp_path: Path) -> tuple[str, dict[str, object]]:
+    """Wait until a worker is blocked at the fault's point; return its device and the fault's report."""
+    path = tmp_path / "fault" / REACHED
+    workers.wait(path.exists, 120, "a worker to reach the fault's point")
+    report = json.loads(path.read_text())
+    group = os.getpgid(int(report["pid"]))  # the unit runs in the worker's pool process, in its group
+    return next(name for name, process in workers.processes.items() if process.pid == group), report
+
+
+def completed(workers: DeviceWorkers, trial_id: str) -> list[tuple[Unit, str]]:
+    """The units of `trial_id` whose completion the queue accepted, in order, with their devices."""
+    spans = sorted((s for s in workers.entries("spans") if s["trial"] == trial_id and s["shard"] != -1),
+                   key=lambda s: s["start"])
+    return [((s["step"], s["micro_batch"], s["phase"], s["shard"]), s["device"]) for s in spans]
+
+
+@pytest.mark.parametrize("point", ["mid-write", "after-commit", "mid-export"])
+def test_a_worker_killed_at_a_point_of_a_unit_is_recovered_from_exactly(
+    point: str, device_workers, tokens: str, tmp_path: Path
+) -> None:
+    """mid-write: the unit re-runs on the other device. after-commit: it is committed, so the other device
+    goes on after it (its completion alone is lost). mid-export: the last unit is committed and the export
+    half written; the other device exports the trial."""
+    trial = tiny_trial(tokens, seed=7, lr=2e-3, steps=4)
+    units = timetable(trial, tmp_path / "probe")
+    # The first unit of step 1 applies shard 0's update and then runs its forward: it writes several buffers
+    # and completes no step. The export comes after the last unit.
+    target = len(units) if point == "mid-export" else units.index((1, 0, "F", 0))
+    workers = start(device_workers, tmp_path, f"{point}@{target}")
+    workers.queue.submit(trial_id="k", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "k"))
+    victim, report = blocked(workers, tmp_path)
+    assert (report["point"], report["unit"]) == (point, target)
+    workers.kill(victim)
+
+    record = workers.wait_for_states(["k"], {"finished", "failed"}, 120)["k"]
+    assert (record.state, record.requeues) == ("finished", 1), record.message
+    done = completed(workers, "k")
+    if point == "after-commit":
+        assert [u for u, _ in done] == units[:target] + units[target + 1:]
+    else:
+        assert [u for u, _ in done] == units  # each unit completed once, in the timetable's order
+    if point != "after-commit":
+        last = target if point == "mid-write" else len(units) - 1
+        assert done[last][1] != victim  # the unit the victim started completed on the other device
+    assert_trained_like_plain_pytorch(workers, "k", trial, tmp_path)
+
+
+def test_a_worker_frozen_mid_unit_past_its_lease_cannot_commit(device_workers, tokens: str, tmp_path: Path) -> None:
+    """SIGSTOP the worker blocked in the middle of writing a unit, so its lease expires; the other device
+    re-runs that unit and more; then let it go on: the spill store refuses its unit (fencing), it drops the
+    unit, and the trial ends with plain PyTorch's numbers."""
+    trial = tiny_trial(tokens, seed=11, lr=2e-3, steps=4)
+    units = timetable(trial, tmp_path / "probe")
+    target = units.index((1, 0, "F", 0))
+    workers = start(device_workers, tmp_path, f"mid-write@{target}")
+    workers.queue.submit(trial_id="s", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "s"))
+    victim, _ = blocked(workers, tmp_path)
+    workers.freeze(victim)
+    workers.wait(lambda: len(completed(workers, "s")) >= target + 2, 60, "the other device to run the unit and more")
+    log = workers.root / f"{victim}.log"
+    (tmp_path / "fault" / RELEASE).touch()
+    workers.thaw(victim)
+    workers.wait(lambda: "unit dropped" in log.read_text(), 60, "the frozen worker to drop its unit")
+    assert "StaleWriterError" not in "".join(line for line in log.read_text().splitlines(True)
+                                             if "failed in" in line)  # dropped, never a failed trial
+
+    record = workers.wait_for_states(["s"], {"finished", "failed"}, 120)["s"]
+    assert (record.state, record.requeues) == ("finished", 1), record.message
+    done = completed(workers, "s")
+    assert [u for u, _ in done] == units  # the frozen unit completed once, by the other device
+    assert done[target][1] != victim
+    assert_trained_like_plain_pytorch(workers, "s", trial, tmp_path)
+
+
+def test_a_unit_out_of_memory_mid_backward_is_replanned_and_stays_exact(
+    device_workers, tokens: str, tmp_path: Path
+) -> None:
+    """The fault raises torch.OutOfMemoryError inside autograd's backward of a unit of a one-shard trial:
+    the worker re-plans it under a smaller budget, and the trial ends with plain PyTorch's numbers."""
+    trial = tiny_trial(tokens, seed=3, lr=2e-3, steps=4, budget_bytes=450_000)
+    units = timetable(trial, tmp_path / "probe")
+    assert len({shard for *_, shard in units}) == 1
+    target = units.index((1, 0, "FB", 0))
+    # The default lease: here no worker dies, and on a busy machine re-planning can outlast a short one.
+    workers = start(device_workers, tmp_path, f"mid-backward:oom@{target}", lease_s=10.0)
+    workers.queue.submit(trial_id="o", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "o"))
+    record = workers.wait_for_states(["o"], {"finished", "failed"}, 180)["o"]
+    assert (record.state, record.replans) == ("finished", 1), record.message
+    assert len(record.plan["shards"]) > 1 and record.plan["budget_bytes"] <= int(trial.budget_bytes * 0.75)
+    report = json.loads((tmp_path / "fault" / REACHED).read_text())
+    assert (report["point"], report["unit"]) == ("mid-backward", target)
+    events = workers.client.xrange(workers.queue.key("events"))
+    replanned = [f["message"] for _, f in events if f["trial"] == "o" and f["message"].startswith("re-planned")]
+    assert len(replanned) == 1 and f"out of memory at mid-backward of unit {target}" in replanned[0], replanned
+    assert_trained_like_plain_pytorch(workers, "o", trial, tmp_path)
