@@ -1,5 +1,5 @@
-"""Engine trials on real device workers: plain PyTorch's numbers, bit for bit, across devices and processes,
-and after a kill -9."""
+"""Engine trials on real device workers: plain PyTorch's numbers, bit for bit, across devices and processes
+(killed, frozen and out-of-memory workers: test_kill_points.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from tests.plain_pytorch import assert_bit_identical, exported_weights, plain_re
 from tests.worker.device_workers import DeviceWorkers
 from worker.contract import EngineJob
 from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, TrialSpec
-from worker.scheduling.queue import ShardQueue
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -105,97 +104,6 @@ def test_a_pause_stops_a_trial_its_device_holds_at_the_unit_boundary_and_resume_
     assert workers.queue.resume("t") == "runnable"
     assert workers.wait_for_states(["t"], {"finished", "failed"}, 120)["t"].state == "finished"
     assert_trained_like_plain_pytorch(workers, "t", trial, tmp_path)
-
-
-def test_it_reruns_the_unit_of_a_killed_worker_on_another_device(
-    device_workers, tokens: str, tmp_path: Path
-) -> None:
-    trial = tiny_trial(tokens, seed=7, lr=2e-3, steps=4, width=128, budget_bytes=8_000_000)
-    workers = device_workers("cpu0", "cpu1", lease_s=1.5)
-    queue = workers.queue
-    queue.submit(trial_id="k", job=EngineJob(trial=trial),
-                 export_dir=str(tmp_path / "export-k"))
-    workers.wait(lambda: queue.trial("k").units_done >= 3, 60, "the first units")
-    at_kill = None
-    while at_kill is None:  # freeze the device running it; kill it if it is mid-unit, else let it go on
-        victim = queue.trial("k").device
-        workers.freeze(victim)
-        record = queue.trial("k")
-        if (record.state, record.device) == ("running", victim):
-            workers.kill(victim)
-            at_kill = record
-        else:
-            workers.thaw(victim)
-
-    record = workers.wait_for_states(["k"], {"finished", "failed"}, 120)["k"]
-    assert (record.state, record.requeues) == ("finished", 1), record.message
-    spans = sorted((s for s in workers.entries("spans") if s["phase"] != "plan"), key=lambda s: s["start"])
-    assert [s["unit"] for s in spans] == list(range(len(spans)))  # the killed unit re-ran, nothing skipped
-    after = [s for s in spans if s["unit"] >= at_kill.units_done]
-    assert {s["device"] for s in after} == {"cpu0", "cpu1"} - {victim}
-    assert_same_weights(exported(tmp_path / "export-k"), trained_alone(trial, tmp_path / "alone"))
-
-
-def taken_over(queue: ShardQueue, units_done: int, timeout_s: float = 10) -> bool:
-    """Whether another device ran two more units of trial "s" (or finished it) within `timeout_s`.
-
-    False when the frozen worker holds the spill store's commit lock (a window of one manifest write): the
-    other devices then wait for it by design (docs/engine.md), so the freeze must be let go.
-    """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        record = queue.trial("s")
-        if record.units_done >= units_done + 2 or record.state == "finished":
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def test_a_worker_frozen_past_its_lease_cannot_write_the_trial(device_workers, tokens: str, tmp_path: Path) -> None:
-    """SIGSTOP the device running a unit, let its lease expire and the other device re-run that unit and
-    more, then SIGCONT it: its unit is refused by the spill store (fencing), not committed over the newer
-    state, and the trial ends with the weights of an uninterrupted run. A freeze that lands after the unit's
-    commit (only its completion is late) is let go, and another unit is frozen."""
-    # Units long enough that a freeze mostly lands mid-unit, and steps enough for several tries: a freeze
-    # can also land after a unit's commit, or inside the commit lock.
-    trial = tiny_trial(tokens, seed=11, lr=2e-3, steps=16, width=256, budget_bytes=40_000_000)
-    workers = device_workers("cpu0", "cpu1", lease_s=1.5)
-    queue = workers.queue
-    queue.submit(trial_id="s", job=EngineJob(trial=trial),
-                 export_dir=str(tmp_path / "export-s"))
-    workers.wait(lambda: queue.trial("s").units_done >= 3, 60, "the first units")
-
-    def lease_messages(device: str) -> tuple[int, int]:
-        """(units the store refused, completions the queue refused) in the log of `device`'s worker."""
-        log = (workers.root / f"{device}.log").read_text()
-        return log.count("unit dropped"), log.count("expired; another device re-runs its unit")
-
-    refused = False
-    while not refused and queue.trial("s").state not in ("finished", "failed"):
-        seen = queue.trial("s")
-        if seen.state != "running":
-            time.sleep(0.002)
-            continue
-        time.sleep(0.3 * (seen.unit_s or 0.0))  # into the unit's computation, not its first or last moments
-        victim = seen.device
-        workers.freeze(victim)
-        record = queue.trial("s")
-        if (record.state, record.device, record.units_done) != ("running", victim, seen.units_done):
-            workers.thaw(victim)  # that unit ended meanwhile
-            continue
-        before = lease_messages(victim)
-        if not taken_over(queue, record.units_done):
-            workers.thaw(victim)  # frozen inside the store's short commit lock, which the others wait on
-            continue
-        workers.thaw(victim)
-        workers.wait(lambda v=victim, b=before: lease_messages(v) != b, 30, "the frozen unit to end")
-        refused = lease_messages(victim)[0] > before[0]
-    assert refused, "every freeze landed after a unit's commit"
-
-    record = workers.wait_for_states(["s"], {"finished", "failed"}, 120)["s"]
-    assert record.state == "finished", record.message
-    assert record.requeues >= 1
-    assert_same_weights(exported(tmp_path / "export-s"), trained_alone(trial, tmp_path / "alone"))
 
 
 def test_trials_that_end_cancelled_or_failed_free_their_spill_stores(
