@@ -56,7 +56,7 @@ def build(*, trials: int, steps: int, seed: int) -> tuple[Experiment, object]:
     tag = uuid.uuid4().hex[:8]
     team = Team.objects.create(name=f"benchmark-{tag}")
     user = get_user_model().objects.create_user(username=f"benchmark-{tag}", password=uuid.uuid4().hex)
-    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER)
+    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER, is_current=True)
     dataset = Dataset.objects.create(team=team, name="synthetic", source=Dataset.Source.UPLOAD, vocab_size=256,
                                      val_fraction=0.1, n_bytes=0, n_tokens=0, fingerprint=tag, storage_key=tag)
     launched = timezone.now()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import pytest
 import redis
 from django.conf import settings
+from django.contrib.auth.hashers import make_password
 from django.test import Client
 
 from webapp.accounts.models import Membership, Team
@@ -14,15 +16,21 @@ from webapp.accounts.models import Membership, Team
 PASSWORD = "correct-horse-battery-staple"
 
 
+@functools.cache
+def _password_hash() -> str:
+    """PASSWORD hashed once per run: hashing it for every user of every test costs about a second each."""
+    return make_password(PASSWORD)
+
+
 def _user(django_user_model, username: str):
-    return django_user_model.objects.create_user(username=username, password=PASSWORD)
+    return django_user_model.objects.create(username=username, password=_password_hash())
 
 
 @pytest.fixture
 def alice(django_user_model):
     user = _user(django_user_model, "alice")
     team = Team.objects.create(name="Alice lab")
-    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER)
+    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER, is_current=True)
     return user
 
 
@@ -30,7 +38,7 @@ def alice(django_user_model):
 def bob(django_user_model):
     user = _user(django_user_model, "bob")
     team = Team.objects.create(name="Bob lab")
-    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER)
+    Membership.objects.create(team=team, user=user, role=Membership.Role.OWNER, is_current=True)
     return user
 
 

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from webapp.accounts.models import Membership, Team
+from webapp.accounts.models import Invitation, Membership, Team
 
 
 class MembershipInline(admin.TabularInline):
@@ -8,7 +8,12 @@ class MembershipInline(admin.TabularInline):
     extra = 0
 
 
+class InvitationInline(admin.TabularInline):
+    model = Invitation
+    extra = 0
+
+
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
     list_display = ["name", "created"]
-    inlines = [MembershipInline]
+    inlines = [MembershipInline, InvitationInline]

@@ -9,13 +9,18 @@ class TeamCreateForm(forms.Form):
     name = forms.CharField(max_length=80)
 
 
-class MemberAddForm(forms.Form):
+class InvitationForm(forms.Form):
     username = forms.CharField(max_length=150)
     role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.MEMBER)
 
 
-class MemberRemoveForm(forms.Form):
+class MemberForm(forms.Form):
     username = forms.CharField(max_length=150)
+
+
+class RoleForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    role = forms.ChoiceField(choices=Membership.Role.choices)
 
 
 class TeamSwitchForm(forms.Form):

@@ -8,19 +8,14 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.functional import SimpleLazyObject
 
 from webapp.accounts.models import Team
-from webapp.accounts.selectors import user_teams
-
-SESSION_KEY = "hydra_team_id"
+from webapp.accounts.selectors import current_team
 
 
-def current_team(request: HttpRequest) -> Team | None:
-    """The team chosen in this session if the user still belongs to it, else their first team, else None."""
+def request_team(request: HttpRequest) -> Team | None:
+    """The team the signed-in user chose to work in; None for visitors and for users who have not chosen."""
     if not request.user.is_authenticated:
         return None
-    teams = user_teams(user=request.user)
-    chosen = request.session.get(SESSION_KEY)
-    team = teams.filter(pk=chosen).first() if chosen is not None else None
-    return team or teams.first()
+    return current_team(user=request.user)
 
 
 class CurrentTeamMiddleware:
@@ -28,5 +23,5 @@ class CurrentTeamMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        request.team = SimpleLazyObject(lambda: current_team(request))  # type: ignore[attr-defined]
+        request.team = SimpleLazyObject(lambda: request_team(request))  # type: ignore[attr-defined]
         return self.get_response(request)

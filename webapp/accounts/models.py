@@ -1,4 +1,10 @@
-"""Teams own everything in Hydra; a user works inside one of their teams at a time."""
+"""Teams own everything in Hydra; a user works inside one of their teams at a time.
+
+Nobody joins a team without saying yes: an owner sends an `Invitation`, and only the invitee's acceptance
+makes a `Membership`. The team a user works in (`Membership.is_current`) changes only when they choose it
+(by switching, creating a team, or accepting an invitation while they have no current team); leaving or
+being removed from it leaves them with none, and they are asked to choose again.
+"""
 
 from __future__ import annotations
 
@@ -27,9 +33,14 @@ class Membership(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
     joined = models.DateTimeField(auto_now_add=True)
+    is_current = models.BooleanField(default=False, help_text="The team this user works in now (one at most).")
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["team", "user"], name="unique_team_member")]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "user"], name="unique_team_member"),
+            models.UniqueConstraint(fields=["user"], condition=models.Q(is_current=True),
+                                    name="one_current_team_per_user"),
+        ]
         ordering = ["team__name", "user__username"]
 
     def __str__(self) -> str:
@@ -38,3 +49,25 @@ class Membership(models.Model):
     @property
     def is_owner(self) -> bool:
         return self.role == self.Role.OWNER
+
+
+class Invitation(models.Model):
+    """An owner's offer of a role in `team` to whoever has the username `username`.
+
+    It names a username rather than a user so that inviting a name nobody has looks, to the owner, exactly
+    like inviting one somebody has: the team's pending list shows both, and neither says whether the account
+    exists. An account with that name, now or later, sees it and may accept or decline.
+    """
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
+    username = models.CharField(max_length=150)
+    role = models.CharField(max_length=10, choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "username"], name="unique_team_invitation")]
+        ordering = ["team__name", "username"]
+
+    def __str__(self) -> str:
+        return f"{self.username} invited to {self.team} ({self.role})"

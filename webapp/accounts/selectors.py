@@ -8,13 +8,29 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Model, QuerySet
 from django.http import Http404
 
-from webapp.accounts.models import Membership, Team
+from webapp.accounts.models import Invitation, Membership, Team
 
 M = TypeVar("M", bound=Model)
 
 
 def user_teams(*, user: AbstractBaseUser) -> QuerySet[Team]:
     return Team.objects.filter(memberships__user=user).order_by("name")
+
+
+def current_team(*, user: AbstractBaseUser) -> Team | None:
+    """The team `user` chose to work in, or None when they have not chosen one (or left it)."""
+    membership = Membership.objects.filter(user=user, is_current=True).select_related("team").first()
+    return membership.team if membership is not None else None
+
+
+def invitations_for_user(*, user: AbstractBaseUser) -> QuerySet[Invitation]:
+    """Invitations addressed to `user` that they have not answered yet."""
+    return Invitation.objects.filter(username=user.get_username()).select_related("team", "invited_by")
+
+
+def invitations_for_team(*, team: Team) -> QuerySet[Invitation]:
+    """The team's invitations that nobody has answered yet (for its owners)."""
+    return Invitation.objects.filter(team=team).order_by("username")
 
 
 def membership_get(*, user: AbstractBaseUser, team: Team) -> Membership | None:

@@ -1,4 +1,4 @@
-"""Team pages: list and switch teams, see members, and (owners) add or remove them."""
+"""Team pages: list, create and choose teams; answer invitations; see members and (owners) manage them."""
 
 from __future__ import annotations
 
@@ -7,17 +7,20 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from webapp.accounts import services
-from webapp.accounts.forms import MemberAddForm, MemberRemoveForm, TeamCreateForm, TeamSwitchForm
-from webapp.accounts.middleware import SESSION_KEY
-from webapp.accounts.selectors import membership_get, team_for_user, user_teams
+from webapp.accounts.forms import InvitationForm, MemberForm, RoleForm, TeamCreateForm, TeamSwitchForm
+from webapp.accounts.selectors import (
+    invitations_for_team,
+    invitations_for_user,
+    membership_get,
+    team_for_user,
+    user_teams,
+)
 
-
-@login_required
-def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "accounts/home.html", {"teams": user_teams(user=request.user)})
+INVITED = "If that user exists, they have been invited."
 
 
 @login_required
@@ -29,10 +32,13 @@ def team_list(request: HttpRequest) -> HttpResponse:
         except ValidationError as error:
             form.add_error("name", error)
         else:
-            request.session[SESSION_KEY] = team.pk
-            messages.success(request, f"Team {team.name} created.")
+            messages.success(request, f"Team {team.name} created; you are working in it.")
             return redirect("team_detail", team_id=team.pk)
-    return render(request, "accounts/team_list.html", {"teams": user_teams(user=request.user), "form": form})
+    return render(request, "accounts/team_list.html", {
+        "teams": user_teams(user=request.user),
+        "invitations": invitations_for_user(user=request.user),
+        "form": form,
+    })
 
 
 @login_required
@@ -42,15 +48,12 @@ def team_switch(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         messages.error(request, "Choose a team.")
         return redirect("team_list")
-    team = team_for_user(user=request.user, team_id=form.cleaned_data["team"])
-    request.session[SESSION_KEY] = team.pk
+    team = services.current_team_set(user=request.user, team_id=form.cleaned_data["team"])
     messages.success(request, f"Now working in {team.name}.")
-    return redirect(request.POST.get("next") if _safe_next(request) else "home")
+    return redirect(request.POST["next"] if _safe_next(request) else "home")
 
 
 def _safe_next(request: HttpRequest) -> bool:
-    from django.utils.http import url_has_allowed_host_and_scheme
-
     target = request.POST.get("next", "")
     return bool(target) and url_has_allowed_host_and_scheme(
         target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
@@ -61,48 +64,97 @@ def _safe_next(request: HttpRequest) -> bool:
 def team_detail(request: HttpRequest, team_id: int) -> HttpResponse:
     team = team_for_user(user=request.user, team_id=team_id)
     membership = membership_get(user=request.user, team=team)
-    add_form = MemberAddForm()
-    return render(
-        request,
-        "accounts/team_detail.html",
-        {
-            "team": team,
-            "memberships": team.memberships.select_related("user"),
-            "is_owner": membership is not None and membership.is_owner,
-            "add_form": add_form,
-        },
-    )
+    is_owner = membership is not None and membership.is_owner
+    return render(request, "accounts/team_detail.html", {
+        "team": team,
+        "memberships": team.memberships.select_related("user"),
+        "is_owner": is_owner,
+        "invitations": invitations_for_team(team=team) if is_owner else [],
+        "invite_form": InvitationForm(),
+    })
+
+
+def _error(request: HttpRequest, error: ValidationError) -> None:
+    messages.error(request, " ".join(error.messages))
 
 
 @login_required
 @require_POST
 def member_add(request: HttpRequest, team_id: int) -> HttpResponse:
+    """Invite a username (owners only). The reply never says whether the username belongs to anyone."""
     team = team_for_user(user=request.user, team_id=team_id)
-    form = MemberAddForm(request.POST)
-    if form.is_valid():
-        try:
-            services.membership_add(
-                team=team, actor=request.user, username=form.cleaned_data["username"], role=form.cleaned_data["role"]
-            )
-        except ValidationError as error:
-            messages.error(request, " ".join(error.messages))
-        else:
-            messages.success(request, f"{form.cleaned_data['username']} added to {team.name}.")
-    else:
+    form = InvitationForm(request.POST)
+    if not form.is_valid():
         messages.error(request, "Give a username and a role.")
+        return redirect("team_detail", team_id=team.pk)
+    try:
+        services.invitation_send(team=team, actor=request.user, username=form.cleaned_data["username"],
+                                 role=form.cleaned_data["role"])
+    except ValidationError as error:
+        _error(request, error)
+    else:
+        messages.success(request, INVITED)
     return redirect("team_detail", team_id=team.pk)
+
+
+@login_required
+@require_POST
+def invitation_withdraw(request: HttpRequest, team_id: int, invitation_id: int) -> HttpResponse:
+    team = team_for_user(user=request.user, team_id=team_id)
+    services.invitation_withdraw(team=team, actor=request.user, invitation_id=invitation_id)
+    messages.success(request, "Invitation withdrawn.")
+    return redirect("team_detail", team_id=team.pk)
+
+
+@login_required
+@require_POST
+def invitation_accept(request: HttpRequest, invitation_id: int) -> HttpResponse:
+    membership = services.invitation_accept(user=request.user, invitation_id=invitation_id)
+    team = membership.team
+    if membership.is_current:
+        messages.success(request, f"You joined {team.name} and are working in it.")
+    else:
+        messages.success(request, f"You joined {team.name}. Choose it from the team menu to work in it.")
+    return redirect("team_detail", team_id=team.pk)
+
+
+@login_required
+@require_POST
+def invitation_decline(request: HttpRequest, invitation_id: int) -> HttpResponse:
+    team = services.invitation_decline(user=request.user, invitation_id=invitation_id)
+    messages.success(request, f"You declined the invitation to {team.name}.")
+    return redirect("team_list")
 
 
 @login_required
 @require_POST
 def member_remove(request: HttpRequest, team_id: int) -> HttpResponse:
     team = team_for_user(user=request.user, team_id=team_id)
-    form = MemberRemoveForm(request.POST)
+    form = MemberForm(request.POST)
     if form.is_valid():
         try:
             services.membership_remove(team=team, actor=request.user, username=form.cleaned_data["username"])
         except ValidationError as error:
-            messages.error(request, " ".join(error.messages))
+            _error(request, error)
         else:
             messages.success(request, f"{form.cleaned_data['username']} removed from {team.name}.")
+    return redirect("team_detail", team_id=team.pk)
+
+
+@login_required
+@require_POST
+def member_role(request: HttpRequest, team_id: int) -> HttpResponse:
+    team = team_for_user(user=request.user, team_id=team_id)
+    form = RoleForm(request.POST)
+    if form.is_valid():
+        try:
+            membership = services.membership_role_set(team=team, actor=request.user,
+                                                      username=form.cleaned_data["username"],
+                                                      role=form.cleaned_data["role"])
+        except ValidationError as error:
+            _error(request, error)
+        else:
+            messages.success(request, f"{membership.user.get_username()} is now {membership.get_role_display()}.")
+    else:
+        messages.error(request, "Give a username and a role.")
     return redirect("team_detail", team_id=team.pk)

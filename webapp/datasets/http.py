@@ -13,17 +13,24 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 
+from webapp.accounts.selectors import user_teams
+
 View = Callable[..., HttpResponse]
 
 
 def team_required(view: View) -> View:
-    """Login required, and a current team: a user in no team is sent to the teams page to make or join one."""
+    """Login required, and a current team: a user who has not chosen one is sent to the teams page to choose,
+    create or join one. Nothing picks a team for them, so their work never lands in a team they did not pick."""
 
     @login_required
     @functools.wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not request.team:  # type: ignore[attr-defined]  # a lazy object: test its truth, not identity
-            messages.error(request, "You are not in a team yet: create one, or ask a team owner to add you.")
+            if user_teams(user=request.user).exists():
+                messages.error(request, "Choose the team to work in first.")
+            else:
+                messages.error(request, "You are not in a team yet: create one, or accept a team owner's "
+                                        "invitation.")
             return redirect("team_list")
         return view(request, *args, **kwargs)
 

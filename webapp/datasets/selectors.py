@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
 from webapp.accounts.models import Team
+from webapp.accounts.roles import can_change
 from webapp.accounts.selectors import team_scoped_get
 from webapp.datasets.models import Dataset
 
@@ -18,6 +20,11 @@ def dataset_list(*, team: Team | None) -> QuerySet[Dataset]:
 def dataset_get(*, team: Team | None, dataset_id: int) -> Dataset:
     """The team's dataset `dataset_id`, or Http404 (also for another team's dataset)."""
     return team_scoped_get(Dataset.objects.all(), team=team, pk=dataset_id)
+
+
+def dataset_can_delete(*, user: AbstractBaseUser, dataset: Dataset) -> bool:
+    """Whether `user` may delete the dataset: a team owner, or the member who created it."""
+    return can_change(user=user, team=dataset.team, created_by_id=dataset.created_by_id)
 
 
 def dataset_preview(*, dataset: Dataset, chars: int = 600) -> dict[str, object]:

@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import ProtectedError
 
 from webapp.accounts.models import Team
+from webapp.accounts.roles import require_creator_or_owner
 from webapp.background.celery_app import enqueue_on_commit
 from webapp.datasets.models import Dataset, datasets_root
 from webapp.datasets.tokenization import TokenizedCorpus, tokenize_corpus
@@ -138,8 +139,16 @@ def _write_tokenized(dataset: Dataset, corpus: TokenizedCorpus) -> None:
             path.unlink(missing_ok=True)
 
 
-def dataset_delete(*, dataset: Dataset) -> None:
-    """Delete a dataset and its files. Raises ValidationError while experiments still use it."""
+def dataset_require_delete(*, actor: AbstractBaseUser, dataset: Dataset) -> None:
+    """Raise PermissionDenied unless `actor` owns the dataset's team or created the dataset."""
+    require_creator_or_owner(user=actor, team=dataset.team, created_by_id=dataset.created_by_id,
+                             what=f"dataset {dataset.name!r}")
+
+
+def dataset_delete(*, dataset: Dataset, actor: AbstractBaseUser) -> None:
+    """Delete a dataset and its files. Raises PermissionDenied unless `dataset_require_delete` passes, and
+    ValidationError while experiments still use it."""
+    dataset_require_delete(actor=actor, dataset=dataset)
     directory = dataset.directory
     try:
         with transaction.atomic():

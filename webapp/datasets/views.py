@@ -55,6 +55,7 @@ def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
         request, "datasets/dataset_detail.html",
         {
             "dataset": dataset, "preview": selectors.dataset_preview(dataset=dataset) if dataset.is_ready else None,
+            "can_delete": selectors.dataset_can_delete(user=request.user, dataset=dataset),
         },
     )
 
@@ -63,9 +64,10 @@ def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def dataset_delete(request: HttpRequest, dataset_id: int) -> HttpResponse:
     dataset = selectors.dataset_get(team=request.team, dataset_id=dataset_id)
+    services.dataset_require_delete(actor=request.user, dataset=dataset)
     if request.method == "POST":
         try:
-            services.dataset_delete(dataset=dataset)
+            services.dataset_delete(dataset=dataset, actor=request.user)
         except ValidationError as error:
             messages.error(request, " ".join(error.messages))
             return redirect("dataset_detail", dataset_id=dataset.pk)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count, Q, QuerySet
 
 from webapp.accounts.models import Team
+from webapp.accounts.roles import can_change
 from webapp.accounts.selectors import team_scoped_get
 from webapp.experiments.models import Experiment, Trial
 from webapp.queue_client import Control, control_changes
@@ -39,6 +41,11 @@ def trial_get(*, team: Team | None, trial_id: int) -> Trial:
     return team_scoped_get(
         Trial.objects.select_related("experiment__dataset"), team=team, team_field="experiment__team", pk=trial_id
     )
+
+
+def experiment_can_change(*, user: AbstractBaseUser, experiment: Experiment) -> bool:
+    """Whether `user` may launch, control and delete the experiment and its trials (see `accounts.roles`)."""
+    return can_change(user=user, team=experiment.team, created_by_id=experiment.created_by_id)
 
 
 def experiment_trials(*, experiment: Experiment) -> QuerySet[Trial]:

@@ -1,12 +1,13 @@
 """Writes about experiments and trials: create, launch, control, retry, delete.
 
-Views and forms call these. The scheduler's state is authoritative while a trial runs: its status changes
-only through `webapp.experiments.events` (what the scheduler reports, and its answer to a control).
+Views and forms call these. Every write that launches, controls or deletes takes the `actor` and checks
+`webapp.accounts.roles`: a team's owners act on all its experiments, members on those they created.
+The scheduler's state is authoritative while a trial runs: its status changes only through
+`webapp.experiments.events` (what the scheduler reports, and its answer to a control).
 """
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 
 from django.conf import settings
@@ -17,6 +18,7 @@ from django.utils import timezone
 
 from webapp import queue_client
 from webapp.accounts.models import Team
+from webapp.accounts.roles import require_creator_or_owner
 from webapp.experiments.events import trial_event_apply
 from webapp.experiments.launching import memory_budget, trial_launch
 from webapp.experiments.memory_preview import FitError
@@ -58,8 +60,16 @@ def experiment_create(
     return experiment
 
 
-def experiment_launch(*, experiment: Experiment) -> int:
-    """Send every trial not yet launched to the scheduler; returns how many were sent."""
+def experiment_require_change(*, actor: AbstractBaseUser, experiment: Experiment) -> None:
+    """Raise PermissionDenied unless `actor` owns the experiment's team or created the experiment."""
+    require_creator_or_owner(user=actor, team=experiment.team, created_by_id=experiment.created_by_id,
+                             what=f"experiment {experiment.name!r}")
+
+
+def experiment_launch(*, experiment: Experiment, actor: AbstractBaseUser) -> int:
+    """Send every trial not yet launched to the scheduler; returns how many were sent.
+    Raises PermissionDenied unless `actor` may change the experiment."""
+    experiment_require_change(actor=actor, experiment=experiment)
     with transaction.atomic():
         trials = list(experiment.trials.select_for_update().filter(status=Status.NEW).select_related(
             "experiment__dataset"))
@@ -71,8 +81,9 @@ def experiment_launch(*, experiment: Experiment) -> int:
     return len(trials)
 
 
-def trial_retry(*, trial: Trial) -> None:
+def trial_retry(*, trial: Trial, actor: AbstractBaseUser) -> None:
     """Run a failed or cancelled trial again from the start (a new attempt with its own spill store)."""
+    experiment_require_change(actor=actor, experiment=trial.experiment)
     if trial.status not in (Status.FAILED, Status.CANCELLED):
         raise ValidationError(f"Trial #{trial.number} is {trial.get_status_display().lower()}; only failed or "
                               "cancelled trials can be retried.")
@@ -80,8 +91,9 @@ def trial_retry(*, trial: Trial) -> None:
         trial_launch(trial=trial)
 
 
-def experiment_retry_failed(*, experiment: Experiment) -> int:
+def experiment_retry_failed(*, experiment: Experiment, actor: AbstractBaseUser) -> int:
     """Retry every failed trial of `experiment`; returns how many."""
+    experiment_require_change(actor=actor, experiment=experiment)
     with transaction.atomic():
         trials = list(experiment.trials.select_for_update().filter(status=Status.FAILED))
         for trial in trials:
@@ -89,12 +101,17 @@ def experiment_retry_failed(*, experiment: Experiment) -> int:
     return len(trials)
 
 
-def trial_control(*, trial: Trial, action: str) -> None:
+def trial_control(*, trial: Trial, action: str, actor: AbstractBaseUser) -> None:
     """Pause, resume or cancel. Takes effect at the next unit boundary; the status shows the scheduler's answer.
 
-    Raises ValidationError for an unknown action, one the trial's status does not allow (see
-    `trial_actions`), or when the scheduler refuses.
+    Raises PermissionDenied unless `actor` may change the trial's experiment; ValidationError for an unknown
+    action, one the trial's status does not allow (see `trial_actions`), or when the scheduler refuses.
     """
+    experiment_require_change(actor=actor, experiment=trial.experiment)
+    _trial_control(trial=trial, action=action)
+
+
+def _trial_control(*, trial: Trial, action: str) -> None:
     if action not in ("pause", "resume", "cancel"):
         raise ValidationError(f"{action!r} is not a trial control; use pause, resume or cancel.")
     if action not in trial_actions(trial):
@@ -110,20 +127,32 @@ def trial_control(*, trial: Trial, action: str) -> None:
     trial_event_apply(trial_id=trial.queue_id, status=state)
 
 
-def experiment_cancel(*, experiment: Experiment) -> int:
+def experiment_cancel(*, experiment: Experiment, actor: AbstractBaseUser) -> int:
     """Cancel every trial that has not ended; returns how many were asked to stop."""
+    experiment_require_change(actor=actor, experiment=experiment)
     count = 0
     for trial in experiment.trials.filter(status__in=[Status.NEW, *Trial.ACTIVE]):
-        trial_control(trial=trial, action="cancel")
+        _trial_control(trial=trial, action="cancel")
         count += 1
     return count
 
 
-def trial_delete(*, trial: Trial) -> None:
-    """Cancel the trial if it still runs, delete it and, once committed, its spill stores and exported model."""
+def trial_delete(*, trial: Trial, actor: AbstractBaseUser) -> None:
+    """Cancel the trial if it still runs, delete it and, once committed, its spill stores and exported model.
+    Raises PermissionDenied unless `actor` may change the trial's experiment."""
+    experiment_require_change(actor=actor, experiment=trial.experiment)
+    _trial_delete(trial=trial)
+
+
+def _trial_delete(*, trial: Trial) -> None:
     if trial.is_active:
-        with contextlib.suppress(queue_client.SchedulerError):  # unknown to the scheduler: nothing left to stop
+        try:
             queue_client.trial_control(trial_id=trial.queue_id, control=queue_client.Control.CANCEL)
+        except queue_client.SchedulerUnavailable as error:  # deleting the row would leave the trial to run
+            raise ValidationError(f"Trial #{trial.number} may still run and the scheduler could not be reached to "
+                                  f"stop it, so nothing was deleted; try again once it is back. ({error})") from error
+        except queue_client.SchedulerError:  # unknown to the scheduler: nothing left to stop
+            pass
     paths = [*trial.spill_dirs, *trial.archive_dirs,
              *([trial.export_dir_for(trial.queue_id)] if trial.queue_id else [])]
     with transaction.atomic():
@@ -131,9 +160,11 @@ def trial_delete(*, trial: Trial) -> None:
         transaction.on_commit(lambda: [shutil.rmtree(path, ignore_errors=True) for path in paths])
 
 
-def experiment_delete(*, experiment: Experiment) -> None:
-    """Delete an experiment with its trials (cancelling what runs) and their files."""
+def experiment_delete(*, experiment: Experiment, actor: AbstractBaseUser) -> None:
+    """Delete an experiment with its trials (cancelling what runs) and their files.
+    Raises PermissionDenied unless `actor` may change the experiment."""
+    experiment_require_change(actor=actor, experiment=experiment)
     with transaction.atomic():
         for trial in experiment.trials.all():
-            trial_delete(trial=trial)
+            _trial_delete(trial=trial)
         experiment.delete()

@@ -19,6 +19,7 @@ from webapp.experiments.events import trial_events_sync_quietly
 from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet, experiment_initial
 from webapp.experiments.models import Experiment
 from webapp.experiments.search_space import KINDS, PARAMETERS
+from webapp.ids import parse_id
 
 DEFAULT_ROWS = [
     {"name": "lr", "kind": "categorical", "values": "0.001, 0.003"},
@@ -39,8 +40,12 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
 def _forms(request: HttpRequest) -> tuple[ExperimentForm, Experiment | None]:
     """The bound form (POST) or one filled from ``?clone=<id>`` / ``?dataset=<id>``, and the clone source."""
     source_id = request.POST.get("cloned_from") or request.GET.get("clone")
-    source = (selectors.experiment_get(team=request.team, experiment_id=int(source_id))
-              if source_id and source_id.isdigit() else None)
+    source = None
+    if source_id:
+        experiment_id = parse_id(source_id)
+        if experiment_id is None:
+            raise Http404("No such experiment.")
+        source = selectors.experiment_get(team=request.team, experiment_id=experiment_id)
     if request.method == "POST":
         rows = ParameterRowFormSet(request.POST, prefix="space")
         return ExperimentForm(request.POST, team=request.team, rows=rows), source
@@ -64,7 +69,7 @@ def experiment_create(request: HttpRequest) -> HttpResponse:
                 experiment = services.experiment_create(team=request.team, user=request.user, draft=draft,
                                                         cloned_from=source)
                 if request.POST.get("launch"):
-                    services.experiment_launch(experiment=experiment)
+                    services.experiment_launch(experiment=experiment, actor=request.user)
                 messages.success(request, f"Experiment {experiment.name} created with "
                                           f"{experiment.trials.count()} trials.")
                 return redirect("experiment_detail", experiment_id=experiment.pk)
@@ -97,6 +102,7 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     ]
     return render(request, "experiments/experiment_detail.html", {
         "experiment": experiment, "trials": trials, "state": selectors.experiment_state(experiment=experiment),
+        "can_change": selectors.experiment_can_change(user=request.user, experiment=experiment),
         "space_yaml": yaml.safe_dump(experiment.search_space, sort_keys=False),
     })
 
@@ -107,13 +113,13 @@ def experiment_action(request: HttpRequest, experiment_id: int, action: str) -> 
     experiment = selectors.experiment_get(team=request.team, experiment_id=experiment_id)
     try:
         if action == "launch":
-            count = services.experiment_launch(experiment=experiment)
+            count = services.experiment_launch(experiment=experiment, actor=request.user)
             messages.success(request, f"{count} trial(s) sent to the scheduler." if count else "Nothing to launch.")
         elif action == "cancel":
-            count = services.experiment_cancel(experiment=experiment)
+            count = services.experiment_cancel(experiment=experiment, actor=request.user)
             messages.success(request, f"{count} trial(s) asked to stop.")
         elif action == "retry-failed":
-            count = services.experiment_retry_failed(experiment=experiment)
+            count = services.experiment_retry_failed(experiment=experiment, actor=request.user)
             messages.success(request, f"{count} failed trial(s) sent again.")
         else:
             raise Http404("No such action.")
@@ -126,8 +132,13 @@ def experiment_action(request: HttpRequest, experiment_id: int, action: str) -> 
 @require_http_methods(["GET", "POST"])
 def experiment_delete(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = selectors.experiment_get(team=request.team, experiment_id=experiment_id)
+    services.experiment_require_change(actor=request.user, experiment=experiment)
     if request.method == "POST":
-        services.experiment_delete(experiment=experiment)
+        try:
+            services.experiment_delete(experiment=experiment, actor=request.user)
+        except ValidationError as error:
+            messages.error(request, " ".join(error.messages))
+            return redirect("experiment_detail", experiment_id=experiment.pk)
         messages.success(request, f"Experiment {experiment.name} deleted, with its trials' files.")
         return redirect("experiment_list")
     return render(request, "experiments/confirm_delete.html", {
@@ -157,6 +168,7 @@ def trial_detail(request: HttpRequest, trial_id: int) -> HttpResponse:
     trial.refresh_from_db()
     return render(request, "experiments/trial_detail.html", {
         "trial": trial, "experiment": trial.experiment, "actions": selectors.trial_actions(trial),
+        "can_change": selectors.experiment_can_change(user=request.user, experiment=trial.experiment),
         "plan": selectors.plan_summary(trial.plan), "shards": selectors.plan_shard_rows(trial.plan),
         "spec_json": json.dumps(trial.spec, indent=2) if trial.spec else "",
         "archive": archives.trial_archive_get(trial=trial),
@@ -171,9 +183,9 @@ def trial_action(request: HttpRequest, trial_id: int, action: str) -> HttpRespon
         raise Http404("No such action.")
     try:
         if action == "retry":
-            services.trial_retry(trial=trial)
+            services.trial_retry(trial=trial, actor=request.user)
         else:
-            services.trial_control(trial=trial, action=action)  # type: ignore[arg-type]
+            services.trial_control(trial=trial, action=action, actor=request.user)
     except ValidationError as error:
         messages.error(request, " ".join(error.messages))
     else:
@@ -187,8 +199,13 @@ def trial_action(request: HttpRequest, trial_id: int, action: str) -> HttpRespon
 @require_http_methods(["GET", "POST"])
 def trial_delete(request: HttpRequest, trial_id: int) -> HttpResponse:
     trial = selectors.trial_get(team=request.team, trial_id=trial_id)
+    services.experiment_require_change(actor=request.user, experiment=trial.experiment)
     if request.method == "POST":
-        services.trial_delete(trial=trial)
+        try:
+            services.trial_delete(trial=trial, actor=request.user)
+        except ValidationError as error:
+            messages.error(request, " ".join(error.messages))
+            return redirect("trial_detail", trial_id=trial.pk)
         messages.success(request, f"Trial #{trial.number} deleted, with its spill files.")
         return redirect("experiment_detail", experiment_id=trial.experiment_id)
     return render(request, "experiments/confirm_delete.html", {

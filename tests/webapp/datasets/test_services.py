@@ -105,10 +105,10 @@ def test_it_gives_equal_fingerprints_to_equal_corpora(alice_team, bob_team):
     assert make_dataset(alice_team, name="other", vocab_size=320).fingerprint != reference.fingerprint
 
 
-def test_it_deletes_the_files_with_the_dataset(alice_team, django_capture_on_commit_callbacks):
+def test_it_deletes_the_files_with_the_dataset(alice, alice_team, django_capture_on_commit_callbacks):
     dataset = make_dataset(alice_team)
     with django_capture_on_commit_callbacks(execute=True):
-        services.dataset_delete(dataset=dataset)
+        services.dataset_delete(dataset=dataset, actor=alice)
     assert not dataset.directory.exists()
     assert not Dataset.objects.exists()
 

@@ -23,7 +23,7 @@ TPE_SPACE = {"lr": {"kind": "logfloat", "low": 1e-4, "high": 1e-2}}
 def _launched(alice_team, alice_dataset, capture, **fields) -> Trial:
     experiment = make_experiment(alice_team, alice_dataset, **fields)
     with capture(execute=True):
-        services.experiment_launch(experiment=experiment)
+        services.experiment_launch(experiment=experiment, actor=alice_team.memberships.get().user)
     return experiment.trials.order_by("number").first()
 
 

@@ -44,11 +44,11 @@ def test_it_refuses_an_experiment_over_the_caps_and_stores_nothing(alice_team, a
     assert not Experiment.objects.exists() and not Trial.objects.exists()
 
 
-def test_it_submits_launched_trials_only_after_commit(alice_team, alice_dataset, scheduler,
+def test_it_submits_launched_trials_only_after_commit(alice, alice_team, alice_dataset, scheduler,
                                                       django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        assert services.experiment_launch(experiment=experiment) == 2
+        assert services.experiment_launch(experiment=experiment, actor=alice) == 2
         assert scheduler.trials() == []
     assert len(callbacks) == 2
     trial = experiment.trials.get(number=1)
@@ -68,40 +68,27 @@ def test_it_submits_launched_trials_only_after_commit(alice_team, alice_dataset,
     assert engine["budget_bytes"] == 256 << 20
 
 
-def test_an_auto_budget_is_left_to_the_device_that_plans_the_trial(alice_team, alice_dataset, scheduler,
+def test_an_auto_budget_is_left_to_the_device_that_plans_the_trial(alice, alice_team, alice_dataset, scheduler,
                                                                    django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset, memory_budget_bytes=None)
     with django_capture_on_commit_callbacks(execute=True):
-        services.experiment_launch(experiment=experiment)
+        services.experiment_launch(experiment=experiment, actor=alice)
     assert {r.job["budget"] for r in scheduler.trials()} == {"auto"}
 
 
-def test_it_sends_the_early_stopping_patience_to_the_engine(alice_team, alice_dataset, scheduler,
+def test_it_sends_the_early_stopping_patience_to_the_engine(alice, alice_team, alice_dataset, scheduler,
                                                             django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset, early_stop_patience=3)
     with django_capture_on_commit_callbacks(execute=True):
-        services.experiment_launch(experiment=experiment)
+        services.experiment_launch(experiment=experiment, actor=alice)
     assert {TrialSpec.from_dict(r.job["trial"]).early_stop_patience for r in scheduler.trials()} == {3}
 
 
-def test_it_fails_a_trial_the_scheduler_cannot_take(alice_team, alice_dataset, settings,
-                                                    django_capture_on_commit_callbacks):
-    settings.HYDRA = dataclasses.replace(
-        settings.HYDRA, worker=dataclasses.replace(settings.HYDRA.worker, redis_url="redis://127.0.0.1:1/0"))
-    experiment = make_experiment(alice_team, alice_dataset)
-    with django_capture_on_commit_callbacks(execute=True):
-        services.experiment_launch(experiment=experiment)
-    trial = experiment.trials.get(number=1)
-    assert trial.status == Trial.Status.FAILED
-    assert trial.message.startswith("The scheduler did not accept the trial: ")
-    assert "127.0.0.1:1" in trial.message
-
-
-def test_it_records_progress_and_keeps_the_best_loss(alice_team, alice_dataset, scheduler,
+def test_it_records_progress_and_keeps_the_best_loss(alice, alice_team, alice_dataset, scheduler,
                                                      django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True):
-        services.experiment_launch(experiment=experiment)
+        services.experiment_launch(experiment=experiment, actor=alice)
     trial = experiment.trials.get(number=1)
     assert events.trial_event_apply(trial_id=trial.queue_id, status="running", step=3, remaining_s=12.0,
                                         best_val_loss=2.0)
@@ -119,11 +106,11 @@ def test_it_records_progress_and_keeps_the_best_loss(alice_team, alice_dataset, 
         events.trial_event_apply(trial_id=trial.queue_id, status="exploded")
 
 
-def test_it_records_the_exported_model_of_a_finished_trial(alice_team, alice_dataset, scheduler,
+def test_it_records_the_exported_model_of_a_finished_trial(alice, alice_team, alice_dataset, scheduler,
                                                           django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True):
-        services.experiment_launch(experiment=experiment)
+        services.experiment_launch(experiment=experiment, actor=alice)
     exported, missing = experiment.trials.order_by("number")
     exported.export_dir_for(exported.queue_id).mkdir(parents=True)  # where the scheduler was told to export
 
@@ -136,13 +123,13 @@ def test_it_records_the_exported_model_of_a_finished_trial(alice_team, alice_dat
     assert missing.export_path == ""
 
 
-def test_it_pauses_resumes_and_cancels_through_the_scheduler(alice_team, alice_dataset, scheduler,
+def test_it_pauses_resumes_and_cancels_through_the_scheduler(alice, alice_team, alice_dataset, scheduler,
                                                              django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True):
-        services.experiment_launch(experiment=experiment)
+        services.experiment_launch(experiment=experiment, actor=alice)
     trial = experiment.trials.get(number=1)
-    services.trial_control(trial=trial, action="pause")  # while it waits to be planned: once it is
+    services.trial_control(trial=trial, action="pause", actor=alice)  # while it waits to be planned: once it is
     trial.refresh_from_db()
     assert (trial.status, scheduler.trial(trial.queue_id).control) == ("planning", "pause")
     planned(scheduler, trial.queue_id)
@@ -150,56 +137,56 @@ def test_it_pauses_resumes_and_cancels_through_the_scheduler(alice_team, alice_d
     events.trial_event_apply(trial_id=trial.queue_id, status="paused")  # as the event stream reports it
     trial.refresh_from_db()
     with pytest.raises(ValidationError, match="cannot pause"):
-        services.trial_control(trial=trial, action="pause")
-    services.trial_control(trial=trial, action="resume")
+        services.trial_control(trial=trial, action="pause", actor=alice)
+    services.trial_control(trial=trial, action="resume", actor=alice)
     trial.refresh_from_db()
     assert trial.status == scheduler.trial(trial.queue_id).state == "runnable"
-    services.trial_control(trial=trial, action="pause")
+    services.trial_control(trial=trial, action="pause", actor=alice)
     trial.refresh_from_db()
     assert trial.status == scheduler.trial(trial.queue_id).state == "paused"
-    services.trial_control(trial=trial, action="cancel")
+    services.trial_control(trial=trial, action="cancel", actor=alice)
     trial.refresh_from_db()
     assert trial.status == scheduler.trial(trial.queue_id).state == "cancelled"
 
 
-def test_it_retries_a_failed_trial_as_a_new_attempt(alice_team, alice_dataset, scheduler,
+def test_it_retries_a_failed_trial_as_a_new_attempt(alice, alice_team, alice_dataset, scheduler,
                                                     django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True):
-        services.experiment_launch(experiment=experiment)
+        services.experiment_launch(experiment=experiment, actor=alice)
     trial = experiment.trials.get(number=1)
     events.trial_event_apply(trial_id=trial.queue_id, status="failed", message="boom")
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.experiment_retry_failed(experiment=experiment) == 1
+        assert services.experiment_retry_failed(experiment=experiment, actor=alice) == 1
     trial.refresh_from_db()
     assert (trial.status, trial.attempt, trial.queue_id, trial.message) == ("planning", 2, f"{trial.pk}.2", "")
     assert scheduler.trial(f"{trial.pk}.2").state == "planning"
     assert not events.trial_event_apply(trial_id=str(trial.pk), status="failed")  # the old attempt
 
 
-def test_it_deletes_a_trial_with_its_spill_files(alice_team, alice_dataset, scheduler, data_dir,
+def test_it_deletes_a_trial_with_its_spill_files(alice, alice_team, alice_dataset, scheduler, data_dir,
                                                  django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True):
-        services.experiment_launch(experiment=experiment)
+        services.experiment_launch(experiment=experiment, actor=alice)
     trial = experiment.trials.get(number=1)
     spill = data_dir / "spill" / trial.queue_id
     spill.mkdir(parents=True)
     (spill / "manifest.json").write_text("{}")
     with django_capture_on_commit_callbacks(execute=True):
-        services.trial_delete(trial=trial)
+        services.trial_delete(trial=trial, actor=alice)
     assert not spill.exists()
     assert not Trial.objects.filter(pk=trial.pk).exists()
     assert scheduler.trial(trial.queue_id).state == "cancelled"  # it was waiting to be planned: at once
 
 
-def test_it_asks_tpe_for_the_next_trial_when_one_ends(alice_team, alice_dataset, scheduler,
+def test_it_asks_tpe_for_the_next_trial_when_one_ends(alice, alice_team, alice_dataset, scheduler,
                                                       django_capture_on_commit_callbacks):
     space = {"lr": {"kind": "logfloat", "low": 1e-4, "high": 1e-2}}
     experiment = make_experiment(alice_team, alice_dataset, strategy="tpe", n_trials=6, space=space)
     assert experiment.trials.count() == 4
     with django_capture_on_commit_callbacks(execute=True):
-        services.experiment_launch(experiment=experiment)
+        services.experiment_launch(experiment=experiment, actor=alice)
     first = experiment.trials.get(number=1)
     with django_capture_on_commit_callbacks(execute=True):
         events.trial_event_apply(trial_id=first.queue_id, status="finished", best_val_loss=3.0)
