@@ -3,7 +3,10 @@ chose and no other, and only owners manage members."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
+from django.apps import apps as django_apps
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
 from django.test import Client
@@ -257,3 +260,12 @@ def test_the_demo_user_never_joins_someone_elses_team(alice):
     assert created
     assert current_team(user=demo).name == "Demo lab 2"
     assert list(Team.objects.get(name="Demo lab").memberships.values_list("user__username", flat=True)) == ["alice"]
+
+
+def test_upgrading_gives_a_current_team_only_to_users_with_one_team(alice, alice_team, bob, bob_team, charlie):
+    migration = importlib.import_module("webapp.accounts.migrations.0002_invitations_current_team")
+    join(bob_team, bob, alice)  # alice is in two teams, bob in one, charlie in none
+    Membership.objects.update(is_current=False)  # as every membership was before the upgrade
+    migration.current_team_for_single_team_users(django_apps, None)
+    assert list(Membership.objects.filter(is_current=True).values_list("user__username", "team__name")) == [
+        ("bob", "Bob lab")]
