@@ -60,10 +60,17 @@ def allowed_hosts(environ: Mapping[str, str], debug: bool) -> list[str]:
     return envlist(environ, "ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 
 
+# The web server, the telemetry ingest and the web tasks write to one SQLite file at once. A transaction takes
+# the write lock when it begins (and waits for it up to `timeout` s) instead of failing with "database is
+# locked" when it upgrades from reading; WAL lets pages read while another process writes.
+SQLITE_OPTIONS = {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"}
+
+
 def database_config(environ: Mapping[str, str], data_dir: Path) -> dict[str, object]:
     raw = environ.get("DATABASE_URL", "").strip()
     if not raw:
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(data_dir / "hydra.sqlite3")}
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(data_dir / "hydra.sqlite3"),
+                "OPTIONS": dict(SQLITE_OPTIONS)}
     scheme = urlparse(raw).scheme
     if scheme not in {"postgres", "postgresql", "sqlite"}:
         raise ConfigError(
@@ -75,6 +82,8 @@ def database_config(environ: Mapping[str, str], data_dir: Path) -> dict[str, obj
         raise ConfigError(f"DATABASE_URL={raw!r} cannot be parsed: {error}") from None
     if not config.get("NAME"):
         raise ConfigError(f"DATABASE_URL={raw!r} names no database.")
+    if scheme == "sqlite":
+        config["OPTIONS"] = dict(SQLITE_OPTIONS)
     return config
 
 
