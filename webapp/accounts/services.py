@@ -35,6 +35,7 @@ def current_team_set(*, user: AbstractBaseUser, team_id: int) -> Team:
     """Make team `team_id` the one `user` works in. Raises Http404 unless they belong to it."""
     team = team_for_user(user=user, team_id=team_id)
     with transaction.atomic():
+        list(Membership.objects.select_for_update().filter(user=user))  # two switches at once: one waits
         Membership.objects.filter(user=user, is_current=True).exclude(team=team).update(is_current=False)
         Membership.objects.filter(user=user, team=team).update(is_current=True)
     return team
