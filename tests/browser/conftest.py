@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,20 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update"]
 
 
+def require_chromium(chromium: Path, environ: Mapping[str, str]) -> None:
+    """Skip the browser tests when `chromium` is missing, but fail them in CI (``CI`` set, as CI services and
+    ``.ci/run`` do), where a missing browser must not pass as a green run."""
+    if chromium.exists():
+        return
+    message = f"no Chromium at {chromium} (apt-get install chromium)"
+    if environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        pytest.fail(f"{message}; CI={environ['CI']} requires the browser tests to run", pytrace=False)
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    require_chromium(Path(CHROMIUM), os.environ)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -105,7 +115,7 @@ def devstack(tmp_path: Path) -> Iterator[DevStack]:
     It has its own data and spill folders and host id, shares the session's Redis, and is stopped with Ctrl-C
     (SIGINT) after the test, which then fails if any process it started is still running.
     """
-    stack = DevStack(root=tmp_path / "stack", redis_url=settings.HYDRA.worker.redis_url)
+    stack = DevStack(root=tmp_path / "stack", worker_config=settings.HYDRA.worker)
     stack.root.mkdir()
     try:
         stack.start()

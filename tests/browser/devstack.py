@@ -6,20 +6,21 @@ SIGINT to devstack's group (what Ctrl-C in a terminal does), waits, and reports 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
 
 import psutil
 import redis
+
+from worker import api
+from worker.config import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0
@@ -35,9 +36,10 @@ def free_port() -> int:
 class DevStack:
     """``devstack.py run`` on a free port with its own data folder, spill folder and host id (its Redis keys)."""
 
-    def __init__(self, *, root: Path, redis_url: str, devices: str = "cpu:2") -> None:
+    def __init__(self, *, root: Path, worker_config: WorkerConfig, devices: str = "cpu:2") -> None:
         self.root = root
-        self.redis_url = redis_url
+        self.worker_config = worker_config  # the test session's: its Redis is the one the stack shares
+        self.redis_url = worker_config.redis_url
         self.devices = devices
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -63,7 +65,7 @@ class DevStack:
             )
         expected = int(self.devices.split(":")[1])
         deadline = time.monotonic() + START_TIMEOUT_S
-        while len(self.workers()) < expected:
+        while not self.web_answers() or len(self.workers()) < expected:
             self.remember_processes()
             if self.process.poll() is not None:
                 raise AssertionError(f"devstack exited with {self.process.returncode}\n{self.log()}")
@@ -72,14 +74,17 @@ class DevStack:
             time.sleep(1.0)
         self.remember_processes()
 
-    def workers(self) -> list[dict[str, object]]:
-        """This host's device workers that answer (health.json asks every worker on the shared Redis)."""
+    def web_answers(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/health.json", timeout=10) as response:
-                report = json.loads(response.read())
-        except (OSError, urllib.error.HTTPError, ValueError):
-            return []
-        return [w for w in report.get("workers", []) if w.get("host") == self.host_id]
+            with urllib.request.urlopen(f"{self.url}/login/", timeout=10) as response:
+                return response.status == 200
+        except OSError:  # refused while it starts; urllib's HTTPError is an OSError too
+            return False
+
+    def workers(self) -> list[dict[str, object]]:
+        """This host's device workers that answer the Celery broadcast every worker on the shared Redis gets."""
+        replies = api.workers_online(config=self.worker_config, timeout_s=1.0)
+        return [w for w in replies if w.get("host") == self.host_id]
 
     def demo_login(self) -> tuple[str, str]:
         username, password = (self.data_dir / "demo-login.txt").read_text().split()

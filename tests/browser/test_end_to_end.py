@@ -1,40 +1,85 @@
 """The whole product as a new user meets it, in real Chromium against the real stack (`make run`'s devstack):
 log in, upload a corpus, build a 3-trial search space, preview, launch, watch real CPU workers train it on
-the live dashboards, see every trial finish and rank on the leaderboard. No page may log an error."""
+the live dashboards (units of different trials taking turns on one device), pause a trial and resume it,
+see every trial finish with falling losses, download the best model and generate text with it, see the
+trials ranked, then clone the sweep into a long run and cancel it. No page may log an error."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import tarfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from pydoc_data.topics import topics
+from typing import Any
 
 import pytest
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM
 
 from tests.browser.devstack import DevStack
+from worker.engine.config import DataSpec
+from worker.engine.data import TokenBlocks
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 LEARNING_RATES = ["0.0003", "0.001", "0.003"]
 STEPS = 160
+LONG_STEPS = 5_000  # the cloned run, cancelled long before it could finish
 EVAL_EVERY = 20
 BUDGET_MIB = 8
 GROWTH_TIMEOUT_MS = 60_000
 FINISH_TIMEOUT_S = 180.0
+STATE_TIMEOUT_S = 90.0  # for a trial to reach a state the test waits for (paused, running, cancelled)
 
 # Sum of the points drawn in the raw (unsmoothed) loss trace of every trial.
 RAW_POINTS_JS = """() => document.getElementById('curves-plot').data
     .filter(t => t.meta && t.meta.role === 'raw').reduce((n, t) => n + t.x.length, 0)"""
-# Per device lane of the timeline, the trials that have a unit drawn on it.
-LANE_TRIALS_JS = """() => {
-    const lanes = {};
+# Per device lane of the timeline, the trials of its units in the order they started, a run of units of one
+# trial counted once: [A, B, A] means B's units ran on that device between two of A's.
+LANE_RUNS_JS = """() => {
+    const units = [];
     for (const t of document.getElementById('timeline-plot').data) {
         if (!t.meta || t.meta.role !== 'units') continue;
-        for (const lane of t.y) (lanes[lane] = lanes[lane] || new Set()).add(t.meta.trial);
+        t.y.forEach((lane, i) => units.push([lane, t.base[i], t.meta.trial]));
     }
-    return Object.fromEntries(Object.entries(lanes).map(([lane, trials]) => [lane, trials.size]));
+    units.sort((a, b) => a[1] - b[1]);
+    const lanes = {};
+    for (const [lane, , trial] of units) {
+        const runs = lanes[lane] = lanes[lane] || [];
+        if (runs[runs.length - 1] !== trial) runs.push(trial);
+    }
+    return lanes;
 }"""
+# Per trial, the train losses (raw, not smoothed) and validation losses the learning-curves page draws.
+LOSSES_JS = """() => {
+    const losses = {};
+    for (const t of document.getElementById('curves-plot').data) {
+        if (!t.meta || (t.meta.role !== 'raw' && t.meta.role !== 'eval')) continue;
+        (losses[t.meta.trial] = losses[t.meta.trial] || {})[t.meta.role] = Array.from(t.y);
+    }
+    return losses;
+}"""
+# The experiment page's trial table, by trial id: status, steps done and best validation loss of each trial.
+TRIAL_ROWS_JS = """rows => Object.fromEntries(rows.map(r => [r.dataset.trial, {
+    status: r.dataset.status,
+    step: parseInt(r.querySelector('td:nth-child(4)').innerText, 10),
+    best_val_loss: parseFloat(r.querySelector('td:nth-child(6)').innerText) || null,
+}]))"""
+
+
+@dataclass(frozen=True)
+class Row:
+    """A trial as the experiment page's table shows it."""
+
+    status: str
+    step: int  # steps done
+    best_val_loss: float | None
 
 
 def _corpus(path: Path, *, min_bytes: int) -> Path:
@@ -66,7 +111,8 @@ def _log_in(page, stack: DevStack) -> None:
     page.wait_for_url(f"{stack.url}/")
 
 
-def _upload_dataset(page, stack: DevStack, corpus: Path) -> None:
+def _upload_dataset(page, stack: DevStack, corpus: Path) -> int:
+    """Upload `corpus`; returns the size of the vocabulary its tokenizer was trained to."""
     page.click("nav.mainnav >> text=Datasets")
     page.check("input[name=source][value=upload]")
     page.set_input_files("input[name=file]", str(corpus))
@@ -74,13 +120,18 @@ def _upload_dataset(page, stack: DevStack, corpus: Path) -> None:
     page.fill("input[name=vocab_size]", "384")
     page.click("#dataset-form button[type=submit]")
     page.wait_for_url(re.compile(r"/datasets/\d+/$"), timeout=60_000)
+    # The tokenizer is trained in the background; the page reloads itself until the dataset is ready.
+    page.wait_for_selector("#dataset-status[data-status=ready]", timeout=60_000)
     facts = page.inner_text("dl.facts")
     assert f"({corpus.stat().st_size} bytes)" in facts, facts
     tokens = re.search(r"Tokens\s+(\d+)", facts)
     split = re.search(r"Train / validation\s+(\d+) / (\d+) tokens", facts)
-    assert tokens and split, facts
+    vocabulary = re.search(r"Vocabulary\s+(\d+) tokens", facts)
+    assert tokens and split and vocabulary, facts
     assert int(split[1]) + int(split[2]) == int(tokens[1]) > 0, facts
     assert 0 < int(split[2]) < int(split[1]), facts
+    assert 256 < int(vocabulary[1]) <= 384, facts  # every byte, plus the merges the corpus allowed
+    return int(vocabulary[1])
 
 
 def _build_experiment(page) -> None:
@@ -126,12 +177,60 @@ def _form_errors(page) -> str:
     return "\n".join(page.locator(".errorlist, .errors").all_inner_texts()) or page.inner_text("main, body")
 
 
-def _launch(page) -> int:
+def _launch(page, *, trials: int) -> int:
     page.click("button.primary[name=action][value=create]")
     page.wait_for_url(re.compile(r"/experiments/\d+/$"))
     experiment_id = int(re.search(r"/experiments/(\d+)/$", page.url)[1])
-    assert page.locator("#trial-table tbody tr[data-trial]").count() == 3
+    assert page.locator("#trial-table tbody tr[data-trial]").count() == trials
     return experiment_id
+
+
+def _trial_rows(page) -> dict[int, Row]:
+    rows = page.eval_on_selector_all("#trial-table tbody tr[data-trial]", TRIAL_ROWS_JS)
+    return {int(trial): Row(**row) for trial, row in rows.items()}
+
+
+def _reload_until(page, what: str, until: Callable[[dict[int, Row]], bool],
+                  timeout_s: float = STATE_TIMEOUT_S) -> dict[int, Row]:
+    """Reload the experiment page until its trial table satisfies `until`; returns that table.
+
+    Fails at once when a trial failed (nothing the test waits for includes a failure).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = _trial_rows(page)
+        assert all(row.status != "failed" for row in rows.values()), page.inner_text("#trial-table")
+        if until(rows):
+            return rows
+        assert time.monotonic() < deadline, f"no {what} after {timeout_s:.0f} s: {rows}"
+        page.wait_for_timeout(1_000)
+        page.reload()
+
+
+def _click_control(page, trial: int, control: str) -> None:
+    page.locator(f'#trial-table tr[data-trial="{trial}"] button', has_text=control).click()
+    page.wait_for_load_state()
+
+
+def _stays_put_while_others_train(page, trial: int) -> Row:
+    """`trial` has stopped (paused or cancelled): reload the experiment page until the other trials have
+    trained `EVAL_EVERY` more steps and require that `trial` did not move meanwhile; returns its row.
+
+    Steps reach the table through the telemetry ingest, which lags the statuses. Two ingest passes that
+    added steps of the others settle it: the second began after the first ended, after `trial` stopped, so
+    it read every step `trial` took.
+    """
+    def others(rows: dict[int, Row]) -> int:
+        return sum(row.step for other, row in rows.items() if other != trial)
+
+    rows = _trial_rows(page)
+    for _ in range(2):
+        before = others(rows)
+        rows = _reload_until(page, "steps of the other trials", lambda now, before=before: others(now) > before)
+    settled, target = rows[trial], others(rows) + EVAL_EVERY
+    rows = _reload_until(page, f"{EVAL_EVERY} more steps of the other trials", lambda now: others(now) >= target)
+    assert rows[trial] == settled, f"trial {trial} moved from {settled} to {rows[trial]} while stopped"
+    return settled
 
 
 def _watch_curves_grow(page) -> None:
@@ -149,28 +248,44 @@ def _watch_curves_grow(page) -> None:
     assert live[0], "the page did not say it is live while the curves grew"
 
 
-def _see_trials_share_a_device(page) -> None:
+def _see_trials_take_turns_on_a_device(page) -> None:
+    """SHARP: some device ran a unit of one trial, then of another, then of the first again."""
     page.click("nav.tabs >> text=Devices")
     page.wait_for_selector("#timeline-plot .main-svg")
-    page.wait_for_function(f"() => Object.values(({LANE_TRIALS_JS})()).some(n => n >= 2)",
-                           timeout=GROWTH_TIMEOUT_MS)
-    print(f"device timeline: trials per lane {page.evaluate(LANE_TRIALS_JS)}")
+    page.wait_for_function(
+        f"() => Object.values(({LANE_RUNS_JS})()).some(runs => new Set(runs).size < runs.length)",
+        timeout=GROWTH_TIMEOUT_MS)
+    lanes = page.evaluate(LANE_RUNS_JS)
+    print("device timeline, trials in turn per lane: " + "; ".join(
+        f"{lane}: {runs[:12]}{' ...' if len(runs) > 12 else ''}" for lane, runs in lanes.items()))
+
+
+def _pause_and_resume(page, stack: DevStack, experiment_id: int, screenshots_dir: Path) -> None:
+    """Pause the trial furthest from done while it trains: it stops while the others train on. Resumed, it
+    trains again (and finishes with the others, see `_wait_until_finished`)."""
+    page.click("nav.tabs >> text=Experiment")
+    page.wait_for_url(f"{stack.url}/experiments/{experiment_id}/")
+
+    def under_way(rows: dict[int, Row]) -> list[int]:
+        return [t for t, row in rows.items() if row.status in ("runnable", "running") and 0 < row.step < STEPS // 2]
+
+    rows = _reload_until(page, "trial under way", lambda now: bool(under_way(now)))
+    trial = min(under_way(rows), key=lambda t: rows[t].step)
+    _click_control(page, trial, "Pause")
+    _reload_until(page, f"pause of trial {trial}", lambda now: now[trial].status == "paused")
+    paused = _stays_put_while_others_train(page, trial)
+    assert 0 < paused.step < STEPS, paused
+    _checked(page, screenshots_dir, "5-trial-paused")
+    print(f"paused trial {trial} at step {paused.step} while the others trained on")
+
+    _click_control(page, trial, "Resume")
+    _reload_until(page, f"resume of trial {trial}", lambda now: now[trial].step > paused.step)
 
 
 def _wait_until_finished(page, stack: DevStack, experiment_id: int) -> None:
-    page.click("nav.tabs >> text=Experiment")
-    page.wait_for_url(f"{stack.url}/experiments/{experiment_id}/")
-    deadline = time.monotonic() + FINISH_TIMEOUT_S
-    statuses: list[str] = []
-    while True:
-        statuses = page.eval_on_selector_all("#trial-table tbody tr[data-trial]",
-                                             "rows => rows.map(r => r.dataset.status)")
-        if statuses == ["finished"] * 3 or time.monotonic() > deadline:
-            break
-        assert not {"failed", "cancelled"} & set(statuses), page.inner_text("#trial-table")
-        page.wait_for_timeout(2_000)
-        page.reload()
-    assert statuses == ["finished"] * 3, f"{statuses} after {FINISH_TIMEOUT_S:.0f} s\n{stack.log()}"
+    page.goto(f"{stack.url}/experiments/{experiment_id}/")
+    _reload_until(page, "finish of every trial",
+                         lambda now: all(row.status == "finished" for row in now.values()), FINISH_TIMEOUT_S)
     assert page.inner_text("h1 .badge").strip().lower() == "finished"
     for row in page.locator("#trial-table tbody tr[data-trial]").all():
         assert row.locator("td").nth(3).inner_text() == f"{STEPS} / {STEPS}"
@@ -180,10 +295,47 @@ def _wait_until_finished(page, stack: DevStack, experiment_id: int) -> None:
         assert "(est.)" not in row.locator("td").nth(7).inner_text()
 
 
-def _download_a_model(page, tmp_path: Path) -> None:
-    """A finished trial's model directory comes down as an archive that transformers could load."""
-    page.locator("#trial-table tbody tr[data-trial]").first.locator("a.button", has_text="Model").click()
-    page.wait_for_url(re.compile(r"/trials/\d+/$"))
+def _see_losses_fall(page, *, vocab_size: int) -> tuple[dict[int, Row], dict[int, dict[str, list[float]]]]:
+    """Every trial learned: its last training loss is below its first, and the best validation loss the
+    experiment page shows is the lowest of its curve and below both its first training loss and ln(vocabulary),
+    the loss of a model that finds every token equally likely.
+
+    Returns the experiment page's trials and the losses the learning-curves page draws, per trial
+    (``{"raw": train losses, "eval": validation losses}``).
+    """
+    page.click(".actions >> text=Learning curves")
+    page.wait_for_selector("#curves-plot .main-svg")
+    # A trial's status can say finished before the ingest has stored its last evaluation.
+    deadline = time.monotonic() + STATE_TIMEOUT_S
+    while not all(len(curve.get("eval", [])) == STEPS // EVAL_EVERY for curve in page.evaluate(LOSSES_JS).values()):
+        assert time.monotonic() < deadline, f"not every evaluation drawn: {page.evaluate(LOSSES_JS)}"
+        page.wait_for_timeout(1_000)
+        page.reload()
+        page.wait_for_selector("#curves-plot .main-svg")
+    losses = {int(trial): curve for trial, curve in page.evaluate(LOSSES_JS).items()}
+    page.go_back()
+    page.reload()
+    rows = _trial_rows(page)
+    assert losses.keys() == rows.keys(), (losses.keys(), rows.keys())
+    uniform = math.log(vocab_size)
+    for trial, curve in losses.items():
+        train, evals, best = curve["raw"], curve["eval"], rows[trial].best_val_loss
+        print(f"trial {trial}: train loss {train[0]:.3f} -> {train[-1]:.3f}, validation "
+              f"{', '.join(f'{v:.3f}' for v in evals)}; best {best}; ln(vocabulary) {uniform:.3f}")
+        assert len(train) >= 2 and all(map(math.isfinite, train + evals)), curve
+        assert train[-1] < train[0], f"trial {trial} did not learn: train loss {train[0]} -> {train[-1]}"
+        assert best is not None and best == pytest.approx(min(evals), abs=1e-4), (best, evals)
+        assert best < min(train[0], uniform), (best, train[0], uniform)
+    return rows, losses
+
+
+def _download_the_best_model(page, rows: dict[int, Row], tmp_path: Path) -> tuple[int, Path, dict[str, Any]]:
+    """The best trial's page: its engine spec, and its model downloaded and unpacked. Returns the trial, the
+    model directory and the spec."""
+    best = min(rows, key=lambda trial: rows[trial].best_val_loss)
+    page.locator(f'#trial-table tr[data-trial="{best}"] td a').first.click()
+    page.wait_for_url(re.compile(rf"/trials/{best}/$"))
+    spec = json.loads(page.inner_text("section.card:has(h2:text-is('Engine spec')) pre"))
     # The web worker packs the model; the page reloads itself until the download link is there.
     page.click(".actions >> text=Prepare model download")
     page.wait_for_selector(".actions >> text=Download model (.tar.gz)", timeout=60_000)
@@ -191,9 +343,40 @@ def _download_a_model(page, tmp_path: Path) -> None:
         page.click(".actions >> text=Download model (.tar.gz)")
     archive = tmp_path / download.value.suggested_filename
     download.value.save_as(archive)
+    unpacked = tmp_path / "model"
     with tarfile.open(archive) as tar:
-        names = {Path(name).name for name in tar.getnames()}
-    assert "config.json" in names and any(name.endswith(".safetensors") for name in names), names
+        tar.extractall(unpacked, filter="data")
+    (directory,) = unpacked.iterdir()
+    return best, directory, spec
+
+
+def _use_the_model(directory: Path, spec: dict[str, Any], *, final_val_loss: float) -> None:
+    """transformers loads the download; on the validation batches the engine evaluated it scores the loss
+    the page drew for the last evaluation (so it holds the trained weights), and it writes text that the
+    dataset's tokenizer decodes (the archive ships no tokenizer)."""
+    model = AutoModelForCausalLM.from_pretrained(directory).eval()
+    data = DataSpec(**spec["data"])
+    tokenizer = Tokenizer.from_file(str(Path(data.tokens_path).with_name("tokenizer.json")))
+    assert model.config.vocab_size == tokenizer.get_vocab_size()
+
+    blocks = TokenBlocks(data, vocab_size=tokenizer.get_vocab_size())
+    micro_batch = spec["batch_size"] // spec["micro_batches"]
+    validation = torch.cat([blocks.eval_batch(batch=b, batch_size=micro_batch)
+                            for b in range(spec["eval_batches"])])  # (eval_batches * micro_batch, T)
+    with torch.no_grad():
+        loss = model(validation, labels=validation).loss.item()
+    print(f"downloaded model: validation loss {loss:.5f}; the page's last evaluation {final_val_loss:.5f}")
+    assert loss == pytest.approx(final_val_loss, abs=1e-3)
+
+    prompt = tokenizer.encode("The while statement").ids
+    new_tokens = 12
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False, pad_token_id=0)
+    assert out.shape == (1, len(prompt) + new_tokens)
+    text = tokenizer.decode(out[0].tolist())
+    print(f"downloaded model writes: {text!r}")
+    assert text.startswith("The while statement") and len(text) > len("The while statement"), text
 
 
 def _see_leaderboard(page, screenshots_dir: Path) -> None:
@@ -206,12 +389,43 @@ def _see_leaderboard(page, screenshots_dir: Path) -> None:
     assert ranks == ["1", "2", "3"] and values == sorted(values), (ranks, values)
     assert {rows.nth(i).locator("td.params").inner_text().strip() for i in range(3)} == {
         f"lr={lr}" for lr in LEARNING_RATES}
-    _checked(page, screenshots_dir, "6-leaderboard")
+    _checked(page, screenshots_dir, "7-leaderboard")
 
     page.click("text=Chart")
     page.wait_for_selector("#leaderboard-plot .main-svg")
     assert page.locator("#leaderboard-table tbody tr").count() == 3
-    _checked(page, screenshots_dir, "7-leaderboard-chart")
+    _checked(page, screenshots_dir, "8-leaderboard-chart")
+
+
+def _clone_into_a_long_run_and_cancel_it(page, stack: DevStack, experiment_id: int, screenshots_dir: Path) -> None:
+    """Clone the sweep with two learning rates and a budget far beyond the test's patience, launch it, cancel
+    one trial while it trains (it stops while the other trains on), then cancel the rest."""
+    page.goto(f"{stack.url}/experiments/{experiment_id}/")
+    page.click(".actions >> text=Clone")
+    page.wait_for_url(re.compile(r"/experiments/new/\?clone="))
+    page.fill("#id_name", "long run")
+    page.fill("#id_budget", str(LONG_STEPS))
+    rows = page.locator("#space-rows tbody tr.space-row")
+    assert rows.count() == 1  # the sweep's one parameter, cloned
+    rows.first.locator("input[name$='-values']").fill(", ".join(LEARNING_RATES[1:]))
+    long_id = _launch(page, trials=2)
+
+    rows = _reload_until(page, "steps of both trials", lambda now: all(row.step > 0 for row in now.values()))
+    trial = min(rows)
+    _click_control(page, trial, "Cancel")
+    _reload_until(page, f"cancel of trial {trial}", lambda now: now[trial].status == "cancelled")
+    cancelled = _stays_put_while_others_train(page, trial)
+    assert 0 < cancelled.step < LONG_STEPS, cancelled
+    assert page.locator(f'#trial-table tr[data-trial="{trial}"] a.button', has_text="Model").count() == 0
+    print(f"cancelled trial {trial} at step {cancelled.step} while the other trained on")
+
+    page.click("button.danger >> text=Cancel all")
+    page.wait_for_url(f"{stack.url}/experiments/{long_id}/")
+    rows = _reload_until(page, "cancel of every trial",
+                         lambda now: all(row.status == "cancelled" for row in now.values()))
+    assert all(row.step < LONG_STEPS for row in rows.values()), rows
+    assert page.inner_text("h1 .badge").strip().lower() == "stopped"
+    _checked(page, screenshots_dir, "9-long-run-cancelled")
 
 
 def test_a_new_user_trains_a_sweep_and_sees_it_ranked(page, devstack: DevStack, screenshots_dir, tmp_path):
@@ -219,21 +433,27 @@ def test_a_new_user_trains_a_sweep_and_sees_it_ranked(page, devstack: DevStack, 
     _log_in(page, devstack)
     _checked(page, screenshots_dir, "1-home")
 
-    _upload_dataset(page, devstack, _corpus(tmp_path / "python-prose.txt", min_bytes=6_000))
+    vocab_size = _upload_dataset(page, devstack, _corpus(tmp_path / "python-prose.txt", min_bytes=6_000))
     _checked(page, screenshots_dir, "2-dataset")
 
     _build_experiment(page)
     _checked(page, screenshots_dir, "3-preview")
-    experiment_id = _launch(page)
+    experiment_id = _launch(page, trials=3)
     _checked(page, screenshots_dir, "4-experiment-launched")
 
     _watch_curves_grow(page)
     _checked(page, screenshots_dir, "5-curves-live")
-    _see_trials_share_a_device(page)
+    _see_trials_take_turns_on_a_device(page)
     _checked(page, screenshots_dir, "5-devices")
+    _pause_and_resume(page, devstack, experiment_id, screenshots_dir)
 
     _wait_until_finished(page, devstack, experiment_id)
-    _checked(page, screenshots_dir, "5-experiment-finished")
-    _download_a_model(page, tmp_path)
+    _checked(page, screenshots_dir, "6-experiment-finished")
+    rows, losses = _see_losses_fall(page, vocab_size=vocab_size)
+    best, model_dir, spec = _download_the_best_model(page, rows, tmp_path)
+    _use_the_model(model_dir, spec, final_val_loss=losses[best]["eval"][-1])
+    page.click("h1 a")  # the trial page's way back to its experiment
     _see_leaderboard(page, screenshots_dir)
+
+    _clone_into_a_long_run_and_cancel_it(page, devstack, experiment_id, screenshots_dir)
     print(f"end to end: {time.monotonic() - started:.0f} s in the browser")
