@@ -1,6 +1,6 @@
 """The whole product as a new user meets it, in real Chromium against the real stack (`make run`'s devstack):
-log in, upload a corpus, build a 3-trial search space, preview, launch, watch real CPU workers train it on
-the live dashboards (units of different trials taking turns on one device), pause a trial and resume it,
+log in, upload a corpus, build a 3-trial search space, preview, launch, pause a trial, watch real CPU workers
+train the others (units of different trials taking turns on one device), resume it, watch the live curves,
 see every trial finish with falling losses, download the best model and generate text with it, see the
 trials ranked, then clone the sweep into a long run and cancel it. No page may log an error."""
 
@@ -248,26 +248,11 @@ def _watch_curves_grow(page) -> None:
     assert live[0], "the page did not say it is live while the curves grew"
 
 
-def _see_trials_take_turns_on_a_device(page) -> None:
-    """SHARP: some device ran a unit of one trial, then of another, then of the first again."""
-    page.click("nav.tabs >> text=Devices")
-    page.wait_for_selector("#timeline-plot .main-svg")
-    page.wait_for_function(
-        f"() => Object.values(({LANE_RUNS_JS})()).some(runs => new Set(runs).size < runs.length)",
-        timeout=GROWTH_TIMEOUT_MS)
-    lanes = page.evaluate(LANE_RUNS_JS)
-    print("device timeline, trials in turn per lane: " + "; ".join(
-        f"{lane}: {runs[:12]}{' ...' if len(runs) > 12 else ''}" for lane, runs in lanes.items()))
-
-
-def _pause_and_resume(page, stack: DevStack, experiment_id: int, screenshots_dir: Path) -> None:
-    """Pause the trial furthest from done while it trains: it stops while the others train on. Resumed, it
-    trains again (and finishes with the others, see `_wait_until_finished`)."""
-    page.click("nav.tabs >> text=Experiment")
-    page.wait_for_url(f"{stack.url}/experiments/{experiment_id}/")
-
+def _pause_a_trial(page, screenshots_dir: Path) -> tuple[int, Row]:
+    """From the experiment page: pause the trial that has done the fewest steps, once it trains. It stops
+    while the others train on. Returns the trial and its row as it stopped."""
     def under_way(rows: dict[int, Row]) -> list[int]:
-        return [t for t, row in rows.items() if row.status in ("runnable", "running") and 0 < row.step < STEPS // 2]
+        return [t for t, row in rows.items() if row.status in ("runnable", "running") and row.step > 0]
 
     rows = _reload_until(page, "trial under way", lambda now: bool(under_way(now)))
     trial = min(under_way(rows), key=lambda t: rows[t].step)
@@ -277,7 +262,29 @@ def _pause_and_resume(page, stack: DevStack, experiment_id: int, screenshots_dir
     assert 0 < paused.step < STEPS, paused
     _checked(page, screenshots_dir, "5-trial-paused")
     print(f"paused trial {trial} at step {paused.step} while the others trained on")
+    return trial, paused
 
+
+def _see_trials_take_turns_on_a_device(page) -> None:
+    """SHARP: some device ran a unit of one trial, then of another, then of the first again.
+
+    Seen while a trial is paused, so a pause cannot fake it: the paused trial runs nothing meanwhile.
+    """
+    page.click(".actions >> text=Devices")
+    page.wait_for_selector("#timeline-plot .main-svg")
+    page.wait_for_function(
+        f"() => Object.values(({LANE_RUNS_JS})()).some(runs => new Set(runs).size < runs.length)",
+        timeout=GROWTH_TIMEOUT_MS)
+    lanes = page.evaluate(LANE_RUNS_JS)
+    print("device timeline, trials in turn per lane: " + "; ".join(
+        f"{lane}: {runs[:12]}{' ...' if len(runs) > 12 else ''}" for lane, runs in lanes.items()))
+
+
+def _resume(page, stack: DevStack, experiment_id: int, trial: int, paused: Row) -> None:
+    """Resume the paused trial: it trains again (and finishes with the others, see `_wait_until_finished`)."""
+    page.click("nav.tabs >> text=Experiment")
+    page.wait_for_url(f"{stack.url}/experiments/{experiment_id}/")
+    assert _trial_rows(page)[trial] == paused
     _click_control(page, trial, "Resume")
     _reload_until(page, f"resume of trial {trial}", lambda now: now[trial].step > paused.step)
 
@@ -441,11 +448,12 @@ def test_a_new_user_trains_a_sweep_and_sees_it_ranked(page, devstack: DevStack, 
     experiment_id = _launch(page, trials=3)
     _checked(page, screenshots_dir, "4-experiment-launched")
 
-    _watch_curves_grow(page)
-    _checked(page, screenshots_dir, "5-curves-live")
+    trial, paused = _pause_a_trial(page, screenshots_dir)
     _see_trials_take_turns_on_a_device(page)
     _checked(page, screenshots_dir, "5-devices")
-    _pause_and_resume(page, devstack, experiment_id, screenshots_dir)
+    _resume(page, devstack, experiment_id, trial, paused)
+    _watch_curves_grow(page)
+    _checked(page, screenshots_dir, "5-curves-live")
 
     _wait_until_finished(page, devstack, experiment_id)
     _checked(page, screenshots_dir, "6-experiment-finished")
