@@ -69,10 +69,11 @@ class RecordingRunner(SyntheticRunner):
     def __init__(self) -> None:
         self.guesses: list[tuple[str, str | None]] = []
 
-    def run_unit(self, *, trial_id: str, job, units_done: int, next_trial: str | None, token: int):
+    def run_unit(self, *, trial_id: str, job, units_done: int, next_trial: str | None, token: int,
+                 remaining_units: int | None = None):
         self.guesses.append((trial_id, next_trial))
         return super().run_unit(trial_id=trial_id, job=job, units_done=units_done, next_trial=next_trial,
-                                token=token)
+                                token=token, remaining_units=remaining_units)
 
 
 def test_it_plans_runs_and_guesses_the_next_trial(shard_queue: ShardQueue) -> None:

@@ -63,14 +63,20 @@ def completed(workers: DeviceWorkers, trial_id: str) -> list[tuple[Unit, str]]:
 def test_a_worker_killed_at_a_point_of_a_unit_is_recovered_from_exactly(
     point: str, device_workers, tokens: str, tmp_path: Path
 ) -> None:
-    """mid-write: the unit re-runs on the other device. after-commit: it is committed, so the other device
-    goes on after it (its completion alone is lost). mid-export: the last unit is committed and the export
-    half written; the other device exports the trial."""
+    """mid-write: the unit re-runs on the other device. after-commit: the unit is committed but never
+    reported; the other device reports it, with the step's loss it committed, and goes on after it.
+    mid-export: the last unit is committed and the export half written; the other device exports the trial."""
     trial = tiny_trial(tokens, seed=7, lr=2e-3, steps=4)
     units = timetable(trial, tmp_path / "probe")
-    # The first unit of step 1 applies shard 0's update and then runs its forward: it writes several buffers
-    # and completes no step. The export comes after the last unit.
-    target = len(units) if point == "mid-export" else units.index((1, 0, "F", 0))
+    if point == "mid-write":
+        # The first unit of step 1 applies shard 0's update and then runs its forward: it writes several
+        # buffers and completes no step.
+        target = units.index((1, 0, "F", 0))
+    elif point == "after-commit":
+        # The unit that completes step 1's backward: it carries the step's loss.
+        target = max(i for i, (step, _, phase, _) in enumerate(units) if step == 1 and phase in ("B", "FB"))
+    else:
+        target = len(units)  # the export comes after the last unit
     workers = start(device_workers, tmp_path, f"{point}@{target}")
     workers.queue.submit(trial_id="k", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "k"))
     victim, report = blocked(workers, tmp_path)
@@ -80,13 +86,11 @@ def test_a_worker_killed_at_a_point_of_a_unit_is_recovered_from_exactly(
     record = workers.wait_for_states(["k"], {"finished", "failed"}, 120)["k"]
     assert (record.state, record.requeues) == ("finished", 1), record.message
     done = completed(workers, "k")
-    if point == "after-commit":
-        assert [u for u, _ in done] == units[:target] + units[target + 1:]
-    else:
-        assert [u for u, _ in done] == units  # each unit completed once, in the timetable's order
-    if point != "after-commit":
-        last = target if point == "mid-write" else len(units) - 1
-        assert done[last][1] != victim  # the unit the victim started completed on the other device
+    assert [u for u, _ in done] == units  # each unit completed once, in the timetable's order
+    last = len(units) - 1 if point == "mid-export" else target
+    assert done[last][1] != victim  # the unit the victim started completed on the other device
+    steps = sorted(int(s["step"]) for s in workers.entries("steps") if s["trial"] == "k")
+    assert steps == list(range(trial.steps))  # every step's loss reported once, the killed unit's too
     assert_trained_like_plain_pytorch(workers, "k", trial, tmp_path)
 
 

@@ -229,7 +229,7 @@ class TrialSession(ShardUnits):
                     f"bytes, over the injected device memory of {limit} bytes")
             # An early stop ends the timetable here: the evaluation has applied every pending update.
             self.state.cursor = len(self.timetable) if metrics.get("stopped_early") else unit.index + 1
-            self.state.last_metrics = metrics
+            self.state.last_unit, self.state.last_metrics = unit.index, metrics
             self.reach("before-commit")
             self.commit()
             self._transfers.retain(self.store.buffers)

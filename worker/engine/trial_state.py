@@ -83,8 +83,10 @@ class TrialState:
     eval_state: EvalState = field(default_factory=EvalState)
     early_stop: EarlyStop = field(default_factory=EarlyStop)
     replans: int = 0
-    # The metrics the last committed unit reported (UnitResult's loss, eval_loss...): a device that finds the
-    # unit committed by one that died before reporting it reports them in its place.
+    # The last committed unit (its index in the timetable, -1 before the first) and the metrics it reported
+    # (UnitResult's loss, eval_loss...): a device that finds the unit committed by one that died before
+    # reporting it reports them in its place.
+    last_unit: int = -1
     last_metrics: dict[str, Any] = field(default_factory=dict)
     # The JSON form of ``spec`` and ``plan`` (key -> (object, its JSON)): both are frozen, and converting
     # them at every commit would cost more than the rest of the manifest.
@@ -125,6 +127,7 @@ class TrialState:
         self.replans += 1
         self.shards = [ShardState(optim_steps=optim_steps) for _ in plan.shards]
         self.cursor = cursor
+        self.last_unit, self.last_metrics = -1, {}  # an index into the old timetable means nothing now
 
     # -- the manifest ----------------------------------------------------------------------------------
 
@@ -143,6 +146,7 @@ class TrialState:
             "eval_state": {"loss_sum": self.eval_state.loss_sum},
             "early_stop": {"best": self.early_stop.best, "since": self.early_stop.since},
             "replans": self.replans,
+            "last_unit": self.last_unit,
             "last_metrics": self.last_metrics,
         }
 
@@ -155,7 +159,7 @@ class TrialState:
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], *, known: TrialState | None = None) -> TrialState:
         """The state in ``manifest`` (the store's keys are ignored); ``SpillStoreError`` if a trial key is
-        missing or unknown. ``early_stop``, ``replans`` and ``last_metrics`` may be absent: a trial not
+        missing or unknown. ``early_stop``, ``replans``, ``last_unit`` and ``last_metrics`` may be absent: a trial not
         evaluated, not re-planned or not run yet.
 
         ``known`` is an earlier state of the same trial: while no re-plan came between the two, its spec
@@ -182,6 +186,7 @@ class TrialState:
             early_stop=EarlyStop() if early_stop is None else EarlyStop(
                 **_keys(early_stop, "early_stop", required={"best", "since"})),
             replans=raw.get("replans", 0),
+            last_unit=raw.get("last_unit", -1),
             last_metrics=raw.get("last_metrics", {}),
         )
         state._json.update(spec=(state.spec, raw["spec"]), plan=(state.plan, raw["plan"]))
@@ -198,7 +203,7 @@ class TrialState:
 
 
 _REQUIRED = frozenset({"trial_id", "spec", "plan", "cursor", "shards", "pending", "step_state", "eval_state"})
-_OPTIONAL = frozenset({"early_stop", "replans", "last_metrics"})
+_OPTIONAL = frozenset({"early_stop", "replans", "last_unit", "last_metrics"})
 
 
 def _json_native(value: Any) -> Any:

@@ -218,6 +218,7 @@ class DeviceLoop:
                                      lease.trial_id):
                 runner = self._runner(lease.job)
                 done = runner.run_unit(trial_id=lease.trial_id, job=lease.job, units_done=lease.units_done,
+                                       remaining_units=lease.remaining_units,
                                        next_trial=next_trial, token=int(lease.token))
                 if isinstance(done, UnitDone) and done.remaining_units == 0:
                     runner.export(trial_id=lease.trial_id, job=lease.job, export_dir=lease.export_dir)

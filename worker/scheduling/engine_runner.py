@@ -83,11 +83,13 @@ class EngineRunner:
                        plan=plan.to_dict())
 
     def run_unit(self, *, trial_id: str, job: EngineJob, units_done: int, next_trial: str | None,
-                 token: int) -> UnitDone | Replanned:
+                 token: int, remaining_units: int | None = None) -> UnitDone | Replanned:
         """Run the trial's next unit, fenced by `token` (see `TrialRunner.run_unit`)."""
         session = self._open(trial_id)
-        if session.next_unit() is None:
-            return self._committed_last(trial_id, session, token)
+        left = session.remaining_units()
+        behind = left < remaining_units if remaining_units is not None else left == 0
+        if behind and session.state.last_unit >= 0:
+            return self._committed_unreported(trial_id, session, token)
         if not self.prefetch:
             next_trial = None
         if next_trial == trial_id:
@@ -108,19 +110,22 @@ class EngineRunner:
         del session
         return self._replan(trial_id, reason, token)
 
-    def _committed_last(self, trial_id: str, session: TrialSession, token: int) -> UnitDone:
-        """The trial's last unit is committed, but the device that ran it died before the queue heard of it
-        (or while exporting): report that unit done in its place, with the metrics it committed, so that
-        this device exports the trial."""
+    def _committed_unreported(self, trial_id: str, session: TrialSession, token: int) -> UnitDone:
+        """The trial's last committed unit was never reported: the device that ran it died after its commit
+        (or, after the trial's last unit, while exporting). Report that unit done in its place, with the
+        metrics it committed, so that its step's loss is not lost and the queue's count is right again;
+        the device then goes on with the next unit, or exports the trial."""
         try:
-            SpillStore.take(self.spill_dir / trial_id, token)  # fenced like a unit: one device exports
+            SpillStore.take(self.spill_dir / trial_id, token)  # fenced like a unit: one device reports it
         except StaleWriterError as error:
             raise LeaseLost(f"trial {trial_id!r}: {error}") from error
-        last = session.timetable[len(session.timetable) - 1]
-        log.warning("trial %s: its last unit was committed by a device that did not report it; exporting", trial_id)
-        result = UnitResult(unit=last, seconds=0.0, bytes_read=0, bytes_written=0, peak_device_bytes=None,
-                            **session.state.last_metrics)
-        return unit_done(trial_id, result, 0)
+        state = session.state
+        unit = session.timetable[state.last_unit]
+        log.warning("trial %s: unit %d was committed by a device that did not report it; reporting it now",
+                    trial_id, unit.index)
+        result = UnitResult(unit=unit, seconds=0.0, bytes_read=0, bytes_written=0, peak_device_bytes=None,
+                            **state.last_metrics)
+        return unit_done(trial_id, result, session.remaining_units())
 
     def _replan(self, trial_id: str, reason: str, token: int) -> Replanned:
         dropped = self._drop(trial_id)  # the session's caches belong to the old plan

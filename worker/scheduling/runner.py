@@ -64,9 +64,13 @@ class TrialRunner(Protocol):
         ...
 
     def run_unit(self, *, trial_id: str, job: Job, units_done: int, next_trial: str | None,
-                 token: int) -> UnitDone | Replanned:
+                 token: int, remaining_units: int | None = None) -> UnitDone | Replanned:
         """Run the trial's next unit (`units_done` units ran before, by any device) and commit it; or, if it
         ran out of device memory, re-plan the trial with smaller shards and return `Replanned`.
+
+        `remaining_units` is the queue's count of the trial's units left. A runner whose trial state has
+        fewer finds a unit committed by a device that died before the queue heard of it: it reports that
+        unit (with the metrics it committed) instead of running another.
 
         `token` is the lease's fencing token (larger is newer). Raises `LeaseLost` when the trial's state
         refuses this writer because a newer lease holder took it: nothing was committed, drop the unit.

@@ -24,7 +24,7 @@ class SyntheticRunner:
                        plan={"kind": "synthetic", "units": job.units})
 
     def run_unit(self, *, trial_id: str, job: SyntheticJob, units_done: int, next_trial: str | None,
-                 token: int) -> UnitDone:
+                 token: int, remaining_units: int | None = None) -> UnitDone:
         if job.unit_ms:
             time.sleep(job.unit_ms / 1000)
         if units_done == job.fail_at_unit:
