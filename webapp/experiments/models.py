@@ -162,5 +162,32 @@ class TrialArchive(models.Model):
         return self.directory / "model.tar.gz"
 
 
+class ExperimentPreview(models.Model):
+    """The trials and memory plans a draft starts with, planned by the web worker for a draft too large to
+    plan in a request (`webapp.experiments.previews`): one per team and draft key."""
+
+    class Status(models.TextChoices):
+        PREPARING = "preparing", "Preparing…"
+        READY = "ready", "Ready"
+        FAILED = "failed", "Failed"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=64, help_text="A hash of what planning the draft depends on (`preview_key`).")
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="+")
+    draft = models.JSONField(help_text="The draft, as `ExperimentDraft.to_dict` writes it.")
+    budget_bytes = models.BigIntegerField(help_text="The device budget the trials are planned for.")
+    budget_note = models.CharField(max_length=200, help_text="Where the budget came from.")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PREPARING)
+    trials = models.JSONField(null=True, blank=True, help_text="Once ready: [{number, params, total_steps, plan}].")
+    message = models.TextField(blank=True, help_text="Why planning failed, for the UI.")
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "key"], name="unique_preview_key")]
+
+    def __str__(self) -> str:
+        return f"preview {self.key[:12]} of team {self.team_id}"
+
+
 def archive_dir_for(queue_id: str) -> Path:
     return settings.HYDRA.data_dir / "archives" / queue_id

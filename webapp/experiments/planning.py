@@ -7,16 +7,17 @@ against the dataset and the memory budget and returns `TrialDraft`s for the prev
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from webapp.config import Caps
 from webapp.datasets.models import Dataset
-from webapp.experiments.memory_preview import memory_plan
+from webapp.experiments.memory_preview import FitError, memory_plan
 from webapp.experiments.model_shapes import ModelChoiceError, ModelShape
-from webapp.experiments.search_space import PARAMETERS, SearchSpace, SearchSpaceError, Value
-from webapp.experiments.trial_generation import initial_trials
+from webapp.experiments.search_space import PARAMETERS, SearchSpace, SearchSpaceError, Value, parse_search_space
+from webapp.experiments.trial_generation import TPE_FIRST_WAVE, initial_trials
 from webapp.queue_client import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
 
 MEMORY_PARAMETERS = ("batch_size", "seq_len", "n_embd", "n_layer", "optimizer")
@@ -28,6 +29,9 @@ class CapError(ValueError):
     def __init__(self, message: str, *, field: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+PLAN_ERRORS = (SearchSpaceError, ModelChoiceError, FitError, CapError)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +51,21 @@ class ExperimentDraft:
     seed: int
     memory_budget_bytes: int | None
     early_stop_patience: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The draft as JSON-able data, the dataset by id (`from_dict` reads it back)."""
+        return {
+            "name": self.name, "dataset": self.dataset.pk, "model": self.model, "shape": dataclasses.asdict(self.shape),
+            "space": self.space.to_dict(), "strategy": self.strategy, "n_trials": self.n_trials,
+            "budget_unit": self.budget_unit, "budget": self.budget, "eval_every": self.eval_every, "seed": self.seed,
+            "memory_budget_bytes": self.memory_budget_bytes, "early_stop_patience": self.early_stop_patience,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, dataset: Dataset) -> ExperimentDraft:
+        """The draft `to_dict` wrote, on `dataset` (the one its ``dataset`` id names)."""
+        return cls(**{**data, "dataset": dataset, "shape": ModelShape(**data["shape"]),
+                      "space": parse_search_space(data["space"])})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +133,21 @@ def _int_bounds(space: SearchSpace, name: str) -> list[int]:
         return [int(PARAMETERS[name].default)]
     low = min(dimension.values) if dimension.kind == "categorical" else dimension.low
     return [int(low), int(dimension.largest())]  # type: ignore[arg-type]
+
+
+def initial_trial_count(draft: ExperimentDraft) -> int:
+    """How many trials the draft starts with: the grid's size, the random count, or TPE's first wave."""
+    if draft.strategy == "grid":
+        return draft.space.grid_size()
+    return min(draft.n_trials, TPE_FIRST_WAVE) if draft.strategy == "tpe" else draft.n_trials
+
+
+def plan_cost(draft: ExperimentDraft) -> int:
+    """The work of planning the draft's trials, in layer plans: its trials times the layers of the deepest
+    (blocks, embedding and head). Each trial is packed by the solver, whose work grows with its layers."""
+    depth = draft.space.get("n_layer")
+    blocks = int(depth.largest()) if depth is not None else draft.shape.n_layer  # type: ignore[arg-type]
+    return initial_trial_count(draft) * (blocks + 2)
 
 
 def check_space(draft: ExperimentDraft) -> None:

@@ -21,14 +21,12 @@ from webapp.accounts.models import Team
 from webapp.accounts.roles import require_creator_or_owner
 from webapp.experiments.events import trial_event_apply
 from webapp.experiments.launching import memory_budget, trial_launch
-from webapp.experiments.memory_preview import FitError
-from webapp.experiments.model_shapes import ModelChoiceError
 from webapp.experiments.models import Experiment, Trial
-from webapp.experiments.planning import CapError, ExperimentDraft, TrialDraft, plan_trials
-from webapp.experiments.search_space import SearchSpaceError
+from webapp.experiments.planning import PLAN_ERRORS as PLAN_ERRORS  # what planning raises, for the views
+from webapp.experiments.planning import ExperimentDraft, TrialDraft, plan_trials
+from webapp.experiments.previews import experiment_preview_trials, plans_in_background
 from webapp.experiments.selectors import trial_actions
 
-PLAN_ERRORS = (SearchSpaceError, ModelChoiceError, FitError, CapError)
 Status = Trial.Status
 
 
@@ -41,10 +39,17 @@ def experiment_plan(*, draft: ExperimentDraft) -> list[TrialDraft]:
 def experiment_create(
     *, team: Team, user: AbstractBaseUser | None, draft: ExperimentDraft, cloned_from: Experiment | None = None
 ) -> Experiment:
-    """Save the experiment and its initial trials (status ``new``). Raises one of `PLAN_ERRORS`."""
+    """Save the experiment and its initial trials (status ``new``). Raises one of `PLAN_ERRORS`.
+
+    A draft too large to plan in a request takes the trials of its ready preview; without one it raises
+    `previews.PreviewPending` (and asks the web worker for the preview).
+    """
     if draft.dataset.team_id != team.pk:
         raise ValidationError({"dataset": "Choose one of your team's datasets."})
-    trials = experiment_plan(draft=draft)
+    if plans_in_background(draft):
+        trials = experiment_preview_trials(team=team, draft=draft)
+    else:
+        trials = experiment_plan(draft=draft)
     with transaction.atomic():
         experiment = Experiment.objects.create(
             team=team, name=draft.name, dataset=draft.dataset, model=draft.model,

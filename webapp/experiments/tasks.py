@@ -1,11 +1,17 @@
-"""The web worker's experiment task (`webapp.background`): pack a trained model for download."""
+"""The web worker's experiment tasks (`webapp.background`): pack a trained model for download, plan a large
+sweep's preview."""
 
 from __future__ import annotations
 
 from webapp.background.celery_app import app
-from webapp.experiments import archives
+from webapp.experiments import archives, previews
 
 
 @app.task(name=archives.BUILD_TASK)
 def trial_archive_build(archive_id: int) -> None:
     archives.trial_archive_build(archive_id=archive_id)
+
+
+@app.task(name=previews.PLAN_TASK)
+def experiment_preview_plan(preview_id: int) -> None:
+    previews.experiment_preview_plan(preview_id=preview_id)

@@ -6,6 +6,7 @@ from webapp.experiments import views
 urlpatterns = [
     path("experiments/", views.experiment_list, name="experiment_list"),
     path("experiments/new/", views.experiment_create, name="experiment_create"),
+    path("experiments/previews/<id:preview_id>/", views.experiment_preview, name="experiment_preview"),
     path("experiments/<id:experiment_id>/", views.experiment_detail, name="experiment_detail"),
     path("experiments/<id:experiment_id>/delete/", views.experiment_delete, name="experiment_delete"),
     path("experiments/<id:experiment_id>/search-space.<str:fmt>", views.experiment_space, name="experiment_space"),

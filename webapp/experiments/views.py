@@ -14,10 +14,11 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.datasets.http import form_add_errors, team_required
 from webapp.datasets.selectors import dataset_list
-from webapp.experiments import archives, selectors, services
+from webapp.experiments import archives, previews, selectors, services
 from webapp.experiments.events import trial_events_sync_quietly
 from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet, experiment_initial
-from webapp.experiments.models import Experiment
+from webapp.experiments.models import Experiment, ExperimentPreview
+from webapp.experiments.planning import ExperimentDraft, TrialDraft
 from webapp.experiments.search_space import KINDS, PARAMETERS
 from webapp.ids import parse_id
 
@@ -73,13 +74,13 @@ def experiment_create(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"Experiment {experiment.name} created with "
                                           f"{experiment.trials.count()} trials.")
                 return redirect("experiment_detail", experiment_id=experiment.pk)
-            budget, budget_note = services.memory_budget(explicit_bytes=draft.memory_budget_bytes)
-            trials = services.experiment_plan(draft=draft)
-            preview = {
-                "trials": [{"draft": t, "plan": selectors.plan_summary(t.plan)} for t in trials],
-                "budget_bytes": budget, "budget_note": budget_note, "strategy": draft.strategy,
-                "n_trials": draft.n_trials, "space_yaml": yaml.safe_dump(draft.space.to_dict(), sort_keys=False),
-            }
+            if previews.plans_in_background(draft):
+                preview = _stored_preview(previews.experiment_preview_request(team=request.team, draft=draft))
+            else:
+                preview = _inline_preview(draft)
+        except previews.PreviewPending as pending:
+            form.add_error(None, str(pending))
+            preview = _stored_preview(pending.preview)
         except services.PLAN_ERRORS as error:
             form.add_draft_error(error)
         except ValidationError as error:
@@ -90,6 +91,38 @@ def experiment_create(request: HttpRequest) -> HttpResponse:
         "parameters": PARAMETERS, "kinds": KINDS,
         "models_root": settings.HYDRA.models_root,
     }, status=status)
+
+
+def _preview(*, status: str, trials: list[TrialDraft], message: str, budget_bytes: int, budget_note: str,
+             draft: dict[str, object], stored: ExperimentPreview | None) -> dict[str, object]:
+    """What the preview section shows: the trials with their plans, or that they are preparing, or why not."""
+    return {
+        "status": status, "message": message, "stored": stored,
+        "trials": [{"draft": t, "plan": selectors.plan_summary(t.plan)} for t in trials],
+        "budget_bytes": budget_bytes, "budget_note": budget_note, "strategy": draft["strategy"],
+        "n_trials": draft["n_trials"], "space_yaml": yaml.safe_dump(draft["space"], sort_keys=False),
+    }
+
+
+def _inline_preview(draft: ExperimentDraft) -> dict[str, object]:
+    """A small draft's preview, planned in the request. Raises one of `services.PLAN_ERRORS`."""
+    budget, budget_note = services.memory_budget(explicit_bytes=draft.memory_budget_bytes)
+    return _preview(status=ExperimentPreview.Status.READY, trials=services.experiment_plan(draft=draft), message="",
+                    budget_bytes=budget, budget_note=budget_note, draft=draft.to_dict(), stored=None)
+
+
+def _stored_preview(stored: ExperimentPreview) -> dict[str, object]:
+    """A large draft's preview, as far as the web worker has planned it."""
+    return _preview(status=stored.status, trials=previews.preview_trials(stored), message=stored.message,
+                    budget_bytes=stored.budget_bytes, budget_note=stored.budget_note, draft=stored.draft,
+                    stored=stored)
+
+
+@team_required
+def experiment_preview(request: HttpRequest, preview_id: int) -> HttpResponse:
+    """A large draft's preview: preparing (the page refreshes; the form polls it), then its trials or why not."""
+    stored = previews.experiment_preview_get(team=request.team, preview_id=preview_id)
+    return render(request, "experiments/experiment_preview.html", {"preview": _stored_preview(stored)})
 
 
 @team_required
