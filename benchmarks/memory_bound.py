@@ -32,7 +32,7 @@ vocabulary 1024, 2 x 64 tokens per step, 3 steps, budget = state / 12 (under a m
 
 The last line is one JSON object: ``{"state_bytes", "budget_bytes", "peak_device_bytes",
 "peak_device_within_budget", "peak_rss_growth_bytes", "peak_rss_within_budget", "page_cache_growth_bytes",
-"state_to_peak", "loss_first", "loss_last", "device"}``; ``state_to_peak`` is the state over
+"state_to_peak", "loss_first", "loss_last", "device", "target_met"}``; ``state_to_peak`` is the state over
 ``peak_device_bytes``. Target: both peaks <= budget_bytes, state_to_peak >= 10 and loss_last < loss_first.
 """
 
@@ -182,6 +182,8 @@ def main() -> None:
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "device": str(device),
+        "target_met": (peak_device <= budget and peak_rss_growth <= budget and state_bytes / peak_device >= 10
+                       and losses[-1] < losses[0]),
     }))
     if peak_device > budget:
         sys.exit(f"the engine held {peak_device} bytes on the device, over its budget of {budget}")
