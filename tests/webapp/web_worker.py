@@ -2,18 +2,24 @@
 
 It runs on the test database (so the test must commit what the worker reads: ``transaction=True``), the
 test's data folder and a throw-away host id, whose queue only it consumes; stopping it deletes that host's keys.
+`redis_at` points the web app at another Redis: a closed port (`CLOSED_PORT_URL`, Redis down) or `silent_redis`
+(a Redis that accepts connections and never answers).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import redis
+from django.conf import LazySettings
 from django.db import connection
 
 from webapp.background.celery_app import app
@@ -21,6 +27,7 @@ from worker.processes import stop_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 90.0
+CLOSED_PORT_URL = "redis://127.0.0.1:1/0"
 
 
 def database_url() -> str | None:
@@ -30,6 +37,31 @@ def database_url() -> str | None:
         password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
         return f"postgres://{db['USER']}{password}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     return None
+
+
+@contextmanager
+def redis_at(settings: LazySettings, url: str) -> Iterator[None]:
+    """Within the block, the web app (its sends to the web worker, its queue client) uses the Redis at `url`."""
+    reachable = settings.HYDRA.worker.redis_url
+    _use_redis(settings, url)
+    try:
+        yield
+    finally:
+        _use_redis(settings, reachable)
+
+
+def _use_redis(settings: LazySettings, url: str) -> None:
+    settings.HYDRA = dataclasses.replace(settings.HYDRA, worker=dataclasses.replace(settings.HYDRA.worker,
+                                                                                   redis_url=url))
+
+
+@contextmanager
+def silent_redis() -> Iterator[str]:
+    """The URL of a server that accepts connections and never answers, like a Redis hung or cut off."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)  # the kernel completes the connections that nobody accepts
+        yield f"redis://127.0.0.1:{server.getsockname()[1]}/0"
 
 
 class WebWorker:

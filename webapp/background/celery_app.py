@@ -8,7 +8,9 @@ exchange, so the device workers' ``hydra_device`` broadcast is answered by devic
 Tasks are idempotent (their state lives in the database and files are renamed into place), so a message is
 acknowledged only once its task has run: a worker killed midway leaves it to be run again.
 
-``manage.py hydra_web_worker`` starts the worker; pages enqueue work with `enqueue_on_commit`.
+``manage.py hydra_web_worker`` starts the worker; pages send it work through `webapp.background.outbox`.
+Every Redis command of this app, a page's send as the worker's own, gives up after ``SEND_TIMEOUT_S``: a
+Redis that accepts connections but never answers would otherwise hold a request for ever.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from typing import Any
 
 from celery import Celery
 from django.conf import settings
-from django.db import transaction
 
 # Before the app is made: Celery installs its Django fix-up (setup in the worker, connections closed around
 # each task, `delay_on_commit`) only when it finds the settings module.
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 app = Celery("hydra-web")
+SEND_TIMEOUT_S = 3.0  # Redis answers in milliseconds; the worker's blocking reads wait 1 s (kombu's brpop_timeout)
 
 
 def web_queue(host_id: str | None = None) -> str:
@@ -38,6 +40,7 @@ def _route(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **
 app.conf.update(
     broker_url=settings.HYDRA.worker.redis_url,
     broker_connection_retry_on_startup=True,
+    broker_transport_options={"socket_timeout": SEND_TIMEOUT_S, "socket_connect_timeout": SEND_TIMEOUT_S},
     task_routes=(_route,),
     task_default_queue=web_queue(),
     task_ignore_result=True,
@@ -51,8 +54,3 @@ app.conf.update(
 )
 app.autodiscover_tasks()
 
-
-def enqueue_on_commit(task_name: str, *args: Any) -> None:
-    """Send the task `task_name` to this host's web worker once the current transaction commits (at once
-    outside one), so that the worker finds the rows the task is about."""
-    transaction.on_commit(lambda: app.send_task(task_name, args=args, queue=web_queue()))

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import models
 
 from webapp.accounts.models import Team
+from webapp.background.models import WebWork
 from webapp.datasets.tokenization import split_sizes
 
 
@@ -20,7 +21,7 @@ def datasets_root() -> Path:
     return settings.HYDRA.data_dir / "datasets"
 
 
-class Dataset(models.Model):
+class Dataset(WebWork):
     class Source(models.TextChoices):
         UPLOAD = "upload", "Uploaded corpus"
         SAMPLE = "sample", "Built-in sample corpus"
@@ -30,6 +31,8 @@ class Dataset(models.Model):
         READY = "ready", "Ready"
         FAILED = "failed", "Failed"
 
+    PENDING = Status.TOKENIZING
+    RETRY_HINT = "The corpus is kept; delete the dataset and upload it again once the web worker runs."
     CORPUS_FILE = "corpus.txt"
     TOKENIZER_FILE = "tokenizer.json"
     TOKENS_FILE = "tokens.npy"

@@ -20,7 +20,7 @@ from django.db.models import ProtectedError
 
 from webapp.accounts.models import Team
 from webapp.accounts.roles import require_creator_or_owner
-from webapp.background.celery_app import enqueue_on_commit
+from webapp.background.outbox import work_enqueue
 from webapp.datasets.models import Dataset, datasets_root
 from webapp.datasets.tokenization import TokenizedCorpus, tokenize_corpus
 
@@ -55,7 +55,8 @@ def dataset_create(
     filename: str = "",
 ) -> Dataset:
     """Store `corpus` (UTF-8 text, checked by the form) and record the dataset as tokenizing; the web worker
-    trains its tokenizer (`dataset_tokenize`) once the transaction commits.
+    trains its tokenizer (`dataset_tokenize`) once the transaction commits. When Redis cannot be reached the
+    dataset is stored all the same, its ``send_error`` saying why, and the ingest's pass sends it later.
 
     The corpus is copied chunk by chunk into a temporary directory that is renamed into place only when
     complete, and removed again if the row cannot be saved, so a failure leaves neither files nor a row.
@@ -89,7 +90,7 @@ def dataset_create(
                                                 val_fraction=val_fraction),
                 storage_key=key, created_by=user,
             )
-            enqueue_on_commit(TOKENIZE_TASK, dataset.pk)
+            work_enqueue(row=dataset, task_name=TOKENIZE_TASK)
             return dataset
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

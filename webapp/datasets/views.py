@@ -38,7 +38,9 @@ def dataset_list(request: HttpRequest) -> HttpResponse:
         except ValidationError as error:
             form_add_errors(form, error)
         else:
-            messages.success(request, f"Dataset {dataset.name} is stored; its tokenizer is being trained.")
+            # Its page says why the web worker has not started yet, when the send did not reach Redis.
+            training = "" if dataset.send_error else "; its tokenizer is being trained"
+            messages.success(request, f"Dataset {dataset.name} is stored{training}.")
             return redirect("dataset_detail", dataset_id=dataset.pk)
     status = 400 if form.errors else 200
     return render(

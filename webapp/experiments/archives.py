@@ -17,7 +17,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from webapp.background.celery_app import enqueue_on_commit
+from webapp.background.outbox import work_enqueue
 from webapp.experiments.models import Trial, TrialArchive
 
 BUILD_TASK = "hydra.web.trial_archive_build"
@@ -40,7 +40,8 @@ def trial_archive_get(*, trial: Trial) -> TrialArchive | None:
 
 def trial_archive_request(*, trial: Trial) -> TrialArchive:
     """Ask the web worker to pack the trial's model (again, if an earlier try failed or packed an earlier
-    attempt). Raises ValidationError when the trial has no exported model."""
+    attempt, or its last send failed). The archive's ``send_error`` says why Redis could not be reached; the
+    ingest's pass sends it later. Raises ValidationError when the trial has no exported model."""
     if trial_model_dir(trial) is None:
         raise ValidationError(f"Trial #{trial.number} has no exported model to download.")
     archive, _ = TrialArchive.objects.get_or_create(trial=trial, defaults={"queue_id": trial.queue_id})
@@ -49,7 +50,7 @@ def trial_archive_request(*, trial: Trial) -> TrialArchive:
             trial.queue_id, TrialArchive.Status.PREPARING, "", None)
         archive.save()
     if archive.status == TrialArchive.Status.PREPARING:
-        enqueue_on_commit(BUILD_TASK, archive.pk)
+        work_enqueue(row=archive, task_name=BUILD_TASK)
     return archive
 
 

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import models
 
 from webapp.accounts.models import Team
+from webapp.background.models import WebWork
 from webapp.datasets.models import Dataset
 from webapp.queue_client import ENDED as CONTRACT_ENDED
 from webapp.queue_client import TrialState
@@ -131,7 +132,7 @@ class Trial(models.Model):
         return self.step / self.total_steps if self.total_steps else 0.0
 
 
-class TrialArchive(models.Model):
+class TrialArchive(WebWork):
     """A finished trial's model directory packed as a .tar.gz for download, by the web worker on request.
 
     It belongs to one attempt (``queue_id``): a retried trial's new model needs a new archive.
@@ -141,6 +142,9 @@ class TrialArchive(models.Model):
         PREPARING = "preparing", "Preparing…"
         READY = "ready", "Ready"
         FAILED = "failed", "Failed"
+
+    PENDING = Status.PREPARING
+    RETRY_HINT = "Prepare the download again to retry."
 
     trial = models.OneToOneField(Trial, on_delete=models.CASCADE, related_name="archive")
     queue_id = models.CharField(max_length=40, help_text="The attempt whose exported model this packs.")
@@ -162,7 +166,7 @@ class TrialArchive(models.Model):
         return self.directory / "model.tar.gz"
 
 
-class ExperimentPreview(models.Model):
+class ExperimentPreview(WebWork):
     """The trials and memory plans a draft starts with, planned by the web worker for a draft too large to
     plan in a request (`webapp.experiments.previews`): one per team and draft key."""
 
@@ -170,6 +174,9 @@ class ExperimentPreview(models.Model):
         PREPARING = "preparing", "Preparing…"
         READY = "ready", "Ready"
         FAILED = "failed", "Failed"
+
+    PENDING = Status.PREPARING
+    RETRY_HINT = "Preview again to retry."
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+")
     key = models.CharField(max_length=64, help_text="A hash of what planning the draft depends on (`preview_key`).")

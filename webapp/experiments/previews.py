@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from webapp.accounts.models import Team
 from webapp.accounts.selectors import team_scoped_get
-from webapp.background.celery_app import enqueue_on_commit
+from webapp.background.outbox import work_enqueue
 from webapp.config import Caps
 from webapp.experiments.launching import memory_budget
 from webapp.experiments.models import ExperimentPreview
@@ -92,18 +92,20 @@ def experiment_preview_get(*, team: Team, preview_id: int) -> ExperimentPreview:
 
 
 def experiment_preview_request(*, team: Team, draft: ExperimentDraft) -> ExperimentPreview:
-    """The team's preview of `draft`, sending the web worker to plan it when there is none or the last try
-    failed. It never plans in the calling process."""
+    """The team's preview of `draft`, sending the web worker to plan it when there is none, the last try
+    failed, or the last send could not reach Redis (``send_error`` says why; the ingest's pass also sends it
+    later). It never plans in the calling process."""
     key, budget, note = _key(draft)
     preview, created = ExperimentPreview.objects.get_or_create(team=team, key=key, defaults={
         "dataset": draft.dataset, "draft": draft.to_dict(), "budget_bytes": budget, "budget_note": note,
     })
-    if not created and preview.status != Status.FAILED:
+    unsent = preview.status == Status.PREPARING and bool(preview.send_error)
+    if not (created or unsent or preview.status == Status.FAILED):
         return preview
-    if not created:
+    if preview.status == Status.FAILED:
         preview.status, preview.message, preview.trials = Status.PREPARING, "", None
         preview.save(update_fields=["status", "message", "trials"])
-    enqueue_on_commit(PLAN_TASK, preview.pk)
+    work_enqueue(row=preview, task_name=PLAN_TASK)
     return preview
 
 

@@ -35,7 +35,8 @@ def test_it_trains_a_tokenizer_and_stores_the_token_ids(alice_team):
 def test_it_stores_the_corpus_as_tokenizing_and_sends_it_to_the_web_worker_after_commit(
         alice_team, django_capture_on_commit_callbacks, monkeypatch):
     sent = []
-    monkeypatch.setattr(celery_app.app, "send_task", lambda name, args, queue: sent.append((name, args, queue)))
+    monkeypatch.setattr(celery_app.app, "send_task",
+                        lambda name, args, queue, **options: sent.append((name, args, queue)))
     with django_capture_on_commit_callbacks(execute=True):
         dataset = services.dataset_create(
             team=alice_team, user=None, name="bom", corpus=ContentFile(codecs.BOM_UTF8 + TINY_CORPUS.encode()),

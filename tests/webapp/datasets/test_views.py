@@ -1,4 +1,4 @@
-"""Dataset pages: login, CSRF, team scoping, uploads end to end, inert names."""
+"""Dataset pages: login, CSRF, team scoping, uploads end to end (Redis down too), inert names."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import dataclasses
 import numpy as np
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
 from tests.webapp.datasets.factories import TINY_CORPUS, make_dataset
+from tests.webapp.web_worker import CLOSED_PORT_URL, redis_at, silent_redis
 from webapp.datasets.models import Dataset
 from webapp.datasets.services import dataset_tokenize
 from webapp.datasets.uploads import UploadLimitHandler
@@ -144,3 +146,46 @@ def test_the_page_says_why_the_web_worker_could_not_tokenize_a_corpus(alice, dat
     page = client.get(response["Location"]).content.decode()
     assert 'data-status="failed"' in page and "The corpus is too small" in page
     assert Dataset.objects.get().corpus_path.read_text() == "a"
+
+
+def _upload(client: Client, text: bytes = TINY_CORPUS.encode()):
+    upload = SimpleUploadedFile("fox.txt", text, content_type="text/plain")
+    return client.post(reverse("dataset_list"), {"source": "upload", "vocab_size": 300, "val_fraction": 0.1,
+                                                 "file": upload})
+
+
+def test_an_upload_while_redis_is_down_is_stored_and_tokenized_once_it_is_back(alice, data_dir, web_worker,
+                                                                               settings):
+    client = Client()
+    client.force_login(alice)
+    with redis_at(settings, CLOSED_PORT_URL):
+        response = _upload(client)
+        assert response.status_code == 302
+        page = client.get(response["Location"]).content.decode()
+    dataset = Dataset.objects.get()
+    assert dataset.status == Dataset.Status.TOKENIZING
+    assert dataset.corpus_path.read_bytes() == TINY_CORPUS.encode()
+    assert f"Dataset {dataset.name} is stored." in page and 'data-status="tokenizing"' in page
+    assert "The background worker could not be reached (" in page and "127.0.0.1:1" in page
+    assert "it will be retried." in page
+
+    call_command("hydra_ingest", "--once")  # Redis is back: the ingest's pass sends the dataset
+
+    web_worker.wait(lambda: Dataset.objects.get().status != Dataset.Status.TOKENIZING, 60, "the tokenizer")
+    dataset.refresh_from_db()
+    assert dataset.status == Dataset.Status.READY, dataset.message
+    assert (dataset.send_attempts, dataset.send_error) == (2, "")
+    assert "could not be reached" not in client.get(response["Location"]).content.decode()
+
+
+@pytest.mark.timeout(60)  # a send to a Redis that never answers used to hold the request for ever
+@pytest.mark.django_db(transaction=True)
+def test_an_upload_answers_when_redis_accepts_the_connection_but_never_replies(alice, data_dir, settings):
+    client = Client()
+    client.force_login(alice)
+    with silent_redis() as url, redis_at(settings, url):
+        response = _upload(client)
+    assert response.status_code == 302
+    dataset = Dataset.objects.get()
+    assert dataset.status == Dataset.Status.TOKENIZING and dataset.corpus_path.exists()
+    assert "Timeout" in dataset.send_error

@@ -1,4 +1,5 @@
-"""Previews of large sweeps: planned by the web worker, not the request; creation reuses them; team-scoped."""
+"""Previews of large sweeps: planned by the web worker, not the request (and once Redis is back, when it was
+down); creation reuses them; team-scoped."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from django.utils import timezone
 
 from tests.webapp.experiments.factories import draft
 from tests.webapp.experiments.test_forms import post_data
+from tests.webapp.web_worker import CLOSED_PORT_URL, redis_at
+from webapp.background.reconcile import WebWorkReconciled, web_work_reconcile
 from webapp.experiments import planning, previews
 from webapp.experiments.model_shapes import ModelShape
 from webapp.experiments.models import Experiment, ExperimentPreview
@@ -117,6 +120,24 @@ def test_a_large_preview_is_planned_by_the_web_worker_and_the_page_shows_it(alic
     again = client.post(reverse("experiment_create"), large_post(alice_dataset, action="preview")).content.decode()
     assert "Preview: 20 trials" in again and ExperimentPreview.objects.count() == 1
     assert planner_calls == []
+
+
+def test_a_large_preview_asked_for_while_redis_is_down_is_planned_once_it_is_back(alice, alice_dataset,
+                                                                                 web_worker, settings):
+    client = logged_in(alice)
+    with redis_at(settings, CLOSED_PORT_URL):
+        response = client.post(reverse("experiment_create"), large_post(alice_dataset, action="preview"))
+    page = response.content.decode()
+    assert response.status_code == 200 and "Preparing preview…" in page
+    assert "The background worker could not be reached (" in page and "Or press Preview again." in page
+    assert ExperimentPreview.objects.get().status == Status.PREPARING
+
+    assert web_work_reconcile() == WebWorkReconciled(sent=1, failed=0)  # Redis is back: the ingest's pass
+
+    web_worker.wait(lambda: ExperimentPreview.objects.get().status != Status.PREPARING, 60, "the preview")
+    assert ExperimentPreview.objects.get().status == Status.READY, ExperimentPreview.objects.get().message
+    shown = client.get(poll_url(page)).content.decode()
+    assert "Preview: 20 trials" in shown and "could not be reached" not in shown
 
 
 def test_creating_a_large_draft_waits_for_its_preview_then_uses_its_plans(alice, alice_dataset, web_worker,

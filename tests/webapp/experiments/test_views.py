@@ -11,6 +11,8 @@ from django.urls import reverse
 
 from tests.webapp.experiments.factories import make_experiment
 from tests.webapp.experiments.test_forms import post_data
+from tests.webapp.web_worker import CLOSED_PORT_URL, redis_at
+from webapp.background.reconcile import WebWorkReconciled, web_work_reconcile
 from webapp.experiments.models import Experiment, Trial, TrialArchive
 
 pytestmark = pytest.mark.django_db
@@ -168,6 +170,26 @@ def test_the_web_worker_packs_the_model_and_the_page_links_it(alice, alice_team,
     assert response["Content-Disposition"] == 'attachment; filename="sweep-trial-1.tar.gz"'
     with tarfile.open(fileobj=io.BytesIO(b"".join(response.streaming_content)), mode="r:gz") as tar:
         assert f"trial-{trial.pk}/config.json" in tar.getnames()
+
+
+def test_a_download_asked_for_while_redis_is_down_is_packed_once_it_is_back(alice, alice_team, alice_dataset,
+                                                                            data_dir, web_worker, settings):
+    client = Client()
+    client.force_login(alice)
+    trial = exported_trial(make_experiment(alice_team, alice_dataset), data_dir)
+    with redis_at(settings, CLOSED_PORT_URL):
+        response = client.post(reverse("trial_archive", args=[trial.pk]))
+        assert response.status_code == 302
+        page = client.get(response["Location"]).content.decode()
+    assert TrialArchive.objects.get().status == TrialArchive.Status.PREPARING
+    assert "The background worker could not be reached (" in page and "Or press Prepare again." in page
+    assert "Prepare model download (.tar.gz)</button>" in page  # the button to try again, not "Preparing…"
+
+    assert web_work_reconcile() == WebWorkReconciled(sent=1, failed=0)  # Redis is back: the ingest's pass
+
+    web_worker.wait(lambda: TrialArchive.objects.get().status != TrialArchive.Status.PREPARING, 60, "the archive")
+    assert TrialArchive.objects.get().status == TrialArchive.Status.READY, TrialArchive.objects.get().message
+    assert client.get(reverse("trial_export", args=[trial.pk])).status_code == 200
 
 
 def test_it_cancels_a_trial_not_yet_launched(alice_client, alice_team, alice_dataset):

@@ -1,5 +1,6 @@
-"""``manage.py hydra_ingest``: copy telemetry from Redis streams into the database, every second, and bring the
-trials' rows and the queue of this web app's host back in line (`webapp.experiments.reconcile`)."""
+"""``manage.py hydra_ingest``: copy telemetry from Redis streams into the database, every second, bring the
+trials' rows and the queue of this web app's host back in line (`webapp.experiments.reconcile`), and send the
+web worker's pending work again where its message never left or was lost (`webapp.background.reconcile`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from webapp.background.reconcile import web_work_reconcile
 from webapp.experiments.reconcile import trials_reconcile
 from webapp.queue_client import SchedulerUnavailable, heartbeat_set
 from webapp.telemetry.services import telemetry_ingest
@@ -18,7 +20,8 @@ from webapp.telemetry.services import telemetry_ingest
 
 class Command(BaseCommand):
     help = ("Drain the hosts' telemetry streams (steps, evals, spans, samples, trial events) into the database; "
-            "submit launched trials not submitted yet and cancel queued trials whose records are gone.")
+            "submit launched trials not submitted yet and cancel queued trials whose records are gone; send the web "
+            "worker's pending work again.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--once", action="store_true", help="Drain what is there now, then exit.")
@@ -42,6 +45,8 @@ class Command(BaseCommand):
                     if host == settings.HYDRA.worker.host_id:  # the one host this web app submits to
                         reconciled = trials_reconcile()
                         read |= {"submitted": len(reconciled.submitted), "cancelled": len(reconciled.cancelled)}
+                        web_work = web_work_reconcile()
+                        read |= {"web work sent": web_work.sent, "web work failed": web_work.failed}
                     heartbeat_set(name="ingest", host_id=host)
                 except (redis.ConnectionError, SchedulerUnavailable) as error:  # Redis restarting: next pass
                     self.stderr.write(f"hydra_ingest: Redis unavailable ({error}); retrying in {interval} s")
