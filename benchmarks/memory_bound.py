@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import resource
 import shutil
 import sys
@@ -48,6 +49,11 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+# As a CPU device worker runs (`worker.devices.Device.worker_env`): MKL keeps no pool of freed buffers, which
+# would hold memory outside the budget. Read when MKL loads, so before torch is imported.
+os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
+
 import torch
 
 from worker.engine import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec

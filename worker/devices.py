@@ -35,6 +35,10 @@ class Device:
             "OMP_NUM_THREADS": str(self.threads),
             "MKL_NUM_THREADS": str(self.threads),
         }
+        if self.kind == "cpu":
+            # A CPU device's memory is the host's: MKL's own pool of freed buffers would hold tens of MB
+            # outside the trial's budget for the life of the process (benchmarks/memory_bound.py).
+            env["MKL_DISABLE_FAST_MM"] = "1"
         if self.kind == "cuda":
             # NVML numbers GPUs by PCI bus; make CUDA agree so the index means the same card.
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

@@ -43,6 +43,7 @@ def test_it_pins_a_gpu_worker_with_cuda_visible_devices():
     assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["HYDRA_WORKER_DEVICE"] == "cuda:1"
     assert env["OMP_NUM_THREADS"] == "4"
     assert "CUDA_VISIBLE_DEVICES" not in Device("cpu", 0, 2).worker_env()
+    assert Device("cpu", 0, 2).worker_env()["MKL_DISABLE_FAST_MM"] == "1"  # MKL's pool is outside the budget
 
 
 def test_it_starts_one_single_process_worker_named_after_device_and_host():
