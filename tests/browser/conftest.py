@@ -121,6 +121,7 @@ def devstack(tmp_path: Path) -> Iterator[DevStack]:
         stack.start()
         yield stack
     finally:
+        print(f"queue of the stack's host, as the test ended:\n{stack.queue_state()}")
         left = stack.stop()
         print(f"devstack log: {stack.log_path}")
     assert left == [], f"still running after Ctrl-C: {left}\n{stack.log()}"

@@ -99,6 +99,24 @@ class DevStack:
             return
         self.seen |= {child.pid: child for child in children if child.pid not in self.seen}
 
+    def queue_state(self) -> str:
+        """Every trial's record in the stack's queue (without its job and plan) and the last events: what a
+        failed wait needs to tell a stuck trial from a page that did not show its state."""
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        try:
+            prefix = f"hydra:{self.host_id}:"
+            lines = []
+            for key in sorted(client.scan_iter(match=f"{prefix}trial:*", count=1000)):
+                record = {k: v for k, v in client.hgetall(key).items() if k not in ("job", "plan")}
+                lines.append(f"{key.removeprefix(prefix)} {record}")
+            events = client.xrevrange(f"{prefix}events", count=12)
+            lines += [f"event {entry_id} {fields}" for entry_id, fields in reversed(events)]
+            return "\n".join(lines)
+        except redis.RedisError as error:
+            return f"(queue not read: {error})"
+        finally:
+            client.close()
+
     def log(self, tail: int = 12_000) -> str:
         return self.log_path.read_text(errors="replace")[-tail:] if self.log_path.exists() else ""
 
