@@ -416,6 +416,10 @@ def _clone_into_a_long_run_and_cancel_it(page, stack: DevStack, experiment_id: i
     assert rows.count() == 1  # the sweep's one parameter, cloned
     rows.first.locator("input[name$='-values']").fill(", ".join(LEARNING_RATES[1:]))
     long_id = _launch(page, trials=2)
+    # Its trials outlast the watch (the sweep's may all finish within a poll on an idle machine).
+    _watch_curves_grow(page)
+    _checked(page, screenshots_dir, "9-curves-live")
+    page.goto(f"{stack.url}/experiments/{long_id}/")
 
     rows = _reload_until(page, "steps of both trials", lambda now: all(row.step > 0 for row in now.values()))
     trial = min(rows)
@@ -452,8 +456,6 @@ def test_a_new_user_trains_a_sweep_and_sees_it_ranked(page, devstack: DevStack, 
     _see_trials_take_turns_on_a_device(page)
     _checked(page, screenshots_dir, "5-devices")
     _resume(page, devstack, experiment_id, trial, paused)
-    _watch_curves_grow(page)
-    _checked(page, screenshots_dir, "5-curves-live")
 
     _wait_until_finished(page, devstack, experiment_id)
     _checked(page, screenshots_dir, "6-experiment-finished")
