@@ -108,13 +108,11 @@ local function set_state(id, state, message, quiet, steps_done)
   -- No unit of it will run again (a retry is a new trial): the next survey on this host frees its state.
   if state == 'cancelled' or state == 'failed' then redis.call('LPUSH', key('reap'), id) end
   if quiet then return end
+  local fields = {'trial', id, 'state', state, 'message', message or ''}
   if steps_done then
-    redis.call('XADD', key('events'), 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'trial', id, 'state', state,
-               'message', message or '', 'steps_done', steps_done)
-  else
-    redis.call('XADD', key('events'), 'MAXLEN', '~', EVENTS_MAXLEN, '*', 'trial', id, 'state', state,
-               'message', message or '')
+    fields[#fields + 1], fields[#fields + 2] = 'steps_done', steps_done
   end
+  redis.call('XADD', key('events'), 'MAXLEN', '~', EVENTS_MAXLEN, '*', unpack(fields))
   if state == 'running' then redis.call('HSET', tkey(id), 'active', '1')
   else redis.call('HDEL', tkey(id), 'active') end
 end
