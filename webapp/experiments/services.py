@@ -19,7 +19,7 @@ from django.utils import timezone
 from webapp import queue_client
 from webapp.accounts.models import Team
 from webapp.accounts.roles import require_creator_or_owner
-from webapp.experiments.events import trial_event_apply
+from webapp.experiments.events import trial_events_sync_quietly
 from webapp.experiments.launching import memory_budget, trial_launch
 from webapp.experiments.models import Experiment, Trial
 from webapp.experiments.planning import PLAN_ERRORS as PLAN_ERRORS  # what planning raises, for the views
@@ -126,10 +126,13 @@ def _trial_control(*, trial: Trial, action: str) -> None:
         trial.save(update_fields=["status", "updated"])
         return
     try:
-        state = queue_client.trial_control(trial_id=trial.queue_id, control=queue_client.Control(action))
+        queue_client.trial_control(trial_id=trial.queue_id, control=queue_client.Control(action))
     except queue_client.SchedulerError as error:
         raise ValidationError(str(error)) from error
-    trial_event_apply(trial_id=trial.queue_id, status=state)
+    # The status follows the queue's events, applied in their order: a control that took effect at once has
+    # published its event already. Writing the control's answer here instead could land after a later event
+    # (a pending pause whose unit ended meanwhile) and leave the page showing "running" for good.
+    trial_events_sync_quietly()
 
 
 def experiment_cancel(*, experiment: Experiment, actor: AbstractBaseUser) -> int:
