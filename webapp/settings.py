@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "webapp.leaderboards",
     "webapp.telemetry",
     "webapp.dashboards",
+    "webapp.catalog",
     "webapp.background",
     "axes",
 ]
