@@ -15,19 +15,43 @@ from worker.engine.errors import SpecError
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """A GPT-2 causal LM: either built from the size fields or loaded from ``pretrained_dir``.
+    """A decoder-only causal LM of one ``family``: built from the size fields or loaded from ``pretrained_dir``.
 
     ``pretrained_dir`` is a local ``save_pretrained`` directory with safetensors weights (read with
-    ``local_files_only``); when set, the size fields are ignored and its config wins (dropout included).
+    ``local_files_only``); when set, the size and family fields are ignored and its config wins (family,
+    dropout and tied head included). ``n_kv_head`` is the number of key/value heads of grouped-query
+    attention (``None``: one per query head; GPT-2 has none), ``n_inner`` the MLP width (``None``: the family's
+    default, :func:`worker.engine.families.default_intermediate`). ``dropout`` is GPT-2's embedding, attention
+    and residual dropout and the other families' attention dropout (the only dropout they have).
     """
 
+    family: Literal["gpt2", "llama", "mistral", "qwen2", "qwen3"] = "gpt2"
     n_layer: int = 4
     n_embd: int = 32
     n_head: int = 4
+    n_kv_head: int | None = None
+    n_inner: int | None = None
     vocab_size: int = 256
     n_positions: int = 32
     dropout: float = 0.1
+    tie_word_embeddings: bool = True
     pretrained_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.pretrained_dir is not None:
+            return
+        families = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
+        if self.family not in families:
+            raise SpecError(f"model family {self.family!r} is not supported; supported: {', '.join(families)}")
+        if self.n_head < 1 or self.n_embd % self.n_head:
+            raise SpecError(f"n_embd {self.n_embd} does not split into {self.n_head} attention heads")
+        if self.n_kv_head is not None:
+            if self.family == "gpt2" and self.n_kv_head != self.n_head:
+                raise SpecError("GPT-2 has no grouped-query attention: n_kv_head must be unset or equal n_head")
+            if self.n_kv_head < 1 or self.n_head % self.n_kv_head:
+                raise SpecError(f"n_kv_head {self.n_kv_head} must divide n_head {self.n_head}")
+        if self.n_inner is not None and self.n_inner < 1:
+            raise SpecError(f"n_inner must be at least 1, got {self.n_inner}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,12 +88,15 @@ class ScheduleSpec:
 class DataSpec:
     """Packed token blocks: ``tokens_path`` is a 1-D ``.npy`` of token ids (see :mod:`worker.engine.data`).
 
-    The last ``val_fraction`` of the blocks (at least one) is the validation split.
+    The last ``val_fraction`` of the blocks (at least one) is the validation split. ``tokenizer_dir`` is the
+    directory of the tokenizer that made the tokens (a bare ``tokenizer.json`` or a ``save_pretrained``
+    tokenizer); the export copies it so that the exported directory loads with ``AutoTokenizer``.
     """
 
     tokens_path: str
     seq_len: int = 32
     val_fraction: float = 0.1
+    tokenizer_dir: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
