@@ -120,6 +120,20 @@ class SpillStore:
             store.remove_orphans()
         return store
 
+    @staticmethod
+    def link_committed(root: Path, dest: Path) -> dict[str, Any]:
+        """Hard-link every file of the last commit of ``root`` into the new directory ``dest`` (on the same
+        filesystem) and write its manifest there; return that manifest. Under the manifest lock, so no commit
+        lands half-way; a commit never changes a file in place, so the links stay that commit's bytes for as
+        long as they exist, whatever the trial does next, and cost no copy."""
+        with _locked(root):
+            manifest = _read_manifest(root)
+            dest.mkdir(parents=True)
+            for name, version in manifest["files"].items():
+                os.link(_file(root, name, version), _file(dest, name, version))
+            (dest / MANIFEST).write_text(json.dumps(manifest))
+        return manifest
+
     def remove_orphans(self) -> None:
         """Delete files no commit refers to: what a unit killed (or refused) before its commit left behind.
 
