@@ -60,10 +60,14 @@ Budget = Literal["explicit", "auto"]
 @dataclass(frozen=True, kw_only=True)
 class EngineJob:
     """Train `trial` with the engine. With ``budget="auto"`` the device that plans the trial replaces
-    ``trial.budget_bytes`` with its own memory budget (the web host may see no GPU, or other ones)."""
+    ``trial.budget_bytes`` with its own memory budget (the web host may see no GPU, or other ones).
+
+    ``resume`` marks a trial submitted again after the queue lost it (Redis emptied): it trained before, so
+    its state must be found (its spill store, else its last checkpoint), never made afresh."""
 
     trial: TrialSpec
     budget: Budget = "explicit"
+    resume: bool = False
 
     kind = "engine"
 
@@ -71,9 +75,12 @@ class EngineJob:
         if self.budget not in ("explicit", "auto"):
             raise JobError(f"engine job budget {self.budget!r} is unknown; use 'explicit' (the trial's "
                            "budget_bytes) or 'auto' (the planning device's memory).")
+        if not isinstance(self.resume, bool):
+            raise JobError(f"engine job resume={self.resume!r} must be true or false.")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "trial": self.trial.to_dict(), "budget": self.budget}
+        return {"kind": self.kind, "trial": self.trial.to_dict(), "budget": self.budget,
+                **({"resume": True} if self.resume else {})}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +116,8 @@ def job_from_dict(raw: Mapping[str, Any]) -> Job:
     kind = raw.get("kind")
     try:
         if kind == EngineJob.kind:
-            return EngineJob(trial=TrialSpec.from_dict(dict(raw["trial"])), budget=raw.get("budget", "explicit"))
+            return EngineJob(trial=TrialSpec.from_dict(dict(raw["trial"])), budget=raw.get("budget", "explicit"),
+                             resume=raw.get("resume", False))
         if kind == SyntheticJob.kind:
             return SyntheticJob(units=raw["units"], unit_ms=raw.get("unit_ms", 0.0),
                                 fail_at_unit=raw.get("fail_at_unit"))

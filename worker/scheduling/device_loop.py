@@ -19,6 +19,10 @@ plan and returns to the queue, and a "replan" span marks the time it cost on the
 A unit that raises fails its trial (the message goes to the UI) and the loop goes on with the others. A
 unit whose trial refuses it because its lease was lost (the worker was slow, and a newer lease holder took
 the trial) is dropped: nothing was committed, and the trial is the newer holder's.
+
+Redis down or restarting never ends the loop: it surveys again, waiting longer each time (up to
+``REDIS_RETRY_MAX_S``). A unit whose completion could not be sent was committed to its spill store; once
+its lease expires the next holder finds it committed but unreported and reports it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
+import redis
+
 from worker.contract import Job
 from worker.scheduling import telemetry
 from worker.scheduling.policy import HOLD_UNITS, Candidate, pick, remaining_seconds, unit_time_estimate
@@ -41,6 +47,7 @@ from worker.scheduling.telemetry import Span
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.5
+REDIS_RETRY_MAX_S = 5.0  # the longest wait between two surveys while Redis cannot be reached
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,9 @@ class LeaseKeeper:
                 self._cond.release()  # the unit may end meanwhile
                 try:
                     renewed = held.renew()
+                except redis.RedisError as error:  # Redis restarting: try again at the next renewal
+                    log.warning("lease on %s not renewed: %s", held.what, error)
+                    renewed = True
                 finally:
                     self._cond.acquire()
                 held.due = time.monotonic() + held.period_s
@@ -138,9 +148,20 @@ class DeviceLoop:
     def run(self) -> None:
         """Run until the queue says this loop is no longer the device's current one (or it must stop)."""
         log.info("device loop of %s started (epoch %s, pid %d)", self.device, self.config.epoch, self.pid)
+        wait_s = self.config.idle_wait_s
         try:
-            while self.turn():
-                pass
+            while True:
+                try:
+                    if not self.turn():
+                        break
+                    wait_s = self.config.idle_wait_s
+                except (redis.ConnectionError, redis.TimeoutError) as error:
+                    # What this turn surveyed or was leased may be lost; the next turn surveys afresh.
+                    self._survey = self._next = None
+                    log.warning("device %s: Redis unavailable (%s); surveying again in %.1f s", self.device,
+                                error, wait_s)
+                    time.sleep(wait_s)
+                    wait_s = min(2 * wait_s, REDIS_RETRY_MAX_S)
         finally:
             self.keeper.stop()
         log.info("device loop of %s ended (epoch %s)", self.device, self.config.epoch)
@@ -196,6 +217,7 @@ class DeviceLoop:
         try:
             state = self.queue.plan_done(
                 job, remaining_units=planned.remaining_units, unit_s=planned.unit_s, plan=planned.plan,
+                units_done=planned.units_done,
                 also=lambda pipe: telemetry.add(pipe, self.queue.host_id, "spans", span),
             )
         except LeaseLost as error:

@@ -11,6 +11,10 @@ paper's are known to be), and fragmentation or another process can take memory t
 trial is re-partitioned under ``REPLAN_FACTOR`` of its budget (`worker.engine.repartition`: the step in
 flight is rolled back, so the numbers stay those of plain training) and goes back to the queue with its new
 plan. When even a single layer cannot fit the smaller budget, the trial fails with both reasons.
+
+A trial the queue lost (Redis emptied) is submitted again and planned again: planning takes up its
+committed store, so it goes on from that store's last commit, exactly. A trial whose store is gone (the
+host rebooted) is restored from its last checkpoint, or fails saying so (`EngineRunner._store_gone`).
 """
 
 from __future__ import annotations
@@ -72,6 +76,17 @@ class EngineRunner:
         self._sessions: OrderedDict[str, TrialSession] = OrderedDict()
 
     def plan(self, *, trial_id: str, job: EngineJob) -> Planned:
+        """Plan a new trial, or take up the state of one planned before.
+
+        A committed store of the trial is its state: the queue lost the trial (Redis emptied) and it was
+        submitted again, or planning died after making the store. The trial goes on from that store's last
+        commit. A trial submitted again to resume (`EngineJob.resume`) whose store is gone is restored from
+        its last checkpoint or fails with the reason (`_store_gone`)."""
+        if SpillStore.exists(self.spill_dir / trial_id):
+            return self._resumed(trial_id)
+        if job.resume:
+            self._store_gone(trial_id)
+            return self._resumed(trial_id)
         trial = job.trial
         if job.budget == "auto":
             trial = dataclasses.replace(trial, budget_bytes=device_budget_bytes(self.device, trial.budget_bytes))
@@ -82,9 +97,31 @@ class EngineRunner:
         return Planned(remaining_units=session.remaining_units(), unit_s=first_unit_estimate(plan),
                        plan=plan.to_dict())
 
+    def _resumed(self, trial_id: str) -> Planned:
+        """The queue's view of a trial that goes on from its committed store. Its last committed unit counts
+        as not yet reported (units_done one short, one more unit left): whether its report reached the queue
+        before the queue lost the trial cannot be known, and reporting it again is idempotent, so the first
+        unit the trial runs is that report (`_committed_unreported`), with the metrics it committed."""
+        session = self._open(trial_id)
+        left, done = session.remaining_units(), session.cursor
+        if session.state.last_unit >= 0:
+            left, done = left + 1, done - 1
+        log.warning("trial %s resumes from its spill store at unit %d of %d", trial_id, session.cursor,
+                    len(session.timetable))
+        return Planned(remaining_units=left, unit_s=first_unit_estimate(session.plan), plan=session.plan.to_dict(),
+                       units_done=done)
+
+    def _store_gone(self, trial_id: str) -> None:
+        """Bring back the store of a trial that trained before, or raise WorkloadError saying why it cannot
+        go on (the trial then fails, and the web app offers to retry it)."""
+        raise WorkloadError(f"the spill store of trial {trial_id} is gone (host restarted?) and it has no checkpoint")
+
     def run_unit(self, *, trial_id: str, job: EngineJob, units_done: int, next_trial: str | None,
                  token: int, remaining_units: int | None = None) -> UnitDone | Replanned:
         """Run the trial's next unit, fenced by `token` (see `TrialRunner.run_unit`)."""
+        if not SpillStore.exists(self.spill_dir / trial_id):  # the host lost it (rebooted, /dev/shm wiped)
+            self._drop(trial_id)
+            self._store_gone(trial_id)
         session = self._open(trial_id)
         left = session.remaining_units()
         behind = left < remaining_units if remaining_units is not None else left == 0

@@ -12,7 +12,7 @@ readable with redis-cli::
     hydra:<host>:planning        LIST   trial ids waiting to be planned (LPUSH in, RPOP out: FIFO)
     hydra:<host>:runnable        ZSET   trial id -> remaining seconds          what Sharded-LRTF picks from
     hydra:<host>:leases          ZSET   trial id -> lease expiry (ms)          planning or running trials
-    hydra:<host>:seq             STRING lease token counter
+    hydra:<host>:seq             STRING lease token counter (never below Redis's clock in ms times 1000)
     hydra:<host>:wake            LIST   wake-up tokens for idle devices (capped)
     hydra:<host>:reap            LIST   trials that ended cancelled or failed: a device frees their state
     hydra:<host>:config          HASH   lease_ms (default DEFAULT_LEASE_MS); clock_offset_ms (tests only)
@@ -94,8 +94,17 @@ local function lease_ms()
 end
 -- Lease `id` to `device` for the host's lease length: a new token, kept on the trial, and the expiry in the
 -- leases set. Returns the token and the lease length (ms).
+-- Tokens fence the spill store, which keeps the largest it saw, so they must grow even across a Redis that
+-- lost its data (emptied, or restarted from an append-only file a second behind): no token is below the
+-- clock's milliseconds times 1000, which exceeds every token granted before (at most 1000 a millisecond).
 local function grant_lease(id, device)
-  local token = tostring(redis.call('INCR', key('seq')))
+  local seq = redis.call('INCR', key('seq'))
+  local floor = now_ms() * 1000
+  if seq < floor then
+    seq = floor
+    redis.call('SET', key('seq'), string.format('%d', floor))
+  end
+  local token = string.format('%d', seq)
   local ms = lease_ms()
   redis.call('HSET', tkey(id), 'lease', token, 'device', device)
   redis.call('ZADD', key('leases'), now_ms() + ms, id)
@@ -178,6 +187,11 @@ _SURVEY = _script("limit device epoch", """
 limit = tonumber(limit)
 local dkey = key('device:' .. device)
 local loop = redis.call('HMGET', dkey, 'epoch', 'stop')
+-- A device Redis lost (emptied): the loop asking is its current one; it goes on and says so.
+if not loop[1] then
+  redis.call('HSET', dkey, 'epoch', epoch, 'stop', '0')
+  loop = {epoch, '0'}
+end
 -- {0}: the loop must end.
 if loop[1] ~= epoch or loop[2] == '1' then return {0} end
 redis.call('HSET', dkey, 'seen', now_ms() / 1000)
@@ -218,9 +232,11 @@ local token, ms = grant_lease(id, device)
 return {id, token, ms, redis.call('HGET', tkey(id), 'job')}
 """)
 
-_PLAN_DONE = _script("id token remaining_units unit_s plan", """
+# `units_done` > 0: the trial's state already held that many units (a resubmitted trial resumes from it).
+_PLAN_DONE = _script("id token remaining_units unit_s plan units_done", """
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', unit_s, 'plan', plan)
+if tonumber(units_done) > 0 then redis.call('HSET', tkey(id), 'units_done', units_done) end
 return after_unit(id, false)
 """)
 
@@ -532,16 +548,17 @@ class ShardQueue:
         return PlanJob(trial_id, token, int(lease_ms) / 1000, json.loads(job))
 
     def plan_done(
-        self, job: PlanJob, *, remaining_units: int, unit_s: float, plan: Mapping[str, Any],
+        self, job: PlanJob, *, remaining_units: int, unit_s: float, plan: Mapping[str, Any], units_done: int = 0,
         also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> str:
         """Record a trial's plan and first estimate; it becomes runnable (or paused/cancelled if asked).
 
+        `units_done` > 0 says the trial's state already holds that many units (it resumes from its store).
         `also` queues commands to send in the same round trip (telemetry). Raises LeaseLost.
         """
         outcome: str = self._run_with(
             also, "plan_done", id=job.trial_id, token=job.token, remaining_units=remaining_units,
-            unit_s=repr(unit_s), plan=json.dumps(dict(plan)),
+            unit_s=repr(unit_s), plan=json.dumps(dict(plan)), units_done=int(units_done),
         )
         return self._check_lease(outcome, job.trial_id)
 

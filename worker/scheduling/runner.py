@@ -26,6 +26,7 @@ class Planned:
     remaining_units: int
     unit_s: float
     plan: dict[str, Any]
+    units_done: int = 0  # units its state already holds: a trial the queue lost resumes from its store
 
 
 @dataclass(frozen=True)
