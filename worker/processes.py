@@ -1,4 +1,13 @@
-"""Stopping the child processes that Hydra's launchers start, so that nothing is left running."""
+"""Running the child processes that Hydra's launchers start, restarting those that exit, and stopping them so
+that nothing is left running.
+
+`Supervisor` keeps a set of services running: a service that exits is started again after a back-off (1 s,
+doubled after each exit within a minute of its start, at most 30 s; a run of a minute or more resets it), and
+every exit and restart is reported through a callback as a plain dict, so that the caller can print it and
+record it where the health page reads it. A service that exits `FAILING_AFTER` times in a row within a minute
+of starting (a bad configuration, a port taken) is reported as failing at each exit and still retried every
+30 s: whatever made it fail may go away (a disk freed, a port released), and each retry says so again.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +16,14 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 30.0
+STABLE_AFTER_S = 60.0
+FAILING_AFTER = 5
 
 
 def stop_processes(processes: Iterable[subprocess.Popen[bytes]], *, grace_s: float) -> None:
@@ -25,6 +41,117 @@ def stop_processes(processes: Iterable[subprocess.Popen[bytes]], *, grace_s: flo
     for process in reversed(processes):
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
+        kill_group(process)
         process.wait()
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group `process` leads: what it started and left behind goes with it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Service:
+    """A command to keep running. `name` is what reports call it (``redis-server``, ``worker cpu0``).
+    `stops_last`: stopped only once every other service has stopped (the Redis the others talk to while they
+    shut down: a worker's warm shutdown ends its device loop through it)."""
+
+    name: str
+    command: Sequence[str]
+    env: Mapping[str, str] | None = None
+    cwd: Path | None = None
+    stops_last: bool = False
+
+
+@dataclass(eq=False)
+class _Running:
+    service: Service
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    failures_in_row: int = 0
+    start_at: float | None = None  # when a service that exited is due to start again
+
+
+class Supervisor:
+    """Start services (`start`), restart those that exit (`poll`), stop them all (`stop`). Not thread-safe: one
+    loop calls `poll` a few times a second."""
+
+    def __init__(
+        self, *, report: Callable[[dict[str, object]], None], backoff_first_s: float = BACKOFF_FIRST_S,
+        backoff_max_s: float = BACKOFF_MAX_S, stable_after_s: float = STABLE_AFTER_S,
+        failing_after: int = FAILING_AFTER,
+    ) -> None:
+        self._running: list[_Running] = []
+        self._stopped = False
+        self._report = report
+        self.backoff_first_s = backoff_first_s
+        self.backoff_max_s = backoff_max_s
+        self.stable_after_s = stable_after_s
+        self.failing_after = failing_after
+
+    @property
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        """The live process of every service, in the order the services were added."""
+        return [r.process for r in self._running if r.process is not None and r.process.poll() is None]
+
+    @property
+    def names(self) -> list[str]:
+        return [r.service.name for r in self._running]
+
+    def start(self, service: Service) -> subprocess.Popen[bytes]:
+        """Start `service` now and keep it running from then on; returns its first process."""
+        if service.name in self.names:
+            raise ValueError(f"a service named {service.name!r} is already supervised")
+        running = _Running(service)
+        self._running.append(running)
+        self._start(running)
+        assert running.process is not None
+        return running.process
+
+    def _start(self, running: _Running) -> None:
+        service = running.service
+        # Its own session: Ctrl-C in the terminal reaches the supervisor only, which stops each child in order.
+        running.process = subprocess.Popen(
+            list(service.command), env=None if service.env is None else dict(service.env), cwd=service.cwd,
+            start_new_session=True,
+        )
+        running.started_at = time.monotonic()
+        running.start_at = None
+
+    def poll(self) -> None:
+        """Report and schedule the restart of every service that exited; start those whose back-off is over."""
+        if self._stopped:
+            return
+        now = time.monotonic()
+        for running in self._running:
+            process = running.process
+            if process is not None and process.poll() is not None:
+                self._exited(running, process, now)
+            elif running.start_at is not None and now >= running.start_at:
+                running.restarts += 1
+                self._start(running)
+                assert running.process is not None
+                self._report({"event": "restarted", "service": running.service.name, "restart": running.restarts,
+                              "pid": running.process.pid})
+
+    def _exited(self, running: _Running, process: subprocess.Popen[bytes], now: float) -> None:
+        kill_group(process)  # a worker's pool process must not go on with a unit that its restart re-runs
+        uptime = now - running.started_at
+        running.failures_in_row = 1 if uptime >= self.stable_after_s else running.failures_in_row + 1
+        delay = min(self.backoff_max_s, self.backoff_first_s * 2 ** (running.failures_in_row - 1))
+        running.process = None
+        running.start_at = now + delay
+        self._report({
+            "event": "exited", "service": running.service.name, "code": process.returncode,
+            "uptime_s": round(uptime, 1), "restart": running.restarts + 1, "delay_s": delay,
+            "failures_in_row": running.failures_in_row, "failing": running.failures_in_row >= self.failing_after,
+        })
+
+    def stop(self, *, grace_s: float) -> None:
+        """Stop every service (see `stop_processes`; those that stop last afterwards) and start none again."""
+        self._stopped = True
+        for last in (False, True):
+            stop_processes([r.process for r in self._running if r.process is not None and r.service.stops_last == last],
+                           grace_s=grace_s)
