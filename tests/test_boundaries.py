@@ -4,8 +4,11 @@
 - The workers run without Django: every `worker` module outside the engine imports with Django blocked,
   and ``python -m worker.launch`` gets as far as choosing its devices.
 - The web process imports no torch at import time: every `webapp` module imports with torch blocked.
-- Only three `webapp` modules import `worker`: the queue client (the one door to the workers), the
-  configuration (which composes the workers' own), and the memory preview (which calls the engine's solver).
+- Only these `webapp` modules import `worker`: the queue client (the one door to the workers), the
+  configuration (which composes the workers' own), the memory preview (which calls the engine's solver), the
+  catalog's sizing (the engine's bytes per parameter and budget share, torch-free), the catalog's web
+  worker work (the engine checks and imports checkpoints; imported inside its task function only) and the
+  experiments' model shapes (a pretrained model's config read by the engine's torch-free families module).
 - No import cycle anywhere: a walk over every import statement of the tree, at module level or inside a
   function alike.
 """
@@ -21,7 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("webapp", "worker")
-WEB_DOORS_TO_WORKER = {"webapp.queue_client", "webapp.config", "webapp.experiments.memory_preview"}
+WEB_DOORS_TO_WORKER = {"webapp.queue_client", "webapp.config", "webapp.experiments.memory_preview",
+                       "webapp.catalog.sizing", "webapp.catalog.work", "webapp.experiments.model_shapes"}
 
 BLOCKER = textwrap.dedent("""
     import importlib, pkgutil, sys

@@ -8,5 +8,6 @@ urlpatterns = [
     path("", include("webapp.datasets.urls")),
     path("", include("webapp.experiments.urls")),
     path("", include("webapp.leaderboards.urls")),
+    path("", include("webapp.catalog.urls")),
     path("dashboards/", include("webapp.dashboards.urls")),
 ]

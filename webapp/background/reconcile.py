@@ -8,6 +8,8 @@ from typing import NamedTuple
 
 from webapp.background.models import WebWork
 from webapp.background.outbox import work_reconcile
+from webapp.catalog.models import Checkpoint
+from webapp.catalog.services import IMPORT_TASK
 from webapp.datasets.models import Dataset
 from webapp.datasets.services import TOKENIZE_TASK
 from webapp.experiments.archives import BUILD_TASK
@@ -15,7 +17,8 @@ from webapp.experiments.models import ExperimentPreview, TrialArchive
 from webapp.experiments.previews import PLAN_TASK
 
 WORK: tuple[tuple[type[WebWork], str], ...] = (
-    (Dataset, TOKENIZE_TASK), (TrialArchive, BUILD_TASK), (ExperimentPreview, PLAN_TASK))
+    (Dataset, TOKENIZE_TASK), (TrialArchive, BUILD_TASK), (ExperimentPreview, PLAN_TASK),
+    (Checkpoint, IMPORT_TASK))
 
 
 class WebWorkReconciled(NamedTuple):

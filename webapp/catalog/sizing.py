@@ -1,0 +1,106 @@
+"""How big a checkpoint's training state is, and where it fits on this host's devices.
+
+The training state is what the engine keeps per parameter in fp32 (`worker.engine.sizes`): the parameters,
+their gradients and the optimizer's slots (AdamW two moments, SGD with momentum one). A checkpoint is
+*resident* on a device whose budget holds its whole training state, and *spilled* (sharded, its shards taking
+turns on the device) when the budget holds the largest layer's (`worker.engine.families` counts the layers);
+activations come on top and depend on the batch, so the experiment form's memory preview plans those.
+
+Devices are the device workers of this host that answer the health page's broadcast (`webapp.queue_client`);
+a GPU's budget is the share of its memory a trial plans for (`AUTO_BUDGET_FRACTION`), read through NVML; a CPU
+device's is the web app's default budget for one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from webapp.catalog.models import Checkpoint
+from webapp.experiments.memory_preview import CPU_DEVICE_BUDGET
+from webapp.health.selectors import workers_online
+from worker.engine.partition import AUTO_BUDGET_FRACTION
+from worker.engine.sizes import FP32, optimizer_slots
+
+# What the catalog sizes the training state for: (label, optimizer kind, momentum).
+OPTIMIZERS = (("AdamW", "adamw", 0.0), ("SGD with momentum", "sgd", 0.9))
+
+
+@dataclass(frozen=True)
+class DeviceBudget:
+    device: str  # "cuda:0", "cpu:1"
+    budget_bytes: int | None  # None: the GPU's memory could not be read
+    note: str
+
+
+@dataclass(frozen=True)
+class Fit:
+    optimizer: str
+    state_bytes: int  # parameters + gradients + optimizer slots, fp32
+    verdict: str  # "resident", "spilled", "too large", "no devices"
+    detail: str
+
+
+def state_bytes(n_params: int, *, optimizer: str, momentum: float) -> int:
+    """Bytes of `n_params` parameters' training state under the optimizer: fp32 values, gradients, slots."""
+    return n_params * FP32 * (2 + optimizer_slots(optimizer, momentum))
+
+
+def host_devices() -> list[DeviceBudget]:
+    """The devices of this host's workers that answered, with their budgets; [] when none did (or Redis is
+    down)."""
+    host = settings.HYDRA.worker.host_id
+    names = sorted({w.device for w in workers_online() if w.device and w.host in (host, None)},
+                   key=lambda name: (name.split(":")[0], int(name.split(":")[1]) if ":" in name else 0))
+    return [_budget(name) for name in names]
+
+
+def _budget(device: str) -> DeviceBudget:
+    kind, _, index = device.partition(":")
+    if kind != "cuda":
+        return DeviceBudget(device, CPU_DEVICE_BUDGET, "a CPU device's default budget")
+    try:
+        import pynvml
+    except ImportError:
+        return DeviceBudget(device, None, "its memory could not be read (no NVML library)")
+    try:
+        pynvml.nvmlInit()
+        try:
+            total = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(int(index or 0))).total
+        finally:
+            pynvml.nvmlShutdown()
+    except (pynvml.NVMLError, ValueError) as error:
+        return DeviceBudget(device, None, f"its memory could not be read ({error})")
+    return DeviceBudget(device, int(total * AUTO_BUDGET_FRACTION), f"{AUTO_BUDGET_FRACTION:.0%} of its memory")
+
+
+def fits(checkpoint: Checkpoint, devices: Iterable[DeviceBudget]) -> list[Fit]:
+    """For each optimizer of `OPTIMIZERS`: the ready checkpoint's training state and where it fits."""
+    devices = [d for d in devices if d.budget_bytes is not None]
+    n_params = checkpoint.n_params or 0
+    result = []
+    for label, kind, momentum in OPTIMIZERS:
+        total = state_bytes(n_params, optimizer=kind, momentum=momentum)
+        layer = (state_bytes(checkpoint.largest_layer_params, optimizer=kind, momentum=momentum)
+                 if checkpoint.largest_layer_params is not None else None)
+        result.append(_fit(label, total, layer, devices))
+    return result
+
+
+def _fit(label: str, total: int, layer: int | None, devices: list[DeviceBudget]) -> Fit:
+    if not devices:
+        return Fit(label, total, "no devices", "no device worker of this host answered")
+    resident = [d.device for d in devices if d.budget_bytes is not None and total <= d.budget_bytes]
+    if resident:
+        return Fit(label, total, "resident", "whole on " + ", ".join(resident))
+    if layer is None:
+        return Fit(label, total, "spilled", "sharded, its shards taking turns on " + ", ".join(
+            d.device for d in devices))
+    spilled = [d.device for d in devices if d.budget_bytes is not None and layer <= d.budget_bytes]
+    if spilled:
+        return Fit(label, total, "spilled", "sharded, its shards taking turns on " + ", ".join(spilled))
+    largest = max(devices, key=lambda d: d.budget_bytes or 0)
+    return Fit(label, total, "too large",
+               f"its largest layer's state alone is over {largest.device}'s budget, the largest here")
