@@ -13,12 +13,13 @@ from webapp.catalog.services import IMPORT_TASK
 from webapp.datasets.models import Dataset
 from webapp.datasets.services import TOKENIZE_TASK
 from webapp.experiments.archives import BUILD_TASK
-from webapp.experiments.models import ExperimentPreview, TrialArchive
+from webapp.experiments.generations import GENERATE_TASK
+from webapp.experiments.models import ExperimentPreview, Generation, TrialArchive
 from webapp.experiments.previews import PLAN_TASK
 
 WORK: tuple[tuple[type[WebWork], str], ...] = (
     (Dataset, TOKENIZE_TASK), (TrialArchive, BUILD_TASK), (ExperimentPreview, PLAN_TASK),
-    (Checkpoint, IMPORT_TASK))
+    (Generation, GENERATE_TASK), (Checkpoint, IMPORT_TASK))
 
 
 class WebWorkReconciled(NamedTuple):

@@ -3,14 +3,18 @@
 `trial_archive_request` (a page's POST) records the archive as preparing and sends `trial_archive_build` to
 the web worker; the trial's page refreshes until the archive is ready and then links the file, which the
 web server streams from disk. The archive is written under a temporary name and renamed into place, so a
-download never sees half of one, and building it again (a message delivered twice) changes nothing.
+download never sees half of one, and building it again (a message delivered twice) changes nothing. It
+carries the model's tokenizer: an export made before the engine copied the tokenizer gets the one its
+tokens were made with (`export_tokenizer.fallback_files`), so that the download loads with ``AutoTokenizer``.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import tarfile
+import time
 import uuid
 from pathlib import Path
 
@@ -18,6 +22,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from webapp.background.outbox import work_enqueue
+from webapp.experiments.export_tokenizer import fallback_files, has_tokenizer, model_context
 from webapp.experiments.models import Trial, TrialArchive
 
 BUILD_TASK = "hydra.web.trial_archive_build"
@@ -71,6 +76,9 @@ def trial_archive_build(*, archive_id: int) -> None:
     try:
         with tarfile.open(partial, mode="w:gz") as tar:
             tar.add(directory, arcname=f"trial-{archive.trial.pk}")
+            if not has_tokenizer(directory):
+                _add_files(tar, fallback_files(archive.trial, context=model_context(directory)),
+                           under=f"trial-{archive.trial.pk}")
         os.replace(partial, archive.path)
     except OSError as error:
         log.exception("packing the model of trial %s failed", archive.trial.pk)
@@ -79,6 +87,13 @@ def trial_archive_build(*, archive_id: int) -> None:
     finally:
         partial.unlink(missing_ok=True)
     pending.update(status=TrialArchive.Status.READY, size_bytes=archive.path.stat().st_size)
+
+
+def _add_files(tar: tarfile.TarFile, files: dict[str, bytes], *, under: str) -> None:
+    for name, content in files.items():
+        info = tarfile.TarInfo(f"{under}/{name}")
+        info.size, info.mtime, info.mode = len(content), int(time.time()), 0o644
+        tar.addfile(info, io.BytesIO(content))
 
 
 def archive_filename(trial: Trial) -> str:

@@ -1,10 +1,10 @@
 """The web worker's experiment tasks (`webapp.background`): pack a trained model for download, plan a large
-sweep's preview."""
+sweep's preview, generate text with a trained model."""
 
 from __future__ import annotations
 
 from webapp.background.celery_app import app
-from webapp.experiments import archives, previews
+from webapp.experiments import archives, generations, previews
 
 
 @app.task(name=archives.BUILD_TASK)
@@ -15,3 +15,8 @@ def trial_archive_build(archive_id: int) -> None:
 @app.task(name=previews.PLAN_TASK)
 def experiment_preview_plan(preview_id: int) -> None:
     previews.experiment_preview_plan(preview_id=preview_id)
+
+
+@app.task(name=generations.GENERATE_TASK)
+def trial_generate(generation_id: int) -> None:
+    generations.trial_generate(generation_id=generation_id)

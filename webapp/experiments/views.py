@@ -10,14 +10,16 @@ from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.datasets.http import form_add_errors, team_required
 from webapp.datasets.selectors import dataset_list
-from webapp.experiments import archives, previews, selectors, services
+from webapp.experiments import archives, generations, previews, selectors, services
 from webapp.experiments.events import trial_events_sync_quietly
 from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet, experiment_initial
-from webapp.experiments.models import Experiment, ExperimentPreview
+from webapp.experiments.generation_form import GenerationForm, generation_initial
+from webapp.experiments.models import Experiment, ExperimentPreview, Trial
 from webapp.experiments.planning import ExperimentDraft, TrialDraft
 from webapp.experiments.search_space import KINDS, PARAMETERS
 from webapp.ids import parse_id
@@ -197,15 +199,50 @@ def experiment_space(request: HttpRequest, experiment_id: int, fmt: str) -> Http
 @team_required
 def trial_detail(request: HttpRequest, trial_id: int) -> HttpResponse:
     trial = selectors.trial_get(team=request.team, trial_id=trial_id)
+    return _trial_page(request, trial)
+
+
+def _trial_page(request: HttpRequest, trial: Trial, *, form: GenerationForm | None = None,
+                status: int = 200) -> HttpResponse:
+    """The trial's page; `form` is the prompt box as posted (with its errors), else one with the last settings."""
     trial_events_sync_quietly()
     trial.refresh_from_db()
+    shown = list(generations.generation_list(trial=trial)[:generations.SHOWN])
     return render(request, "experiments/trial_detail.html", {
         "trial": trial, "experiment": trial.experiment, "actions": selectors.trial_actions(trial),
         "can_change": selectors.experiment_can_change(user=request.user, experiment=trial.experiment),
         "plan": selectors.plan_summary(trial.plan), "shards": selectors.plan_shard_rows(trial.plan),
         "spec_json": json.dumps(trial.spec, indent=2) if trial.spec else "",
         "archive": archives.trial_archive_get(trial=trial),
-    })
+        "generations": shown, "generating": any(g.status == g.Status.PENDING for g in shown),
+        "generation_unavailable": generations.generation_unavailable(trial),
+        "generation_form": form or GenerationForm(initial=generation_initial(shown[0] if shown else None)),
+    }, status=status)
+
+
+@team_required
+@require_POST
+def trial_generate(request: HttpRequest, trial_id: int) -> HttpResponse:
+    """Ask the web worker to continue the posted prompt with the trial's model; the page polls the result."""
+    trial = selectors.trial_get(team=request.team, trial_id=trial_id)
+    form = GenerationForm(request.POST)
+    if form.is_valid():
+        try:
+            generation = generations.generation_request(trial=trial, actor=request.user, settings=form.settings())
+        except ValidationError as error:
+            form_add_errors(form, error)
+        else:
+            return redirect(reverse("trial_detail", args=[trial.pk]) + f"#generation-{generation.pk}")
+    return _trial_page(request, trial, form=form, status=400)
+
+
+@team_required
+def trial_generation(request: HttpRequest, trial_id: int, generation_id: int) -> HttpResponse:
+    """One generation of the trial, as far as the web worker got (the trial's page polls it while pending)."""
+    trial = selectors.trial_get(team=request.team, trial_id=trial_id)
+    generation = generations.generation_get(trial=trial, generation_id=generation_id)
+    return render(request, "experiments/generation.html", {"trial": trial, "experiment": trial.experiment,
+                                                           "generation": generation})
 
 
 @team_required

@@ -1,0 +1,76 @@
+"""The tokenizer that goes with a trial's exported model, so that the model can be used: for generating on its
+page and in its download.
+
+An export carries its tokenizer when the engine copied the trial's ``DataSpec.tokenizer_dir`` into it. An
+export made before that carries none: its tokenizer is then the one its tokens were made with, the trial
+spec's ``tokenizer_dir`` when that still exists, else its dataset's ``tokenizer.json``, written out with a
+``tokenizer_config.json`` that makes ``AutoTokenizer`` load it as a fast tokenizer (`fallback_files`).
+Plain files only (no transformers), so that the web process may call it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from webapp.datasets.tokenization import END_OF_TEXT
+from webapp.experiments.models import Trial
+
+TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+# What a save_pretrained tokenizer may consist of, besides its config: copied as they are.
+TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model", "added_tokens.json", "chat_template.jinja")
+
+
+def has_tokenizer(directory: Path) -> bool:
+    """Whether `directory` holds a tokenizer ``AutoTokenizer.from_pretrained`` can load."""
+    return (directory / TOKENIZER_JSON).is_file() or (directory / TOKENIZER_CONFIG).is_file()
+
+
+def fallback_files(trial: Trial, *, context: int | None) -> dict[str, bytes]:
+    """The tokenizer files to put beside `trial`'s exported model, which has none of its own: name -> content.
+    `context` is the model's context length in tokens (the tokenizer's ``model_max_length``). Empty when the
+    tokenizer is gone too (the dataset was tokenized again, or its files deleted)."""
+    spec_dir = ((trial.spec or {}).get("data") or {}).get("tokenizer_dir")
+    if spec_dir and has_tokenizer(Path(spec_dir)):
+        directory = Path(spec_dir)
+        files = {name: (directory / name).read_bytes() for name in TOKENIZER_FILES if (directory / name).is_file()}
+        if TOKENIZER_CONFIG in files:
+            return files
+        return _with_config(files, context=context)
+    path = trial.experiment.dataset.tokenizer_path
+    if not path.is_file():
+        return {}
+    return _with_config({TOKENIZER_JSON: path.read_bytes()}, context=context)
+
+
+def _with_config(files: dict[str, bytes], *, context: int | None) -> dict[str, bytes]:
+    """`files` (a bare ``tokenizer.json``) and the config that loads it as a ``PreTrainedTokenizerFast``."""
+    if TOKENIZER_JSON not in files:
+        return {}
+    try:
+        added = {token.get("content") for token in json.loads(files[TOKENIZER_JSON]).get("added_tokens") or []}
+    except (ValueError, AttributeError):
+        return {}
+    config: dict[str, object] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    if END_OF_TEXT in added:  # the dataset tokenizer's one special token ends (and starts) a text, as in GPT-2
+        config.update(bos_token=END_OF_TEXT, eos_token=END_OF_TEXT, unk_token=END_OF_TEXT)
+    if context:
+        config["model_max_length"] = context
+    return {**files, TOKENIZER_CONFIG: json.dumps(config, indent=2).encode()}
+
+
+def model_context(directory: Path) -> int | None:
+    """The context length (in tokens) of the model whose ``config.json`` is in `directory`, when it says."""
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    for key in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None

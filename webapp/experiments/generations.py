@@ -1,0 +1,178 @@
+"""Text generation with a finished trial's model: a prompt on the trial's page, continued by the web worker.
+
+`generation_request` (a page's POST) checks who asks and the settings, records the generation as pending and
+sends `trial_generate` to the web worker (`webapp.background.outbox`); the page polls it until it is done or
+failed. The model and tokenizer are loaded and run only in the web worker (transformers and torch are
+imported inside `trial_generate`), never in the web process. Only a finished trial with an exported model
+generates, and the generation belongs to that attempt: a trial retried or deleted meanwhile fails it with a
+message. Generating again from a message delivered twice changes nothing: only a pending row is generated
+for, and its result is written only while it is still pending.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+
+from webapp.accounts.models import Membership
+from webapp.background.outbox import work_enqueue
+from webapp.experiments.archives import trial_model_dir
+from webapp.experiments.export_tokenizer import fallback_files, has_tokenizer, model_context
+from webapp.experiments.models import Generation, Trial
+
+GENERATE_TASK = "hydra.web.trial_generate"
+MAX_PENDING_PER_TEAM = 4  # the web worker generates one at a time; more would hold up the team's other work
+SHOWN = 20  # generations a trial's page lists
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a generation is asked for (the form's cleaned data)."""
+
+    prompt: str
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+
+
+def generation_unavailable(trial: Trial) -> str:
+    """Why `trial` cannot generate text, for its page; empty when it can."""
+    if trial.status != Trial.Status.FINISHED:
+        return (f"Text generation needs a finished trial with an exported model; trial #{trial.number} is "
+                f"{trial.get_status_display().lower()}.")
+    if trial_model_dir(trial) is None:
+        return f"Trial #{trial.number} has no exported model to generate with (it was not exported, or was deleted)."
+    return ""
+
+
+def generation_request(*, trial: Trial, actor: AbstractBaseUser, settings: Settings) -> Generation:
+    """Record a pending generation by `actor` with `settings` and send it to the web worker.
+
+    Raises PermissionDenied unless `actor` is in the trial's team, and ValidationError (by field where a field
+    is at fault) for a trial that cannot generate, more new tokens than the model's context holds, or a team
+    that already waits for `MAX_PENDING_PER_TEAM` generations."""
+    team = trial.experiment.team
+    if not actor.is_authenticated or not Membership.objects.filter(user=actor, team=team).exists():
+        raise PermissionDenied("Only the trial's team can generate text with its model.")
+    reason = generation_unavailable(trial)
+    if reason:
+        raise ValidationError(reason)
+    directory = trial_model_dir(trial)
+    assert directory is not None  # generation_unavailable said so
+    context = model_context(directory)
+    if context is not None and settings.max_new_tokens >= context:
+        raise ValidationError({"max_new_tokens": f"This model reads at most {context} tokens at once: ask for "
+                                                 f"fewer than {context} new tokens, to leave room for the prompt."})
+    with transaction.atomic():
+        pending = Generation.objects.select_for_update().filter(trial__experiment__team=team,
+                                                               status=Generation.Status.PENDING)
+        if len(pending) >= MAX_PENDING_PER_TEAM:
+            raise ValidationError(f"Your team already waits for {MAX_PENDING_PER_TEAM} generations; generate "
+                                  f"again once one of them is done.")
+        generation = Generation.objects.create(
+            trial=trial, queue_id=trial.queue_id, prompt=settings.prompt, max_new_tokens=settings.max_new_tokens,
+            temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed, created_by=actor)
+        work_enqueue(row=generation, task_name=GENERATE_TASK)
+    return generation
+
+
+def generation_list(*, trial: Trial) -> QuerySet[Generation]:
+    """The trial's generations, newest first (every attempt's), with who asked."""
+    return trial.generations.select_related("created_by").order_by("-created", "-pk")
+
+
+def generation_get(*, trial: Trial, generation_id: int) -> Generation:
+    """One of the trial's generations; Http404 for any other (the trial is already the team's)."""
+    return get_object_or_404(Generation.objects.select_related("created_by"), trial=trial, pk=generation_id)
+
+
+def trial_generate(*, generation_id: int) -> None:
+    """Generate the text of a pending generation with its trial's model: it becomes done, or failed with a
+    message. Runs in the web worker."""
+    generation = Generation.objects.filter(pk=generation_id, status=Generation.Status.PENDING).select_related(
+        "trial__experiment__dataset").first()
+    if generation is None:
+        return
+    pending = Generation.objects.filter(pk=generation_id, status=Generation.Status.PENDING)
+    trial = generation.trial
+    directory = trial_model_dir(trial)
+    if directory is None or trial.queue_id != generation.queue_id:
+        pending.update(status=Generation.Status.FAILED, finished=timezone.now(),
+                       message="The trial's model is gone (deleted or retried).")
+        return
+    try:
+        text = _generate(generation, directory)
+    except GenerationError as error:
+        pending.update(status=Generation.Status.FAILED, finished=timezone.now(), message=str(error))
+        return
+    except Exception as error:  # a model that does not load or run: say so on the page, keep the worker alive
+        log.exception("generating with the model of trial %s failed", trial.pk)
+        pending.update(status=Generation.Status.FAILED, finished=timezone.now(),
+                       message=f"Generating failed: {type(error).__name__}: {error}")
+        return
+    pending.update(status=Generation.Status.DONE, text=text, finished=timezone.now(), message="")
+
+
+class GenerationError(Exception):
+    """A generation that cannot be done as asked; its message is for the user."""
+
+
+def _generate(generation: Generation, directory: Path) -> str:
+    """The continuation of the generation's prompt by the model in `directory` (on the CPU)."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    tokenizer = _load_tokenizer(generation.trial, directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True).eval()
+    encoded = tokenizer(generation.prompt, return_tensors="pt")
+    n_prompt = int(encoded["input_ids"].shape[1])
+    if n_prompt == 0:
+        raise GenerationError("The prompt made no tokens: write some text to continue.")
+    context = model_context(directory)
+    if context is not None and n_prompt + generation.max_new_tokens > context:
+        raise GenerationError(
+            f"The prompt is {n_prompt} tokens, and with {generation.max_new_tokens} new tokens that is more than "
+            f"the {context} tokens this model reads at once: shorten the prompt or ask for fewer new tokens.")
+    end = tokenizer.eos_token_id
+    sampling: dict[str, Any] = (
+        {"do_sample": False} if generation.is_greedy
+        else {"do_sample": True, "temperature": generation.temperature, "top_p": generation.top_p, "top_k": 0})
+    config = GenerationConfig(max_new_tokens=generation.max_new_tokens, eos_token_id=end,
+                              pad_token_id=end if end is not None else 0, **sampling)
+    torch.manual_seed(generation.seed)
+    with torch.no_grad():
+        output = model.generate(**encoded, generation_config=config)
+    text = tokenizer.decode(output[0, n_prompt:], skip_special_tokens=True)
+    return str(text).replace("\x00", "\ufffd")  # a NUL byte token: PostgreSQL text cannot hold one
+
+
+def _load_tokenizer(trial: Trial, directory: Path) -> Any:
+    """The export's own tokenizer, or for an export without one the tokenizer its tokens were made with."""
+    from transformers import AutoTokenizer
+
+    if has_tokenizer(directory):
+        return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    files = fallback_files(trial, context=model_context(directory))
+    if not files:
+        raise GenerationError("The model has no tokenizer, and its dataset's tokenizer is gone: it cannot read a "
+                              "prompt.")
+    scratch = Path(tempfile.mkdtemp(prefix="hydra-tokenizer-"))
+    try:
+        for name, content in files.items():
+            (scratch / name).write_bytes(content)
+        return AutoTokenizer.from_pretrained(scratch, local_files_only=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
