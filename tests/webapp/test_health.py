@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,20 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.conftest import PASSWORD
+from tests.webapp.datasets.factories import use_data_dir
 from webapp import queue_client
+from webapp.health import service_events
 from webapp.health.selectors import health_report
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def data_dir(settings, tmp_path) -> Path:
+    """A data folder of the test's own: make run's service events of this checkout are not the test's."""
+    use_data_dir(settings, tmp_path)
+    return tmp_path
 
 
 @pytest.fixture(autouse=True)
@@ -136,3 +146,70 @@ def test_it_broadcasts_to_the_workers_once_for_two_quick_requests(staff_client, 
     assert len(broadcasts) == 1
     assert staff_client.get("/health").status_code == 200  # the up/down answer asks no worker
     assert len(broadcasts) == 1
+
+
+RUN_STARTED = datetime(2026, 3, 2, 11, 0, 0, tzinfo=UTC)
+
+
+def record(data_dir: Path, *events: dict[str, object]) -> None:
+    """Append `events` as make run's supervisor does, a second apart from RUN_STARTED."""
+    for offset, event in enumerate(events):
+        service_events.event_append(data_dir, event, now=RUN_STARTED + timedelta(seconds=offset))
+
+
+STARTED = {"event": "started", "services": ["redis-server", "web server", "worker cpu0", "ingest", "web worker"]}
+
+
+def exited(service: str, code: int, restart: int, **fields: object) -> dict[str, object]:
+    return {"event": "exited", "service": service, "code": code, "uptime_s": 42.0, "restart": restart,
+            "delay_s": 1.0, "failures_in_row": 1, "failing": False, **fields}
+
+
+def test_anyone_reads_which_service_exited_and_was_restarted_staff_read_every_exit(data_dir, client, staff_client):
+    record(data_dir, STARTED, exited("worker cpu0", -9, 1),
+           {"event": "restarted", "service": "worker cpu0", "restart": 1, "pid": 4321},
+           exited("redis-server", -9, 1), {"event": "restarted", "service": "redis-server", "restart": 1, "pid": 99})
+    response = client.get("/health")
+    assert response.status_code == 200
+    assert response.content.decode() == (
+        "up\nredis-server exited with -9 (SIGKILL) at 11:00:03, restarted (1st restart); 2 exits since make run "
+        "started\n")
+    body = staff_client.get(reverse("health_json")).json()
+    assert body["service_events"] == [
+        "redis-server exited with -9 (SIGKILL) at 11:00:03, restarted (1st restart)",
+        "worker cpu0 exited with -9 (SIGKILL) at 11:00:01, restarted (1st restart)",
+    ]
+    page = staff_client.get(reverse("health")).content.decode()
+    assert "worker cpu0 exited with -9 (SIGKILL) at 11:00:01, restarted (1st restart)" in page
+
+
+def test_a_service_down_now_comes_first_and_a_failing_one_says_so(data_dir, client):
+    record(data_dir, STARTED, exited("worker cpu0", -9, 1),
+           {"event": "restarted", "service": "worker cpu0", "restart": 1, "pid": 4321},
+           exited("ingest", 1, 5, delay_s=30.0, failures_in_row=5, failing=True))
+    assert client.get("/health").content.decode() == (
+        "up\ningest exited with 1 at 11:00:03: FAILING, 5 exits in a row within a minute of starting; next try in "
+        "30 s (see make run's output)\n")
+    record(data_dir, {"event": "restarted", "service": "ingest", "restart": 5, "pid": 77})
+    assert client.get("/health").content.decode().splitlines()[1].startswith(
+        "ingest exited with 1 at 11:00:03, restarted (5th restart)")
+
+
+def test_exits_of_a_make_run_that_stopped_are_not_reported_and_a_torn_line_is_skipped(data_dir, client):
+    record(data_dir, STARTED, exited("redis-server", -9, 1), {"event": "stopped"})
+    assert client.get("/health").content == b"up\n"
+    record(data_dir, STARTED)
+    with service_events.events_path(data_dir).open("a") as file:
+        file.write('{"at": "2026-03-02T11:00:09+00:00", "event": "exi')  # a write cut short
+    record(data_dir, exited("web worker", -15, 1))
+    assert client.get("/health").content.decode() == (
+        "up\nweb worker exited with -15 (SIGTERM) at 11:00:00; restarting in 1 s (1st restart)\n")
+
+
+def test_the_event_file_keeps_only_the_latest_events(data_dir):
+    for restart in range(1, service_events.MAX_LINES + 2):
+        service_events.event_append(data_dir, exited("ingest", 1, restart))
+    lines = service_events.events_path(data_dir).read_text().splitlines()
+    assert len(lines) == service_events.KEEP_LINES
+    assert [e.restart for e in service_events.events_read(data_dir, limit=2)] == [
+        service_events.MAX_LINES, service_events.MAX_LINES + 1]

@@ -1,5 +1,6 @@
 """What the health pages report: the database, Redis, the telemetry ingest and the device workers, each
-actually asked (the workers' answer is kept a few seconds, see `workers_online`)."""
+actually asked (the workers' answer is kept a few seconds, see `workers_online`), and what `make run`'s
+supervisor did to the services it runs (`webapp.health.service_events`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import redis
 from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError, connection
+from django.utils import timezone
 
 from webapp import queue_client
+from webapp.health import service_events
 
 # The ingest passes every second; a heartbeat older than this means it is not running.
 INGEST_STALE_S = 30.0
@@ -39,6 +42,9 @@ class HealthReport:
     redis: Check
     ingest: Check
     workers: list[WorkerInfo] = field(default_factory=list)
+    # make run's services: a line for each exit in this run, newest first, and the one-line summary.
+    service_events: list[str] = field(default_factory=list)
+    services_summary: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -108,16 +114,26 @@ def workers_online() -> list[WorkerInfo]:
     return workers
 
 
+def services_summary() -> str | None:
+    """One line on make run's services for anyone (a service down now, else the latest restart), or None."""
+    return service_events.summary(service_events.events_read(settings.HYDRA.data_dir),
+                                  timezone.get_current_timezone())
+
+
 def service_up() -> bool:
     """Whether this web server can serve: its database and Redis answer. Asks no worker."""
     return database_check().ok and redis_check().ok
 
 
 def health_report() -> HealthReport:
+    events = service_events.events_read(settings.HYDRA.data_dir)
+    tz = timezone.get_current_timezone()
     redis_status = redis_check()
     return HealthReport(
         database=database_check(),
         redis=redis_status,
         ingest=ingest_check() if redis_status.ok else Check(False, "unknown: Redis cannot be reached"),
         workers=workers_online() if redis_status.ok else [],
+        service_events=service_events.service_lines(events, tz),
+        services_summary=service_events.summary(events, tz),
     )

@@ -1,5 +1,6 @@
-"""Two kinds of health page: `/health` answers only up or down, to anyone (load balancers); the details
-(`/health/`, `/health.json`: addresses, versions, worker processes) are for logged-in staff."""
+"""Two kinds of health page: `/health` answers up or down, to anyone (load balancers), with one more line when
+`make run` restarted a service; the details (`/health/`, `/health.json`: addresses, versions, worker
+processes, every restart) are for logged-in staff."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
-from webapp.health.selectors import health_report, service_up
+from webapp.health.selectors import health_report, service_up, services_summary
 
 
 def health_status(request: HttpRequest) -> HttpResponse:
-    """200 ``up`` when the database and Redis answer, else 503 ``down``; nothing else."""
+    """200 ``up`` when the database and Redis answer, else 503 ``down``. A second line, only under make run,
+    says which of its services exited and whether it was restarted (names, times and exit codes: nothing else)."""
     up = service_up()
-    return HttpResponse("up\n" if up else "down\n", content_type="text/plain", status=200 if up else 503)
+    summary = services_summary()
+    body = ("up\n" if up else "down\n") + (f"{summary}\n" if summary else "")
+    return HttpResponse(body, content_type="text/plain", status=200 if up else 503)
 
 
 def staff_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
