@@ -1,0 +1,35 @@
+"""Where a checkpoint's training state fits: whole on a device whose budget holds it (resident), sharded when
+only its largest layer's state fits (spilled), nowhere when not even that does; unknown without devices."""
+
+from __future__ import annotations
+
+from webapp.catalog.models import Checkpoint
+from webapp.catalog.sizing import DeviceBudget, fits, state_bytes
+
+GIB = 1 << 30
+
+
+def _checkpoint(n_params: int, largest_layer: int | None) -> Checkpoint:
+    return Checkpoint(name="c", path="c", status=Checkpoint.Status.READY, n_params=n_params,
+                      largest_layer_params=largest_layer)
+
+
+def test_the_training_state_counts_parameters_gradients_and_optimizer_slots() -> None:
+    assert state_bytes(1000, optimizer="adamw", momentum=0.0) == 16_000
+    assert state_bytes(1000, optimizer="sgd", momentum=0.9) == 12_000
+    assert state_bytes(1000, optimizer="sgd", momentum=0.0) == 8_000
+
+
+def test_a_state_within_a_budget_is_resident_and_one_over_it_is_spilled() -> None:
+    smol = _checkpoint(134_515_008, largest_layer=28_311_552)  # SmolLM2-135M: AdamW 2.0 GiB, SGD 1.5 GiB
+    devices = [DeviceBudget("cpu:0", 2 * GIB, "test"), DeviceBudget("cpu:1", GIB // 2, "test")]
+    adamw, sgd = fits(smol, devices)
+    assert (adamw.optimizer, adamw.state_bytes, adamw.verdict) == ("AdamW", 16 * 134_515_008, "spilled")
+    assert (sgd.verdict, sgd.detail) == ("resident", "whole on cpu:0")
+    big = _checkpoint(7 * 10**9, largest_layer=10**9)  # a 7B model's largest layer (its embedding) alone is 16 GB
+    assert [fit.verdict for fit in fits(big, devices)] == ["too large", "too large"]
+
+
+def test_without_devices_nothing_is_said_to_fit() -> None:
+    assert {fit.verdict for fit in fits(_checkpoint(10**6, 10**5), [])} == {"no devices"}
+
