@@ -55,6 +55,11 @@ class JobError(ValueError):
 # Jobs -----------------------------------------------------------------------------------------------------
 
 Budget = Literal["explicit", "auto"]
+# Durable checkpoints of a trial's state, every this many minutes of its training (0: none). The default bounds
+# what a host reboot costs each trial at half an hour of its work; a checkpoint costs the trial only a snapshot
+# between two units (benchmarks/checkpoint_overhead.py).
+DEFAULT_CHECKPOINT_MINUTES = 30.0
+MAX_CHECKPOINT_MINUTES = 7 * 24 * 60.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,11 +68,15 @@ class EngineJob:
     ``trial.budget_bytes`` with its own memory budget (the web host may see no GPU, or other ones).
 
     ``resume`` marks a trial submitted again after the queue lost it (Redis emptied): it trained before, so
-    its state must be found (its spill store, else its last checkpoint), never made afresh."""
+    its state must be found (its spill store, else its last checkpoint), never made afresh.
+
+    ``checkpoint_minutes``: how often the trial's state is copied to disk as a durable checkpoint (and when it
+    ends); 0 turns checkpoints off."""
 
     trial: TrialSpec
     budget: Budget = "explicit"
     resume: bool = False
+    checkpoint_minutes: float = DEFAULT_CHECKPOINT_MINUTES
 
     kind = "engine"
 
@@ -75,12 +84,17 @@ class EngineJob:
         if self.budget not in ("explicit", "auto"):
             raise JobError(f"engine job budget {self.budget!r} is unknown; use 'explicit' (the trial's "
                            "budget_bytes) or 'auto' (the planning device's memory).")
+        minutes = self.checkpoint_minutes
+        if isinstance(minutes, bool) or not isinstance(minutes, int | float) or not (
+                0 <= minutes <= MAX_CHECKPOINT_MINUTES):
+            raise JobError(f"engine job checkpoint_minutes={minutes!r} must be a number of minutes from 0 (no "
+                           f"checkpoints) to {MAX_CHECKPOINT_MINUTES:.0f}.")
         if not isinstance(self.resume, bool):
             raise JobError(f"engine job resume={self.resume!r} must be true or false.")
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "trial": self.trial.to_dict(), "budget": self.budget,
-                **({"resume": True} if self.resume else {})}
+                "checkpoint_minutes": self.checkpoint_minutes, **({"resume": True} if self.resume else {})}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,7 +131,8 @@ def job_from_dict(raw: Mapping[str, Any]) -> Job:
     try:
         if kind == EngineJob.kind:
             return EngineJob(trial=TrialSpec.from_dict(dict(raw["trial"])), budget=raw.get("budget", "explicit"),
-                             resume=raw.get("resume", False))
+                             resume=raw.get("resume", False),
+                             checkpoint_minutes=raw.get("checkpoint_minutes", DEFAULT_CHECKPOINT_MINUTES))
         if kind == SyntheticJob.kind:
             return SyntheticJob(units=raw["units"], unit_ms=raw.get("unit_ms", 0.0),
                                 fail_at_unit=raw.get("fail_at_unit"))

@@ -61,6 +61,7 @@ def device_loop(epoch: str) -> None:
         # A CPU device of one core has no second core to load the next shard on while a unit computes.
         "engine": EngineRunner(spill_dir=settings.spill_dir, device=torch_device(kind),
                                prefetch=kind == "cuda" or torch.get_num_threads() > 1,
+                               checkpoint_dir=settings.data_dir / "checkpoints",
                                fault_oom_above_bytes=settings.fault_oom_above_bytes, fault=settings.fault),
         "synthetic": SyntheticRunner(),
     }

@@ -156,10 +156,11 @@ class Snapshot:
             self._lock.close()  # closing the file releases its flock
 
 
-def snapshot(*, spill_dir: Path, checkpoint_dir: Path, trial_id: str) -> Snapshot | None:
-    """Hold the trial's last commit for a checkpoint; None when another checkpoint of the trial is being
-    written right now, or its newest checkpoint already holds that commit. Raises ``SpillStoreError`` when the
-    trial has no store. Quick (one hard link per buffer), so it runs between two units."""
+def snapshot(*, spill_dir: Path, checkpoint_dir: Path, trial_id: str, wait: bool = False) -> Snapshot | None:
+    """Hold the trial's last commit for a checkpoint; None when its newest checkpoint already holds that
+    commit, or another checkpoint of the trial is being written right now (with ``wait``, that one is waited
+    for instead: a trial's last checkpoint must not be skipped). Raises ``SpillStoreError`` when the trial has
+    no store. Quick (one hard link per buffer), so it runs between two units."""
     store_root = Path(spill_dir) / trial_id
     if not SpillStore.exists(store_root):
         raise SpillStoreError(f"no trial in {store_root}: nothing to checkpoint")
@@ -167,7 +168,7 @@ def snapshot(*, spill_dir: Path, checkpoint_dir: Path, trial_id: str) -> Snapsho
     trial_dir.mkdir(parents=True, exist_ok=True)
     lock = open(trial_dir / LOCK, "a")  # noqa: SIM115 -- the Snapshot closes it, which releases the lock
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         lock.close()
         return None

@@ -168,6 +168,7 @@ class DeviceLoop:
 
     def turn(self) -> bool:
         """Plan one trial, run one unit, or wait a little for work. False when the loop must end."""
+        self._report_checkpoints()
         survey, self._survey = self._survey or self.queue.survey(self.device, self.config.epoch), None
         if not survey.alive:
             return False
@@ -190,6 +191,16 @@ class DeviceLoop:
         if lease is not None:  # None: another device claimed it first; survey again
             self._run_unit(lease, self._next_guess(survey, lease))
         return True
+
+    def _report_checkpoints(self) -> None:
+        """Send the durable checkpoints the runners wrote in the background since the last turn to the
+        telemetry stream (the web app shows each trial's last one)."""
+        written = [record for runner in self.runners.values() for record in runner.checkpoints()]
+        if written:
+            pipe = self.queue.client.pipeline(transaction=False)
+            for record in written:
+                telemetry.add(pipe, self.queue.host_id, "checkpoints", record)
+            pipe.execute()
 
     def _runner(self, job: Job) -> TrialRunner:
         kind = job.kind

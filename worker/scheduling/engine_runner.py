@@ -12,6 +12,14 @@ trial is re-partitioned under ``REPLAN_FACTOR`` of its budget (`worker.engine.re
 flight is rolled back, so the numbers stay those of plain training) and goes back to the queue with its new
 plan. When even a single layer cannot fit the smaller budget, the trial fails with both reasons.
 
+Durable checkpoints (`worker.engine.durable`): after a unit, once the job's ``checkpoint_minutes`` have
+passed since the trial's last checkpoint (or since its store was made), the runner snapshots the trial's
+commit (hard links, between two units) and a background thread copies it to ``checkpoint_dir`` one file at
+a time while units go on; a finished trial's last commit is checkpointed the same way as its store is freed.
+A trial whose store is gone (the host restarted, and ``/dev/shm`` with it) is restored from its last
+checkpoint and goes on from there; one without a checkpoint fails with the reason. Each checkpoint written
+is reported once through `checkpoints` (the device loop sends them to the telemetry stream).
+
 A trial the queue lost (Redis emptied) is submitted again and planned again: planning takes up its
 committed store, so it goes on from that store's last commit, exactly. A trial whose store is gone (the
 host rebooted) is restored from its last checkpoint, or fails saying so (`EngineRunner._store_gone`).
@@ -20,16 +28,22 @@ host rebooted) is restored from its last checkpoint, or fails saying so (`Engine
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
+import os
 import shutil
+import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 from worker.contract import EngineJob, LeaseLost
+from worker.engine import durable
+from worker.engine.durable import CheckpointInfo, Snapshot
 from worker.engine.errors import BudgetError, SpillStoreError, StaleWriterError
 from worker.engine.faults import Fault
 from worker.engine.partition import AUTO_BUDGET_FRACTION, MemoryPlan
@@ -37,7 +51,7 @@ from worker.engine.repartition import repartition
 from worker.engine.session import TrialSession, UnitResult, trial_create
 from worker.engine.spill_store import SpillStore
 from worker.scheduling.runner import Planned, Replanned, UnitDone, WorkloadError
-from worker.scheduling.telemetry import EvalMetrics, StepMetrics
+from worker.scheduling.telemetry import CheckpointMetrics, EvalMetrics, StepMetrics
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +78,23 @@ class EngineRunner:
     """Engine trials under `spill_dir` on `device` (this process's only device)."""
 
     def __init__(self, *, spill_dir: Path, device: torch.device, prefetch: bool = True,
-                 fault_oom_above_bytes: int | None = None, fault: Fault | None = None) -> None:
+                 checkpoint_dir: Path | None = None, fault_oom_above_bytes: int | None = None,
+                 fault: Fault | None = None) -> None:
         """`prefetch`: load the next unit's shard in the background (the double buffer); off where there is
-        nothing to overlap with, as on a CPU device of one core. `fault_oom_above_bytes` and `fault` are
-        fault injection for tests (see `TrialSession.fault_oom_above_bytes` and `TrialSession.fault`)."""
+        nothing to overlap with, as on a CPU device of one core. `checkpoint_dir`: where durable checkpoints
+        go (None: none are taken or restored). `fault_oom_above_bytes` and `fault` are fault injection for
+        tests (see `TrialSession.fault_oom_above_bytes` and `TrialSession.fault`)."""
         self.spill_dir = spill_dir
         self.device = device
         self.prefetch = prefetch
+        self.checkpoint_dir = checkpoint_dir
         self.fault_oom_above_bytes = fault_oom_above_bytes
         self.fault = fault
         self._sessions: OrderedDict[str, TrialSession] = OrderedDict()
+        self._checkpointed: dict[str, float] = {}  # trial -> time of its last checkpoint known here (or start)
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hydra-checkpoint")
+        self._written: list[CheckpointMetrics] = []  # checkpoints written, not yet taken by `checkpoints`
+        self._written_lock = threading.Lock()
 
     def plan(self, *, trial_id: str, job: EngineJob) -> Planned:
         """Plan a new trial, or take up the state of one planned before.
@@ -111,14 +132,40 @@ class EngineRunner:
         return Planned(remaining_units=left, unit_s=first_unit_estimate(session.plan), plan=session.plan.to_dict(),
                        units_done=done)
 
-    def _store_gone(self, trial_id: str) -> None:
-        """Bring back the store of a trial that trained before, or raise WorkloadError saying why it cannot
-        go on (the trial then fails, and the web app offers to retry it)."""
-        raise WorkloadError(f"the spill store of trial {trial_id} is gone (host restarted?) and it has no checkpoint")
+    def _store_gone(self, trial_id: str) -> CheckpointInfo:
+        """Bring back the store of a trial that trained before from its last checkpoint, or raise
+        WorkloadError saying why it cannot go on (the trial then fails, and the web app offers to retry it)."""
+        self._drop(trial_id)
+        info = None
+        if self.checkpoint_dir is not None:
+            info = durable.restore_from_checkpoint(checkpoint_dir=self.checkpoint_dir, spill_dir=self.spill_dir,
+                                                   trial_id=trial_id)
+        if info is None:
+            raise WorkloadError(f"the spill store of trial {trial_id} is gone (host restarted?) and it has no "
+                                "checkpoint")
+        log.warning("trial %s: its spill store was gone; restored from its checkpoint of step %d (%s)",
+                    trial_id, info.step, info.path)
+        self._checkpointed[trial_id] = info.time
+        return info
 
     def run_unit(self, *, trial_id: str, job: EngineJob, units_done: int, next_trial: str | None,
                  token: int, remaining_units: int | None = None) -> UnitDone | Replanned:
-        """Run the trial's next unit, fenced by `token` (see `TrialRunner.run_unit`)."""
+        """Run the trial's next unit, fenced by `token` (see `TrialRunner.run_unit`). When its store vanished
+        (the host's spill directory was wiped) before or during the unit, the store is restored from the
+        trial's last checkpoint and the next unit from there runs instead (`_store_gone`)."""
+        unit = functools.partial(self._run_unit, trial_id=trial_id, job=job, next_trial=next_trial, token=token,
+                                 remaining_units=remaining_units)
+        try:
+            return unit()
+        except (OSError, SpillStoreError) as error:
+            if isinstance(error, StaleWriterError) or SpillStore.exists(self.spill_dir / trial_id):
+                raise
+            log.warning("trial %s: its spill store vanished (%s: %s)", trial_id, type(error).__name__, error)
+        self._store_gone(trial_id)
+        return unit()
+
+    def _run_unit(self, *, trial_id: str, job: EngineJob, next_trial: str | None, token: int,
+                  remaining_units: int | None) -> UnitDone | Replanned:
         if not SpillStore.exists(self.spill_dir / trial_id):  # the host lost it (rebooted, /dev/shm wiped)
             self._drop(trial_id)
             self._store_gone(trial_id)
@@ -142,10 +189,69 @@ class EngineRunner:
         except torch.OutOfMemoryError as error:
             reason = str(error).split("\n")[0]  # CUDA's message goes on about allocator settings
         else:
-            return unit_done(trial_id, result, session.remaining_units(), keeps=session.keeps_activations())
+            left = session.remaining_units()
+            if left:
+                self._checkpoint_if_due(trial_id, job)
+            return unit_done(trial_id, result, left, keeps=session.keeps_activations())
         # Outside the except block: its traceback holds the failed unit's frames and their device tensors.
         del session
         return self._replan(trial_id, reason, token)
+
+    def _checkpoint_if_due(self, trial_id: str, job: EngineJob) -> None:
+        """Snapshot the trial for a checkpoint written in the background if the job's interval has passed
+        since its last one (otherwise a clock read and a dictionary lookup per unit)."""
+        interval = job.checkpoint_minutes * 60
+        if self.checkpoint_dir is None or interval <= 0:
+            return
+        now = time.time()
+        since = self._checkpointed.get(trial_id)
+        if since is not None and now - since < interval:
+            return
+        newest = durable.latest(self.checkpoint_dir, trial_id)  # another device may have taken one since
+        if newest is not None:
+            since = newest.time
+        elif since is None:  # this process has not seen the trial before: count from when its store was made
+            try:
+                since = os.stat(self.spill_dir / trial_id / "manifest.lock").st_mtime
+            except OSError:
+                since = now
+        self._checkpointed[trial_id] = since
+        if now - since >= interval:
+            self._start_checkpoint(trial_id)
+
+    def _start_checkpoint(self, trial_id: str, *, wait: bool = False) -> None:
+        assert self.checkpoint_dir is not None
+        try:
+            held = durable.snapshot(spill_dir=self.spill_dir, checkpoint_dir=self.checkpoint_dir, trial_id=trial_id,
+                                    wait=wait)
+        except (OSError, SpillStoreError) as error:  # a checkpoint missed is not worth failing the trial for
+            log.warning("trial %s: no checkpoint taken: %s", trial_id, error)
+            return
+        if held is not None:
+            self._checkpointed[trial_id] = held.time
+            self._writer.submit(self._write, held)
+
+    def _write(self, held: Snapshot) -> None:
+        """The background half of a checkpoint (`worker.engine.durable.Snapshot.write`)."""
+        try:
+            info = held.write()
+        except Exception:  # the trial goes on; its next checkpoint is due at once
+            log.exception("checkpoint of trial %s at step %d failed", held.trial_id, held.step)
+            self._checkpointed.pop(held.trial_id, None)
+            return
+        with self._written_lock:
+            self._written.append(CheckpointMetrics(trial=info.trial_id, step=info.step, time=info.time,
+                                                   bytes=info.bytes))
+
+    def checkpoints(self) -> list[CheckpointMetrics]:
+        """The checkpoints written since the last call, each reported once."""
+        with self._written_lock:
+            written, self._written = self._written, []
+        return written
+
+    def wait_for_checkpoints(self) -> None:
+        """Block until every checkpoint started so far is written (tests, benchmarks, shutdown)."""
+        self._writer.submit(lambda: None).result()
 
     def _committed_unreported(self, trial_id: str, session: TrialSession, token: int) -> UnitDone:
         """The trial's last committed unit was never reported: the device that ran it died after its commit
@@ -187,16 +293,25 @@ class EngineRunner:
                          plan=plan.to_dict(), message=message)
 
     def export(self, *, trial_id: str, job: EngineJob, export_dir: str) -> None:
-        """Export the model directory, then delete the trial's spill store (host RAM on /dev/shm)."""
+        """Export the model directory, then delete the trial's spill store (host RAM on /dev/shm); with
+        checkpoints on, its last commit is checkpointed first (the copy runs on once the store is freed:
+        the snapshot's links hold the files until each is on disk)."""
         session = self._open(trial_id)
         session.export(Path(export_dir))
         self._drop(trial_id)
+        if self.checkpoint_dir is not None and job.checkpoint_minutes > 0:
+            self._start_checkpoint(trial_id, wait=True)  # after a periodic one still being written
+        self._checkpointed.pop(trial_id, None)
         shutil.rmtree(self.spill_dir / trial_id)
 
     def discard(self, *, trial_id: str) -> None:
-        """Delete the trial's spill store, if this host has one."""
+        """Delete the trial's spill store, if this host has one, and its checkpoints (it ended cancelled or
+        failed: nothing of it runs again)."""
         self._drop(trial_id)
+        self._checkpointed.pop(trial_id, None)
         shutil.rmtree(self.spill_dir / trial_id, ignore_errors=True)
+        if self.checkpoint_dir is not None:
+            durable.delete_checkpoints(self.checkpoint_dir, trial_id)
 
     def _open(self, trial_id: str) -> TrialSession:
         """The trial's session, on its last commit (read again only if a commit landed since)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from worker.contract import Job
-from worker.scheduling.telemetry import EvalMetrics, StepMetrics
+from worker.scheduling.telemetry import CheckpointMetrics, EvalMetrics, StepMetrics
 
 
 class WorkloadError(Exception):
@@ -89,4 +89,8 @@ class TrialRunner(Protocol):
     def discard(self, *, trial_id: str) -> None:
         """Free whatever state this host keeps for `trial_id` (it ended cancelled or failed, or never was
         this runner's): nothing of it will run again."""
+        ...
+
+    def checkpoints(self) -> list[CheckpointMetrics]:
+        """The durable checkpoints written since the last call (each reported once), for the telemetry."""
         ...

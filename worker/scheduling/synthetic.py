@@ -10,6 +10,7 @@ import time
 
 from worker.contract import SyntheticJob
 from worker.scheduling.runner import Planned, UnitDone, WorkloadError
+from worker.scheduling.telemetry import CheckpointMetrics
 
 
 class SyntheticUnitError(WorkloadError):
@@ -37,3 +38,7 @@ class SyntheticRunner:
 
     def discard(self, *, trial_id: str) -> None:
         """A synthetic trial keeps no state outside the queue."""
+
+    def checkpoints(self) -> list[CheckpointMetrics]:
+        """A synthetic trial has no state to checkpoint."""
+        return []

@@ -8,6 +8,8 @@ Streams of a host (``XRANGE hydra:<host>:spans - +`` shows them):
     hydra:<host>:evals     one entry per evaluation: trial, step, loss, perplexity, time
     hydra:<host>:samples   one entry per device per second: device, time, utilization (0..1),
                            memory_used, memory_total (bytes)
+    hydra:<host>:checkpoints  one entry per durable checkpoint written: trial, step, time (when its
+                           state was taken), bytes
     hydra:<host>:events    trial state changes (written by the queue's scripts): trial, state, message
 
 The key prefix and the stream caps are defined in `worker.scheduling.keys`: each stream is capped
@@ -43,6 +45,7 @@ FIELD_TYPES: dict[str, dict[str, Callable[[str], object]]] = {
     "steps": {"step": int, "loss": float, "lr": float, "tokens": int, "time": float},
     "evals": {"step": int, "loss": float, "perplexity": float, "time": float},
     "samples": {"time": float, "utilization": float, "memory_used": int, "memory_total": int},
+    "checkpoints": {"step": int, "time": float, "bytes": int},
     "events": {},
 }
 STREAMS = tuple(FIELD_TYPES)
@@ -88,6 +91,16 @@ class EvalMetrics:
 
 
 @dataclass(frozen=True)
+class CheckpointMetrics:
+    """A durable checkpoint written: trial `trial`'s state after `step` optimizer steps, as it was at `time`."""
+
+    trial: str
+    step: int
+    time: float
+    bytes: int
+
+
+@dataclass(frozen=True)
 class Batch:
     """Entries after a cursor, oldest first, and the cursor to pass next time."""
 
@@ -102,7 +115,8 @@ def stream_key(host_id: str, stream: str) -> str:
     return host_prefix(host_id) + stream
 
 
-def add(pipe: redis.client.Pipeline, host_id: str, stream: str, record: Span | StepMetrics | EvalMetrics) -> None:
+def add(pipe: redis.client.Pipeline, host_id: str, stream: str,
+        record: Span | StepMetrics | EvalMetrics | CheckpointMetrics) -> None:
     """Queue an XADD of `record` on `pipe` (the caller executes it with its other commands)."""
     pipe.xadd(stream_key(host_id, stream), asdict(record), maxlen=STREAM_MAXLEN, approximate=True)
 
