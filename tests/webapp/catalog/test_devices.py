@@ -1,0 +1,65 @@
+"""The catalog says where a checkpoint fits on the devices of this host's workers that answer, as the
+health page asks them: a real CPU device worker on a host of the test's own."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from django.core.cache import cache
+from django.urls import reverse
+
+from tests.webapp.catalog.checkpoints import tiny_llama
+from webapp.catalog.models import Checkpoint
+from webapp.catalog.sizing import host_devices
+from webapp.catalog.work import checkpoint_import
+from webapp.experiments.memory_preview import CPU_DEVICE_BUDGET
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def cpu_worker(settings, redis_url, tmp_path):
+    """One real device worker (cpu:0) of a host that only this test uses, which the web app's settings name."""
+    host = f"test-catalog-{uuid.uuid4().hex[:8]}"
+    settings.HYDRA = dataclasses.replace(settings.HYDRA, worker=dataclasses.replace(settings.HYDRA.worker,
+                                                                                   host_id=host))
+    env = {**os.environ, "REDIS_URL": redis_url, "DEBUG": "1", "HYDRA_HOST_ID": host, "HYDRA_DEVICES": "cpu:1",
+           "HYDRA_DATA_DIR": str(tmp_path / "worker")}
+    process = subprocess.Popen([sys.executable, "-m", "worker.launch", "--device", "cpu:0", "--loglevel", "WARNING"],
+                               env=env, cwd=ROOT, start_new_session=True)
+    cache.clear()
+    yield process
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@pytest.mark.django_db
+def test_the_page_says_a_checkpoint_is_resident_on_the_cpu_device_that_answered(cpu_worker, alice_client,
+                                                                                  models_root):
+    tiny_llama(models_root / "tiny")
+    alice_client.post(reverse("catalog_register"), {"name": "Tiny", "path": "tiny"})
+    checkpoint_import(checkpoint_id=Checkpoint.objects.get().pk)
+    deadline = time.monotonic() + 90
+    while not host_devices():
+        assert cpu_worker.poll() is None, "the worker exited"
+        assert time.monotonic() < deadline, "the worker never answered the broadcast"
+        cache.clear()
+        time.sleep(1)
+    assert [(d.device, d.budget_bytes) for d in host_devices()] == [("cpu:0", CPU_DEVICE_BUDGET)]
+    page = alice_client.get(reverse("catalog_list")).content.decode()
+    assert "<code>cpu:0</code>: budget 4.0\xa0GB" in page
+    assert page.count('data-verdict="resident"') == 2  # AdamW and SGD
+    detail = alice_client.get(reverse("checkpoint_detail", args=[Checkpoint.objects.get().pk])).content.decode()
+    assert "whole on cpu:0" in detail
