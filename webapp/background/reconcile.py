@@ -10,16 +10,16 @@ from webapp.background.models import WebWork
 from webapp.background.outbox import work_reconcile
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.services import IMPORT_TASK
-from webapp.datasets.models import Dataset
-from webapp.datasets.services import TOKENIZE_TASK
+from webapp.datasets.models import Dataset, DatasetTokens
+from webapp.datasets.services import TOKENIZE_TASK, TOKENS_TASK
 from webapp.experiments.archives import BUILD_TASK
 from webapp.experiments.generations import GENERATE_TASK
 from webapp.experiments.models import ExperimentPreview, Generation, TrialArchive
 from webapp.experiments.previews import PLAN_TASK
 
 WORK: tuple[tuple[type[WebWork], str], ...] = (
-    (Dataset, TOKENIZE_TASK), (TrialArchive, BUILD_TASK), (ExperimentPreview, PLAN_TASK),
-    (Generation, GENERATE_TASK), (Checkpoint, IMPORT_TASK))
+    (Dataset, TOKENIZE_TASK), (DatasetTokens, TOKENS_TASK), (TrialArchive, BUILD_TASK),
+    (ExperimentPreview, PLAN_TASK), (Generation, GENERATE_TASK), (Checkpoint, IMPORT_TASK))
 
 
 class WebWorkReconciled(NamedTuple):

@@ -93,3 +93,47 @@ class Dataset(WebWork):
     @property
     def val_tokens(self) -> int:
         return split_sizes(self.n_tokens, self.val_fraction)[1]
+
+
+class DatasetTokens(WebWork):
+    """A dataset's corpus as the token ids of a pretrained model's tokenizer, so that a pretrained model trains
+    on ids its embeddings know. One per dataset and tokenizer (its ``tokenizer_sha256``), computed once by the
+    web worker and shared by every experiment that trains that model on that dataset; deleted with the dataset
+    (its file lies in the dataset's directory)."""
+
+    class Status(models.TextChoices):
+        TOKENIZING = "tokenizing", "Tokenizing…"
+        READY = "ready", "Ready"
+        FAILED = "failed", "Failed"
+
+    PENDING = Status.TOKENIZING
+    RETRY_HINT = "Launch the experiment again to retry."
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="token_sets")
+    tokenizer_sha256 = models.CharField(max_length=64, help_text="Which tokenizer: its checkpoint's fingerprint.")
+    tokenizer_dir = models.CharField(max_length=500, help_text="The directory holding its tokenizer.json.")
+    model_name = models.CharField(max_length=200, help_text="The model whose tokenizer it is, for the pages.")
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.TOKENIZING)
+    message = models.TextField(blank=True, help_text="Why tokenizing failed, for the UI.")
+    n_tokens = models.BigIntegerField(default=0, help_text="0 until the corpus is tokenized.")
+    max_id = models.BigIntegerField(default=0, help_text="The largest token id: a model needs more embeddings.")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["dataset", "tokenizer_sha256"],
+                                               name="unique_tokens_per_dataset_and_tokenizer")]
+
+    def __str__(self) -> str:
+        return f"{self.dataset} with {self.model_name}'s tokenizer"
+
+    @property
+    def is_ready(self) -> bool:
+        return self.status == self.Status.READY
+
+    @property
+    def path(self) -> Path:
+        return self.dataset.directory / f"tokens-{self.tokenizer_sha256[:32]}.npy"
+
+    @property
+    def train_tokens(self) -> int:
+        return split_sizes(self.n_tokens, self.dataset.val_fraction)[0]

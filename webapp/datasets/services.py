@@ -21,13 +21,14 @@ from django.db.models import ProtectedError
 from webapp.accounts.models import Team
 from webapp.accounts.roles import require_creator_or_owner
 from webapp.background.outbox import work_enqueue
-from webapp.datasets.models import Dataset, datasets_root
-from webapp.datasets.tokenization import TokenizedCorpus, tokenize_corpus
+from webapp.datasets.models import Dataset, DatasetTokens, datasets_root
+from webapp.datasets.tokenization import TokenizedCorpus, encode_corpus, tokenize_corpus
 
 log = logging.getLogger(__name__)
 
 
 TOKENIZE_TASK = "hydra.web.dataset_tokenize"
+TOKENS_TASK = "hydra.web.dataset_tokens_build"
 BOM = codecs.BOM_UTF8
 
 
@@ -138,6 +139,62 @@ def _write_tokenized(dataset: Dataset, corpus: TokenizedCorpus) -> None:
     finally:
         for path in partial:
             path.unlink(missing_ok=True)
+
+
+def dataset_tokens_request(*, dataset: Dataset, tokenizer_sha256: str, tokenizer_dir: str,
+                           model_name: str) -> DatasetTokens:
+    """The ready dataset's token ids under the tokenizer `tokenizer_sha256` (in `tokenizer_dir`): the row if it
+    exists, else a new one the web worker fills (`dataset_tokens_build`) once the transaction commits. A failed
+    one is asked for again. The same dataset and tokenizer are tokenized once, whichever experiments ask."""
+    with transaction.atomic():
+        tokens, created = DatasetTokens.objects.select_for_update().get_or_create(
+            dataset=dataset, tokenizer_sha256=tokenizer_sha256,
+            defaults={"tokenizer_dir": tokenizer_dir, "model_name": model_name[:200]},
+        )
+        if created or tokens.status == DatasetTokens.Status.FAILED:
+            tokens.status, tokens.message = DatasetTokens.Status.TOKENIZING, ""
+            tokens.tokenizer_dir, tokens.model_name = tokenizer_dir, model_name[:200]
+            tokens.save(update_fields=["status", "message", "tokenizer_dir", "model_name"])
+            work_enqueue(row=tokens, task_name=TOKENS_TASK)
+    return tokens
+
+
+def dataset_tokens_build(*, tokens_id: int) -> None:
+    """Encode the dataset's corpus with the pretrained tokenizer of a tokenizing `DatasetTokens` row and write
+    the ids: the row becomes ready, or failed with why. Idempotent like `dataset_tokenize`."""
+    from tokenizers import Tokenizer
+
+    tokens = DatasetTokens.objects.select_related("dataset").filter(
+        pk=tokens_id, status=DatasetTokens.Status.TOKENIZING).first()
+    if tokens is None:
+        return
+    pending = DatasetTokens.objects.filter(pk=tokens_id, status=DatasetTokens.Status.TOKENIZING)
+    source = os.path.join(tokens.tokenizer_dir, "tokenizer.json")
+    try:
+        try:
+            tokenizer = Tokenizer.from_file(source)
+        except Exception as error:
+            raise CorpusError(f"{tokens.model_name}'s tokenizer could not be read from {source} "
+                              f"({type(error).__name__}: {str(error)[:200]}).") from None
+        ids = encode_corpus(tokens.dataset.corpus_path.read_text(encoding="utf-8"), tokenizer)
+        if len(ids) < 2:
+            raise CorpusError("The corpus is too small: it must give at least two tokens.")
+        partial = tokens.dataset.directory / f".partial-{uuid.uuid4().hex}.npy"
+        try:
+            with partial.open("wb") as out:
+                np.save(out, ids)
+            os.replace(partial, tokens.path)
+        finally:
+            partial.unlink(missing_ok=True)
+    except CorpusError as error:
+        pending.update(status=DatasetTokens.Status.FAILED, message=str(error))
+        return
+    except Exception as error:
+        log.exception("tokenizing dataset tokens %s failed", tokens_id)
+        pending.update(status=DatasetTokens.Status.FAILED, message=(
+            f"Tokenizing with {tokens.model_name}'s tokenizer failed ({type(error).__name__}: {error})."))
+        return
+    pending.update(status=DatasetTokens.Status.READY, n_tokens=len(ids), max_id=int(ids.max()), message="")
 
 
 def dataset_require_delete(*, actor: AbstractBaseUser, dataset: Dataset) -> None:

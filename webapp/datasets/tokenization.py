@@ -50,9 +50,10 @@ def train_tokenizer(text: str, *, vocab_size: int) -> Tokenizer:
 
 
 def encode_corpus(text: str, tokenizer: Tokenizer) -> np.ndarray:
-    """Token ids of `text` as one stream (chunks of lines, so a large corpus encodes in parallel)."""
+    """Token ids of `text` as one stream (chunks of lines, so a large corpus encodes in parallel). No special
+    tokens are added: a pretrained tokenizer's beginning-of-text token would otherwise open every chunk."""
     ids: list[int] = []
-    for encoding in tokenizer.encode_batch(list(_chunks(text))):
+    for encoding in tokenizer.encode_batch(list(_chunks(text)), add_special_tokens=False):
         ids.extend(encoding.ids)
     return np.asarray(ids, dtype=np.int32)
 

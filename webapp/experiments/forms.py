@@ -1,7 +1,10 @@
 """The experiment form and its search-space rows: input in, an `ExperimentDraft` out.
 
-The form converts and checks what it can alone (types, ranges, the model root, the search space's own
-rules); `services.experiment_plan` then checks the draft against the dataset and the memory budget.
+The model is a family preset, a custom size of a family (both trained from scratch on the dataset's tokenizer),
+or a ready checkpoint of the catalog (trained on the dataset tokenized with its own tokenizer). A pretrained
+directory is accepted only as older experiments stored it (their clones). The form converts and checks what it
+can alone (types, ranges, the model, the search space's own rules); `services.experiment_plan` then checks the
+draft against the dataset (its token ids, the model's context) and the memory budget.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from django import forms
 from django.conf import settings
 
 from webapp.accounts.models import Team
+from webapp.catalog.models import Checkpoint
+from webapp.catalog.selectors import ready_checkpoints
 from webapp.datasets.models import Dataset
-from webapp.experiments.model_shapes import PRESETS, ModelChoiceError, model_shape
+from webapp.experiments.model_shapes import FAMILY_LABELS, PRESETS, ModelChoiceError, model_shape
 from webapp.experiments.models import Experiment
 from webapp.experiments.planning import CapError, ExperimentDraft, check_caps
 from webapp.experiments.search_space import (
@@ -27,7 +32,16 @@ from webapp.experiments.search_space import (
     space_from_rows,
 )
 
-MODEL_KINDS = [("preset", "GPT-2 preset"), ("custom", "Custom size"), ("pretrained", "Pretrained directory")]
+MODEL_KINDS = [("preset", "Preset"), ("custom", "Custom size"), ("checkpoint", "Pretrained checkpoint"),
+               ("pretrained", "Pretrained directory (older experiments)")]
+
+
+class CheckpointField(forms.ModelChoiceField):
+    def label_from_instance(self, obj: Checkpoint) -> str:
+        millions = f"{obj.n_params / 1e6:.1f}M" if obj.n_params else "?"
+        return f"{obj.name} ({FAMILY_LABELS.get(obj.family, obj.family)}, {millions} parameters, " \
+               f"context {obj.context_length})"
+
 MAX_SPACE_TEXT = 20_000
 
 
@@ -52,10 +66,18 @@ class ExperimentForm(forms.Form):
     model_kind = forms.ChoiceField(choices=MODEL_KINDS, initial="preset", widget=forms.RadioSelect)
     preset = forms.ChoiceField(choices=[(k, label) for k, (label, _) in PRESETS.items()], initial="gpt2-micro",
                                required=False)
+    family = forms.ChoiceField(choices=list(FAMILY_LABELS.items()), initial="gpt2", required=False)
     n_layer = forms.IntegerField(min_value=1, max_value=256, initial=4, required=False)
     n_embd = forms.IntegerField(min_value=8, max_value=16_384, initial=128, required=False)
     n_head = forms.IntegerField(min_value=1, max_value=256, initial=4, required=False)
+    n_kv_head = forms.IntegerField(min_value=1, max_value=256, required=False, label="Key/value heads",
+                                   help_text="Grouped-query attention (not GPT-2); empty: one per head.")
+    n_inner = forms.IntegerField(min_value=1, max_value=131_072, required=False, label="MLP width",
+                                 help_text="Empty: the family's default (GPT-2 4x width; Llama-style about 8/3x).")
     n_positions = forms.IntegerField(min_value=8, max_value=65_536, initial=256, required=False)
+    checkpoint = CheckpointField(queryset=Checkpoint.objects.none(), required=False,
+                                 help_text="From the model catalog. Its shape is fixed and the dataset is tokenized "
+                                           "with its tokenizer (once per dataset) before its trials start.")
     pretrained_dir = forms.CharField(max_length=500, required=False,
                                      help_text="A save_pretrained GPT-2 directory, relative to the models root.")
     space_text = forms.CharField(
@@ -84,6 +106,7 @@ class ExperimentForm(forms.Form):
         self.team = team
         self.rows = rows
         self.fields["dataset"].queryset = Dataset.objects.filter(team=team, status=Dataset.Status.READY)
+        self.fields["checkpoint"].queryset = ready_checkpoints()
         caps = settings.HYDRA.caps
         self.fields["n_trials"].help_text = (f"For random search and TPE; at most {caps.trials_per_experiment} "
                                              "trials per experiment.")
@@ -107,7 +130,16 @@ class ExperimentForm(forms.Form):
                 self.add_error(name, "Required for a custom size.")
             if missing:
                 return None
-            return {"kind": "custom", **{f: cleaned[f] for f in ("n_layer", "n_embd", "n_head", "n_positions")}}
+            sizes = {f: cleaned[f] for f in ("n_layer", "n_embd", "n_head", "n_positions")}
+            optional = {f: cleaned[f] for f in ("n_kv_head", "n_inner") if cleaned.get(f) is not None}
+            return {"kind": "custom", "family": cleaned.get("family") or "gpt2", **sizes, **optional}
+        if kind == "checkpoint":
+            checkpoint = cleaned.get("checkpoint")
+            if checkpoint is None:
+                if "checkpoint" not in self.errors:
+                    self.add_error("checkpoint", "Choose a checkpoint of the catalog.")
+                return None
+            return {"kind": "checkpoint", "checkpoint": checkpoint.pk, "checkpoint_name": checkpoint.name}
         return {"kind": "pretrained", "pretrained_dir": (cleaned.get("pretrained_dir") or "").strip()}
 
     def _space(self, cleaned: dict[str, Any]) -> SearchSpace:
@@ -210,5 +242,5 @@ def experiment_initial(experiment: Experiment) -> tuple[dict[str, Any], list[dic
         "memory_budget_mib": None if experiment.memory_budget_bytes is None else experiment.memory_budget_bytes >> 20,
         "early_stop_patience": experiment.early_stop_patience,
     }
-    initial.update({k: v for k, v in model.items() if k != "kind"})
+    initial.update({k: v for k, v in model.items() if k not in ("kind", "checkpoint_name")})
     return initial, rows_from_space(parse_search_space(experiment.search_space))

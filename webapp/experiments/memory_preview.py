@@ -5,8 +5,13 @@ state) and replaces this estimate. The estimate uses the engine's byte categorie
 (`worker.engine.sizes`) and its solver (`worker.engine.partition.solve`, pure Python, no torch), so there is
 one rule for "does it fit": whatever the solver refuses is a `FitError` here, with the solver's numbers.
 
-Activation bytes follow Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer
-Models": a block saves about ``s*b*h*(34 + 5*a*s/h)`` bytes in 16-bit, so twice that in fp32.
+Parameters per layer are the engine's own counts (`worker.engine.families`: each family's blocks, grouped-query
+attention, gated MLP, tied or untied head). Activation bytes of a GPT-2 block follow Korthikanti et al. (2022),
+"Reducing Activation Recomputation in Large Transformer Models": about ``s*b*h*(34 + 5*a*s/h)`` bytes in 16-bit,
+so twice that in fp32. A Llama-style block (pre-norm RMSNorm, rotary attention with ``kv`` key/value heads, a
+gated MLP of width ``i``) keeps per token, in fp32: its two norms' inputs and outputs (4h), queries, keys and
+values (h + 2*kv*d), the attention output (h), the softmax scores (2*a*s with their dropout) and the MLP's
+gate, up, activation and product (4i).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ def _gib(n: int) -> str:
 
 def layer_costs(shape: ModelShape, *, batch: int, seq_len: int, slots: int) -> list[LayerCost]:
     """Estimated bytes per layer (embedding, blocks, head) for one micro-batch of ``batch`` x ``seq_len``."""
-    C, V, P, a = shape.n_embd, shape.vocab_size, shape.n_positions, shape.n_head  # the paper's names
+    C, V, a = shape.n_embd, shape.vocab_size, shape.n_head  # the paper's names
     tokens = batch * seq_len
 
     def cost(name: str, params: int, activations: int, borrowed: int = 0) -> LayerCost:
@@ -55,12 +60,19 @@ def layer_costs(shape: ModelShape, *, batch: int, seq_len: int, slots: int) -> l
                          optim_bytes=params * slots * FP32, activation_bytes=activations,
                          lent_bytes=2 * borrowed * FP32)
 
-    embedding = cost("embedding", V * C + P * C, 3 * tokens * C * FP32)
-    block_acts = 2 * tokens * (34 * C + 5 * a * seq_len) + 2 * tokens * C * FP32
-    blocks = [cost(f"block.{i}", 12 * C * C + 13 * C, block_acts) for i in range(shape.n_layer)]
-    # The tied LM head borrows the token embedding: it holds the weight and its gradient while it runs.
-    head = cost("head", 2 * C, tokens * (3 * V + 4 * C) * FP32, borrowed=V * C)
-    return [embedding, *blocks, head]
+    if shape.family == "gpt2":
+        embedding_acts = 3 * tokens * C * FP32
+        block_acts = 2 * tokens * (34 * C + 5 * a * seq_len) + 2 * tokens * C * FP32
+    else:
+        arch = shape.architecture()
+        kv = arch.kv_heads * arch.head_dim
+        embedding_acts = 2 * tokens * C * FP32  # the embeddings and the rotary tables' share
+        block_acts = tokens * (6 * C + 2 * kv + 4 * arch.intermediate + 2 * a * seq_len) * FP32
+    # The head: the logits, their softmax and gradient (3V) and the final norm's tensors (4C).
+    head_acts = tokens * (3 * V + 4 * C) * FP32
+    acts = {"embedding": embedding_acts, "head": head_acts}
+    return [cost(name, owned, acts.get(name, block_acts), borrowed)
+            for name, owned, borrowed in shape.architecture().layer_params()]
 
 
 def memory_plan(shape: ModelShape, *, batch: int, seq_len: int, optimizer: str, momentum: float,

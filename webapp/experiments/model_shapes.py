@@ -1,18 +1,31 @@
-"""Which GPT-2 a trial trains: a preset, a custom size, or a pretrained directory under the models root.
+"""Which model a trial trains: a family preset, a custom size of a family, a catalog checkpoint, or (in
+experiments stored before the catalog) a pretrained directory under the models root.
 
-Pure apart from reading a pretrained directory's ``config.json`` (never its weights, never torch).
+Pure apart from reading a checkpoint's row and a model directory's ``config.json`` and tokenizer fingerprint
+(never its weights, never torch). A pretrained model's architecture comes from its config through the engine's
+`worker.engine.families`, the one reader the engine itself uses, so the web app plans the model the engine
+will build; its tokenizer decides the dataset's token ids (`tokenizer_sha256`).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from django.core.exceptions import ValidationError
+
 from webapp.experiments.search_space import quote
+from worker.engine.errors import SpecError
+from worker.engine.families import FAMILIES, Architecture, architecture_from_config, default_intermediate
 
 MAX_CONFIG_BYTES = 1 << 20
+TOKENIZER_FILE = "tokenizer.json"
+FAMILY_LABELS = {"gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+
 
 class ModelChoiceError(ValueError):
     """A model that cannot be used; ``field`` names the form field at fault."""
@@ -24,14 +37,25 @@ class ModelChoiceError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelShape:
-    """A GPT-2's shape. ``vocab_size`` 0 means "the dataset's tokenizer's vocabulary"."""
+    """A model's shape. ``vocab_size`` 0 means "the dataset's tokenizer's vocabulary" (a model from scratch).
 
+    A pretrained model has ``pretrained_dir`` and, when it carries a tokenizer, ``tokenizer_sha256``: its
+    trials train on the dataset tokenized with that tokenizer (``tokenizer_dir``), never the dataset's own.
+    """
+
+    family: str = "gpt2"
     n_layer: int
     n_embd: int
     n_head: int
     n_positions: int
+    n_kv_head: int | None = None
+    n_inner: int | None = None
+    tie_word_embeddings: bool = True
     vocab_size: int = 0
     pretrained_dir: str | None = None
+    tokenizer_sha256: str | None = None
+    tokenizer_dir: str | None = None
+    model_name: str = ""
 
     def with_params(self, params: dict[str, Any], *, vocab_size: int) -> ModelShape:
         """The shape of one trial: searched width/depth override the base, the dataset fixes the vocabulary."""
@@ -42,8 +66,28 @@ class ModelShape:
             vocab_size=self.vocab_size or vocab_size,
         )
 
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
 
-# GPT-2's published sizes (small..xl) and two small ones that train on a CPU in seconds.
+    def architecture(self) -> Architecture:
+        """The engine's description of this shape (its vocabulary must be known: see `with_params`)."""
+        return Architecture(
+            family=self.family,  # type: ignore[arg-type]
+            n_layer=self.n_layer, hidden=self.n_embd, heads=self.n_head, kv_heads=self.kv_heads,
+            intermediate=self.n_inner or default_intermediate(self.family, self.n_embd), vocab=self.vocab_size,
+            context=self.n_positions, tied=self.tie_word_embeddings, head_dim=self.n_embd // self.n_head,
+        )
+
+
+def _llama(n_layer: int, n_embd: int, n_head: int, n_kv_head: int, n_inner: int, n_positions: int, *,
+           tied: bool = True) -> ModelShape:
+    return ModelShape(family="llama", n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_kv_head=n_kv_head,
+                      n_inner=n_inner, n_positions=n_positions, tie_word_embeddings=tied)
+
+
+# GPT-2's published sizes (small..xl), Llama-style shapes of published models (trained from scratch here, on
+# the dataset's tokenizer), and two small ones of each family that train on a CPU in seconds.
 PRESETS: dict[str, tuple[str, ModelShape]] = {
     "gpt2-micro": ("GPT-2 micro (2 layers, 64 wide; tests and demos)",
                    ModelShape(n_layer=2, n_embd=64, n_head=2, n_positions=256)),
@@ -56,6 +100,17 @@ PRESETS: dict[str, tuple[str, ModelShape]] = {
                    ModelShape(n_layer=36, n_embd=1280, n_head=20, n_positions=1024)),
     "gpt2-xl": ("GPT-2 XL (1.5B: 48 layers, 1600 wide)",
                 ModelShape(n_layer=48, n_embd=1600, n_head=25, n_positions=1024)),
+    "llama-micro": ("Llama micro (2 layers, 64 wide, 4 heads sharing 2 key/value heads; tests and demos)",
+                    _llama(2, 64, 4, 2, 128, 256)),
+    "llama-tiny": ("Llama tiny (4 layers, 128 wide, 4 heads, 2 key/value heads)", _llama(4, 128, 4, 2, 384, 512)),
+    "smollm2-135m": ("SmolLM2-135M shape (30 layers, 576 wide, 9 heads, 3 key/value heads)",
+                     _llama(30, 576, 9, 3, 1536, 8192)),
+    "llama-1b": ("Llama 3.2 1B shape (16 layers, 2048 wide, 32 heads, 8 key/value heads)",
+                 _llama(16, 2048, 32, 8, 8192, 8192)),
+    "llama-3b": ("Llama 3.2 3B shape (28 layers, 3072 wide, 24 heads, 8 key/value heads)",
+                 _llama(28, 3072, 24, 8, 8192, 8192)),
+    "llama-7b": ("Llama 2 7B shape (32 layers, 4096 wide, 32 heads, untied head)",
+                 _llama(32, 4096, 32, 32, 11008, 4096, tied=False)),
 }
 
 
@@ -80,35 +135,99 @@ def resolve_pretrained_dir(relative: str, *, models_root: Path) -> Path:
     return candidate
 
 
-def pretrained_shape(directory: Path) -> ModelShape:
-    """The shape from a ``save_pretrained`` GPT-2 directory's ``config.json`` (read only if under 1 MiB)."""
+def pretrained_shape(directory: Path, *, field: str = "pretrained_dir") -> ModelShape:
+    """The shape from a ``save_pretrained`` directory's ``config.json`` (read only if under 1 MiB), of any
+    family the engine trains, with its tokenizer's fingerprint when it has a ``tokenizer.json``."""
     try:
         with (directory / "config.json").open("rb") as file:
             text = file.read(MAX_CONFIG_BYTES + 1)
         if len(text) > MAX_CONFIG_BYTES:
-            raise ModelChoiceError(f"{directory.name}/config.json is over {MAX_CONFIG_BYTES >> 20} MiB; a GPT-2 "
-                                   "config is a few hundred bytes.", field="pretrained_dir")
+            raise ModelChoiceError(f"{directory.name}/config.json is over {MAX_CONFIG_BYTES >> 20} MiB; a model "
+                                   "config is a few kilobytes.", field=field)
         config = json.loads(text)
         if not isinstance(config, dict):
-            raise ModelChoiceError(f"{directory.name}/config.json is not a JSON object.", field="pretrained_dir")
-        if config.get("model_type") != "gpt2":
+            raise ModelChoiceError(f"{directory.name}/config.json is not a JSON object.", field=field)
+        model_type = config.get("model_type")
+        if model_type not in FAMILIES:
             raise ModelChoiceError(
-                f"{directory.name} has model_type {quote(config.get('model_type'))}; Hydra trains GPT-2 models.",
-                field="pretrained_dir",
+                f"{directory.name} has model_type {quote(model_type)}; Hydra trains {', '.join(FAMILIES)} models.",
+                field=field,
             )
+        arch = architecture_from_config(config)
         return ModelShape(
-            n_layer=int(config["n_layer"]), n_embd=int(config["n_embd"]), n_head=int(config["n_head"]),
-            n_positions=int(config["n_positions"]), vocab_size=int(config["vocab_size"]),
-            pretrained_dir=str(directory),
+            family=arch.family, n_layer=arch.n_layer, n_embd=arch.hidden, n_head=arch.heads,
+            n_kv_head=arch.kv_heads, n_inner=arch.intermediate, tie_word_embeddings=arch.tied,
+            n_positions=arch.context, vocab_size=arch.vocab, pretrained_dir=str(directory),
+            tokenizer_sha256=tokenizer_fingerprint(directory), tokenizer_dir=str(directory),
+            model_name=directory.name,
         )
     except ModelChoiceError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as error:
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError, SpecError) as error:
         # RecursionError: JSON nested deeper than the parser goes; OverflowError: int(Infinity).
         detail = str(error)[:120] if not isinstance(error, RecursionError) else "nested too deep"
+        raise ModelChoiceError(f"{directory.name} has no readable config.json ({detail}).", field=field) from None
+
+
+def tokenizer_fingerprint(directory: Path) -> str | None:
+    """sha256 of the directory's ``tokenizer.json``, or None when it has none."""
+    path = directory / TOKENIZER_FILE
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _file_sha256(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: str, mtime_ns: int, size: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def checkpoint_shape(checkpoint_id: object) -> ModelShape:
+    """The shape of a ready catalog checkpoint: its directory's config, its catalog name and tokenizer."""
+    from webapp.catalog.models import Checkpoint
+    from webapp.catalog.selectors import checkpoint_dir, ready_checkpoints
+
+    try:
+        checkpoint = ready_checkpoints().get(pk=int(checkpoint_id))  # type: ignore[call-overload]
+    except (Checkpoint.DoesNotExist, TypeError, ValueError):
+        raise ModelChoiceError("Choose a ready checkpoint of the catalog; this one is not (or no longer) there.",
+                               field="checkpoint") from None
+    try:
+        directory = checkpoint_dir(checkpoint)
+    except ValidationError as error:
+        raise ModelChoiceError(" ".join(error.messages), field="checkpoint") from None
+    shape = pretrained_shape(directory, field="checkpoint")
+    return replace(shape, model_name=checkpoint.name, n_positions=checkpoint.context_length or shape.n_positions,
+                   tokenizer_sha256=checkpoint.tokenizer_sha256 or shape.tokenizer_sha256)
+
+
+def _custom_shape(model: dict[str, Any]) -> ModelShape:
+    family = str(model.get("family") or "gpt2")
+    if family not in FAMILIES:
+        raise ModelChoiceError(f"Unknown family {quote(family)}; choose one of {', '.join(FAMILIES)}.",
+                               field="family")
+    n_kv_head = int(model["n_kv_head"]) if model.get("n_kv_head") else None
+    shape = ModelShape(family=family, n_layer=int(model["n_layer"]), n_embd=int(model["n_embd"]),
+                       n_head=int(model["n_head"]), n_positions=int(model["n_positions"]), n_kv_head=n_kv_head,
+                       n_inner=int(model["n_inner"]) if model.get("n_inner") else None)
+    if shape.n_embd % shape.n_head:
         raise ModelChoiceError(
-            f"{directory.name} has no readable GPT-2 config.json ({detail}).", field="pretrained_dir"
-        ) from None
+            f"The width {shape.n_embd} does not split into {shape.n_head} heads; make it a multiple.", field="n_embd",
+        )
+    if n_kv_head is not None:
+        if family == "gpt2" and n_kv_head != shape.n_head:
+            raise ModelChoiceError("GPT-2 has no grouped-query attention: leave key/value heads empty, or choose "
+                                   "a Llama-style family.", field="n_kv_head")
+        if shape.n_head % n_kv_head:
+            raise ModelChoiceError(f"{n_kv_head} key/value heads do not divide {shape.n_head} heads; each key/value "
+                                   "head serves the same number of query heads.", field="n_kv_head")
+    return shape
 
 
 def model_shape(model: dict[str, Any], *, models_root: Path) -> ModelShape:
@@ -119,14 +238,9 @@ def model_shape(model: dict[str, Any], *, models_root: Path) -> ModelShape:
             raise ModelChoiceError(f"Unknown preset {model.get('preset')!r}.", field="preset")
         return PRESETS[model["preset"]][1]
     if kind == "custom":
-        shape = ModelShape(n_layer=int(model["n_layer"]), n_embd=int(model["n_embd"]), n_head=int(model["n_head"]),
-                           n_positions=int(model["n_positions"]))
-        if shape.n_embd % shape.n_head:
-            raise ModelChoiceError(
-                f"The width {shape.n_embd} does not split into {shape.n_head} heads; make it a multiple.",
-                field="n_embd",
-            )
-        return shape
+        return _custom_shape(model)
+    if kind == "checkpoint":
+        return checkpoint_shape(model.get("checkpoint"))
     if kind == "pretrained":
         return pretrained_shape(resolve_pretrained_dir(str(model.get("pretrained_dir", "")), models_root=models_root))
     raise ModelChoiceError(f"Unknown model kind {kind!r}.", field="model_kind")

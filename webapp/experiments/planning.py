@@ -17,10 +17,11 @@ from webapp.datasets.models import Dataset
 from webapp.experiments.memory_preview import FitError, memory_plan
 from webapp.experiments.model_shapes import ModelChoiceError, ModelShape
 from webapp.experiments.search_space import PARAMETERS, SearchSpace, SearchSpaceError, Value, parse_search_space
+from webapp.experiments.trial_data import TrialData, check_ids, train_tokens
 from webapp.experiments.trial_generation import TPE_FIRST_WAVE, initial_trials
 from webapp.queue_client import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
 
-MEMORY_PARAMETERS = ("batch_size", "seq_len", "n_embd", "n_layer", "optimizer")
+MEMORY_PARAMETERS = ("batch_size", "micro_batches", "seq_len", "n_embd", "n_layer", "optimizer")
 
 
 class CapError(ValueError):
@@ -119,10 +120,11 @@ def check_caps(draft: ExperimentDraft, *, caps: Caps) -> None:
             f"The experiment would have {count} trials; the cap is {caps.trials_per_experiment} "
             "(HYDRA_MAX_TRIALS_PER_EXPERIMENT).", field="n_trials" if draft.strategy != "grid" else "strategy",
         )
+    tokens = train_tokens(shape=draft.shape, dataset=draft.dataset)
     for batch_size in _int_bounds(draft.space, "batch_size"):
         for seq_len in _int_bounds(draft.space, "seq_len"):
             steps = total_steps(budget_unit=draft.budget_unit, budget=draft.budget, batch_size=batch_size,
-                                seq_len=seq_len, train_tokens=draft.dataset.train_tokens)
+                                seq_len=seq_len, train_tokens=tokens)
             check_trial_caps(steps=steps, batch_size=batch_size, seq_len=seq_len, caps=caps)
 
 
@@ -169,11 +171,13 @@ def check_space(draft: ExperimentDraft) -> None:
                 f"n_embd: {', '.join(str(int(w)) for w in bad)} does not split into {shape.n_head} heads; use "
                 f"multiples of {shape.n_head} (for a range: low and step).", parameter="n_embd", field="values",
             )
+    check_micro_batches(space)
     seq = space.get("seq_len")
     longest = int(seq.largest()) if seq else int(PARAMETERS["seq_len"].default)
     if longest > shape.n_positions:
+        whose = f": the context length of {shape.model_name}" if shape.pretrained_dir and shape.model_name else ""
         raise SearchSpaceError(
-            f"seq_len: {longest} is longer than the model's context ({shape.n_positions} positions).",
+            f"seq_len: {longest} is longer than the model's context ({shape.n_positions} positions{whose}).",
             parameter="seq_len" if seq else None, field="values" if seq else None,
         )
     if draft.dataset.n_tokens // longest < 2:
@@ -181,17 +185,34 @@ def check_space(draft: ExperimentDraft) -> None:
             f"The dataset has {draft.dataset.n_tokens} tokens: too few for two blocks of {longest} (one to train "
             "on, one to validate). Use a larger corpus or a shorter sequence length.", field="dataset",
         )
-    if shape.pretrained_dir and shape.vocab_size < draft.dataset.vocab_size:
-        raise ModelChoiceError(
-            f"The dataset's tokenizer has {draft.dataset.vocab_size} tokens but the model only {shape.vocab_size}.",
-            field="dataset",
-        )
+    check_ids(shape=shape, dataset=draft.dataset)
+
+
+def check_micro_batches(space: SearchSpace) -> None:
+    """Every batch size the space may draw splits into every number of micro-batches it may draw."""
+    micro = space.get("micro_batches")
+    if micro is None:
+        return
+    batch = space.get("batch_size")
+    if micro.kind != "categorical" or (batch is not None and batch.kind != "categorical"):
+        raise SearchSpaceError(
+            "micro_batches: list the micro-batches and the batch sizes as values (categorical), so that each batch "
+            "size is known to split into each number of micro-batches.", parameter="micro_batches", field="kind")
+    sizes = batch.values if batch is not None else (PARAMETERS["batch_size"].default,)
+    for size in sizes:
+        for count in micro.values:
+            if int(size) % int(count):
+                raise SearchSpaceError(
+                    f"micro_batches: {int(count)} does not divide the batch size {int(size)}; a step splits its "
+                    "batch into equal micro-batches.", parameter="micro_batches", field="values")
 
 
 def trial_plan(params: dict[str, Value], *, shape: ModelShape, vocab_size: int, budget_bytes: int) -> dict[str, Any]:
+    """The estimated memory plan of one trial; a unit holds one micro-batch's activations."""
     values = hyperparameters(params, shape)
     return memory_plan(
-        shape.with_params(values, vocab_size=vocab_size), batch=int(values["batch_size"]),
+        shape.with_params(values, vocab_size=vocab_size),
+        batch=max(1, int(values["batch_size"]) // int(values["micro_batches"])),
         seq_len=int(values["seq_len"]), optimizer=str(values["optimizer"]), momentum=float(values["momentum"]),
         budget_bytes=budget_bytes,
     )
@@ -206,6 +227,8 @@ def worst_case_params(space: SearchSpace) -> dict[str, Value]:
             continue
         if name == "optimizer":
             worst[name] = "adamw" if "adamw" in dimension.values else dimension.values[0]
+        elif name == "micro_batches":  # fewer micro-batches hold more activations at once
+            worst[name] = min(dimension.values) if dimension.kind == "categorical" else int(dimension.low or 1)
         else:
             worst[name] = dimension.largest()
     return worst
@@ -221,6 +244,7 @@ def plan_trials(draft: ExperimentDraft, *, budget_bytes: int, caps: Caps) -> lis
     check_space(draft)
     check_caps(draft, caps=caps)
     vocab = draft.dataset.vocab_size
+    tokens = train_tokens(shape=draft.shape, dataset=draft.dataset)
     if draft.strategy != "grid":
         trial_plan(worst_case_params(draft.space), shape=draft.shape, vocab_size=vocab, budget_bytes=budget_bytes)
     drafts = []
@@ -231,7 +255,7 @@ def plan_trials(draft: ExperimentDraft, *, budget_bytes: int, caps: Caps) -> lis
         values = hyperparameters(params, draft.shape)
         batch_size, seq_len = int(values["batch_size"]), int(values["seq_len"])
         steps = total_steps(budget_unit=draft.budget_unit, budget=draft.budget, batch_size=batch_size,
-                            seq_len=seq_len, train_tokens=draft.dataset.train_tokens)
+                            seq_len=seq_len, train_tokens=tokens)
         check_trial_caps(steps=steps, batch_size=batch_size, seq_len=seq_len, caps=caps)
         drafts.append(TrialDraft(
             number=number, params=params, total_steps=steps,
@@ -240,19 +264,23 @@ def plan_trials(draft: ExperimentDraft, *, budget_bytes: int, caps: Caps) -> lis
     return drafts
 
 
-def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset, steps: int, eval_every: int,
-               seed: int, budget_bytes: int, early_stop_patience: int | None = None) -> TrialSpec:
-    """The engine's ``TrialSpec`` of one trial. Raises SpecError for values the engine cannot train with."""
+def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset, data: TrialData, steps: int,
+               eval_every: int, seed: int, budget_bytes: int, early_stop_patience: int | None = None) -> TrialSpec:
+    """The engine's ``TrialSpec`` of one trial, on the token ids and tokenizer of `data`. Raises SpecError for
+    values the engine cannot train with."""
     values = hyperparameters(params, shape)
     trial_shape = shape.with_params(values, vocab_size=dataset.vocab_size)
     return TrialSpec(
         model=ModelSpec(
+            family=trial_shape.family,  # type: ignore[arg-type]
             n_layer=trial_shape.n_layer, n_embd=trial_shape.n_embd, n_head=trial_shape.n_head,
+            n_kv_head=trial_shape.n_kv_head, n_inner=trial_shape.n_inner,
+            tie_word_embeddings=trial_shape.tie_word_embeddings,
             vocab_size=trial_shape.vocab_size, n_positions=trial_shape.n_positions,
             dropout=float(values["dropout"]), pretrained_dir=trial_shape.pretrained_dir,
         ),
-        data=DataSpec(tokens_path=str(dataset.tokens_path), seq_len=int(values["seq_len"]),
-                      val_fraction=dataset.val_fraction),
+        data=DataSpec(tokens_path=str(data.tokens_path), seq_len=int(values["seq_len"]),
+                      val_fraction=dataset.val_fraction, tokenizer_dir=str(data.tokenizer_dir)),
         optimizer=OptimizerSpec(
             kind=str(values["optimizer"]), lr=float(values["lr"]), betas=(0.9, 0.999), eps=1e-8,  # type: ignore[arg-type]
             weight_decay=float(values["weight_decay"]), momentum=float(values["momentum"]),
@@ -260,12 +288,12 @@ def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset,
         ),
         schedule=ScheduleSpec(warmup_steps=int(values["warmup_steps"]), decay=str(values["lr_decay"])),  # type: ignore[arg-type]
         batch_size=int(values["batch_size"]),
-        micro_batches=1,
+        micro_batches=int(values["micro_batches"]),
         steps=steps,
         eval_every=eval_every,
         eval_batches=2,
         seed=seed,
         budget_bytes=budget_bytes,
-        bf16=False,
+        bf16=values["precision"] == "bf16",
         early_stop_patience=early_stop_patience,
     )

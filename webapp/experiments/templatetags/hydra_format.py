@@ -6,7 +6,7 @@ from typing import Any
 
 from django import template
 
-from webapp.experiments.model_shapes import PRESETS
+from webapp.experiments.model_shapes import FAMILY_LABELS, PRESETS
 
 register = template.Library()
 
@@ -41,6 +41,11 @@ def model_label(model: dict[str, Any]) -> str:
     if kind == "preset":
         return PRESETS.get(model.get("preset", ""), (str(model.get("preset")), None))[0]
     if kind == "custom":
-        return (f"Custom GPT-2: {model.get('n_layer')} layers, {model.get('n_embd')} wide, "
-                f"{model.get('n_head')} heads, {model.get('n_positions')} positions")
+        family = FAMILY_LABELS.get(str(model.get("family") or "gpt2"), model.get("family"))
+        kv = f" ({model['n_kv_head']} key/value)" if model.get("n_kv_head") else ""
+        inner = f", MLP {model['n_inner']} wide" if model.get("n_inner") else ""
+        return (f"Custom {family}: {model.get('n_layer')} layers, {model.get('n_embd')} wide, "
+                f"{model.get('n_head')} heads{kv}{inner}, {model.get('n_positions')} positions")
+    if kind == "checkpoint":
+        return f"Pretrained checkpoint: {model.get('checkpoint_name')}"
     return f"Pretrained: {model.get('pretrained_dir')}"
