@@ -36,7 +36,7 @@ from worker.engine.errors import SpecError
 __all__ = [
     "ENDED", "Budget", "Control", "DataSpec", "EngineJob", "Job", "ModelSpec", "OptimizerSpec",
     "ScheduleSpec", "SchedulerError", "SchedulerUnavailable", "SpecError", "TrialEvent", "TrialRecord", "TrialSpec",
-    "TrialState", "control_changes", "events_read", "heartbeat_age", "heartbeat_set", "trial_control",
+    "TrialState", "TrialUnknown", "control_changes", "events_read", "heartbeat_age", "heartbeat_set", "trial_control",
     "trial_record", "trial_states", "trial_submit", "workers_online",
 ]
 
@@ -49,6 +49,10 @@ class SchedulerError(RuntimeError):
 
 class SchedulerUnavailable(SchedulerError):
     """Redis could not be reached, so nothing changed in the queue; the same call may succeed later."""
+
+
+class TrialUnknown(SchedulerError):
+    """The queue does not hold the trial (Redis lost its data, or it was never sent); nothing changed."""
 
 
 def trial_submit(*, trial_id: str, job: Job, export_dir: str) -> None:
@@ -79,11 +83,13 @@ def trial_submit(*, trial_id: str, job: Job, export_dir: str) -> None:
 def trial_control(*, trial_id: str, control: Control) -> TrialState:
     """Pause, resume or cancel a queued or running trial; returns the scheduler's state afterwards.
 
-    Raises SchedulerError when the scheduler refuses (for example, a trial it does not know), and
-    SchedulerUnavailable when it cannot be reached.
+    Raises TrialUnknown for a trial the queue does not hold, SchedulerError when the scheduler refuses (a
+    control the trial's state does not allow), and SchedulerUnavailable when it cannot be reached.
     """
     try:
         return TrialState(api.trial_control(config=settings.HYDRA.worker, trial_id=trial_id, control=control))
+    except TrialNotFound as error:
+        raise TrialUnknown(f"The scheduler does not hold trial {trial_id}: {error}") from error
     except QueueError as error:
         raise SchedulerError(f"The scheduler refused to {control} trial {trial_id}: {error}") from error
     except redis.RedisError as error:

@@ -8,6 +8,7 @@ The scheduler's state is authoritative while a trial runs: its status changes on
 
 from __future__ import annotations
 
+import logging
 import shutil
 
 from django.conf import settings
@@ -19,15 +20,15 @@ from django.utils import timezone
 from webapp import queue_client
 from webapp.accounts.models import Team
 from webapp.accounts.roles import require_creator_or_owner
-from webapp.experiments.events import trial_events_sync_quietly
+from webapp.experiments.events import trial_event_apply, trial_events_sync_quietly
 from webapp.experiments.launching import memory_budget, trial_launch
 from webapp.experiments.models import Experiment, Trial
 from webapp.experiments.planning import PLAN_ERRORS as PLAN_ERRORS  # what planning raises, for the views
 from webapp.experiments.planning import ExperimentDraft, TrialDraft, plan_trials
 from webapp.experiments.previews import experiment_preview_trials, plans_in_background
 from webapp.experiments.selectors import trial_actions
-from webapp.experiments.trial_data import trial_data_request
 
+log = logging.getLogger(__name__)
 Status = Trial.Status
 
 
@@ -63,7 +64,6 @@ def experiment_create(
             Trial(experiment=experiment, number=t.number, params=t.params, total_steps=t.total_steps, plan=t.plan)
             for t in trials
         )
-        trial_data_request(shape=draft.shape, dataset=draft.dataset)  # a pretrained model's ids, made meanwhile
     return experiment
 
 
@@ -129,6 +129,14 @@ def _trial_control(*, trial: Trial, action: str) -> None:
         return
     try:
         queue_client.trial_control(trial_id=trial.queue_id, control=queue_client.Control(action))
+    except queue_client.TrialUnknown as error:
+        if action != "cancel":
+            raise ValidationError(f"The scheduler does not hold trial #{trial.number} right now (Redis lost its "
+                                  "data?); it is sent again within seconds, so try again then.") from error
+        # Nothing runs it, and the reconciler sends no stopped trial again (nor lets one it sent run on).
+        trial_event_apply(trial_id=trial.queue_id, status=Status.CANCELLED,
+                          message="Cancelled. The scheduler no longer held this trial.")
+        return
     except queue_client.SchedulerError as error:
         raise ValidationError(str(error)) from error
     # The status follows the queue's events, applied in their order: a control that took effect at once has
@@ -158,9 +166,9 @@ def _trial_delete(*, trial: Trial) -> None:
     if trial.is_active:
         try:
             queue_client.trial_control(trial_id=trial.queue_id, control=queue_client.Control.CANCEL)
-        except queue_client.SchedulerUnavailable as error:  # deleting the row would leave the trial to run
-            raise ValidationError(f"Trial #{trial.number} may still run and the scheduler could not be reached to "
-                                  f"stop it, so nothing was deleted; try again once it is back. ({error})") from error
+        except queue_client.SchedulerUnavailable as error:
+            # Redis is down: the reconciler cancels the queue's copy, which no row names, once it is back.
+            log.warning("trial %s deleted while the scheduler could not be reached: %s", trial.queue_id, error)
         except queue_client.SchedulerError:  # unknown to the scheduler: nothing left to stop
             pass
     paths = [*trial.spill_dirs, *trial.archive_dirs,

@@ -7,10 +7,10 @@ never run; Redis down is the configuration pointing at a closed port.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 
 import pytest
-from django.core.exceptions import ValidationError
 from django.core.management import call_command
 
 from tests.webapp.experiments.conftest import planned
@@ -18,7 +18,7 @@ from tests.webapp.experiments.factories import make_experiment
 from tests.worker.conftest import device_workers  # noqa: F401 -- a fixture
 from webapp import queue_client
 from webapp.experiments import events, services
-from webapp.experiments.launching import trial_send
+from webapp.experiments.launching import trial_send, trial_sent_job
 from webapp.experiments.models import Experiment, Trial
 from webapp.experiments.reconcile import Reconciled, trials_reconcile
 from worker.contract import SyntheticJob
@@ -57,7 +57,8 @@ def test_a_launch_that_died_before_its_submit_is_submitted_by_one_pass_and_runs(
     first.refresh_from_db()
     assert first.submitted and first.status == "planning"
     record = scheduler.trial(first.queue_id)
-    assert record.state == "planning" and record.job == {"kind": "engine", "trial": first.spec, "budget": "explicit"}
+    assert record.state == "planning" and record.job == json.loads(json.dumps(trial_sent_job(trial=first).to_dict()))
+    assert record.job["trial"] == first.spec and "resume" not in record.job
     assert record.export_dir == str(first.export_dir_for(first.queue_id))
     planned(scheduler, first.queue_id)  # a device takes it
     events.trial_events_sync()
@@ -150,36 +151,34 @@ def test_a_queued_trial_whose_row_is_gone_is_cancelled(
     assert trials_reconcile() == Reconciled(submitted=[], cancelled=[])
 
 
-def test_deleting_a_trial_while_redis_is_down_is_refused_and_deletes_nothing(
+def test_a_trial_deleted_while_redis_is_down_is_cancelled_by_the_first_pass_once_it_is_back(
         alice, alice_team, alice_dataset, alice_client, scheduler, settings, data_dir,
         django_capture_on_commit_callbacks):
     experiment = make_experiment(alice_team, alice_dataset)
     with django_capture_on_commit_callbacks(execute=True):
         services.experiment_launch(experiment=experiment, actor=alice)
-    trial, ended = experiment.trials.order_by("number")
-    events.trial_event_apply(trial_id=ended.queue_id, status="finished")
+    trial, other = experiment.trials.order_by("number")
+    planned(scheduler, trial.queue_id)
     spill = data_dir / "spill" / trial.queue_id
     spill.mkdir(parents=True)
     reachable = settings.HYDRA.worker.redis_url
     _redis_at(settings, CLOSED_PORT_URL)
 
-    with django_capture_on_commit_callbacks(execute=True), pytest.raises(
-            ValidationError, match=r"Trial #1 may still run .* could not be reached"):
-        services.trial_delete(trial=trial, actor=alice)
-    with django_capture_on_commit_callbacks(execute=True), pytest.raises(ValidationError, match="Trial #1"):
+    with django_capture_on_commit_callbacks(execute=True):
+        response = alice_client.post(f"/trials/{trial.pk}/delete/", follow=True)
+    assert response.status_code == 200
+    assert not Trial.objects.filter(pk=trial.pk).exists() and not spill.exists()
+    with django_capture_on_commit_callbacks(execute=True):
         services.experiment_delete(experiment=experiment, actor=alice)
-    response = alice_client.post(f"/trials/{trial.pk}/delete/", follow=True)
-    assert "could not be reached" in response.content.decode()
+    assert not Experiment.objects.filter(pk=experiment.pk).exists()
 
-    assert Experiment.objects.filter(pk=experiment.pk).exists()
-    assert set(experiment.trials.values_list("pk", flat=True)) == {trial.pk, ended.pk}
-    assert spill.exists()
     _redis_at(settings, reachable)
-    assert scheduler.trial(trial.queue_id).state == "planning"
-    _redis_at(settings, CLOSED_PORT_URL)
-    ended.refresh_from_db()
-    services.trial_delete(trial=ended, actor=alice)  # an ended trial has nothing left to stop
-    assert not Trial.objects.filter(pk=ended.pk).exists()
+    assert scheduler.trial(trial.queue_id).state == "runnable"  # the queue still holds them
+    assert trials_reconcile() == Reconciled(submitted=[], cancelled=[trial.queue_id, other.queue_id])
+    assert {scheduler.trial(t).state for t in (trial.queue_id, other.queue_id)} == {"cancelled"}
+    # A device's next survey frees each one's spill store on its host (tests/worker: cancelled stores freed).
+    assert sorted(scheduler.client.lrange(scheduler.key("reap"), 0, -1)) == sorted([trial.queue_id, other.queue_id])
+    assert trials_reconcile() == Reconciled(submitted=[], cancelled=[])
 
 
 def test_the_ingest_command_reconciles_this_hosts_queue(
@@ -212,3 +211,86 @@ def test_a_launch_that_died_before_its_submit_runs_to_its_end_on_a_real_worker_t
         assert time.monotonic() < deadline, f"{trial.status}\n{workers.logs()}"
         time.sleep(0.2)
     assert (trial.status, trial.step) == ("finished", 4), trial.message
+
+
+def _launched(alice, team, dataset, capture, **fields) -> Experiment:
+    experiment = make_experiment(team, dataset, **fields)
+    with capture(execute=True):
+        services.experiment_launch(experiment=experiment, actor=alice)
+    return experiment
+
+
+def _queue_emptied(scheduler) -> None:
+    """Redis lost the host's queue (what FLUSHALL does to it)."""
+    scheduler.client.delete(*scheduler.client.scan_iter(match=scheduler.key("*"), count=1000))
+
+
+def test_trials_the_queue_lost_are_sent_again_to_resume_and_show_so_from_that_pass_on(
+        alice, alice_team, alice_dataset, alice_client, scheduler, django_capture_on_commit_callbacks):
+    experiment = _launched(alice, alice_team, alice_dataset, django_capture_on_commit_callbacks,
+                           space={"lr": {"values": [0.001, 0.002, 0.003]}, "batch_size": {"values": [2]}})
+    running, paused, waiting = experiment.trials.order_by("number")
+    for trial in (running, paused):
+        planned(scheduler, trial.queue_id)
+    events.trial_event_apply(trial_id=running.queue_id, status="running", step=4)
+    events.trial_event_apply(trial_id=paused.queue_id, status="paused", step=2)
+    _queue_emptied(scheduler)
+
+    assert trials_reconcile() == Reconciled(submitted=[], cancelled=[], ended=[], resubmitted=[
+        running.queue_id, paused.queue_id, waiting.queue_id])
+
+    for trial in (running, paused, waiting):
+        trial.refresh_from_db()
+        record = scheduler.trial(trial.queue_id)
+        assert (trial.status, record.state) == ("planning", "planning")
+        assert record.job["trial"] == trial.spec
+        assert record.job.get("resume", False) is (trial != waiting)  # a trial never planned starts afresh
+    assert running.step == 4 and running.message.startswith("The scheduler lost this trial")
+    assert scheduler.trial(paused.queue_id).control == "pause"  # paused again once a device plans it
+    page = alice_client.get(f"/experiments/{experiment.pk}/").content.decode()
+    assert "Running" not in page
+    assert trials_reconcile() == Reconciled(submitted=[], cancelled=[])
+
+
+def test_a_trial_whose_end_the_database_missed_takes_it_from_the_queue(
+        alice, alice_team, alice_dataset, scheduler, django_capture_on_commit_callbacks):
+    experiment = _launched(alice, alice_team, alice_dataset, django_capture_on_commit_callbacks)
+    trial, _ = experiment.trials.order_by("number")
+    planned(scheduler, trial.queue_id)
+    events.trial_events_sync()
+    lease = scheduler.claim(trial.queue_id, "cpu0")
+    scheduler.fail(trial.queue_id, lease.token, "unit 0 failed on cpu0: boom")
+    scheduler.client.delete(scheduler.key("events"))  # its events were lost with Redis
+
+    assert trials_reconcile().ended == [trial.queue_id]
+
+    trial.refresh_from_db()
+    assert (trial.status, trial.message) == ("failed", "unit 0 failed on cpu0: boom")
+
+
+def test_cancelling_a_trial_the_queue_does_not_hold_cancels_it_and_pausing_says_why_not(
+        alice, alice_team, alice_dataset, alice_client, scheduler, django_capture_on_commit_callbacks):
+    experiment = _launched(alice, alice_team, alice_dataset, django_capture_on_commit_callbacks)
+    trial, other = experiment.trials.order_by("number")
+    for each in (trial, other):
+        events.trial_event_apply(trial_id=each.queue_id, status="running")
+    _queue_emptied(scheduler)
+
+    response = alice_client.post(f"/trials/{other.pk}/pause/", follow=True)
+    assert "does not hold trial #2 right now" in response.content.decode()
+    response = alice_client.post(f"/trials/{trial.pk}/cancel/", follow=True)
+    assert "refused" not in response.content.decode()
+
+    trial.refresh_from_db()
+    assert (trial.status, trial.message) == ("cancelled", "Cancelled. The scheduler no longer held this trial.")
+    assert trials_reconcile().resubmitted == [other.queue_id]  # the cancelled one is not sent again
+
+
+def test_a_trial_cancelled_while_its_resubmission_landed_is_cancelled_in_the_queue_too(
+        alice, alice_team, alice_dataset, scheduler, django_capture_on_commit_callbacks):
+    experiment = _launched(alice, alice_team, alice_dataset, django_capture_on_commit_callbacks)
+    trial, _ = experiment.trials.order_by("number")
+    events.trial_event_apply(trial_id=trial.queue_id, status="cancelled")  # the row stopped; the queue runs it
+
+    assert trials_reconcile().cancelled == [trial.queue_id]
+    assert scheduler.trial(trial.queue_id).state == "cancelled"
