@@ -8,6 +8,10 @@ stays to submit until the reconciler (`webapp.experiments.reconcile`) sends it. 
 submission, so the launch and the reconciler may race. A job the queue refuses fails that attempt at once
 with the reason; it is not a trial event (the queue never knew the trial), so it does not ask TPE for
 another trial.
+
+A trial whose token ids are still being made (a pretrained model's tokenizer over the dataset:
+`webapp.experiments.trial_data`) is launched but not sent: its send waits, saying so, until the ids are ready
+(the reconciler's passes send it then), and fails the attempt if they cannot be made.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from django.db import transaction
 
 from webapp import queue_client
 from webapp.experiments.memory_preview import auto_budget_bytes
-from webapp.experiments.model_shapes import model_shape
+from webapp.experiments.model_shapes import ModelChoiceError, model_shape
 from webapp.experiments.models import Experiment, Trial
 from webapp.experiments.planning import hyperparameters, total_steps, trial_plan, trial_spec
 from webapp.experiments.search_space import parse_search_space
+from webapp.experiments.trial_data import data_waiting, train_tokens, trial_data, trial_data_request
 from webapp.experiments.trial_generation import TPE_FIRST_WAVE, Outcome, next_tpe_trials
 
 log = logging.getLogger(__name__)
@@ -37,11 +42,15 @@ def memory_budget(*, explicit_bytes: int | None) -> tuple[int, str]:
 
 
 def trial_job(*, trial: Trial) -> queue_client.EngineJob:
-    """The job of `trial`'s next attempt. With no explicit memory budget, the device that plans it decides."""
+    """The job of `trial`'s next attempt. With no explicit memory budget, the device that plans it decides.
+    A pretrained model's tokens of the dataset are asked for (once per dataset and tokenizer)."""
     experiment = trial.experiment
     shape = model_shape(experiment.model, models_root=settings.HYDRA.models_root)
     budget, _ = memory_budget(explicit_bytes=experiment.memory_budget_bytes)
-    spec = trial_spec(params=trial.params, shape=shape, dataset=experiment.dataset, steps=trial.total_steps,
+    trial_data_request(shape=shape, dataset=experiment.dataset)
+    data = trial_data(shape=shape, dataset=experiment.dataset)
+    spec = trial_spec(params=trial.params, shape=shape, dataset=experiment.dataset, data=data,
+                      steps=trial.total_steps,
                       eval_every=experiment.eval_every, seed=experiment.seed, budget_bytes=budget,
                       early_stop_patience=experiment.early_stop_patience)
     return queue_client.EngineJob(trial=spec, budget=_budget_mode(experiment))
@@ -59,6 +68,9 @@ def trial_launch(*, trial: Trial) -> None:
     except queue_client.SpecError as error:
         job = None
         refusal = f"The scheduler did not accept the trial: engine trial spec is invalid: {error}"
+    except ModelChoiceError as error:  # its checkpoint left the catalog since the experiment was made
+        job = None
+        refusal = f"The trial's model cannot be used: {error}"
     trial.attempt += 1
     trial.queue_id = trial.attempt_queue_id(trial.attempt)
     trial.submitted = False
@@ -93,6 +105,8 @@ def trial_send(*, queue_id: str) -> bool:
                  .filter(queue_id=queue_id, status=Status.PLANNING, submitted=False).first())
         if trial is None:
             return False
+        if not _data_ready(trial):
+            return False
         job = trial_sent_job(trial=trial)
         try:
             queue_client.trial_submit(trial_id=queue_id, job=job, export_dir=str(trial.export_dir_for(queue_id)))
@@ -108,6 +122,32 @@ def trial_send(*, queue_id: str) -> bool:
             return False
         trial.submitted, trial.message = True, ""
         trial.save(update_fields=["submitted", "message", "updated"])
+    return True
+
+
+def _data_ready(trial: Trial) -> bool:
+    """Whether the locked `trial`'s token ids are ready to send it; if not, its message says why, and ids that
+    cannot be made fail it. Ids that became ready set an epoch budget's steps from their real count."""
+    data = trial.spec["data"]
+    dataset = trial.experiment.dataset
+    waiting = data_waiting(tokens_path=data["tokens_path"], dataset=dataset,
+                           vocab_size=trial.spec["model"]["vocab_size"])  # a pretrained model's: its config's
+    if waiting is not None:
+        message, final = waiting
+        trial.message = message
+        if final:
+            trial.status = Status.FAILED
+        trial.save(update_fields=["status", "message", "updated"])
+        return False
+    experiment = trial.experiment
+    if experiment.budget_unit == Experiment.BudgetUnit.EPOCHS and data["tokens_path"] != str(dataset.tokens_path):
+        shape = model_shape(experiment.model, models_root=settings.HYDRA.models_root)
+        steps = total_steps(budget_unit=experiment.budget_unit, budget=experiment.budget,
+                            batch_size=trial.spec["batch_size"], seq_len=data["seq_len"],
+                            train_tokens=train_tokens(shape=shape, dataset=dataset))
+        if steps != trial.total_steps:
+            trial.total_steps, trial.spec = steps, {**trial.spec, "steps": steps}
+            trial.save(update_fields=["total_steps", "spec", "updated"])
     return True
 
 
@@ -130,6 +170,7 @@ def experiment_extend_tpe(*, experiment: Experiment) -> list[Trial]:
     shape = model_shape(experiment.model, models_root=settings.HYDRA.models_root)
     budget, _ = memory_budget(explicit_bytes=experiment.memory_budget_bytes)
     dataset = experiment.dataset
+    tokens = train_tokens(shape=shape, dataset=dataset)
     created = []
     for number, params in enumerate(proposals, start=len(trials) + 1):
         values = hyperparameters(params, shape)
@@ -137,7 +178,7 @@ def experiment_extend_tpe(*, experiment: Experiment) -> list[Trial]:
             experiment=experiment, number=number, params=params,
             total_steps=total_steps(budget_unit=experiment.budget_unit, budget=experiment.budget,
                                     batch_size=int(values["batch_size"]), seq_len=int(values["seq_len"]),
-                                    train_tokens=dataset.train_tokens),
+                                    train_tokens=tokens),
             plan=trial_plan(params, shape=shape, vocab_size=dataset.vocab_size, budget_bytes=budget),
         )
         if experiment.launched is not None:

@@ -27,6 +27,7 @@ from webapp.experiments.planning import PLAN_ERRORS as PLAN_ERRORS  # what plann
 from webapp.experiments.planning import ExperimentDraft, TrialDraft, plan_trials
 from webapp.experiments.previews import experiment_preview_trials, plans_in_background
 from webapp.experiments.selectors import trial_actions
+from webapp.experiments.trial_data import trial_data_request
 
 log = logging.getLogger(__name__)
 Status = Trial.Status
@@ -64,6 +65,7 @@ def experiment_create(
             Trial(experiment=experiment, number=t.number, params=t.params, total_steps=t.total_steps, plan=t.plan)
             for t in trials
         )
+        trial_data_request(shape=draft.shape, dataset=draft.dataset)  # a pretrained model's ids, made meanwhile
     return experiment
 
 
