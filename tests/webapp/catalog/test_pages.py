@@ -18,6 +18,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.webapp.catalog.checkpoints import tiny_llama
+from tests.webapp.web_worker import CLOSED_PORT_URL, redis_at
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.selectors import ready_checkpoints
 from webapp.catalog.work import checkpoint_import
@@ -113,3 +114,17 @@ def test_a_name_or_directory_already_in_the_catalog_is_refused(alice_client, mod
     same_name = alice_client.post(reverse("catalog_register"), {"name": "A", "path": "b"})
     assert same_name.status_code == 400 and "already has a checkpoint named" in same_name.content.decode()
     assert Checkpoint.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_registration_while_redis_is_down_is_kept_and_says_so(alice_client, models_root, settings,
+                                                                django_capture_on_commit_callbacks):
+    (models_root / "a").mkdir()
+    with redis_at(settings, CLOSED_PORT_URL):
+        with django_capture_on_commit_callbacks(execute=True):  # the send, once the request's work commits
+            response = alice_client.post(reverse("catalog_register"), {"name": "A", "path": "a"})
+        assert response.status_code == 302
+        page = alice_client.get(response["Location"]).content.decode()
+    checkpoint = Checkpoint.objects.get()
+    assert checkpoint.status == Checkpoint.Status.IMPORTING and checkpoint.send_error
+    assert 'id="unsent"' in page and 'http-equiv="refresh"' in page
