@@ -52,6 +52,7 @@ class ExperimentDraft:
     seed: int
     memory_budget_bytes: int | None
     early_stop_patience: int | None = None
+    checkpoint_minutes: int = 30  # durable checkpoints of each trial (0: none)
 
     def to_dict(self) -> dict[str, Any]:
         """The draft as JSON-able data, the dataset by id (`from_dict` reads it back)."""
@@ -60,6 +61,7 @@ class ExperimentDraft:
             "space": self.space.to_dict(), "strategy": self.strategy, "n_trials": self.n_trials,
             "budget_unit": self.budget_unit, "budget": self.budget, "eval_every": self.eval_every, "seed": self.seed,
             "memory_budget_bytes": self.memory_budget_bytes, "early_stop_patience": self.early_stop_patience,
+            "checkpoint_minutes": self.checkpoint_minutes,
         }
 
     @classmethod
@@ -185,7 +187,8 @@ def check_space(draft: ExperimentDraft) -> None:
             f"The dataset has {draft.dataset.n_tokens} tokens: too few for two blocks of {longest} (one to train "
             "on, one to validate). Use a larger corpus or a shorter sequence length.", field="dataset",
         )
-    check_ids(shape=shape, dataset=draft.dataset)
+    check_ids(shape=shape, dataset=draft.dataset,
+              field="checkpoint" if draft.model.get("kind") == "checkpoint" else "pretrained_dir")
 
 
 def check_micro_batches(space: SearchSpace) -> None:

@@ -13,9 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from django.conf import settings
+
 from webapp.datasets.models import Dataset, DatasetTokens
 from webapp.datasets.services import dataset_tokens_request
-from webapp.experiments.model_shapes import ModelChoiceError, ModelShape
+from webapp.experiments.model_shapes import ModelChoiceError, ModelShape, model_shape
+from webapp.experiments.models import Experiment
 
 
 @dataclass(frozen=True)
@@ -49,12 +52,11 @@ def train_tokens(*, shape: ModelShape, dataset: Dataset) -> int:
     return token_set.train_tokens if token_set is not None and token_set.is_ready else dataset.train_tokens
 
 
-def check_ids(*, shape: ModelShape, dataset: Dataset) -> None:
-    """Raise ModelChoiceError when the ids the trials would read do not index `shape`'s embeddings: a pretrained
-    model without a tokenizer of its own, or whose tokenizer makes ids past its vocabulary."""
+def check_ids(*, shape: ModelShape, dataset: Dataset, field: str) -> None:
+    """Raise ModelChoiceError (on `field`) when the ids the trials would read do not index `shape`'s embeddings:
+    a pretrained model without a tokenizer of its own, or whose tokenizer makes ids past its vocabulary."""
     if shape.pretrained_dir is None:
         return  # a model from scratch gets the dataset's vocabulary
-    field = "checkpoint" if shape.model_name and shape.tokenizer_dir else "pretrained_dir"
     name = shape.model_name or Path(shape.pretrained_dir).name
     if shape.tokenizer_sha256 is None:
         raise ModelChoiceError(
@@ -86,3 +88,13 @@ def data_waiting(*, tokens_path: str, dataset: Dataset, vocab_size: int) -> tupl
     if token_set.max_id >= vocab_size:
         return ids_past_vocabulary(token_set, vocab_size), True
     return None
+
+
+def experiment_tokens(*, experiment: Experiment) -> DatasetTokens | None:
+    """The experiment's dataset as its pretrained model's tokenizer makes it (None: the dataset's own ids, or
+    a model that is gone), for its page to say whether its trials wait for them."""
+    try:
+        shape = model_shape(experiment.model, models_root=settings.HYDRA.models_root)
+    except ModelChoiceError:
+        return None
+    return trial_data(shape=shape, dataset=experiment.dataset).token_set

@@ -22,6 +22,7 @@ from webapp.experiments.generation_form import GenerationForm, generation_initia
 from webapp.experiments.models import Experiment, ExperimentPreview, Trial
 from webapp.experiments.planning import ExperimentDraft, TrialDraft
 from webapp.experiments.search_space import KINDS, PARAMETERS
+from webapp.experiments.trial_data import experiment_tokens
 from webapp.ids import parse_id
 
 DEFAULT_ROWS = [
@@ -139,6 +140,7 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
         "experiment": experiment, "trials": trials, "state": selectors.experiment_state(experiment=experiment),
         "can_change": selectors.experiment_can_change(user=request.user, experiment=experiment),
         "space_yaml": yaml.safe_dump(experiment.search_space, sort_keys=False),
+        "tokens": experiment_tokens(experiment=experiment),
     })
 
 
