@@ -18,10 +18,10 @@ class GenerationForm(forms.Form):
     max_new_tokens = forms.IntegerField(min_value=1, max_value=Generation.MAX_NEW_TOKENS, label="New tokens",
                                         help_text=f"1 to {Generation.MAX_NEW_TOKENS}.")
     temperature = forms.FloatField(min_value=0.0, max_value=Generation.MAX_TEMPERATURE,
-                                   widget=forms.NumberInput(attrs={"step": "0.05"}),
+                                   widget=forms.NumberInput(attrs={"step": "any"}),
                                    help_text="0 takes the most likely token every time.")
     top_p = forms.FloatField(min_value=0.01, max_value=1.0, label="Top-p",
-                             widget=forms.NumberInput(attrs={"step": "0.05"}), help_text="0.01 to 1.")
+                             widget=forms.NumberInput(attrs={"step": "any"}), help_text="0.01 to 1.")
     seed = forms.IntegerField(min_value=0, max_value=Generation.MAX_SEED, help_text="Same seed, same text.")
 
     def clean_prompt(self) -> str:
