@@ -1,6 +1,7 @@
 """The reference every exactness test compares with: a trial trained the way anyone would with plain PyTorch.
 
-``GPT2LMHeadModel`` loaded from the engine's initial weights (the engine's streamed init is checked against
+The family's own transformers model (``AutoModelForCausalLM``: ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ...)
+loaded from the engine's initial weights (the engine's streamed init is checked against
 GPT-2's distribution in tests/engine/test_init.py), ``torch.optim``, ``clip_grad_norm_`` and a ``LambdaLR``
 over the documented schedule definition; no engine code except the batch order. On CPU with one thread
 every kernel adds in a fixed order, so the engine, sharded, spilled and run unit by unit in any process,
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from transformers import GPT2LMHeadModel
+from transformers import AutoModelForCausalLM
 
 from worker.engine import TrialSession, TrialSpec, trial_create
 from worker.engine.data import TokenBlocks
@@ -52,7 +53,7 @@ def initial_weights(spec: TrialSpec, root: Path) -> Path:
 def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU) -> Reference:
     """Train `spec` from the weights in `init_dir` with plain PyTorch; its losses, evaluations and final weights."""
     assert spec.schedule.decay == "cosine", "the reference implements the cosine schedule only"
-    model = GPT2LMHeadModel.from_pretrained(init_dir, local_files_only=True).to(device).train()
+    model = AutoModelForCausalLM.from_pretrained(init_dir, local_files_only=True).to(device).train()
     params = list(model.parameters())
     opt = spec.optimizer
     optimizer: torch.optim.Optimizer
@@ -103,7 +104,7 @@ def plain_reference(spec: TrialSpec, root: Path) -> Reference:
 
 def exported_weights(directory: Path) -> dict[str, torch.Tensor]:
     """The parameters of an exported model directory, as plain PyTorch loads them."""
-    model = GPT2LMHeadModel.from_pretrained(directory, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
     return {name: weight.detach() for name, weight in model.named_parameters()}
 
 

@@ -39,8 +39,8 @@ def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: tor
     ``SpillStoreError`` if the trial directory is taken.
     """
     stack = build_layer_stack(spec.model)
-    if spec.data.seq_len > stack.config.n_positions:
-        raise SpecError(f"seq_len {spec.data.seq_len} exceeds the model's context of {stack.config.n_positions}")
+    if spec.data.seq_len > stack.context:
+        raise SpecError(f"seq_len {spec.data.seq_len} exceeds the model's context of {stack.context}")
     TokenBlocks(spec.data, vocab_size=stack.config.vocab_size)  # fail on bad data before any work
     costs = profile_layers(stack, spec, device)
     plan = solve(costs, spec.budget_bytes) if cuts is None else plan_with_shards(costs, cuts, spec.budget_bytes)

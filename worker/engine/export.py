@@ -1,32 +1,65 @@
-"""A trial's committed weights as a transformers ``save_pretrained`` directory (safetensors).
+"""A trial's committed weights as a transformers ``save_pretrained`` directory (safetensors), with its tokenizer.
 
-What is written loads with ``GPT2LMHeadModel.from_pretrained`` to the model the store holds: every
-owned parameter under its transformers name, tied weights once (transformers re-ties them). One
-safetensors file per shard plus an index, so only one shard's parameters are in memory at a time.
+What is written loads with ``AutoModelForCausalLM.from_pretrained`` to the model the store holds (the
+family's own class): every owned parameter under its transformers name, tied weights once (transformers
+re-ties them). One safetensors file per shard plus an index, so only one shard's parameters are in memory
+at a time. The config keeps ``use_cache`` off, as the engine trains (a transformers model that trains with
+a key/value cache builds its attention mask another way, with other float sums); ``generation_config.json``
+turns the cache on, so that generating from the export is fast.
+
+With the trial's tokenizer directory, the export also loads with ``AutoTokenizer.from_pretrained``: a
+``save_pretrained`` tokenizer's files are copied as they are; a bare ``tokenizer.json`` (what the web app's
+datasets and the engine's own BPE training keep) is written through ``PreTrainedTokenizerFast``.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from transformers import GenerationConfig, PreTrainedTokenizerFast
 
+from worker.engine.errors import SpecError
 from worker.engine.layers import LayerStack
 from worker.engine.layout import Layout
 from worker.engine.sizes import FP32
 from worker.engine.spill_store import SpillStore
 
+# Files of a save_pretrained tokenizer, copied when present (sentencepiece models included).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
+
+
+def export_tokenizer(tokenizer_dir: Path, out_dir: Path) -> None:
+    """Put the tokenizer of ``tokenizer_dir`` into ``out_dir`` so that ``AutoTokenizer`` loads it from there."""
+    tokenizer_dir = Path(tokenizer_dir)
+    if not (tokenizer_dir / "tokenizer.json").is_file() and not (tokenizer_dir / "tokenizer.model").is_file():
+        raise SpecError(f"{tokenizer_dir} holds no tokenizer.json (or tokenizer.model) to export")
+    if (tokenizer_dir / "tokenizer_config.json").is_file():
+        for name in TOKENIZER_FILES:
+            if (tokenizer_dir / name).is_file():
+                shutil.copyfile(tokenizer_dir / name, out_dir / name)
+        return
+    PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_dir / "tokenizer.json")).save_pretrained(out_dir)
+
 
 def export_pretrained(out_dir: Path, *, store: SpillStore, stack: LayerStack, layout: Layout,
-                      after_file: Callable[[], None] = lambda: None) -> None:
-    """Write the parameters committed in ``store`` (laid out as ``layout``) and ``stack``'s config to
-    ``out_dir``; ``after_file`` is called after each shard's file is written (a fault point)."""
+                      tokenizer_dir: Path | None = None, after_file: Callable[[], None] = lambda: None) -> None:
+    """Write the parameters committed in ``store`` (laid out as ``layout``), ``stack``'s config and the
+    tokenizer of ``tokenizer_dir`` (when given) to ``out_dir``; ``after_file`` is called after each shard's
+    file is written (a fault point)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stack.config.save_pretrained(out_dir)
+    generation = GenerationConfig.from_model_config(stack.config)
+    generation.use_cache = True
+    generation.save_pretrained(out_dir)
+    if tokenizer_dir is not None:
+        export_tokenizer(Path(tokenizer_dir), out_dir)
     n = len(layout.slots)
     weight_map: dict[str, str] = {}
     total = 0

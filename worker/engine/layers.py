@@ -1,9 +1,12 @@
-"""Layer adapter: a transformers causal LM as an ordered list of layers built on the meta device.
+"""Layer adapter: a transformers causal LM of a supported family as an ordered list of layers on the meta device.
 
 The contract every layer follows: layer 0 maps ``input_ids`` (B, T) to hidden states (B, T, C); middle
 layers map (B, T, C) to (B, T, C); the last layer maps (hidden (B, T, C), labels (B, T)) to the scalar
 mean causal-LM loss. Each layer runs the model's own submodules with the exact ops of the model's
 ``forward`` so that a layer-by-layer run is bit-identical to the whole model.
+
+GPT-2's layers are here; the rotary families' (Llama, Mistral, Qwen2, Qwen3) are in
+:mod:`worker.engine.rotary_layers`. A family without an adapter is refused by name before anything is built.
 
 Parameter ownership is derived by identity: the first layer that registers a parameter owns it; a later
 layer that registers the same tensor (GPT-2's ``lm_head.weight`` is ``wte.weight``) *borrows* it. Owned
@@ -17,12 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from torch import nn
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import AutoConfig, GPT2Config, PretrainedConfig
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.masking_utils import create_causal_mask
 
 from worker.engine.config import ModelSpec
+from worker.engine.families import CAUSAL_LM_CLASSES, architecture_from_config, default_intermediate, read_config
+from worker.engine.rotary_layers import rotary_layers
 
 
 class GPT2Embedding(nn.Module):
@@ -97,16 +103,20 @@ class LayerStack:
     ``model`` keeps the meta skeleton alive (layers are views into it); nothing here holds real weights.
     """
 
-    def __init__(self, model: GPT2LMHeadModel) -> None:
+    def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.config: GPT2Config = model.config
-        transformer = model.transformer
-        self.layers: list[nn.Module] = [
-            GPT2Embedding(transformer.wte, transformer.wpe, transformer.drop),
-            *(GPT2BlockLayer(block, model.config) for block in transformer.h),
-            GPT2Head(transformer.ln_f, model.lm_head, model.config.vocab_size),
-        ]
-        self.names: list[str] = ["embedding", *(f"block.{i}" for i in range(len(transformer.h))), "head"]
+        self.config: PretrainedConfig = model.config
+        self.family: str = model.config.model_type
+        if self.family == "gpt2":
+            transformer = model.transformer
+            self.layers: list[nn.Module] = [
+                GPT2Embedding(transformer.wte, transformer.wpe, transformer.drop),
+                *(GPT2BlockLayer(block, model.config) for block in transformer.h),
+                GPT2Head(transformer.ln_f, model.lm_head, model.config.vocab_size),
+            ]
+            self.names: list[str] = ["embedding", *(f"block.{i}" for i in range(len(transformer.h))), "head"]
+        else:
+            self.layers, self.names = rotary_layers(model)
         self.owned: list[list[ParamRef]] = []
         self.borrowed: list[list[Borrow]] = []
         seen: dict[int, ParamRef] = {}
@@ -125,6 +135,16 @@ class LayerStack:
 
     def __len__(self) -> int:
         return len(self.layers)
+
+    @property
+    def width(self) -> int:
+        """Hidden size C of the (B, T, C) tensors between layers."""
+        return int(self.config.hidden_size)
+
+    @property
+    def context(self) -> int:
+        """The longest sequence the model's positions cover."""
+        return int(self.config.max_position_embeddings)
 
     def layer_numel(self, index: int) -> int:
         return sum(ref.numel for ref in self.owned[index])
@@ -154,7 +174,7 @@ class LayerStack:
 
 
 def gpt2_config(spec: ModelSpec) -> GPT2Config:
-    """The transformers config of ``spec`` (a pretrained directory's own config when one is given)."""
+    """The GPT-2 config of ``spec`` (a pretrained directory's own config when one is given)."""
     if spec.pretrained_dir is not None:
         config = GPT2Config.from_pretrained(Path(spec.pretrained_dir), local_files_only=True)
     else:
@@ -162,14 +182,45 @@ def gpt2_config(spec: ModelSpec) -> GPT2Config:
             n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head, vocab_size=spec.vocab_size,
             n_positions=spec.n_positions, resid_pdrop=spec.dropout, embd_pdrop=spec.dropout,
             attn_pdrop=spec.dropout, bos_token_id=spec.vocab_size - 1, eos_token_id=spec.vocab_size - 1,
+            n_inner=spec.n_inner, tie_word_embeddings=spec.tie_word_embeddings,
         )
     config.use_cache = False
     return config
 
 
+def model_config(spec: ModelSpec) -> PretrainedConfig:
+    """The transformers config of ``spec``: its pretrained directory's (read from local files only, after
+    checking its family is one the engine trains) or one built from the spec's family and sizes.
+
+    Raises ``UnknownArchitecture`` naming an unsupported architecture, ``SpecError`` for a broken config.
+    """
+    if spec.pretrained_dir is not None:
+        family = architecture_from_config(read_config(Path(spec.pretrained_dir))).family
+        config = gpt2_config(spec) if family == "gpt2" else AutoConfig.from_pretrained(
+            Path(spec.pretrained_dir), local_files_only=True)
+    elif spec.family == "gpt2":
+        config = gpt2_config(spec)
+    else:
+        sizes: dict[str, object] = {
+            "num_hidden_layers": spec.n_layer, "hidden_size": spec.n_embd, "num_attention_heads": spec.n_head,
+            "num_key_value_heads": spec.n_kv_head or spec.n_head, "vocab_size": spec.vocab_size,
+            "intermediate_size": spec.n_inner or default_intermediate(spec.family, spec.n_embd),
+            "max_position_embeddings": spec.n_positions, "attention_dropout": spec.dropout,
+            "tie_word_embeddings": spec.tie_word_embeddings,
+            "bos_token_id": spec.vocab_size - 1, "eos_token_id": spec.vocab_size - 1,
+        }
+        if spec.family != "qwen2":  # Qwen2 derives it; Qwen3's own default (128) ignores the width
+            sizes["head_dim"] = spec.n_embd // spec.n_head
+        config = AutoConfig.for_model(spec.family, **sizes)
+    config.use_cache = False
+    config.architectures = [CAUSAL_LM_CLASSES[config.model_type]]
+    return config
+
+
 def build_layer_stack(spec: ModelSpec) -> LayerStack:
     """Build the model on the meta device (no memory) and cut it into layers."""
-    config = gpt2_config(spec)
+    config = model_config(spec)
+    model_class = getattr(transformers, CAUSAL_LM_CLASSES[config.model_type])
     with torch.device("meta"):
-        model = GPT2LMHeadModel(config)
+        model = model_class(config)
     return LayerStack(model)

@@ -43,7 +43,7 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> 
     The layer's weights are a throwaway init; the caller's RNG is untouched.
     """
     batch, seq = spec.micro_batch_size, spec.data.seq_len
-    width = stack.config.n_embd
+    width = stack.width
     slots = optimizer_slots(spec.optimizer.kind, spec.optimizer.momentum)
     costs = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

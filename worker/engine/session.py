@@ -260,10 +260,12 @@ class TrialSession(ShardUnits):
 
     def export(self, out_dir: Path) -> None:
         """Write the committed weights as a transformers ``save_pretrained`` directory (safetensors; see
-        :mod:`worker.engine.export`). Weights of a step whose update is still pending (mid-trial) are
-        exported as they were before that step."""
+        :mod:`worker.engine.export`), with the trial's tokenizer when its data names one. Weights of a step
+        whose update is still pending (mid-trial) are exported as they were before that step."""
         self._unit_index = self.state.cursor
+        tokenizer_dir = self.spec.data.tokenizer_dir
         export_pretrained(out_dir, store=self.store, stack=self.stack, layout=self.layout,
+                          tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
                           after_file=lambda: self.reach("mid-export"))
 
     def reach(self, point: str) -> None:

@@ -21,6 +21,7 @@ from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpe
 from worker.engine.create import trial_create, trial_exists
 from worker.engine.data import tokenize_corpus
 from worker.engine.errors import EngineError, SpecError
+from worker.engine.families import FAMILIES
 from worker.engine.session import TrialSession, UnitResult
 
 
@@ -90,25 +91,36 @@ def parse_bytes(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m worker.engine.train",
-        description="Train one GPT-2 trial with Hydra's sharded, spilled engine; prints a JSON summary last.",
+        description="Train one causal-LM trial (GPT-2, Llama, Mistral, Qwen2 or Qwen3) with Hydra's sharded, "
+                    "spilled engine; prints a JSON summary last.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     data = parser.add_argument_group("data (one of --corpus or --tokens)")
     source = data.add_mutually_exclusive_group(required=True)
     source.add_argument("--corpus", type=Path, help="UTF-8 text file; tokenized with a byte-level BPE trained on it")
     source.add_argument("--tokens", type=Path, help="1-D .npy of token ids (already tokenized)")
-    data.add_argument("--tokenizer-dir", type=Path, help="use this directory's tokenizer.json instead of training one")
+    data.add_argument("--tokenizer-dir", type=Path,
+                      help="use this directory's tokenizer.json instead of training one (default with "
+                           "--pretrained-dir: that directory's tokenizer, when it has one)")
     data.add_argument("--seq-len", type=int, default=128, help="tokens per packed block (sequence)")
     data.add_argument("--val-fraction", type=float, default=0.1, help="share of blocks held out for evaluation")
-    model = parser.add_argument_group("model (GPT-2 sizes, or --pretrained-dir)")
-    model.add_argument("--pretrained-dir", type=Path, help="local save_pretrained directory (safetensors)")
+    model = parser.add_argument_group("model (a family and its sizes, or --pretrained-dir)")
+    model.add_argument("--pretrained-dir", type=Path,
+                       help="local save_pretrained directory (safetensors) of any supported family; its config "
+                            "wins over the size flags")
+    model.add_argument("--family", choices=FAMILIES, default="gpt2", help="model family built from the sizes")
     model.add_argument("--n-layer", type=int, default=4, help="transformer blocks")
     model.add_argument("--n-embd", type=int, default=128, help="hidden width")
     model.add_argument("--n-head", type=int, default=4, help="attention heads")
+    model.add_argument("--n-kv-head", type=int,
+                       help="key/value heads of grouped-query attention, dividing --n-head (default: --n-head)")
+    model.add_argument("--n-inner", type=int, help="MLP width (default: the family's, e.g. 4 x width for GPT-2)")
+    model.add_argument("--untied", action="store_true", help="an LM head of its own instead of the tied embedding")
     model.add_argument("--vocab-size", type=int, default=512,
                        help="vocabulary size (BPE training target; with --tokens it must exceed the largest id)")
     model.add_argument("--n-positions", type=int, help="context length (default: --seq-len)")
-    model.add_argument("--dropout", type=float, default=0.1, help="embedding, attention and residual dropout")
+    model.add_argument("--dropout", type=float, default=0.1,
+                       help="GPT-2's embedding, attention and residual dropout; the other families' attention dropout")
     optim = parser.add_argument_group("optimization")
     optim.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step")
     optim.add_argument("--micro-batches", type=int, default=1, help="gradient-accumulation micro-batches per step")
@@ -147,16 +159,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def spec_from_args(args: argparse.Namespace) -> TrialSpec:
     vocab_size = args.vocab_size
+    tokenizer_dir = args.tokenizer_dir
+    if tokenizer_dir is None and args.pretrained_dir is not None and (args.pretrained_dir / "tokenizer.json").is_file():
+        tokenizer_dir = args.pretrained_dir  # a pretrained model reads text with its own tokenizer
     if args.corpus is not None:
-        tokens, vocab_size = tokenize_corpus(args.corpus, args.spill_dir / f"{args.trial_id}.data",
-                                             vocab_size=args.vocab_size, tokenizer_dir=args.tokenizer_dir)
+        data_dir = args.spill_dir / f"{args.trial_id}.data"
+        tokens, vocab_size = tokenize_corpus(args.corpus, data_dir, vocab_size=args.vocab_size,
+                                             tokenizer_dir=tokenizer_dir)
+        tokenizer_dir = tokenizer_dir or data_dir  # the BPE trained on the corpus, saved there
     else:
         tokens = args.tokens
     return TrialSpec(
-        model=ModelSpec(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, vocab_size=vocab_size,
+        model=ModelSpec(family=args.family, n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head,
+                        n_kv_head=args.n_kv_head, n_inner=args.n_inner, vocab_size=vocab_size,
                         n_positions=args.n_positions or args.seq_len, dropout=args.dropout,
+                        tie_word_embeddings=not args.untied,
                         pretrained_dir=str(args.pretrained_dir) if args.pretrained_dir else None),
-        data=DataSpec(tokens_path=str(tokens), seq_len=args.seq_len, val_fraction=args.val_fraction),
+        data=DataSpec(tokens_path=str(tokens), seq_len=args.seq_len, val_fraction=args.val_fraction,
+                      tokenizer_dir=str(tokenizer_dir) if tokenizer_dir else None),
         optimizer=OptimizerSpec(kind=args.optimizer, lr=args.lr, betas=tuple(args.betas), eps=args.eps,
                                 weight_decay=args.weight_decay, momentum=args.momentum,
                                 clip_norm=args.clip_norm or None),

@@ -140,7 +140,7 @@ class ShardUnits:
 
     @property
     def _width(self) -> int:
-        return self.stack.config.n_embd
+        return self.stack.width
 
     def _labels(self, unit: UnitSpec) -> torch.Tensor:
         batch = self.data.train_batch(seed=self.spec.seed, step=unit.step, batch_size=self.spec.batch_size)
