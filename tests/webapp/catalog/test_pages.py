@@ -60,6 +60,7 @@ def test_the_page_lists_a_registered_checkpoint_with_its_figures(alice_client, b
     assert (checkpoint.family, checkpoint.n_params, checkpoint.context_length, checkpoint.vocab_size) == (
         "llama", n_params, 64, 320)
     assert len(checkpoint.tokenizer_sha256) == 64
+    assert checkpoint.largest_layer_params == 16 + 320 * 16  # the head: its norm and the tied embedding it uses
     # The catalog is lab-wide: another team's user sees it, with AdamW's 16 and SGD's 12 bytes per parameter.
     page = bob_client.get(reverse("catalog_list")).content.decode()
     assert "Tiny Llama" in page and f"{n_params / 1000:.1f}K" in page
