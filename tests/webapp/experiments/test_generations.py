@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from tests.webapp.experiments.factories import make_experiment
+from tests.webapp.team_factories import join
 from webapp.experiments import archives, generations
 from webapp.experiments.models import Generation, Trial, TrialArchive
 
@@ -225,3 +226,13 @@ def test_the_download_carries_the_tokenizer_that_made_the_tokens(alice, alice_te
     assert tokenizer.eos_token == "<|endoftext|>"
     ids = Fast(tokenizer_file=str(alice_dataset.tokenizer_path))(PROMPT)["input_ids"]
     assert tokenizer(PROMPT)["input_ids"] == ids and tokenizer.decode(ids) == PROMPT
+
+
+def test_every_member_of_the_team_may_generate_not_only_who_may_change_the_trial(alice, alice_team, alice_dataset,
+                                                                                 bob, bob_client):
+    join(alice_team, alice, bob)  # bob is a member of Alice lab: he may not control alice's trial
+    trial = random_export(make_experiment(alice_team, alice_dataset).trials.first())
+    page = bob_client.get(reverse("trial_detail", args=[trial.pk])).content.decode()
+    assert 'id="generation-form"' in page and "Delete…" not in page
+    assert generate(bob_client, trial).status_code == 302
+    assert Generation.objects.get().created_by == bob
