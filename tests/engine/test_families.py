@@ -29,8 +29,9 @@ from worker.engine.families import (
     architecture_from_config,
     architecture_from_spec,
 )
-from worker.engine.layers import LayerStack
+from worker.engine.layers import LayerStack, build_layer_stack
 from worker.engine.train import main
+from worker.engine.weights import init_layer
 
 # One tiny config per family; grouped-query attention where the family has it (2 kv heads for 4 heads).
 TINY: dict[str, dict[str, Any]] = {
@@ -274,3 +275,18 @@ def test_the_command_line_trains_a_family_and_continues_from_its_export(tmp_path
     assert continued.data.tokenizer_dir == str(tmp_path / "a")  # the pretrained model's own tokenizer
     assert np.load(continued.data.tokens_path).tolist() == tokenizer(CORPUS)["input_ids"]
     assert AutoTokenizer.from_pretrained(tmp_path / "b", local_files_only=True).get_vocab() == tokenizer.get_vocab()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_the_streamed_init_is_the_familys(family: str) -> None:
+    stack = build_layer_stack(ModelSpec(family=family, n_layer=2, n_embd=128, n_head=4, n_kv_head=2,
+                                        vocab_size=512, n_positions=64, tie_word_embeddings=False))
+    std = stack.config.initializer_range
+    for index in range(len(stack)):
+        for ref, tensor in zip(stack.owned[index], init_layer(stack, index, seed=0), strict=True):
+            if "norm" in ref.name:  # RMSNorms (Qwen3's q/k norms included) start at one
+                assert torch.equal(tensor, torch.ones_like(tensor)), ref.name
+            elif ref.name.endswith("bias"):  # Qwen2's q/k/v biases start at zero
+                assert not tensor.any(), ref.name
+            else:
+                assert abs(tensor.std().item() - std) < 0.1 * std and abs(tensor.mean().item()) < 0.1 * std, ref.name

@@ -1,4 +1,4 @@
-"""Where a layer's initial weights come from: a seeded GPT-2 init or a local pretrained checkpoint.
+"""Where a layer's initial weights come from: the family's own seeded init or a local pretrained checkpoint.
 
 Both produce one layer at a time (CPU, fp32), so a model is initialized straight into the spill store
 without ever existing whole in memory.
@@ -65,7 +65,8 @@ class PretrainedWeights:
             raise SpecError(f"{directory} has no model.safetensors; only safetensors checkpoints are read")
 
     def get(self, name: str) -> torch.Tensor:
-        """Tensor ``name`` (a ``GPT2LMHeadModel`` key; checkpoints without the ``transformer.`` prefix work)."""
+        """Tensor ``name`` (a key of the family's ``*ForCausalLM``; GPT-2 checkpoints without the ``transformer.``
+        prefix work)."""
         for key in (name, name.removeprefix("transformer.")):
             if key in self.files:
                 with safe_open(self.directory / self.files[key], framework="pt") as f:
