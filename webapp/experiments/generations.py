@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from webapp.accounts.models import Membership
 from webapp.background.outbox import work_enqueue
+from webapp.datasets.tokenization import END_OF_TEXT
 from webapp.experiments.archives import trial_model_dir
 from webapp.experiments.export_tokenizer import fallback_files, has_tokenizer, model_context
 from webapp.experiments.models import Generation, Trial
@@ -146,7 +147,7 @@ def _generate(generation: Generation, directory: Path) -> str:
         raise GenerationError(
             f"The prompt is {n_prompt} tokens, and with {generation.max_new_tokens} new tokens that is more than "
             f"the {context} tokens this model reads at once: shorten the prompt or ask for fewer new tokens.")
-    end = tokenizer.eos_token_id
+    end = _end_of_text(tokenizer)
     sampling: dict[str, Any] = (
         {"do_sample": False} if generation.is_greedy
         else {"do_sample": True, "temperature": generation.temperature, "top_p": generation.top_p, "top_k": 0})
@@ -157,6 +158,15 @@ def _generate(generation: Generation, directory: Path) -> str:
         output = model.generate(**encoded, generation_config=config)
     text = tokenizer.decode(output[0, n_prompt:], skip_special_tokens=True)
     return str(text).replace("\x00", "\ufffd")  # a NUL byte token: PostgreSQL text cannot hold one
+
+
+def _end_of_text(tokenizer: Any) -> int | None:
+    """The token that ends a text: the tokenizer's end-of-sequence token, else the dataset tokenizers' own
+    ``<|endoftext|>`` (a bare ``tokenizer.json`` saved as it is names no end-of-sequence token)."""
+    if tokenizer.eos_token_id is not None:
+        return int(tokenizer.eos_token_id)
+    token = tokenizer.get_vocab().get(END_OF_TEXT)
+    return int(token) if token is not None else None
 
 
 def _load_tokenizer(trial: Trial, directory: Path) -> Any:

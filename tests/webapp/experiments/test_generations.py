@@ -45,7 +45,8 @@ def random_export(trial: Trial, *, n_positions: int = 64) -> Trial:
 
 def trained_export(trial: Trial, spill_dir: Path) -> Trial:
     """`trial` finished after training a 2-layer GPT-2 for real with the engine, in this process, on its
-    dataset's token ids, and exported as the device worker does at the end of a trial."""
+    dataset's token ids, and exported with the dataset's tokenizer as the device worker does at the end of a
+    trial."""
     import torch
 
     from worker.engine import DataSpec, ModelSpec, OptimizerSpec, TrialSession, TrialSpec, trial_create
@@ -53,7 +54,8 @@ def trained_export(trial: Trial, spill_dir: Path) -> Trial:
     dataset = trial.experiment.dataset
     spec = TrialSpec(
         model=ModelSpec(n_layer=2, n_embd=32, n_head=2, vocab_size=dataset.vocab_size, n_positions=64, dropout=0.0),
-        data=DataSpec(tokens_path=str(dataset.tokens_path), seq_len=32, val_fraction=dataset.val_fraction),
+        data=DataSpec(tokens_path=str(dataset.tokens_path), seq_len=32, val_fraction=dataset.val_fraction,
+                      tokenizer_dir=str(dataset.directory)),
         optimizer=OptimizerSpec(kind="adamw", lr=1e-2), batch_size=4, micro_batches=1, steps=6, eval_every=3,
         eval_batches=1, seed=0)
     finished(trial)
@@ -96,6 +98,7 @@ def test_the_web_worker_continues_a_prompt_with_the_trained_model(alice, alice_t
     client = Client()
     client.force_login(alice)
     trial = trained_export(make_experiment(alice_team, alice_dataset).trials.first(), data_dir / "spill")
+    assert (Path(trial.export_path) / "tokenizer_config.json").is_file()  # the export's own tokenizer serves
     response = generate(client, trial)
     greedy = Generation.objects.get()
     assert response.status_code == 302
