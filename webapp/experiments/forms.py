@@ -100,6 +100,11 @@ class ExperimentForm(forms.Form):
         min_value=1, max_value=10_000, required=False,
         help_text="Optional: stop a trial after this many evaluations without a better validation loss.",
     )
+    checkpoint_minutes = forms.IntegerField(
+        min_value=0, max_value=7 * 24 * 60, initial=30, required=False, label="Checkpoint every (minutes)",
+        help_text="Copy each trial's training state to disk this often and when it ends, so a host restart "
+                  "costs at most this much of its work; 0 turns checkpoints off (empty: 30).",
+    )
 
     def __init__(self, *args: Any, team: Team, rows: ParameterRowFormSet, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -176,6 +181,7 @@ class ExperimentForm(forms.Form):
                 strategy=cleaned["strategy"], n_trials=cleaned["n_trials"], budget_unit=cleaned["budget_unit"],
                 budget=cleaned["budget"], eval_every=cleaned["eval_every"], seed=cleaned["seed"],
                 memory_budget_bytes=budget, early_stop_patience=cleaned.get("early_stop_patience"),
+                checkpoint_minutes=30 if cleaned.get("checkpoint_minutes") is None else cleaned["checkpoint_minutes"],
             )
             try:
                 check_caps(draft, caps=settings.HYDRA.caps)
@@ -241,6 +247,7 @@ def experiment_initial(experiment: Experiment) -> tuple[dict[str, Any], list[dic
         "memory_budget": "auto" if experiment.memory_budget_bytes is None else "explicit",
         "memory_budget_mib": None if experiment.memory_budget_bytes is None else experiment.memory_budget_bytes >> 20,
         "early_stop_patience": experiment.early_stop_patience,
+        "checkpoint_minutes": experiment.checkpoint_minutes,
     }
     initial.update({k: v for k, v in model.items() if k not in ("kind", "checkpoint_name")})
     return initial, rows_from_space(parse_search_space(experiment.search_space))

@@ -53,7 +53,8 @@ def trial_job(*, trial: Trial) -> queue_client.EngineJob:
                       steps=trial.total_steps,
                       eval_every=experiment.eval_every, seed=experiment.seed, budget_bytes=budget,
                       early_stop_patience=experiment.early_stop_patience)
-    return queue_client.EngineJob(trial=spec, budget=_budget_mode(experiment))
+    return queue_client.EngineJob(trial=spec, budget=_budget_mode(experiment),
+                                  checkpoint_minutes=experiment.checkpoint_minutes)
 
 
 def _budget_mode(experiment: Experiment) -> queue_client.Budget:
@@ -79,6 +80,7 @@ def trial_launch(*, trial: Trial) -> None:
     trial.message = "" if job is not None else refusal
     trial.step, trial.remaining_s, trial.started, trial.finished = 0, None, None, None
     trial.best_val_loss = trial.best_val_ppl = None
+    trial.checkpoint_step, trial.checkpoint_at = None, None  # an attempt's checkpoints are its own
     trial.save()
     if job is not None:
         queue_id = trial.queue_id
@@ -89,7 +91,8 @@ def trial_sent_job(*, trial: Trial, resume: bool = False) -> queue_client.Engine
     """The job the queue holds for `trial`'s current attempt, from the spec its launch stored; `resume` when it
     is sent again after the queue lost it (`webapp.experiments.reconcile`)."""
     return queue_client.EngineJob(trial=queue_client.TrialSpec.from_dict(trial.spec),
-                                  budget=_budget_mode(trial.experiment), resume=resume)
+                                  budget=_budget_mode(trial.experiment), resume=resume,
+                                  checkpoint_minutes=trial.experiment.checkpoint_minutes)
 
 
 def trial_send(*, queue_id: str) -> bool:

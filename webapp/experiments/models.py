@@ -45,6 +45,10 @@ class Experiment(models.Model):
     early_stop_patience = models.PositiveIntegerField(
         null=True, blank=True, help_text="Stop a trial after this many evaluations without improvement."
     )
+    checkpoint_minutes = models.PositiveIntegerField(
+        default=30, validators=[MaxValueValidator(7 * 24 * 60)],
+        help_text="Copy each trial's training state to disk every this many minutes and when it ends (0: never).",
+    )
     cloned_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created = models.DateTimeField(auto_now_add=True)
@@ -94,6 +98,9 @@ class Trial(models.Model):
     plan = models.JSONField(null=True, blank=True, help_text="Memory plan: an estimate, then the measured one.")
     spec = models.JSONField(null=True, blank=True, help_text="The engine TrialSpec (as a dict) sent at launch.")
     export_path = models.CharField(max_length=500, blank=True, help_text="The final model directory, once exported.")
+    checkpoint_step = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Steps done in the attempt's last durable checkpoint (workers report it).")
+    checkpoint_at = models.DateTimeField(null=True, blank=True, help_text="When that checkpoint's state was taken.")
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
     started = models.DateTimeField(null=True, blank=True)
@@ -119,6 +126,11 @@ class Trial(models.Model):
     def archive_dirs(self) -> list[Path]:
         """Where the model downloads of every attempt are packed (`TrialArchive`)."""
         return [archive_dir_for(self.attempt_queue_id(n)) for n in range(1, self.attempt + 1)]
+
+    @property
+    def checkpoint_dirs(self) -> list[Path]:
+        """The durable checkpoints of every attempt (`worker.engine.durable`, written by the workers)."""
+        return [settings.HYDRA.data_dir / "checkpoints" / self.attempt_queue_id(n) for n in range(1, self.attempt + 1)]
 
     def export_dir_for(self, queue_id: str) -> Path:
         """Where the worker writes this attempt's final model (``save_pretrained``)."""

@@ -59,6 +59,7 @@ def experiment_create(
             search_space=draft.space.to_dict(), strategy=draft.strategy, n_trials=draft.n_trials,
             budget_unit=draft.budget_unit, budget=draft.budget, eval_every=draft.eval_every, seed=draft.seed,
             memory_budget_bytes=draft.memory_budget_bytes, early_stop_patience=draft.early_stop_patience,
+            checkpoint_minutes=draft.checkpoint_minutes,
             cloned_from=cloned_from, created_by=user,
         )
         Trial.objects.bulk_create(
@@ -173,7 +174,7 @@ def _trial_delete(*, trial: Trial) -> None:
             log.warning("trial %s deleted while the scheduler could not be reached: %s", trial.queue_id, error)
         except queue_client.SchedulerError:  # unknown to the scheduler: nothing left to stop
             pass
-    paths = [*trial.spill_dirs, *trial.archive_dirs,
+    paths = [*trial.spill_dirs, *trial.archive_dirs, *trial.checkpoint_dirs,
              *([trial.export_dir_for(trial.queue_id)] if trial.queue_id else [])]
     with transaction.atomic():
         trial.delete()

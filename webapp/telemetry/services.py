@@ -9,6 +9,7 @@ the metrics, each pass hands them to the one service that applies them (`webapp.
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 
 Entry = Mapping[str, Any]
 # Metrics before events, so that when a trial's "finished" event is applied its last metrics are stored.
-STREAM_ORDER = ("steps", "evals", "spans", "samples")
+STREAM_ORDER = ("steps", "evals", "spans", "samples", "checkpoints")
 BATCH_SIZE = 2000
 
 
@@ -153,9 +154,25 @@ def _store_samples(host_id: str, entries: list[Entry]) -> None:
     )
 
 
+def _store_checkpoints(host_id: str, entries: list[Entry]) -> None:
+    """Each trial's last durable checkpoint (the newest state taken: entries of one trial may come from
+    several devices, out of order)."""
+    attempts = _attempts(entries)
+    newest: dict[Attempt, Entry] = {}
+    for e in entries:
+        attempt = attempts.get(e["trial"])
+        if attempt is not None and (attempt not in newest or e["time"] > newest[attempt]["time"]):
+            newest[attempt] = e
+    for (trial_id, attempt), e in newest.items():
+        taken = datetime.datetime.fromtimestamp(e["time"], tz=datetime.UTC)
+        Trial.objects.filter(Q(checkpoint_at__isnull=True) | Q(checkpoint_at__lt=taken), pk=trial_id,
+                             attempt=attempt).update(checkpoint_step=e["step"], checkpoint_at=taken)
+
+
 STORES: dict[str, Callable[[str, list[Entry]], None]] = {
     "steps": _store_steps,
     "evals": _store_evals,
     "spans": _store_spans,
     "samples": _store_samples,
+    "checkpoints": _store_checkpoints,
 }

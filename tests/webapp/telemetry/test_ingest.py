@@ -32,7 +32,7 @@ def test_it_stores_every_stream_in_batches_and_advances_the_cursors(redis_client
 
     read = telemetry_ingest(host_id=host_id, batch_size=100)
 
-    assert read == {"steps": 280, "evals": 28, "spans": 2, "samples": 1, "events": 0}
+    assert read == {"steps": 280, "evals": 28, "spans": 2, "samples": 1, "checkpoints": 0, "events": 0}
     assert StepMetric.objects.filter(trial=first).count() == 250
     assert EvalMetric.objects.filter(trial=second).count() == 3
     assert set(UnitSpan.objects.values_list("device", flat=True)) == {"cpu0", "cpu1"}
