@@ -39,7 +39,7 @@ class DeviceBudget:
 class Fit:
     optimizer: str
     state_bytes: int  # parameters + gradients + optimizer slots, fp32
-    verdict: str  # "resident", "spilled", "too large", "no devices"
+    verdict: str  # "resident", "spilled", "too large", "fit unknown"
     detail: str
 
 
@@ -91,7 +91,7 @@ def fits(checkpoint: Checkpoint, devices: Iterable[DeviceBudget]) -> list[Fit]:
 
 def _fit(label: str, total: int, layer: int | None, devices: list[DeviceBudget]) -> Fit:
     if not devices:
-        return Fit(label, total, "no devices", "no device worker of this host answered")
+        return Fit(label, total, "fit unknown", "no device worker of this host answered")
     resident = [d.device for d in devices if d.budget_bytes is not None and total <= d.budget_bytes]
     if resident:
         return Fit(label, total, "resident", "whole on " + ", ".join(resident))
