@@ -6,7 +6,9 @@ failed. The model and tokenizer are loaded and run only in the web worker (trans
 imported inside `trial_generate`), never in the web process. Only a finished trial with an exported model
 generates, and the generation belongs to that attempt: a trial retried or deleted meanwhile fails it with a
 message. Generating again from a message delivered twice changes nothing: only a pending row is generated
-for, and its result is written only while it is still pending.
+for, and its result is written only while it is still pending. A model whose weights would not fit in the web
+worker's free memory is refused with a message before it is loaded, so that one large model cannot take down
+the worker (and, redelivered, take it down again).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
@@ -35,6 +38,7 @@ from webapp.experiments.models import Generation, Trial
 GENERATE_TASK = "hydra.web.trial_generate"
 MAX_PENDING_PER_TEAM = 4  # the web worker generates one at a time; more would hold up the team's other work
 SHOWN = 20  # generations a trial's page lists
+MEMORY_FACTOR = 2  # free memory a model needs, in multiples of its weights' bytes (loading copies them once)
 log = logging.getLogger(__name__)
 
 
@@ -136,6 +140,12 @@ def _generate(generation: Generation, directory: Path) -> str:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
+    weights = sum(path.stat().st_size for path in directory.glob("*.safetensors"))
+    available = psutil.virtual_memory().available
+    if weights * MEMORY_FACTOR > available:
+        raise GenerationError(
+            f"The model's weights ({weights / 2**30:.1f} GiB) would not fit in the web worker's free memory "
+            f"({available / 2**30:.1f} GiB) with room to run: download it and generate where it fits.")
     tokenizer = _load_tokenizer(generation.trial, directory)
     model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True).eval()
     encoded = tokenizer(generation.prompt, return_tensors="pt")

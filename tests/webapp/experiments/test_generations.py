@@ -239,3 +239,27 @@ def test_every_member_of_the_team_may_generate_not_only_who_may_change_the_trial
     assert 'id="generation-form"' in page and "Delete…" not in page
     assert generate(bob_client, trial).status_code == 302
     assert Generation.objects.get().created_by == bob
+
+
+def test_a_model_too_large_for_the_web_workers_memory_is_refused_before_it_loads(alice_client, alice_team,
+                                                                                  alice_dataset, monkeypatch):
+    trial = random_export(make_experiment(alice_team, alice_dataset).trials.first())
+    generate(alice_client, trial)
+    monkeypatch.setattr(generations, "MEMORY_FACTOR", 2**40)  # as if the host had a millionth of its memory free
+    generation = Generation.objects.get()
+    generations.trial_generate(generation_id=generation.pk)
+    generation.refresh_from_db()
+    assert generation.status == Generation.Status.FAILED
+    assert "would not fit in the web worker's free memory" in generation.message
+
+
+def test_a_model_that_does_not_load_fails_its_generation_with_why(alice_client, alice_team, alice_dataset):
+    trial = random_export(make_experiment(alice_team, alice_dataset).trials.first())
+    (Path(trial.export_path) / "model.safetensors").write_bytes(b"not a safetensors file")
+    generate(alice_client, trial)
+    generation = Generation.objects.get()
+    generations.trial_generate(generation_id=generation.pk)
+    generation.refresh_from_db()
+    assert generation.status == Generation.Status.FAILED and generation.message.startswith("Generating failed: ")
+    page = alice_client.get(reverse("trial_detail", args=[trial.pk])).content.decode()
+    assert escape(generation.message) in page
