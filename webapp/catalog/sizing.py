@@ -78,20 +78,22 @@ def _budget(device: str) -> DeviceBudget:
 
 def fits(checkpoint: Checkpoint, devices: Iterable[DeviceBudget]) -> list[Fit]:
     """For each optimizer of `OPTIMIZERS`: the ready checkpoint's training state and where it fits."""
-    devices = [d for d in devices if d.budget_bytes is not None]
+    answered = list(devices)
+    devices = [d for d in answered if d.budget_bytes is not None]
+    unknown = "no device's memory could be read" if answered else "no device worker of this host answered"
     n_params = checkpoint.n_params or 0
     result = []
     for label, kind, momentum in OPTIMIZERS:
         total = state_bytes(n_params, optimizer=kind, momentum=momentum)
         layer = (state_bytes(checkpoint.largest_layer_params, optimizer=kind, momentum=momentum)
                  if checkpoint.largest_layer_params is not None else None)
-        result.append(_fit(label, total, layer, devices))
+        result.append(_fit(label, total, layer, devices, unknown))
     return result
 
 
-def _fit(label: str, total: int, layer: int | None, devices: list[DeviceBudget]) -> Fit:
+def _fit(label: str, total: int, layer: int | None, devices: list[DeviceBudget], unknown: str) -> Fit:
     if not devices:
-        return Fit(label, total, "fit unknown", "no device worker of this host answered")
+        return Fit(label, total, "fit unknown", unknown)
     resident = [d.device for d in devices if d.budget_bytes is not None and total <= d.budget_bytes]
     if resident:
         return Fit(label, total, "resident", "whole on " + ", ".join(resident))

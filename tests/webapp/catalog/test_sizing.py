@@ -32,4 +32,6 @@ def test_a_state_within_a_budget_is_resident_and_one_over_it_is_spilled() -> Non
 
 def test_without_devices_nothing_is_said_to_fit() -> None:
     assert {fit.verdict for fit in fits(_checkpoint(10**6, 10**5), [])} == {"fit unknown"}
+    unread = fits(_checkpoint(10**6, 10**5), [DeviceBudget("cuda:0", None, "no NVML")])
+    assert {(fit.verdict, fit.detail) for fit in unread} == {("fit unknown", "no device's memory could be read")}
 
