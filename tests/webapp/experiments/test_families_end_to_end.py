@@ -1,0 +1,95 @@
+"""Experiments of other families run to their end on real device workers: a Llama preset trained from scratch
+with gradient accumulation, and a catalog checkpoint trained on the dataset tokenized with its own tokenizer;
+each exported model loads with its tokenizer through transformers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.webapp.experiments.checkpoints import ready_checkpoint
+from tests.webapp.experiments.factories import make_experiment
+from tests.worker.conftest import device_workers  # noqa: F401 -- a fixture
+from webapp.catalog.selectors import checkpoint_dir
+from webapp.datasets.models import DatasetTokens
+from webapp.datasets.services import dataset_tokens_build
+from webapp.experiments import services
+from webapp.experiments.model_shapes import PRESETS, checkpoint_shape
+from webapp.experiments.models import Trial
+from webapp.experiments.reconcile import trials_reconcile
+from webapp.telemetry.services import telemetry_ingest
+
+pytestmark = pytest.mark.slow
+SPACE = {"lr": {"values": [0.003]}, "batch_size": {"values": [4]}, "micro_batches": {"values": [2]},
+         "seq_len": {"values": [16]}}
+
+
+def _run_to_the_end(experiment, workers, capture) -> list[Trial]:
+    deadline = time.monotonic() + 240
+    while True:
+        with capture(execute=True):
+            telemetry_ingest(host_id=workers.host_id)
+            trials_reconcile()  # as the ingest's pass does after its own: sends the trials whose data is ready
+        trials = list(experiment.trials.order_by("number"))
+        if all(t.status in Trial.ENDED for t in trials):
+            return trials
+        assert time.monotonic() < deadline, f"{[(t.status, t.message) for t in trials]}\n{workers.logs()}"
+        time.sleep(0.2)
+
+
+def _on(settings, workers) -> None:
+    settings.HYDRA = dataclasses.replace(settings.HYDRA,
+                                         worker=dataclasses.replace(settings.HYDRA.worker, host_id=workers.host_id))
+
+
+def _exported(trial: Trial) -> tuple[dict, object]:
+    from transformers import AutoTokenizer
+
+    assert trial.export_path, trial.message
+    config = json.loads((Path(trial.export_path) / "config.json").read_text())
+    return config, AutoTokenizer.from_pretrained(trial.export_path)
+
+
+def test_a_llama_preset_experiment_trains_on_real_workers_and_exports_with_its_tokenizer(
+        alice, alice_team, alice_dataset, settings, device_workers,  # noqa: F811
+        django_capture_on_commit_callbacks):
+    workers = device_workers("cpu0")
+    _on(settings, workers)
+    experiment = make_experiment(alice_team, alice_dataset, model={"kind": "preset", "preset": "llama-micro"},
+                                 shape=PRESETS["llama-micro"][1], space=SPACE, budget=4, eval_every=2)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.experiment_launch(experiment=experiment, actor=alice)
+    (trial,) = _run_to_the_end(experiment, workers, django_capture_on_commit_callbacks)
+    assert trial.status == "finished", trial.message
+    assert trial.step == 4 and trial.best_val_loss is not None and trial.plan["source"] == "measured"
+    assert (trial.spec["micro_batches"], trial.spec["model"]["family"]) == (2, "llama")
+    config, tokenizer = _exported(trial)
+    assert (config["model_type"], config["num_key_value_heads"], config["vocab_size"]) == (
+        "llama", 2, alice_dataset.vocab_size)
+    assert tokenizer.decode(tokenizer("The quick brown fox")["input_ids"]) == "The quick brown fox"
+
+
+def test_a_checkpoint_experiment_trains_on_its_own_tokenizers_ids(
+        alice, alice_team, alice_dataset, settings, device_workers,  # noqa: F811
+        django_capture_on_commit_callbacks):
+    workers = device_workers("cpu0")
+    _on(settings, workers)
+    checkpoint = ready_checkpoint(alice)
+    experiment = make_experiment(
+        alice_team, alice_dataset, space=SPACE, budget=4, eval_every=2, shape=checkpoint_shape(checkpoint.pk),
+        model={"kind": "checkpoint", "checkpoint": checkpoint.pk, "checkpoint_name": checkpoint.name})
+    with django_capture_on_commit_callbacks(execute=True):
+        services.experiment_launch(experiment=experiment, actor=alice)
+    assert experiment.trials.get().submitted is False  # its tokens are not made yet
+    dataset_tokens_build(tokens_id=DatasetTokens.objects.get().pk)  # as the web worker does
+    (trial,) = _run_to_the_end(experiment, workers, django_capture_on_commit_callbacks)
+    assert trial.status == "finished", trial.message
+    assert trial.spec["model"]["pretrained_dir"] == str(checkpoint_dir(checkpoint))
+    config, tokenizer = _exported(trial)
+    assert (config["model_type"], config["vocab_size"]) == ("llama", checkpoint.vocab_size)
+    original = json.loads((checkpoint_dir(checkpoint) / "tokenizer.json").read_text())["model"]["vocab"]
+    assert tokenizer.get_vocab() == original  # the checkpoint's own tokenizer travels with the model
