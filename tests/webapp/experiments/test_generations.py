@@ -34,9 +34,11 @@ def finished(trial: Trial) -> Trial:
 def random_export(trial: Trial, *, n_positions: int = 64) -> Trial:
     """`trial` finished with an untrained tiny GPT-2 of its dataset's vocabulary as its export (no tokenizer
     in it, like the exports the engine wrote before it copied the tokenizer)."""
+    import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     finished(trial)
+    torch.manual_seed(0)  # the same weights every run
     config = GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=n_positions,
                         vocab_size=trial.experiment.dataset.vocab_size)
     GPT2LMHeadModel(config).save_pretrained(trial.export_path)
@@ -263,3 +265,23 @@ def test_a_model_that_does_not_load_fails_its_generation_with_why(alice_client, 
     assert generation.status == Generation.Status.FAILED and generation.message.startswith("Generating failed: ")
     page = alice_client.get(reverse("trial_detail", args=[trial.pk])).content.decode()
     assert escape(generation.message) in page
+
+
+def test_a_llama_family_export_generates_with_the_tokenizer_saved_in_it(alice_client, alice_team, alice_dataset):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    trial = finished(make_experiment(alice_team, alice_dataset).trials.first())
+    torch.manual_seed(0)
+    config = LlamaConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=alice_dataset.vocab_size, max_position_embeddings=64,
+                         tie_word_embeddings=True)
+    LlamaForCausalLM(config).save_pretrained(trial.export_path)
+    PreTrainedTokenizerFast(tokenizer_file=str(alice_dataset.tokenizer_path), eos_token="<|endoftext|>",
+                            bos_token="<|endoftext|>").save_pretrained(trial.export_path)
+    assert generate(alice_client, trial, max_new_tokens="5").status_code == 302
+    generation = Generation.objects.get()
+    generations.trial_generate(generation_id=generation.pk)  # what the web worker runs
+    generation.refresh_from_db()
+    assert generation.status == Generation.Status.DONE, generation.message
+    assert generation.text
