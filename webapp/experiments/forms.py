@@ -18,7 +18,7 @@ from webapp.accounts.models import Team
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.selectors import ready_checkpoints
 from webapp.datasets.models import Dataset
-from webapp.experiments.model_shapes import FAMILY_LABELS, PRESETS, ModelChoiceError, model_shape
+from webapp.experiments.model_shapes import FAMILY_LABELS, PRESETS, ModelChoiceError, model_from_spec, model_shape
 from webapp.experiments.models import Experiment
 from webapp.experiments.planning import CapError, ExperimentDraft, check_caps
 from webapp.experiments.search_space import (
@@ -27,7 +27,7 @@ from webapp.experiments.search_space import (
     PARAMETERS,
     SearchSpace,
     SearchSpaceError,
-    load_search_space_text,
+    load_spec_text,
     parse_search_space,
     space_from_rows,
 )
@@ -43,6 +43,8 @@ class CheckpointField(forms.ModelChoiceField):
                f"context {obj.context_length})"
 
 MAX_SPACE_TEXT = 20_000
+MODEL_FIELDS = ("model_kind", "preset", "family", "n_layer", "n_embd", "n_head", "n_kv_head", "n_inner", "n_positions",
+                "checkpoint", "pretrained_dir")
 
 
 class ParameterRowForm(forms.Form):
@@ -82,7 +84,8 @@ class ExperimentForm(forms.Form):
                                      help_text="A save_pretrained GPT-2 directory, relative to the models root.")
     space_text = forms.CharField(
         required=False, max_length=MAX_SPACE_TEXT, widget=forms.Textarea(attrs={"rows": 6}),
-        help_text="Optional: paste a search space as YAML or JSON; it replaces the rows above.",
+        help_text="Optional: paste a search space as YAML or JSON; it replaces the rows above, and a model: entry "
+                  "replaces the model chosen above.",
     )
     strategy = forms.ChoiceField(choices=Experiment.Strategy.choices, initial=Experiment.Strategy.GRID)
     n_trials = forms.IntegerField(min_value=1, max_value=MAX_TRIALS, initial=8,
@@ -147,10 +150,19 @@ class ExperimentForm(forms.Form):
             return {"kind": "checkpoint", "checkpoint": checkpoint.pk, "checkpoint_name": checkpoint.name}
         return {"kind": "pretrained", "pretrained_dir": (cleaned.get("pretrained_dir") or "").strip()}
 
+    def _model_error_field(self, field: str) -> str | None:
+        """Where a model's error shows: its field, or the pasted text when that named the model."""
+        if getattr(self, "pasted_model", None) is not None and field in MODEL_FIELDS:
+            return "space_text"
+        return field if field in self.fields else None
+
     def _space(self, cleaned: dict[str, Any]) -> SearchSpace:
+        """The search space of the pasted text, or else of the rows. A ``model`` entry in the pasted text is kept
+        as ``pasted_model`` (see `model_shapes.model_from_spec`)."""
         text = (cleaned.get("space_text") or "").strip()
         if text:
-            return load_search_space_text(text)
+            self.pasted_model, space = load_spec_text(text)
+            return space
         if not self.rows.is_valid():
             raise SearchSpaceError("", field="rows")
         rows = [row.cleaned_data for row in self.rows.forms if row.cleaned_data and not row.cleaned_data.get("DELETE")]
@@ -160,15 +172,16 @@ class ExperimentForm(forms.Form):
         """Adds ``draft`` (an `ExperimentDraft`) when every field converts."""
         cleaned = super().clean()
         model = shape = space = None
-        model = self._model(cleaned)
-        try:
-            shape = model_shape(model, models_root=settings.HYDRA.models_root) if model else None
-        except ModelChoiceError as error:
-            self.add_error(error.field if error.field in self.fields else None, str(error))
+        self.pasted_model: object | None = None
         try:
             space = self._space(cleaned)
         except SearchSpaceError as error:
             self._add_space_error(error, from_text=bool((cleaned.get("space_text") or "").strip()))
+        try:
+            model = model_from_spec(self.pasted_model) if self.pasted_model is not None else self._model(cleaned)
+            shape = model_shape(model, models_root=settings.HYDRA.models_root) if model else None
+        except ModelChoiceError as error:
+            self.add_error(self._model_error_field(error.field), str(error))
         budget = None
         if cleaned.get("memory_budget") == "explicit":
             if cleaned.get("memory_budget_mib") is None:
@@ -222,7 +235,9 @@ class ExperimentForm(forms.Form):
         """Place an error raised while planning a valid draft (see `services.experiment_plan`)."""
         if isinstance(error, SearchSpaceError):
             self._add_space_error(error, from_text=bool((self.cleaned_data.get("space_text") or "").strip()))
-        elif isinstance(error, ModelChoiceError | CapError):
+        elif isinstance(error, ModelChoiceError):
+            self.add_error(self._model_error_field(error.field), str(error))
+        elif isinstance(error, CapError):
             self.add_error(error.field if error.field in self.fields else None, str(error))
         else:
             self.add_error("memory_budget_mib" if self.cleaned_data.get("memory_budget") == "explicit" else None,

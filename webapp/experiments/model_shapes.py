@@ -230,6 +230,64 @@ def _custom_shape(model: dict[str, Any]) -> ModelShape:
     return shape
 
 
+# A custom size's fields as the form bounds them: (smallest, largest, required).
+CUSTOM_FIELDS: dict[str, tuple[int, int, bool]] = {
+    "n_layer": (1, 256, True), "n_embd": (8, 16_384, True), "n_head": (1, 256, True),
+    "n_positions": (8, 65_536, True), "n_kv_head": (1, 256, False), "n_inner": (1, 131_072, False),
+}
+
+
+def model_from_spec(raw: object) -> dict[str, Any]:
+    """The stored model choice (as the form makes it) from a pasted spec's ``model`` entry: ``{preset: name}``,
+    ``{checkpoint: catalog name}``, or ``{family: ..., n_layer: ..., ...}`` (a custom size). Raises
+    ModelChoiceError on ``space_text`` naming what is wrong; the shape itself is checked by `model_shape`."""
+    def refuse(message: str) -> ModelChoiceError:
+        return ModelChoiceError(f"model: {message}", field="space_text")
+
+    if not isinstance(raw, dict):
+        raise refuse("give a mapping: {preset: NAME}, {checkpoint: NAME} or {family: ..., n_layer: ..., ...}.")
+    keys = set(raw)
+    chosen = keys & {"preset", "checkpoint"}
+    if chosen:
+        if len(keys) != 1:
+            raise refuse(f"{' and '.join(sorted(quote(str(k)) for k in keys)[:5])} do not go together; give only "
+                         "a preset, or only a checkpoint.")
+        (key,) = chosen
+        name = raw[key]
+        if key == "preset":
+            if not isinstance(name, str) or name not in PRESETS:
+                raise refuse(f"unknown preset {quote(name)}; presets: {', '.join(PRESETS)}.")
+            return {"kind": "preset", "preset": name}
+        return _checkpoint_by_name(name, refuse)
+    unknown = sorted(quote(str(k)) for k in keys - {"family", *CUSTOM_FIELDS})
+    if unknown:
+        raise refuse(f"unknown field(s) {', '.join(unknown[:5])}; a custom size takes family, "
+                     f"{', '.join(CUSTOM_FIELDS)}.")
+    family = raw.get("family", "gpt2")
+    if family not in FAMILIES:
+        raise refuse(f"unknown family {quote(family)}; choose one of {', '.join(FAMILIES)}.")
+    model: dict[str, Any] = {"kind": "custom", "family": family}
+    for name, (low, high, required) in CUSTOM_FIELDS.items():
+        value = raw.get(name)
+        if value is None:
+            if required:
+                raise refuse(f"{name} is missing; a custom size needs {', '.join(list(CUSTOM_FIELDS)[:4])}.")
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise refuse(f"{name} is {quote(value)}; give a whole number from {low} to {high:,}.")
+        model[name] = value
+    return model
+
+
+def _checkpoint_by_name(name: object, refuse: Any) -> dict[str, Any]:
+    from webapp.catalog.selectors import ready_checkpoints
+
+    checkpoint = ready_checkpoints().filter(name=name).first() if isinstance(name, str) else None
+    if checkpoint is None:
+        raise refuse(f"no ready checkpoint named {quote(name)} in the catalog.")
+    return {"kind": "checkpoint", "checkpoint": checkpoint.pk, "checkpoint_name": checkpoint.name}
+
+
 def model_shape(model: dict[str, Any], *, models_root: Path) -> ModelShape:
     """The base shape of an experiment's model choice (its stored ``model`` JSON)."""
     kind = model.get("kind")

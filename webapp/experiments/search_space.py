@@ -7,6 +7,10 @@ also the YAML/JSON users paste and download, is::
     batch_size: {kind: categorical, values: [8, 16]}
     n_layer:    {kind: int, low: 2, high: 6, step: 2}
 
+Pasted text may also name the model, beside the parameters, under the key ``model`` (`load_spec_text`):
+``model: {preset: llama-micro}``, ``model: {checkpoint: <catalog name>}`` or a custom size such as
+``model: {family: llama, n_layer: 4, n_embd: 128, n_head: 4, n_kv_head: 2, n_positions: 512}``.
+
 Every error is a `SearchSpaceError` naming the parameter and the field, so forms can put it beside the row.
 Pasted text is read by `load_search_space_text`, whose cost is bounded by the text's length: YAML anchors
 and aliases (which let a few hundred characters stand for a billion values) are refused, and so are
@@ -31,6 +35,7 @@ Value = int | float | str
 QUOTE_CHARS = 40  # the most of a user's value that an error message repeats
 MAX_NODES = 1000  # YAML nodes in a pasted space: a dozen parameters with their ranges and values fit easily
 MAX_DEPTH = 4  # space -> parameter -> field -> list of values
+MODEL_KEY = "model"  # pasted text may name the experiment's model beside the parameters
 
 
 class SearchSpaceError(ValueError):
@@ -302,6 +307,20 @@ class _BoundedLoader(yaml.SafeLoader):
 
 def load_search_space_text(text: str) -> SearchSpace:
     """A search space from pasted YAML or JSON (JSON is read as YAML); raises SearchSpaceError."""
+    return parse_search_space(_load_text(text))
+
+
+def load_spec_text(text: str) -> tuple[object | None, SearchSpace]:
+    """Pasted YAML or JSON that may also name the model under the key ``model`` (see
+    `model_shapes.model_from_spec`): that entry, unchecked (None without one), and the search space."""
+    raw = _load_text(text)
+    if isinstance(raw, Mapping) and MODEL_KEY in raw:
+        raw = dict(raw)
+        return raw.pop(MODEL_KEY), parse_search_space(raw)
+    return None, parse_search_space(raw)
+
+
+def _load_text(text: str) -> object:
     loader = _BoundedLoader(text)
     try:
         raw = loader.get_single_data()
@@ -316,7 +335,7 @@ def load_search_space_text(text: str) -> SearchSpace:
         raise SearchSpaceError("The search space holds a number too long to read.", field="space_text") from None
     finally:
         loader.dispose()
-    return parse_search_space(raw)
+    return raw
 
 
 def space_from_rows(rows: Sequence[Mapping[str, Any]]) -> SearchSpace:

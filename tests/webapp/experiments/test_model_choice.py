@@ -4,6 +4,8 @@ its shape is not searched, and ids that would not match its embeddings are refus
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -128,3 +130,34 @@ def test_ids_that_would_not_match_the_embeddings_are_refused(alice_team, alice_d
     form = planned_errors(bound(alice_team, post_data(alice_dataset, model_kind="pretrained",
                                                      pretrained_dir="small-vocab")))
     assert "but the model has only 256 embeddings: they would not match" in text(form.errors["pretrained_dir"])
+
+
+def test_pasted_yaml_or_json_may_name_the_model(alice, alice_team, alice_dataset):
+    pasted = "model: {preset: llama-micro}\nlr: {values: [0.001]}\nmicro_batches: {values: [2]}\n"
+    draft = _draft(bound(alice_team, post_data(alice_dataset, rows=[], space_text=pasted)))
+    assert draft.model == {"kind": "preset", "preset": "llama-micro"} and draft.shape.family == "llama"
+    assert draft.space.to_dict() == {"lr": {"kind": "categorical", "values": [0.001]},
+                                     "micro_batches": {"kind": "categorical", "values": [2]}}
+    custom = json.dumps({"model": {"family": "mistral", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": 2,
+                                   "n_positions": 128}, "lr": {"values": [0.001]}})
+    draft = _draft(bound(alice_team, post_data(alice_dataset, rows=[], space_text=custom)))
+    assert (draft.shape.family, draft.shape.n_kv_head, draft.model["kind"]) == ("mistral", 2, "custom")
+    checkpoint = ready_checkpoint(alice)
+    draft = _draft(bound(alice_team, post_data(alice_dataset, rows=[],
+                                               space_text="model: {checkpoint: tiny llama}\nlr: {values: [0.1]}")))
+    assert draft.model == {"kind": "checkpoint", "checkpoint": checkpoint.pk, "checkpoint_name": "tiny llama"}
+
+    for model, words in [
+        ("{checkpoint: huge llama}", "no ready checkpoint named 'huge llama' in the catalog"),
+        ("{preset: llama-micro, checkpoint: tiny llama}", "'checkpoint' and 'preset' do not go together"),
+        ("{preset: gpt5}", "unknown preset 'gpt5'"),
+        ("{family: llama, n_layer: 2, n_embd: 64, n_head: 4, n_kv_head: 3, n_positions: 64}",
+         "3 key/value heads do not divide 4 heads"),
+        ("{family: llama, n_layer: true, n_embd: 64, n_head: 4, n_positions: 64}", "n_layer is True"),
+        ("{family: llama, n_embd: 64, n_head: 4, n_positions: 64}", "n_layer is missing"),
+        ("{family: bert, n_layer: 2}", "unknown family 'bert'"),
+        ("[llama]", "give a mapping"),
+    ]:
+        form = bound(alice_team, post_data(alice_dataset, rows=[], space_text=f"model: {model}\nlr: {{values: [1]}}"))
+        assert not form.is_valid(), model
+        assert words in text(form.errors["space_text"]), (model, form.errors)
