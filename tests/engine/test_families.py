@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -230,9 +231,13 @@ def test_a_trial_starts_from_a_pretrained_directory_of_any_family(
     trial_create(spec=spec, spill_dir=tmp_path, trial_id="a", device=CPU, cuts=[0, 2])
     TrialSession.open(spill_dir=tmp_path, trial_id="a", device=CPU).export(tmp_path / "a")
 
-    # The directory's config wins: family, sizes and head; a save_pretrained tokenizer is copied as it is.
-    pretrained = dataclasses.replace(spec, model=ModelSpec(pretrained_dir=str(tmp_path / "a")),
-                                     data=dataclasses.replace(spec.data, tokenizer_dir=str(tmp_path / "a")))
+    # The directory's config wins: family, sizes and head; a save_pretrained tokenizer is copied as it is; a
+    # checkpoint stored for bf16 trains, and is exported, in fp32.
+    shutil.copytree(tmp_path / "a", tmp_path / "a-bf16")
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    (tmp_path / "a-bf16" / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    pretrained = dataclasses.replace(spec, model=ModelSpec(pretrained_dir=str(tmp_path / "a-bf16")),
+                                     data=dataclasses.replace(spec.data, tokenizer_dir=str(tmp_path / "a-bf16")))
     assert architecture_from_spec(pretrained.model) == architecture_from_spec(spec.model)
     trial_create(spec=pretrained, spill_dir=tmp_path, trial_id="b", device=CPU, cuts=[0])
     TrialSession.open(spill_dir=tmp_path, trial_id="b", device=CPU).export(tmp_path / "b")
@@ -255,6 +260,11 @@ def test_an_unknown_architecture_is_refused_by_name_before_anything_runs(tokens_
         ModelSpec(family="foo")  # type: ignore[arg-type]
     with pytest.raises(SpecError, match="n_kv_head 3 must divide n_head 4"):
         ModelSpec(family="llama", n_head=4, n_kv_head=3)
+    no_tokenizer = dataclasses.replace(tiny_spec(tokens_path), data=DataSpec(
+        tokens_path=str(tokens_path), seq_len=SEQ, tokenizer_dir=str(checkpoint)))
+    with pytest.raises(SpecError, match=r"holds no tokenizer\.json"):  # the export would need it after training
+        trial_create(spec=no_tokenizer, spill_dir=tmp_path / "spill", trial_id="t", device=CPU)
+    assert not (tmp_path / "spill").exists()
 
 
 def test_the_command_line_trains_a_family_and_continues_from_its_export(tmp_path: Path) -> None:

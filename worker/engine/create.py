@@ -42,6 +42,10 @@ def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: tor
     if spec.data.seq_len > stack.context:
         raise SpecError(f"seq_len {spec.data.seq_len} exceeds the model's context of {stack.context}")
     TokenBlocks(spec.data, vocab_size=stack.config.vocab_size)  # fail on bad data before any work
+    if spec.data.tokenizer_dir is not None:  # the export ships it: a missing one fails now, not after training
+        tokenizer_dir = Path(spec.data.tokenizer_dir)
+        if not any((tokenizer_dir / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+            raise SpecError(f"tokenizer_dir {tokenizer_dir} holds no tokenizer.json")
     costs = profile_layers(stack, spec, device)
     plan = solve(costs, spec.budget_bytes) if cuts is None else plan_with_shards(costs, cuts, spec.budget_bytes)
     if spec.activations == "auto":

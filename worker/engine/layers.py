@@ -214,6 +214,8 @@ def model_config(spec: ModelSpec) -> PretrainedConfig:
         config = AutoConfig.for_model(spec.family, **sizes)
     config.use_cache = False
     config.architectures = [CAUSAL_LM_CLASSES[config.model_type]]
+    if spec.pretrained_dir is not None:  # the engine trains and exports fp32, whatever the checkpoint stored
+        config.dtype = torch.float32
     return config
 
 
