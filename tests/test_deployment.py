@@ -61,6 +61,15 @@ def test_it_publishes_plain_http_to_this_host_only():
     assert published == ["127.0.0.1:8000:8000"]
 
 
+def test_its_redis_keeps_an_append_only_file_and_every_service_restarts():
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    command = spec["services"]["redis"]["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--appendfsync") + 1] == "everysec"
+    assert {name: service.get("restart") for name, service in spec["services"].items()} == {
+        name: "unless-stopped" for name in spec["services"]}
+
+
 def production_environ(tmp_path: Path) -> dict[str, str]:
     """What a production server sets: no DEBUG, a real secret, its host name (HTTPS is on by default)."""
     return {
