@@ -15,6 +15,8 @@ from django.utils.html import escape
 
 from tests.webapp.experiments.factories import make_experiment
 from tests.webapp.team_factories import join
+from tests.webapp.web_worker import CLOSED_PORT_URL, redis_at
+from webapp.background.reconcile import WebWorkReconciled, web_work_reconcile
 from webapp.experiments import archives, generations
 from webapp.experiments.models import Generation, Trial, TrialArchive
 
@@ -285,3 +287,20 @@ def test_a_llama_family_export_generates_with_the_tokenizer_saved_in_it(alice_cl
     generation.refresh_from_db()
     assert generation.status == Generation.Status.DONE, generation.message
     assert generation.text
+
+
+def test_a_generation_asked_for_while_redis_is_down_says_so_and_is_sent_once_it_is_back(
+        alice_client, alice_team, alice_dataset, settings, django_capture_on_commit_callbacks, scheduler):
+    """The send lands in the web queue of `scheduler`'s throw-away host, which is deleted afterwards."""
+    trial = random_export(make_experiment(alice_team, alice_dataset).trials.first())
+    with redis_at(settings, CLOSED_PORT_URL):
+        with django_capture_on_commit_callbacks(execute=True):  # the send, once the request's writes commit
+            response = generate(alice_client, trial)
+        assert response.status_code == 302
+        page = alice_client.get(response["Location"]).content.decode()
+    generation = Generation.objects.get()
+    assert generation.status == Generation.Status.PENDING and generation.send_error
+    assert "The background worker could not be reached (" in page
+    assert web_work_reconcile() == WebWorkReconciled(sent=1, failed=0)  # Redis is back: the ingest's pass
+    generation.refresh_from_db()
+    assert generation.send_error == "" and generation.send_attempts == 2
