@@ -311,6 +311,7 @@ class EngineRunner:
         self._checkpointed.pop(trial_id, None)
         shutil.rmtree(self.spill_dir / trial_id, ignore_errors=True)
         if self.checkpoint_dir is not None:
+            self.wait_for_checkpoints()  # a checkpoint of it being written would leave its files behind
             durable.delete_checkpoints(self.checkpoint_dir, trial_id)
 
     def _open(self, trial_id: str) -> TrialSession:
