@@ -31,6 +31,7 @@ def object_urls(experiment):
         ("get", reverse("trial_delete", args=[trial.pk])),
         ("get", reverse("trial_export", args=[trial.pk])),
         ("post", reverse("trial_action", args=[trial.pk, "cancel"])),
+        ("post", reverse("trial_generate", args=[trial.pk])),
         ("post", reverse("trial_delete", args=[trial.pk])),
     ]
 
