@@ -39,7 +39,8 @@ class WorkerConfig:
     """What a device worker (and the web app, to reach the workers) needs to know.
 
     `redis_url`: broker, shard queue and telemetry. `host_id` namespaces this host's queue keys in a shared
-    Redis. `data_dir` holds exported models (``exports/<host>/<trial>``). `spill_dir` is the spill store.
+    Redis. `data_dir` holds exported models (``exports/<trial>``) and the trials' durable checkpoints
+    (``checkpoints/<trial>``). `spill_dir` is the spill store.
     `devices` is ``HYDRA_DEVICES`` as given; `worker_device` the one device this process is bound to
     (``cpu:N``/``cuda:N``, set by the launcher), or None. `fault_oom_above_bytes` is fault injection for
     testing out-of-memory recovery (units of shards planned above it fail as if the device were that small).
