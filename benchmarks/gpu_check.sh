@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU checks in one short run, for a machine with a CUDA GPU: the CUDA tests of the engine and of the
-# worker's engine runner, then spill_overhead and memory_bound on the GPU. Everything lands under $OUT
+# worker's engine runner, then spill_overhead and memory_bound on the GPU (GPT-2's shape, then a Llama-style
+# model of about 1B parameters in bf16 at 16k tokens per step, and the largest Llama-style model whose AdamW
+# state fits the host, Llama-3.2-3B's shape, under a 16 GB budget). Everything lands under $OUT
 # (default artifacts/gpu). Needs torch, transformers, safetensors, tokenizers, numpy, psutil, nvidia-ml-py,
 # redis-py and pytest in $PYTHON (default python3); no Django, Celery or Redis server. Each step runs under
-# a timeout, so the whole run ends within 19 minutes.
+# a timeout, so the whole run ends within 29 minutes; the Llama cases come last.
 set -uo pipefail
 out="${OUT:-artifacts/gpu}"
 py="${PYTHON:-python3}"
@@ -24,3 +26,11 @@ timeout 240 "$py" -m pytest tests/worker/test_cuda_runner.py -m "cuda or not cud
   -p no:cacheprovider -p no:django --confcutdir=tests/worker -o addopts="-ra" 2>&1 | tee -a "$out/cuda-tests.txt"
 timeout 240 "$py" benchmarks/spill_overhead.py --device cuda --rounds 1 --steps 3 --spill-dir "$shm" 2>&1 | tee "$out/spill_overhead.txt"
 timeout 150 "$py" benchmarks/memory_bound.py --quick --device cuda 2>&1 | tee "$out/memory_bound.txt"
+# A Llama-style model of about 1B parameters, bf16 compute with fp32 master weights, 16k tokens per step.
+timeout 300 "$py" benchmarks/spill_overhead.py --model llama-1b --bf16 --device cuda --rounds 1 --steps 3 \
+  --spill-dir "$shm" 2>&1 | tee "$out/spill_overhead_llama_1b.txt"
+# Llama-3.2-3B's shape: 51 GB of AdamW state, spilled to /dev/shm when it has room for it, else to disk.
+big=/dev/shm
+[ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)" -gt 60000000 ] 2>/dev/null || big=/tmp
+timeout 420 "$py" benchmarks/memory_bound.py --model llama-3b --bf16 --device cuda --steps 2 --spill-dir "$big" \
+  2>&1 | tee "$out/memory_bound_llama_3b.txt"

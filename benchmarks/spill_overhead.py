@@ -1,6 +1,7 @@
-"""What spilling costs: the same GPT-2 and batches trained resident (plain PyTorch) and by Hydra's engine.
+"""What spilling costs: the same model and batches trained resident (plain PyTorch) and by Hydra's engine.
 
-Resident: ``GPT2LMHeadModel`` + ``torch.optim.AdamW`` + ``clip_grad_norm_``, everything in memory.
+Resident: the transformers causal LM (``GPT2LMHeadModel``, ``LlamaForCausalLM``) + ``torch.optim.AdamW`` +
+``clip_grad_norm_``, everything in memory.
 Spilled: the engine with a budget of ``--budget-fraction`` of the training state (parameters, gradients,
 AdamW moments), shards spilled to ``--spill-dir`` (the host tier, /dev/shm, by default), with and without
 the double buffer. The first step of each run is a warm-up and is not timed.
@@ -14,20 +15,30 @@ activations do not fit next to one block either.) ``--quick``: 12 layers, width 
 the full run takes 32 x 512 = 16,384 tokens per step in 16 micro-batches, where the GPU target is stated.
 Throughput is tokens per step over the median step time, best of interleaved rounds (3; quick 2).
 
+``--model llama``: a Llama-style model of SmolLM2-135M's shape (30 layers, width 576, 9 heads with 3 key/value
+heads, MLP 1536, tied head) with its real 49,152-token vocabulary, 4 x 256 = 1,024 tokens per step in 2
+micro-batches, 3 timed steps, 2 rounds (``--quick``: 8 layers, 4 x 64 tokens). Its tied embedding alone is a
+fifth of the state, so when a quarter of the state cannot hold it next to its prefetch reserve the budget grows
+by twentieths of the state until the engine's planner fits it (``budget_bytes`` says which). ``--model
+llama-1b`` (for a GPU): Llama-3.2-1B's shape (16 layers, width 2,048, 32 heads with 8 key/value heads, MLP
+8,192, 128,256-token vocabulary, tied), 16k tokens per step on CUDA; ``--bf16`` computes in bf16 with fp32
+master weights in both runs (CUDA only).
+
 ``--threads`` lists the torch CPU thread counts to measure with, each a whole run of its own: by default
 one thread and then every core this process may use (``all``); on CUDA only ``all``. One thread shows the
 engine's own costs without contention for cores; all cores is how a worker with a whole machine runs, where
 the engine's file I/O and the prefetch thread compete with torch's threads for the same cores.
 
-The last line is one JSON object: ``{"shards", "state_bytes", "budget_bytes", "device", "runs": [{"threads",
-"resident_tokens_per_s", "spilled_tokens_per_s", "ratio", "ratio_no_double_buffer", "target_met"}, ...]}``; ratios are
-spilled over resident throughput in the same run. Target: ratio >= 0.9 on CPU, >= 0.8 on GPU at 16k tokens
-per step.
+The last line is one JSON object: ``{"model", "bf16", "shards", "state_bytes", "budget_bytes", "device",
+"runs": [{"threads", "resident_tokens_per_s", "spilled_tokens_per_s", "ratio", "ratio_no_double_buffer",
+"target_met"}, ...]}``; ratios are spilled over resident throughput in the same run. Target: ratio >= 0.9
+on CPU, >= 0.8 on GPU at 16k tokens per step.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -39,11 +50,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import GPT2LMHeadModel
+from transformers import AutoModelForCausalLM
 
 from worker.engine import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
 from worker.engine.data import TokenBlocks
-from worker.engine.layers import gpt2_config
+from worker.engine.errors import BudgetError
+from worker.engine.families import architecture_from_spec
+from worker.engine.layers import model_config
 from worker.engine.train import train_trial
 
 FULL = {"layers": 12, "width": 768, "heads": 12, "vocab": 8192, "seq_len": 512, "batch": 4, "micro_batches": 2,
@@ -52,13 +65,20 @@ QUICK = {"layers": 12, "width": 256, "heads": 4, "vocab": 1024, "seq_len": 64, "
          "steps": 4, "rounds": 2}
 # On a GPU the target is stated at 16k tokens per step: 32 x 512, still in micro-batches of 1,024 tokens.
 CUDA_FULL = {"batch": 32, "micro_batches": 16}
+# SmolLM2-135M's shape and vocabulary; Llama-3.2-1B's for a GPU.
+LLAMA = {"family": "llama", "layers": 30, "width": 576, "heads": 9, "kv_heads": 3, "inner": 1536, "vocab": 49152,
+         "seq_len": 256, "batch": 4, "micro_batches": 2, "steps": 3, "rounds": 2}
+LLAMA_QUICK = LLAMA | {"layers": 8, "seq_len": 64, "rounds": 1}
+LLAMA_1B = {"family": "llama", "layers": 16, "width": 2048, "heads": 32, "kv_heads": 8, "inner": 8192,
+            "vocab": 128256, "seq_len": 512, "batch": 4, "micro_batches": 2, "steps": 4, "rounds": 2}
+SHAPES = {"gpt2": (FULL, QUICK), "llama": (LLAMA, LLAMA_QUICK), "llama-1b": (LLAMA_1B, LLAMA_1B)}
 TARGET_CPU, TARGET_GPU = 0.9, 0.8  # spilled / resident throughput
 
 
 def resident_tokens_per_s(spec: TrialSpec, device: torch.device) -> float:
     """Plain PyTorch training throughput: tokens per step over the median step time, step 0 untimed."""
     torch.manual_seed(spec.seed)
-    model = GPT2LMHeadModel(gpt2_config(spec.model)).to(device).train()
+    model = AutoModelForCausalLM.from_config(model_config(spec.model)).to(device).train()
     opt = spec.optimizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps,
                                   weight_decay=opt.weight_decay)
@@ -69,7 +89,9 @@ def resident_tokens_per_s(spec: TrialSpec, device: torch.device) -> float:
         start = time.perf_counter()
         batch = data.train_batch(seed=spec.seed, step=step, batch_size=spec.batch_size).to(device)
         for micro_batch in batch.chunk(spec.micro_batches):
-            (model(micro_batch, labels=micro_batch).loss / spec.micro_batches).backward()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.bf16):
+                loss = model(micro_batch, labels=micro_batch).loss
+            (loss / spec.micro_batches).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), opt.clip_norm)
         optimizer.step()
         optimizer.zero_grad()
@@ -94,6 +116,21 @@ def spilled_tokens_per_s(spec: TrialSpec, spill_dir: Path, device: torch.device,
     return spec.batch_size * spec.data.seq_len / statistics.median(seconds[1:]), shards
 
 
+def fitting_spec(spec: TrialSpec, spill_dir: Path, device: torch.device, *, step_bytes: int) -> TrialSpec:
+    """``spec`` with the smallest budget, from its own up in steps of ``step_bytes``, that the engine's planner
+    fits (one step trained to find out)."""
+    while True:
+        try:
+            train_trial(spec=dataclasses.replace(spec, steps=1), spill_dir=spill_dir, trial_id="spill-overhead-fit",
+                        device=device)
+            return spec
+        except BudgetError as error:
+            print(f"budget {spec.budget_bytes} does not fit ({error}); trying a larger one", file=sys.stderr)
+            spec = dataclasses.replace(spec, budget_bytes=spec.budget_bytes + step_bytes)
+        finally:
+            shutil.rmtree(spill_dir / "spill-overhead-fit", ignore_errors=True)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -102,6 +139,9 @@ def _sync(device: torch.device) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small model, under a minute on 2 CPU cores")
+    parser.add_argument("--model", choices=sorted(SHAPES), default="gpt2",
+                        help="gpt2 (default), llama (SmolLM2-135M's shape) or llama-1b (for a GPU)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 compute with fp32 master weights (CUDA only)")
     parser.add_argument("--steps", type=int, help="timed steps (default 4); one more untimed warm-up step runs")
     parser.add_argument("--batch", type=int, help="sequences per step (default 4; quick 8)")
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (default 512; quick 64)")
@@ -115,7 +155,10 @@ def main() -> None:
                         "its own; 'all' is every core this process may use (default 1,all; on CUDA all)")
     args = parser.parse_args()
     device = torch.device(args.device)
-    shape = dict(QUICK if args.quick else FULL | (CUDA_FULL if device.type == "cuda" else {}))
+    if args.bf16 and device.type != "cuda":
+        parser.error("--bf16 needs a CUDA device")
+    full, quick = SHAPES[args.model]
+    shape = dict(quick if args.quick else full | (CUDA_FULL if device.type == "cuda" else {}))
     for key in ("steps", "batch", "seq_len", "micro_batches", "rounds"):
         if getattr(args, key) is not None:
             shape[key] = getattr(args, key)
@@ -133,19 +176,20 @@ def main() -> None:
     try:
         tokens = np.random.default_rng(0).integers(0, shape["vocab"], shape["seq_len"] * 256, dtype=np.int32)
         np.save(workdir / "tokens.npy", tokens)
-        model = ModelSpec(n_layer=shape["layers"], n_embd=shape["width"], n_head=shape["heads"],
+        model = ModelSpec(family=shape.get("family", "gpt2"), n_layer=shape["layers"], n_embd=shape["width"],
+                          n_head=shape["heads"], n_kv_head=shape.get("kv_heads"), n_inner=shape.get("inner"),
                           vocab_size=shape["vocab"], n_positions=shape["seq_len"], dropout=0.1)
-        with torch.device("meta"):
-            n_params = sum(p.numel() for p in GPT2LMHeadModel(gpt2_config(model)).parameters())
-        state_bytes = n_params * 4 * 4  # fp32 parameters, gradients and two AdamW moments
+        state_bytes = architecture_from_spec(model).n_params * 4 * 4  # fp32 params, grads, two AdamW moments
         budget = int(state_bytes * args.budget_fraction)
         spec = TrialSpec(
             model=model, data=DataSpec(tokens_path=str(workdir / "tokens.npy"), seq_len=shape["seq_len"]),
             optimizer=OptimizerSpec(kind="adamw", lr=1e-4, clip_norm=1.0),
             schedule=ScheduleSpec(warmup_steps=0, decay="constant"),
             batch_size=shape["batch"], micro_batches=shape["micro_batches"], steps=shape["steps"] + 1, eval_every=0,
-            budget_bytes=budget, seed=0,
+            budget_bytes=budget, seed=0, bf16=args.bf16,
         )
+        spec = fitting_spec(spec, workdir, device, step_bytes=state_bytes // 20)
+        budget = spec.budget_bytes
         runs = []
         for threads in thread_counts:
             torch.set_num_threads(threads)
@@ -166,6 +210,8 @@ def main() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps({
+        "model": args.model,
+        "bf16": args.bf16,
         "shards": shards,
         "state_bytes": state_bytes,
         "budget_bytes": budget,
