@@ -25,7 +25,12 @@ def test_it_shows_only_the_chosen_models_fields(page, live_server, alice, alice_
 
     page.check("input[name=model_kind][value=custom]")
     assert page.is_visible("#id_n_layer") and page.is_visible("#id_n_positions")
+    assert page.is_visible("#id_family") and page.is_visible("#id_n_kv_head")
     assert not page.is_visible("#id_preset")
+
+    page.check("input[name=model_kind][value=checkpoint]")
+    assert page.is_visible("#id_checkpoint") and not page.is_visible("#id_family")
+    assert page.locator("input[name=model_kind][value=pretrained]").count() == 0  # older experiments' only
 
     page.check("input[name=memory_budget][value=explicit]")
     assert page.is_visible("#id_memory_budget_mib")
