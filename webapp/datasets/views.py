@@ -58,6 +58,7 @@ def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
         {
             "dataset": dataset, "preview": selectors.dataset_preview(dataset=dataset) if dataset.is_ready else None,
             "can_delete": selectors.dataset_can_delete(user=request.user, dataset=dataset),
+            "token_sets": dataset.token_sets.order_by("model_name"),
         },
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 from django.conf import settings
+from django.test import Client
 from tokenizers import Tokenizer
 
 from tests.webapp.datasets.factories import TINY_CORPUS, make_dataset
@@ -15,6 +16,12 @@ from webapp.datasets.models import DatasetTokens
 from webapp.datasets.services import dataset_delete
 from webapp.experiments.model_shapes import checkpoint_shape
 from webapp.experiments.services import experiment_delete
+
+
+def client_of(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 def _checkpoint_experiment(team, dataset, checkpoint, capture, name):
@@ -45,6 +52,8 @@ def test_two_experiments_share_one_tokenization_by_the_web_worker(
     assert list(DatasetTokens.objects.values_list("pk", "status")) == [(tokens.pk, DatasetTokens.Status.READY)]
     assert tokens.path.stat().st_mtime_ns == written
     assert first.model == second.model
+    page = client_of(alice).get(f"/datasets/{dataset.pk}/").content.decode()
+    assert f"With tiny llama's tokenizer</dt><dd class=\"token-set\" data-status=\"ready\">{len(ids)} tokens" in page
 
     for experiment in (first, second):
         experiment_delete(experiment=experiment, actor=alice)
