@@ -117,3 +117,19 @@ def test_a_trial_to_resume_whose_store_is_gone_fails_with_the_reason(tokens: str
     runner.discard(trial_id="7")
     with pytest.raises(WorkloadError, match="the spill store of trial 7 is gone"):
         runner.run_unit(trial_id="7", job=job, units_done=0, next_trial=None, token=1)
+
+
+def test_a_store_left_by_another_trial_under_the_same_id_is_not_taken_up(tokens: str, tmp_path: Path) -> None:
+    """The database was replaced and ids are used again, while the host kept its stores."""
+    runner = EngineRunner(spill_dir=tmp_path, device=CPU)
+    old = EngineJob(trial=tiny_trial(tokens, seed=0, lr=1e-3))
+    planned = runner.plan(trial_id="1", job=old)
+    runner.run_unit(trial_id="1", job=old, units_done=0, next_trial=None, token=1,
+                    remaining_units=planned.remaining_units)
+    new = EngineJob(trial=tiny_trial(tokens, seed=1, lr=1e-3))
+
+    fresh = runner.plan(trial_id="1", job=new)
+    assert (fresh.units_done, fresh.remaining_units) == (0, planned.remaining_units)
+    assert runner._open("1").spec == new.trial
+    with pytest.raises(WorkloadError, match="the spill store of trial 1 is gone"):
+        runner.plan(trial_id="1", job=EngineJob(trial=old.trial, resume=True))

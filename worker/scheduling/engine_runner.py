@@ -102,9 +102,13 @@ class EngineRunner:
         A committed store of the trial is its state: the queue lost the trial (Redis emptied) and it was
         submitted again, or planning died after making the store. The trial goes on from that store's last
         commit. A trial submitted again to resume (`EngineJob.resume`) whose store is gone is restored from
-        its last checkpoint or fails with the reason (`_store_gone`)."""
+        its last checkpoint or fails with the reason (`_store_gone`). A store made for another spec (a
+        trial id used again: the database was replaced, the host's stores were not) is not this trial's."""
         if SpillStore.exists(self.spill_dir / trial_id):
-            return self._resumed(trial_id)
+            if self._holds(trial_id, job):
+                return self._resumed(trial_id)
+            log.warning("trial %s: its spill store holds another trial's state; deleting it", trial_id)
+            self.discard(trial_id=trial_id)
         if job.resume:
             self._store_gone(trial_id)
             return self._resumed(trial_id)
@@ -117,6 +121,11 @@ class EngineRunner:
         session = self._open(trial_id)
         return Planned(remaining_units=session.remaining_units(), unit_s=first_unit_estimate(plan),
                        plan=plan.to_dict())
+
+    def _holds(self, trial_id: str, job: EngineJob) -> bool:
+        """Whether the trial's committed store was made for `job`'s spec (whatever memory budget it got)."""
+        spec = self._open(trial_id).spec
+        return dataclasses.replace(spec, budget_bytes=job.trial.budget_bytes) == job.trial
 
     def _resumed(self, trial_id: str) -> Planned:
         """The queue's view of a trial that goes on from its committed store. Its last committed unit counts
