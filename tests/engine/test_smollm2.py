@@ -10,7 +10,9 @@ its validation loss.
 
 from __future__ import annotations
 
+import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,18 +63,27 @@ def checkpoint_eval_loss(checkpoint: Path, spec: TrialSpec) -> float:
     return sum(losses) / len(losses)
 
 
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path``, emptied afterwards: the trial's store and export take gigabytes pytest would keep."""
+    yield tmp_path
+    for path in tmp_path.iterdir():
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def test_smollm2_fine_tunes_in_shards_exactly_like_plain_pytorch(
-    smollm2_dir: Path, sample_tokens: Path, tmp_path: Path
+    smollm2_dir: Path, sample_tokens: Path, scratch: Path
 ) -> None:
     spec = smollm2_spec(smollm2_dir, sample_tokens)
     started = time.perf_counter()
-    plan = trial_create(spec=spec, spill_dir=tmp_path / "spill", trial_id="smollm2", device=CPU)
+    plan = trial_create(spec=spec, spill_dir=scratch / "spill", trial_id="smollm2", device=CPU)
     assert len(plan.shards) >= 4, [(s.first, s.stop) for s in plan.shards]
     created = time.perf_counter()
-    session = TrialSession.open(spill_dir=tmp_path / "spill", trial_id="smollm2", device=CPU)
+    session = TrialSession.open(spill_dir=scratch / "spill", trial_id="smollm2", device=CPU)
     results = run_all(session)
-    session.export(tmp_path / "final")
+    session.export(scratch / "final")
     session.close()
+    shutil.rmtree(scratch / "spill")  # 2 GB of parameters and AdamW moments, not needed from here on
     trained = time.perf_counter()
     losses = [r.loss for r in results if r.loss is not None]
     eval_losses = [r.eval_loss for r in results if r.eval_loss is not None]
@@ -87,6 +98,6 @@ def test_smollm2_fine_tunes_in_shards_exactly_like_plain_pytorch(
     assert eval_losses[-1] < checkpoint_eval_loss(smollm2_dir, spec)
     assert losses == reference.losses
     assert eval_losses == reference.eval_losses
-    assert_bit_identical(exported_weights(tmp_path / "final"), reference.weights)
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "final", local_files_only=True)
+    assert_bit_identical(exported_weights(scratch / "final"), reference.weights)
+    tokenizer = AutoTokenizer.from_pretrained(scratch / "final", local_files_only=True)
     assert tokenizer("def main():").input_ids == AutoTokenizer.from_pretrained(smollm2_dir)("def main():").input_ids
