@@ -74,6 +74,17 @@ def test_its_parameter_counts_are_the_real_models(family: str, tied: bool) -> No
     counts_match(real_model(family, **TINY[family], tie_word_embeddings=tied))
 
 
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_its_layers_are_the_engines(family: str, tied: bool) -> None:
+    spec = ModelSpec(family=family, n_layer=3, n_embd=48, n_head=6, n_kv_head=None if family == "gpt2" else 3,
+                     vocab_size=100, n_positions=40, tie_word_embeddings=tied)
+    stack = build_layer_stack(spec)
+    engine = [(name, stack.layer_numel(i), sum(b.owner.numel for b in stack.borrowed[i]))
+              for i, name in enumerate(stack.names)]
+    assert architecture_from_spec(spec).layer_params() == engine
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_its_parameter_counts_follow_each_familys_options(variant: str) -> None:
     family, extra = VARIANTS[variant]
