@@ -27,7 +27,7 @@ from webapp.experiments.model_shapes import ModelChoiceError, model_shape
 from webapp.experiments.models import Experiment, Trial
 from webapp.experiments.planning import hyperparameters, total_steps, trial_plan, trial_spec
 from webapp.experiments.search_space import parse_search_space
-from webapp.experiments.trial_data import data_waiting, train_tokens, trial_data, trial_data_request
+from webapp.experiments.trial_data import data_waiting, token_set_at, train_tokens, trial_data, trial_data_request
 from webapp.experiments.trial_generation import TPE_FIRST_WAVE, Outcome, next_tpe_trials
 
 log = logging.getLogger(__name__)
@@ -143,11 +143,11 @@ def _data_ready(trial: Trial) -> bool:
         trial.save(update_fields=["status", "message", "updated"])
         return False
     experiment = trial.experiment
-    if experiment.budget_unit == Experiment.BudgetUnit.EPOCHS and data["tokens_path"] != str(dataset.tokens_path):
-        shape = model_shape(experiment.model, models_root=settings.HYDRA.models_root)
+    token_set = token_set_at(dataset=dataset, tokens_path=data["tokens_path"])
+    if experiment.budget_unit == Experiment.BudgetUnit.EPOCHS and token_set is not None:
         steps = total_steps(budget_unit=experiment.budget_unit, budget=experiment.budget,
                             batch_size=trial.spec["batch_size"], seq_len=data["seq_len"],
-                            train_tokens=train_tokens(shape=shape, dataset=dataset))
+                            train_tokens=token_set.train_tokens)
         if steps != trial.total_steps:
             trial.total_steps, trial.spec = steps, {**trial.spec, "steps": steps}
             trial.save(update_fields=["total_steps", "spec", "updated"])
@@ -170,7 +170,11 @@ def experiment_extend_tpe(*, experiment: Experiment) -> list[Trial]:
     ]
     proposals = next_tpe_trials(parse_search_space(experiment.search_space), n_trials=experiment.n_trials,
                                 seed=experiment.seed, history=history, count=wanted)
-    shape = model_shape(experiment.model, models_root=settings.HYDRA.models_root)
+    try:
+        shape = model_shape(experiment.model, models_root=settings.HYDRA.models_root)
+    except ModelChoiceError as error:  # its checkpoint left the catalog: the experiment cannot grow
+        log.warning("experiment %s asks no more trials of TPE: %s", experiment.pk, error)
+        return []
     budget, _ = memory_budget(explicit_bytes=experiment.memory_budget_bytes)
     dataset = experiment.dataset
     tokens = train_tokens(shape=shape, dataset=dataset)

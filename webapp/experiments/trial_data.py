@@ -73,12 +73,17 @@ def ids_past_vocabulary(token_set: DatasetTokens, vocab_size: int) -> str:
             "tokenizer fits its embeddings.")
 
 
+def token_set_at(*, dataset: Dataset, tokens_path: str) -> DatasetTokens | None:
+    """The dataset's token ids of a pretrained tokenizer that a trial's spec reads at `tokens_path`."""
+    return next((t for t in dataset.token_sets.all() if str(t.path) == tokens_path), None)
+
+
 def data_waiting(*, tokens_path: str, dataset: Dataset, vocab_size: int) -> tuple[str, bool] | None:
     """None when the trial's ids at `tokens_path` are ready to train on; else why not and whether that is final
     (the tokenization failed, or its ids are past the model's `vocab_size`)."""
     if tokens_path == str(dataset.tokens_path):
         return None
-    token_set = next((t for t in dataset.token_sets.all() if str(t.path) == tokens_path), None)
+    token_set = token_set_at(dataset=dataset, tokens_path=tokens_path)
     if token_set is None:
         return f"The dataset's tokens at {tokens_path} are gone; retry the trial.", True
     if token_set.status == DatasetTokens.Status.FAILED:

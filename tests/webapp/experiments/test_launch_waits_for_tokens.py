@@ -10,6 +10,7 @@ from tokenizers import Tokenizer
 from tests.webapp.experiments.checkpoints import ready_checkpoint
 from tests.webapp.experiments.factories import make_experiment
 from webapp.catalog.selectors import checkpoint_dir
+from webapp.catalog.services import checkpoint_remove
 from webapp.datasets.models import DatasetTokens
 from webapp.datasets.services import dataset_tokens_build
 from webapp.experiments import services
@@ -81,4 +82,19 @@ def test_tokens_that_cannot_be_made_fail_the_trials_with_why(
         assert trial.status == "failed"
         assert trial.message.startswith("Tokenizing alice corpus with tiny llama's tokenizer failed: tiny llama's "
                                         "tokenizer could not be read")
+    assert scheduler.trials() == []
+
+
+def test_a_checkpoint_removed_from_the_catalog_fails_the_launch_with_why(
+        alice, alice_team, alice_dataset, scheduler, django_capture_on_commit_callbacks):
+    checkpoint = ready_checkpoint(alice)
+    model = {"kind": "checkpoint", "checkpoint": checkpoint.pk, "checkpoint_name": checkpoint.name}
+    experiment = make_experiment(alice_team, alice_dataset, model=model, shape=checkpoint_shape(checkpoint.pk))
+    checkpoint_remove(actor=alice, checkpoint=checkpoint)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.experiment_launch(experiment=experiment, actor=alice)
+    for trial in experiment.trials.all():
+        assert trial.status == "failed"
+        assert trial.message == ("The trial's model cannot be used: Choose a ready checkpoint of the catalog; this "
+                                 "one is not (or no longer) there.")
     assert scheduler.trials() == []
