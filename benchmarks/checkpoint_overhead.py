@@ -4,9 +4,10 @@ off, at the default interval, and at an interval short enough to take several du
 Each copy runs unit after unit through one `EngineRunner` as a device worker runs it (a snapshot between
 two units, the copy to disk in the runner's background thread while units go on), with the spill store on
 ``--spill-dir`` (the host tier, /dev/shm) and checkpoints on ``--checkpoint-dir`` (a disk; default a
-temporary directory under the working directory). The three copies' units take turns, so that the load of a
-shared machine slows each alike; throughput is tokens over the time of a copy's units (planning and the
-export, with its final checkpoint, are not timed), best of rounds after an untimed warm-up run. The short
+temporary directory under the working directory). The three copies' units take turns (in a rotating
+order), so that the load of a shared machine slows each alike; throughput is tokens over the time of a
+copy's units (planning and the export, with its final checkpoint, are not timed), best of rounds after an
+untimed warm-up run. The short
 interval is a fifth of a copy's time to finish among the three, so that about four checkpoints are taken;
 its background copy runs while all three copies' units run, so its cost is shared among them and its ratio
 is an upper bound.
@@ -50,18 +51,22 @@ QUICK = {"width": 128, "steps": 4, "rounds": 1}
 TARGET = 0.98
 
 
-def interleaved(spec: TrialSpec, root: Path, device: torch.device, minutes: dict[str, float]) -> dict[str, dict]:
+def interleaved(spec: TrialSpec, spill: Path, disk: Path, device: torch.device,
+                minutes: dict[str, float]) -> dict[str, dict]:
     """Train one copy of `spec` per entry of `minutes` (its checkpoint interval; 0: none) through one runner,
     their units taking turns, so that the machine's load changes slow every copy alike: per copy the
     seconds of its units and the checkpoints written during them; then, on the last copy's store, the
     seconds of one snapshot (what a checkpoint stops the trial for) and of writing it (in the background)."""
-    runner = EngineRunner(spill_dir=root / "spill", device=device, checkpoint_dir=root / "checkpoints")
+    runner = EngineRunner(spill_dir=spill, device=device, checkpoint_dir=disk / "checkpoints")
     jobs = {name: EngineJob(trial=spec, checkpoint_minutes=m) for name, m in minutes.items()}
     left = {name: runner.plan(trial_id=name, job=job).remaining_units for name, job in jobs.items()}
     seconds = dict.fromkeys(jobs, 0.0)
     done = dict.fromkeys(jobs, 0)
+    order = list(jobs)
     while any(left.values()):
-        for name, job in jobs.items():
+        order = order[1:] + order[:1]  # each copy's units follow each other copy's in turn
+        for name in order:
+            job = jobs[name]
             if not left[name]:
                 continue
             start = time.perf_counter()
@@ -73,17 +78,17 @@ def interleaved(spec: TrialSpec, root: Path, device: torch.device, minutes: dict
     written = runner.checkpoints()
     last = list(jobs)[-1]
     start = time.perf_counter()
-    held = durable.snapshot(spill_dir=root / "spill", checkpoint_dir=root / "extra", trial_id=last)
+    held = durable.snapshot(spill_dir=spill, checkpoint_dir=disk / "extra", trial_id=last)
     assert held is not None
     snapshot_s = time.perf_counter() - start
     info = held.write()
     write_s = time.perf_counter() - start - snapshot_s
     for name, job in jobs.items():
-        runner.export(trial_id=name, job=job, export_dir=str(root / "export" / name))
+        runner.export(trial_id=name, job=job, export_dir=str(disk / "export" / name))
     runner.wait_for_checkpoints()
     runner.checkpoints()
     for path in ("export", "checkpoints", "extra"):
-        shutil.rmtree(root / path, ignore_errors=True)
+        shutil.rmtree(disk / path, ignore_errors=True)
     return {name: {"seconds": seconds[name], "checkpoints": sum(c.trial == name for c in written),
                    "bytes": info.bytes, "snapshot_s": snapshot_s, "write_s": write_s} for name in jobs}
 
@@ -124,19 +129,14 @@ def main() -> None:
             batch_size=SHAPE["batch"], micro_batches=SHAPE["micro_batches"], steps=args.steps, eval_every=0,
             budget_bytes=int(n_params * 16 * args.budget_fraction), seed=0,
         )
-        root = spill_root / "run"
-        root.mkdir()
-        for name in ("checkpoints", "extra"):  # the store in RAM, checkpoints on disk
-            (disk_root / name).mkdir()
-            (root / name).symlink_to(disk_root / name)
         tokens = args.steps * SHAPE["batch"] * SHAPE["seq_len"]
         # Untimed warm-up (allocator, page cache), which also says how long a run takes.
-        warm_s = interleaved(spec, root, device, {"warm-up": 0})["warm-up"]["seconds"]
+        warm_s = interleaved(spec, spill_root, disk_root, device, {"warm-up": 0})["warm-up"]["seconds"]
         short_s = 3 * warm_s / 5  # three copies take turns: each takes about three times as long to finish
         minutes = {"none": 0, "default": DEFAULT_CHECKPOINT_MINUTES, "short": short_s / 60}
         best: dict[str, dict[str, float]] = {}
         for round_ in range(args.rounds):
-            runs = interleaved(spec, root, device, minutes)
+            runs = interleaved(spec, spill_root, disk_root, device, minutes)
             for key, run in runs.items():
                 if key not in best or run["seconds"] < best[key]["seconds"]:
                     best[key] = run
