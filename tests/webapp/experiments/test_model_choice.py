@@ -14,6 +14,7 @@ from tests.webapp.experiments.test_forms import bound, planned_errors, post_data
 from webapp.datasets.models import DatasetTokens
 from webapp.datasets.services import dataset_tokens_build
 from webapp.experiments import services
+from webapp.experiments.forms import experiment_initial
 from webapp.experiments.memory_preview import layer_costs
 from webapp.experiments.model_shapes import PRESETS
 from webapp.experiments.trial_data import trial_data_request
@@ -161,3 +162,18 @@ def test_pasted_yaml_or_json_may_name_the_model(alice, alice_team, alice_dataset
         form = bound(alice_team, post_data(alice_dataset, rows=[], space_text=f"model: {model}\nlr: {{values: [1]}}"))
         assert not form.is_valid(), model
         assert words in text(form.errors["space_text"]), (model, form.errors)
+
+
+def test_a_clone_chooses_the_same_checkpoint_or_family_size(alice, alice_team, alice_dataset):
+    checkpoint = ready_checkpoint(alice)
+    draft = _draft(bound(alice_team, post_data(alice_dataset, model_kind="checkpoint", checkpoint=checkpoint.pk)))
+    experiment = services.experiment_create(team=alice_team, user=alice, draft=draft)
+    initial, _ = experiment_initial(experiment)
+    assert (initial["name"], initial["model_kind"], initial["checkpoint"]) == ("sweep (copy)", "checkpoint",
+                                                                             checkpoint.pk)
+    custom = {"model_kind": "custom", "family": "llama", "n_layer": 2, "n_embd": 32, "n_head": 4, "n_kv_head": 1,
+              "n_positions": 64}
+    draft = _draft(bound(alice_team, post_data(alice_dataset, **custom)))
+    initial, _ = experiment_initial(services.experiment_create(team=alice_team, user=alice, draft=draft))
+    clone = _draft(bound(alice_team, post_data(alice_dataset, **{k: initial[k] for k in custom})))
+    assert clone.shape == draft.shape
