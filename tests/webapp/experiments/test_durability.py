@@ -102,10 +102,10 @@ def test_redis_killed_mid_training_and_restarted_from_its_append_only_file_loses
     experiment = _launched(alice, alice_team, alice_dataset)
     stack.blocked()
     stack.redis.kill()
+    stack.release()  # the unit is committed; its completion cannot be sent
     call_command("hydra_ingest", "--once")  # Redis down: the pass says so and changes nothing
-    time.sleep(1.0)
+    stack.workers.wait(lambda: "Redis unavailable" in stack.workers.logs(), 60, "the device loop to retry")
     stack.redis.start()
-    stack.release()
 
     stack.ingest_until(_all_ended(experiment), "every trial to end")
     _assert_trained_alone(experiment, tmp_path)
