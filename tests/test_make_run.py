@@ -226,11 +226,15 @@ def test_redis_a_worker_and_the_ingest_killed_in_turn_come_back_and_the_experime
         for service, marker in (("redis-server", "redis-server"), ("worker cpu0", "--hostname cpu0@"),
                                 ("ingest", "hydra_ingest")):
             before = stack.units_done()
+            client = redis.Redis.from_url(PRIVATE_REDIS_URL, decode_responses=True)
+            client.set("test:last-write", "acknowledged")  # what only the append-only file keeps across a kill
             os.kill(stack.service_pid(marker), signal.SIGKILL)
             stack.wait(f"{service} started again", lambda service=service: stack.restarted(service))
             if service == "redis-server":  # it loaded its append-only file: every trial, none set back
                 after = stack.wait("Redis answering", stack.units_done)
                 assert after.keys() == before.keys() and all(after[t] >= before[t] for t in before), (before, after)
+                assert client.get("test:last-write") == "acknowledged"
+            client.close()
         stack.wait("the workers online", lambda: len(workers_online(PRIVATE_REDIS_URL, stack.host_id)) == 2)
         trials_then = stack.trials()
 
