@@ -107,12 +107,19 @@ def trial_events_sync(*, host_id: str | None = None, max_batches: int = 50) -> i
     return read
 
 
-def trial_events_sync_quietly(*, host_id: str | None = None) -> None:
-    """`trial_events_sync` for a page about to show statuses: a Redis outage leaves them as they were."""
+SCHEDULER_DOWN = ("The scheduler cannot be reached (Redis is down): the statuses shown are the last it reported, "
+                  "and no trial trains until it is back.")
+
+
+def trial_events_sync_quietly(*, host_id: str | None = None) -> bool:
+    """`trial_events_sync` for a page about to show statuses: a Redis outage leaves them as they were, and the
+    page says so (`SCHEDULER_DOWN`) when this returns False."""
     try:
         trial_events_sync(host_id=host_id)
     except redis.RedisError as error:
         log.warning("trial events not read: %s", error)
+        return False
+    return True
 
 
 def _apply(event: queue_client.TrialEvent, host: str) -> None:

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from webapp.datasets.http import form_add_errors, team_required
 from webapp.datasets.selectors import dataset_list
 from webapp.experiments import archives, generations, previews, selectors, services
-from webapp.experiments.events import trial_events_sync_quietly
+from webapp.experiments.events import SCHEDULER_DOWN, trial_events_sync_quietly
 from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet, experiment_initial
 from webapp.experiments.generation_form import GenerationForm, generation_initial
 from webapp.experiments.models import Experiment, ExperimentPreview, Trial
@@ -32,9 +32,15 @@ DEFAULT_ROWS = [
 TRIAL_ACTIONS = ("pause", "resume", "cancel", "retry")
 
 
+def _statuses_synced(request: HttpRequest) -> None:
+    """Apply the scheduler's news before a page shows statuses; without Redis, warn that they may be stale."""
+    if not trial_events_sync_quietly():
+        messages.warning(request, SCHEDULER_DOWN)
+
+
 @team_required
 def experiment_list(request: HttpRequest) -> HttpResponse:
-    trial_events_sync_quietly()  # statuses as the scheduler has them, whether or not the ingest runs
+    _statuses_synced(request)  # statuses as the scheduler has them, whether or not the ingest runs
     return render(request, "experiments/experiment_list.html", {
         "experiments": selectors.experiment_list(team=request.team),
         "datasets": dataset_list(team=request.team)[:1],
@@ -131,7 +137,7 @@ def experiment_preview(request: HttpRequest, preview_id: int) -> HttpResponse:
 @team_required
 def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = selectors.experiment_get(team=request.team, experiment_id=experiment_id)
-    trial_events_sync_quietly()
+    _statuses_synced(request)
     trials = [
         {"trial": t, "actions": selectors.trial_actions(t), "plan": selectors.plan_summary(t.plan)}
         for t in selectors.experiment_trials(experiment=experiment)
@@ -207,7 +213,7 @@ def trial_detail(request: HttpRequest, trial_id: int) -> HttpResponse:
 def _trial_page(request: HttpRequest, trial: Trial, *, form: GenerationForm | None = None,
                 status: int = 200) -> HttpResponse:
     """The trial's page; `form` is the prompt box as posted (with its errors), else one with the last settings."""
-    trial_events_sync_quietly()
+    _statuses_synced(request)
     trial.refresh_from_db()
     shown = list(generations.generation_list(trial=trial)[:generations.SHOWN])
     return render(request, "experiments/trial_detail.html", {

@@ -294,3 +294,17 @@ def test_a_trial_cancelled_while_its_resubmission_landed_is_cancelled_in_the_que
 
     assert trials_reconcile().cancelled == [trial.queue_id]
     assert scheduler.trial(trial.queue_id).state == "cancelled"
+
+
+def test_pages_showing_statuses_say_when_the_scheduler_cannot_be_reached(
+        alice, alice_team, alice_dataset, alice_client, scheduler, settings, django_capture_on_commit_callbacks):
+    experiment = _launched(alice, alice_team, alice_dataset, django_capture_on_commit_callbacks)
+    trial = experiment.trials.get(number=1)
+    events.trial_event_apply(trial_id=trial.queue_id, status="running")
+    pages = ["/experiments/", f"/experiments/{experiment.pk}/", f"/trials/{trial.pk}/"]
+    assert not any(events.SCHEDULER_DOWN in alice_client.get(page).content.decode() for page in pages)
+
+    _redis_at(settings, CLOSED_PORT_URL)
+    for page in pages:
+        response = alice_client.get(page)
+        assert response.status_code == 200 and events.SCHEDULER_DOWN in response.content.decode(), page
