@@ -36,8 +36,8 @@ from worker.engine.errors import SpecError
 __all__ = [
     "ENDED", "Budget", "Control", "DataSpec", "EngineJob", "Job", "ModelSpec", "OptimizerSpec",
     "ScheduleSpec", "SchedulerError", "SchedulerUnavailable", "SpecError", "TrialEvent", "TrialRecord", "TrialSpec",
-    "TrialState", "TrialUnknown", "control_changes", "events_read", "heartbeat_age", "heartbeat_set", "trial_control",
-    "trial_record", "trial_states", "trial_submit", "workers_online",
+    "TrialState", "TrialUnknown", "control_changes", "events_read", "heartbeat_age", "heartbeat_set", "role_holder",
+    "role_take", "trial_control", "trial_record", "trial_states", "trial_submit", "workers_online",
 ]
 
 WORKER_REPLY_TIMEOUT_S = 1.5
@@ -131,6 +131,16 @@ def events_read(*, after: str, count: int, host_id: str | None = None) -> tuple[
         except ValueError:
             continue
     return events, cursor
+
+
+def role_take(*, role: str, owner: str, ttl_s: float, host_id: str | None = None) -> bool:
+    """Whether `owner` holds `role` of the host now (taking or renewing it). Raises redis.RedisError."""
+    return api.role_take(config=settings.HYDRA.worker, role=role, owner=owner, ttl_s=ttl_s, host_id=host_id)
+
+
+def role_holder(*, role: str, host_id: str | None = None) -> str | None:
+    """Who holds `role` of the host, or None. Raises redis.RedisError."""
+    return api.role_holder(config=settings.HYDRA.worker, role=role, host_id=host_id)
 
 
 def heartbeat_set(*, name: str, host_id: str | None = None) -> None:

@@ -103,6 +103,32 @@ def heartbeat_set(*, config: WorkerConfig, name: str, host_id: str | None = None
     queue.client.hset(queue.key("heartbeats"), name, seconds + micros / 1e6)
 
 
+# Take the role `KEYS[1]` for owner ARGV[1] for ARGV[2] ms, or keep it if that owner holds it: 1; else 0.
+_ROLE_TAKE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+
+
+def role_take(*, config: WorkerConfig, role: str, owner: str, ttl_s: float, host_id: str | None = None) -> bool:
+    """Whether `owner` holds `role` (e.g. ``reconciler``) of `host_id` now, for `ttl_s` more seconds: it
+    takes the role when nobody holds it (or its holder stopped renewing), and renews it when it holds it.
+    One process at a time does what the role names."""
+    queue = host_queue(config, host_id)
+    return bool(queue.client.eval(_ROLE_TAKE, 1, queue.key(f"role:{role}"), owner, int(ttl_s * 1000)))
+
+
+def role_holder(*, config: WorkerConfig, role: str, host_id: str | None = None) -> str | None:
+    """The owner holding `role` of `host_id`, or None."""
+    queue = host_queue(config, host_id)
+    holder: str | None = queue.client.get(queue.key(f"role:{role}"))
+    return holder
+
+
 def heartbeat_age(*, config: WorkerConfig, name: str, host_id: str | None = None) -> float | None:
     """Seconds since `name` last called `heartbeat_set` for `host_id`, or None if it never did."""
     queue = host_queue(config, host_id)

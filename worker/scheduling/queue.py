@@ -18,6 +18,7 @@ readable with redis-cli::
     hydra:<host>:config          HASH   lease_ms (default DEFAULT_LEASE_MS); clock_offset_ms (tests only)
     hydra:<host>:device:<name>   HASH   epoch (of the worker's current loop), stop, seen (last survey, s)
     hydra:<host>:heartbeats      HASH   process name (ingest) -> its last pass (s); `worker.api.heartbeat_set`
+    hydra:<host>:role:<role>     STRING the process holding a role (reconciler), expiring; `worker.api.role_take`
     hydra:<host>:events          STREAM trial, state, message: state changes for the web app (not the
                                         runnable/running flips between units of a trial that goes on),
                                         capped at about `keys.EVENTS_MAXLEN` entries

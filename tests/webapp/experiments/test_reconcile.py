@@ -308,3 +308,18 @@ def test_pages_showing_statuses_say_when_the_scheduler_cannot_be_reached(
     for page in pages:
         response = alice_client.get(page)
         assert response.status_code == 200 and events.SCHEDULER_DOWN in response.content.decode(), page
+
+
+def test_one_ingest_at_a_time_reconciles_and_another_takes_over_once_it_stops(
+        alice, alice_team, alice_dataset, scheduler, django_capture_on_commit_callbacks):
+    experiment = _launched_without_send(alice, alice_team, alice_dataset, django_capture_on_commit_callbacks)
+    assert queue_client.role_take(role="reconciler", owner="ingest@elsewhere:1", ttl_s=60)
+
+    call_command("hydra_ingest", "--once")
+    assert not any(t.submitted for t in experiment.trials.all())  # the other ingest's to do
+    assert queue_client.role_holder(role="reconciler") == "ingest@elsewhere:1"
+
+    scheduler.client.delete(scheduler.key("role:reconciler"))  # it stopped renewing, and its role lapsed
+    call_command("hydra_ingest", "--once")
+    assert all(t.submitted for t in experiment.trials.all())
+    assert not queue_client.role_take(role="reconciler", owner="ingest@elsewhere:1", ttl_s=60)

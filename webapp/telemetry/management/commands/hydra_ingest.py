@@ -1,10 +1,16 @@
 """``manage.py hydra_ingest``: copy telemetry from Redis streams into the database, every second, bring the
 trials' rows and the queue of this web app's host back in line (`webapp.experiments.reconcile`), and send the
-web worker's pending work again where its message never left or was lost (`webapp.background.reconcile`)."""
+web worker's pending work again where its message never left or was lost (`webapp.background.reconcile`).
+
+The reconciler has one owner: an ingest reconciles only while it holds the host's ``reconciler`` role
+(`queue_client.role_take`), renewed at every pass; a second ingest of the same host drains telemetry but
+leaves the reconciling to the first, and takes it over once the first stops renewing (`ROLE_TTL_S`)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import threading
 from typing import Any
 
@@ -14,8 +20,10 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from webapp.background.reconcile import web_work_reconcile
 from webapp.experiments.reconcile import trials_reconcile
-from webapp.queue_client import SchedulerUnavailable, heartbeat_set
+from webapp.queue_client import SchedulerUnavailable, heartbeat_set, role_take
 from webapp.telemetry.services import telemetry_ingest
+
+ROLE_TTL_S = 10.0  # an ingest that stopped renewing the reconciler role loses it after this long
 
 
 class Command(BaseCommand):
@@ -33,6 +41,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, once: bool, hosts: list[str] | None, interval: float, **options: Any) -> None:
         hosts = hosts or [settings.HYDRA.worker.host_id]
+        owner = f"ingest@{socket.gethostname()}:{os.getpid()}"
         stop = threading.Event()
         if not once:
             # A process manager stops us with SIGTERM: finish the current batch, whose transaction is atomic.
@@ -42,9 +51,11 @@ class Command(BaseCommand):
             for host in hosts:
                 try:
                     read = telemetry_ingest(host_id=host)
-                    if host == settings.HYDRA.worker.host_id:  # the one host this web app submits to
+                    if host == settings.HYDRA.worker.host_id and role_take(  # the one host this web app submits to
+                            role="reconciler", owner=owner, ttl_s=max(ROLE_TTL_S, 3 * interval), host_id=host):
                         reconciled = trials_reconcile()
-                        read |= {"submitted": len(reconciled.submitted), "cancelled": len(reconciled.cancelled)}
+                        read |= {"submitted": len(reconciled.submitted), "cancelled": len(reconciled.cancelled),
+                                 "resubmitted": len(reconciled.resubmitted), "ended": len(reconciled.ended)}
                         web_work = web_work_reconcile()
                         read |= {"web work sent": web_work.sent, "web work failed": web_work.failed}
                     heartbeat_set(name="ingest", host_id=host)
