@@ -278,7 +278,9 @@ def test_an_unknown_architecture_is_refused_by_name_before_anything_runs(tokens_
     assert not (tmp_path / "spill").exists()
 
 
-def test_the_command_line_trains_a_family_and_continues_from_its_export(tmp_path: Path) -> None:
+def test_the_command_line_trains_a_family_and_continues_from_its_export(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(CORPUS)
     common = ["--corpus", str(corpus), "--seq-len", "16", "--batch-size", "2", "--steps", "2", "--eval-every", "0",
@@ -296,6 +298,15 @@ def test_the_command_line_trains_a_family_and_continues_from_its_export(tmp_path
     assert continued.data.tokenizer_dir == str(tmp_path / "a")  # the pretrained model's own tokenizer
     assert np.load(continued.data.tokens_path).tolist() == tokenizer(CORPUS)["input_ids"]
     assert AutoTokenizer.from_pretrained(tmp_path / "b", local_files_only=True).get_vocab() == tokenizer.get_vocab()
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([*common, "--trial-id", "bad", "--tokenizer-dir", str(tmp_path), "--family", "llama"])
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit):
+        main([*common, "--trial-id", "bad", "--family", "gpt2", "--n-kv-head", "2"])
+    assert capsys.readouterr().err.splitlines()[-2:] == [
+        f"error: --tokenizer-dir {tmp_path} holds no tokenizer.json",
+        "error: GPT-2 has no grouped-query attention: n_kv_head must be unset or equal n_head"]
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])

@@ -162,6 +162,8 @@ def spec_from_args(args: argparse.Namespace) -> TrialSpec:
     tokenizer_dir = args.tokenizer_dir
     if tokenizer_dir is None and args.pretrained_dir is not None and (args.pretrained_dir / "tokenizer.json").is_file():
         tokenizer_dir = args.pretrained_dir  # a pretrained model reads text with its own tokenizer
+    if tokenizer_dir is not None and not (tokenizer_dir / "tokenizer.json").is_file():
+        raise SpecError(f"--tokenizer-dir {tokenizer_dir} holds no tokenizer.json")
     if args.corpus is not None:
         data_dir = args.spill_dir / f"{args.trial_id}.data"
         tokens, vocab_size = tokenize_corpus(args.corpus, data_dir, vocab_size=args.vocab_size,
