@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from django.urls import reverse
 
 from tests.plain_pytorch import assert_bit_identical, exported_weights, plain_reference
 from tests.private_redis import PrivateRedis
@@ -155,3 +157,23 @@ def test_a_trial_deleted_while_redis_is_down_does_not_run_again_and_its_store_is
     assert (record.state, record.units_done) == ("cancelled", units_done + 1)  # the unit it was in, no other
     assert not deleted.export_dir_for(deleted.queue_id).exists()
     assert [t.status for t in experiment.trials.all()] == ["finished"]  # the other trial went on
+
+
+def test_a_trial_the_queue_lost_whose_store_is_gone_too_fails_with_the_reason_and_offers_retry(
+        alice, alice_team, alice_dataset, alice_client, stack: Stack) -> None:
+    experiment = make_experiment(alice_team, alice_dataset, space={"lr": {"values": [0.001]}, "batch_size":
+                                 {"values": [2]}}, budget=4, eval_every=2)
+    services.experiment_launch(experiment=experiment, actor=alice)
+    trial = experiment.trials.get()
+    stack.blocked()
+    stack.redis.client().flushall()  # the host restarted: Redis empty, /dev/shm wiped, no checkpoint taken yet
+    shutil.rmtree(stack.workers.spill_dir / trial.queue_id)
+    stack.release()
+
+    stack.ingest_until(_all_ended(experiment), "the trial to end")
+    trial.refresh_from_db()
+    assert trial.status == "failed"
+    assert trial.message.endswith(f"the spill store of trial {trial.queue_id} is gone (host restarted?) and it has "
+                                  "no checkpoint")
+    page = alice_client.get(f"/trials/{trial.pk}/").content.decode()
+    assert f'action="{reverse("trial_action", args=[trial.pk, "retry"])}"' in page
