@@ -54,6 +54,16 @@ def workers_online(redis_url: str, host_id: str) -> list[dict[str, object]]:
     return [info for reply in replies for info in reply.values() if isinstance(info, dict) and info["host"] == host_id]
 
 
+def web_worker_answers(host_id: str) -> bool:
+    """Whether the web worker of `host_id` answers a ping through make run's Redis (it reconnected)."""
+    app = Celery(broker=PRIVATE_REDIS_URL)
+    app.conf.control_exchange = "hydra-web"  # the web worker's own (webapp/background/celery_app.py)
+    try:
+        return bool(app.control.ping(destination=[f"web@{host_id}"], timeout=1.0))
+    finally:
+        app.close()
+
+
 def descendants(pid: int) -> set[int]:
     try:
         return {child.pid for child in psutil.Process(pid).children(recursive=True)}
@@ -236,6 +246,7 @@ def test_redis_a_worker_and_the_ingest_killed_in_turn_come_back_and_the_experime
                 assert client.get("test:last-write") == "acknowledged"
             client.close()
         stack.wait("the workers online", lambda: len(workers_online(PRIVATE_REDIS_URL, stack.host_id)) == 2)
+        stack.wait("the web worker back on Redis", lambda: web_worker_answers(stack.host_id))
         trials_then = stack.trials()
 
         status, public = get(f"{stack.base}/health")
