@@ -59,7 +59,7 @@ class Command(BaseCommand):
                         web_work = web_work_reconcile()
                         read |= {"web work sent": web_work.sent, "web work failed": web_work.failed}
                     heartbeat_set(name="ingest", host_id=host)
-                except (redis.ConnectionError, SchedulerUnavailable) as error:  # Redis restarting: next pass
+                except (redis.ConnectionError, redis.TimeoutError, SchedulerUnavailable) as error:  # next pass
                     self.stderr.write(f"hydra_ingest: Redis unavailable ({error}); retrying in {interval} s")
                     continue
                 if any(read.values()):
