@@ -78,5 +78,9 @@ def test_a_trial_whose_store_is_gone_goes_on_from_its_checkpoint_or_fails_saying
     with pytest.raises(WorkloadError, match=re.escape("the spill store of trial lost is gone (host restarted?) and "
                                                       "it has no checkpoint")):
         run(runner, "lost", lost, 1)
+    left_behind = tmp_path / "spill" / durable.SNAPSHOTS / "kept"  # a process killed while checkpointing
+    left_behind.mkdir(parents=True, exist_ok=True)
+    (left_behind / "p0@3.bin").write_bytes(b"held")
     runner.discard(trial_id="kept")
     assert not (tmp_path / "checkpoints" / "kept").exists()  # a trial that ended otherwise keeps none
+    assert not left_behind.exists() and not (tmp_path / "spill" / "kept").exists()

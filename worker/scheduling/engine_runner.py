@@ -319,6 +319,9 @@ class EngineRunner:
         self._drop(trial_id)
         self._checkpointed.pop(trial_id, None)
         shutil.rmtree(self.spill_dir / trial_id, ignore_errors=True)
+        # What a process killed while checkpointing or restoring the trial left beside the stores (host RAM).
+        shutil.rmtree(self.spill_dir / durable.SNAPSHOTS / trial_id, ignore_errors=True)
+        shutil.rmtree(self.spill_dir / f"{durable.RESTORING}{trial_id}", ignore_errors=True)
         if self.checkpoint_dir is not None:
             self.wait_for_checkpoints()  # a checkpoint of it being written would leave its files behind
             durable.delete_checkpoints(self.checkpoint_dir, trial_id)
