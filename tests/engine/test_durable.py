@@ -21,6 +21,7 @@ from worker.engine.durable import (
     latest,
     restore_from_checkpoint,
     snapshot,
+    sweep_snapshots,
 )
 from worker.engine.errors import SpillStoreError
 
@@ -125,3 +126,16 @@ def test_a_checkpoint_cut_off_half_way_is_never_restored(tokens_path: Path, tmp_
 def test_a_trial_without_a_checkpoint_restores_nothing(tmp_path: Path) -> None:
     assert restore_from_checkpoint(checkpoint_dir=tmp_path / "c", spill_dir=tmp_path / "s", trial_id="t") is None
     assert not (tmp_path / "s" / "t").exists()
+
+
+def test_links_a_killed_writer_left_are_freed_but_not_those_being_written(tokens_path: Path, tmp_path: Path) -> None:
+    spill, disk = tmp_path / "spill", tmp_path / "checkpoints"
+    for trial_id in ("a", "b"):
+        trial_create(spec=tiny_spec(tokens_path), spill_dir=spill, trial_id=trial_id, device=CPU, cuts=CUTS)
+    writing = snapshot(spill_dir=spill, checkpoint_dir=disk, trial_id="a")
+    assert writing is not None
+    (spill / SNAPSHOTS / "b").mkdir()  # what a writer of b killed mid-copy left: links, and its lock free
+    (spill / SNAPSHOTS / "b" / "p0@1.bin").write_bytes(b"held")
+    assert sweep_snapshots(spill_dir=spill, checkpoint_dir=disk) == ["b"]
+    assert sorted(os.listdir(spill / SNAPSHOTS)) == ["a"]
+    assert writing.write().step == 0  # the links being written were left alone

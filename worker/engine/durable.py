@@ -187,6 +187,34 @@ def snapshot(*, spill_dir: Path, checkpoint_dir: Path, trial_id: str, wait: bool
     return Snapshot(trial_id=trial_id, lock=lock, links=links, trial_dir=trial_dir, manifest=manifest, taken=taken)
 
 
+def sweep_snapshots(*, spill_dir: Path, checkpoint_dir: Path) -> list[str]:
+    """Free the snapshot links no checkpoint is being written from (a process killed while writing one left
+    them, holding host memory); return the trials whose links were freed. A snapshot is written only while
+    its trial's lock is held, so links whose lock can be taken are abandoned."""
+    try:
+        trials = os.listdir(Path(spill_dir) / SNAPSHOTS)
+    except FileNotFoundError:
+        return []
+    freed = []
+    for trial_id in trials:
+        lock_path = Path(checkpoint_dir) / trial_id / LOCK
+        try:
+            lock = open(lock_path, "a")  # noqa: SIM115 -- closed below
+        except FileNotFoundError:  # its checkpoints were deleted: nobody writes one
+            lock = None
+        try:
+            if lock is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(Path(spill_dir) / SNAPSHOTS / trial_id, ignore_errors=True)
+            freed.append(trial_id)
+        except BlockingIOError:
+            pass  # being written right now
+        finally:
+            if lock is not None:
+                lock.close()
+    return freed
+
+
 def checkpoint(*, spill_dir: Path, checkpoint_dir: Path, trial_id: str) -> CheckpointInfo | None:
     """Snapshot and write in one go (what a finished trial, or a test, does); None as :func:`snapshot`."""
     held = snapshot(spill_dir=spill_dir, checkpoint_dir=checkpoint_dir, trial_id=trial_id)

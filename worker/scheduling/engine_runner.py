@@ -95,6 +95,8 @@ class EngineRunner:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hydra-checkpoint")
         self._written: list[CheckpointMetrics] = []  # checkpoints written, not yet taken by `checkpoints`
         self._written_lock = threading.Lock()
+        if checkpoint_dir is not None:  # a worker killed while writing a checkpoint left its links in host RAM
+            durable.sweep_snapshots(spill_dir=spill_dir, checkpoint_dir=checkpoint_dir)
 
     def plan(self, *, trial_id: str, job: EngineJob) -> Planned:
         """Plan a new trial, or take up the state of one planned before.
