@@ -27,6 +27,7 @@ from webapp.experiments.search_space import (
     PARAMETERS,
     SearchSpace,
     SearchSpaceError,
+    checkpoint_minutes_of_text,
     load_spec_text,
     parse_search_space,
     space_from_rows,
@@ -150,6 +151,13 @@ class ExperimentForm(forms.Form):
             return {"kind": "checkpoint", "checkpoint": checkpoint.pk, "checkpoint_name": checkpoint.name}
         return {"kind": "pretrained", "pretrained_dir": (cleaned.get("pretrained_dir") or "").strip()}
 
+    def _checkpoint_minutes(self, cleaned: dict[str, Any]) -> int:
+        """The pasted text's ``checkpoint_minutes``, else the field's, else the default (30)."""
+        for value in (self.pasted_checkpoint_minutes, cleaned.get("checkpoint_minutes")):
+            if value is not None:
+                return value
+        return 30
+
     def _model_error_field(self, field: str) -> str | None:
         """Where a model's error shows: its field, or the pasted text when that named the model."""
         if getattr(self, "pasted_model", None) is not None and field in MODEL_FIELDS:
@@ -162,6 +170,7 @@ class ExperimentForm(forms.Form):
         text = (cleaned.get("space_text") or "").strip()
         if text:
             self.pasted_model, space = load_spec_text(text)
+            self.pasted_checkpoint_minutes = checkpoint_minutes_of_text(text)
             return space
         if not self.rows.is_valid():
             raise SearchSpaceError("", field="rows")
@@ -173,6 +182,7 @@ class ExperimentForm(forms.Form):
         cleaned = super().clean()
         model = shape = space = None
         self.pasted_model: object | None = None
+        self.pasted_checkpoint_minutes: int | None = None
         try:
             space = self._space(cleaned)
         except SearchSpaceError as error:
@@ -194,7 +204,7 @@ class ExperimentForm(forms.Form):
                 strategy=cleaned["strategy"], n_trials=cleaned["n_trials"], budget_unit=cleaned["budget_unit"],
                 budget=cleaned["budget"], eval_every=cleaned["eval_every"], seed=cleaned["seed"],
                 memory_budget_bytes=budget, early_stop_patience=cleaned.get("early_stop_patience"),
-                checkpoint_minutes=30 if cleaned.get("checkpoint_minutes") is None else cleaned["checkpoint_minutes"],
+                checkpoint_minutes=self._checkpoint_minutes(cleaned),
             )
             try:
                 check_caps(draft, caps=settings.HYDRA.caps)

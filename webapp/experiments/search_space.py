@@ -9,7 +9,8 @@ also the YAML/JSON users paste and download, is::
 
 Pasted text may also name the model, beside the parameters, under the key ``model`` (`load_spec_text`):
 ``model: {preset: llama-micro}``, ``model: {checkpoint: <catalog name>}`` or a custom size such as
-``model: {family: llama, n_layer: 4, n_embd: 128, n_head: 4, n_kv_head: 2, n_positions: 512}``.
+``model: {family: llama, n_layer: 4, n_embd: 128, n_head: 4, n_kv_head: 2, n_positions: 512}``; and how often
+its trials take durable checkpoints, under ``checkpoint_minutes`` (`checkpoint_minutes_of_text`).
 
 Every error is a `SearchSpaceError` naming the parameter and the field, so forms can put it beside the row.
 Pasted text is read by `load_search_space_text`, whose cost is bounded by the text's length: YAML anchors
@@ -36,6 +37,8 @@ QUOTE_CHARS = 40  # the most of a user's value that an error message repeats
 MAX_NODES = 1000  # YAML nodes in a pasted space: a dozen parameters with their ranges and values fit easily
 MAX_DEPTH = 4  # space -> parameter -> field -> list of values
 MODEL_KEY = "model"  # pasted text may name the experiment's model beside the parameters
+CHECKPOINT_KEY = "checkpoint_minutes"  # ... and how often its trials take durable checkpoints
+MAX_CHECKPOINT_MINUTES = 7 * 24 * 60
 
 
 class SearchSpaceError(ValueError):
@@ -314,10 +317,24 @@ def load_spec_text(text: str) -> tuple[object | None, SearchSpace]:
     """Pasted YAML or JSON that may also name the model under the key ``model`` (see
     `model_shapes.model_from_spec`): that entry, unchecked (None without one), and the search space."""
     raw = _load_text(text)
-    if isinstance(raw, Mapping) and MODEL_KEY in raw:
+    if isinstance(raw, Mapping) and (MODEL_KEY in raw or CHECKPOINT_KEY in raw):
         raw = dict(raw)
-        return raw.pop(MODEL_KEY), parse_search_space(raw)
+        raw.pop(CHECKPOINT_KEY, None)  # read by `checkpoint_minutes_of_text`
+        return raw.pop(MODEL_KEY, None), parse_search_space(raw)
     return None, parse_search_space(raw)
+
+
+def checkpoint_minutes_of_text(text: str) -> int | None:
+    """The ``checkpoint_minutes`` pasted YAML or JSON sets (None when it sets none); a `SearchSpaceError` on
+    the pasted text for anything but a whole number of minutes from 0 (no checkpoints) to a week."""
+    raw = _load_text(text)
+    if not isinstance(raw, Mapping) or CHECKPOINT_KEY not in raw:
+        return None
+    value = raw[CHECKPOINT_KEY]
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CHECKPOINT_MINUTES:
+        raise SearchSpaceError(f"{CHECKPOINT_KEY}: {quote(value)} is not a whole number of minutes from 0 (no "
+                               f"checkpoints) to {MAX_CHECKPOINT_MINUTES}.", field="space_text")
+    return value
 
 
 def _load_text(text: str) -> object:

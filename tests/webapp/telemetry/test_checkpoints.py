@@ -74,3 +74,17 @@ def test_the_form_carries_the_interval_into_the_draft(alice_team):
     form = bound(alice_team, post_data(dataset))  # left empty: the default
     assert form.is_valid(), form.errors
     assert form.cleaned_data["draft"].checkpoint_minutes == 30
+
+
+def test_pasted_yaml_or_json_may_set_the_interval_beside_the_parameters(alice_team):
+    dataset = make_experiment(alice_team).dataset
+    for text in ("checkpoint_minutes: 10\nlr: {kind: categorical, values: [0.001]}",
+                 '{"checkpoint_minutes": 10, "lr": {"kind": "categorical", "values": [0.001]}}'):
+        form = bound(alice_team, post_data(dataset, space_text=text, checkpoint_minutes="45"))
+        assert form.is_valid(), form.errors
+        assert form.cleaned_data["draft"].checkpoint_minutes == 10  # the pasted text wins over the field
+        assert list(form.cleaned_data["draft"].space.to_dict()) == ["lr"]
+    for value in ("-5", "2.5", "true", "[1]", "20000"):
+        form = bound(alice_team, post_data(dataset, space_text=f"checkpoint_minutes: {value}\nlr: {{values: [0.1]}}"))
+        assert not form.is_valid()
+        assert "checkpoint_minutes" in " ".join(form.errors["space_text"]), value
