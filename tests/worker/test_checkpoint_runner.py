@@ -70,7 +70,8 @@ def test_a_trial_whose_store_is_gone_goes_on_from_its_checkpoint_or_fails_saying
         run(runner, trial_id, job, 4)
     other = EngineRunner(spill_dir=tmp_path / "spill", device=CPU, checkpoint_dir=tmp_path / "checkpoints")
     run(other, "kept", kept, 1)  # another device, whose session of the trial is cached
-    before = other._sessions["kept"]
+    run(runner, "kept", kept, 2)  # past the checkpoint: work the reboot loses
+    seen = runner._sessions["kept"].store.commit_version
     runner.wait_for_checkpoints()
     other.wait_for_checkpoints()
     checkpoint = durable.latest(tmp_path / "checkpoints", "kept")
@@ -78,9 +79,13 @@ def test_a_trial_whose_store_is_gone_goes_on_from_its_checkpoint_or_fails_saying
     shutil.rmtree(tmp_path / "spill")  # the reboot
 
     out = run(runner, "kept", kept, 1)
-    assert (out.step, runner._sessions["kept"].cursor) == (0, checkpoint.cursor + 1)
-    run(other, "kept", kept, 1)  # the other device sees the restore: a fresh session, reads keyed anew
-    assert other._sessions["kept"] is not before and other._sessions["kept"].cursor == checkpoint.cursor + 2
+    session = runner._sessions["kept"]
+    assert (out.step, session.cursor) == (session.timetable[checkpoint.cursor].step, checkpoint.cursor + 1)
+    # The restored store numbers its commits above every version the lost one used, so a device that saw
+    # the lost store (its reads are keyed by buffer version) cannot take a new file for one it read.
+    assert runner._sessions["kept"].store.commit_version > seen
+    run(other, "kept", kept, 1)
+    assert other._sessions["kept"].cursor == checkpoint.cursor + 2
     with pytest.raises(WorkloadError, match=re.escape("the spill store of trial lost is gone (host restarted?) and "
                                                       "it has no checkpoint")):
         run(runner, "lost", lost, 1)

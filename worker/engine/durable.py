@@ -225,8 +225,9 @@ def restore_from_checkpoint(*, checkpoint_dir: Path, spill_dir: Path, trial_id: 
     """Rebuild the trial's spill store from its newest checkpoint; None (nothing changed) when it has none.
 
     The store is assembled beside the others and renamed into place, so a restore cut off half-way leaves
-    no store (and is simply done again). Refuses with ``SpillStoreError`` when the trial has a store, or
-    the checkpoint's files are not the sizes it recorded.
+    no store (and is simply done again). Its files are the checkpoint's, byte for byte; its next commits are
+    numbered from the microseconds since the epoch, above any the lost store reached. Refuses with
+    ``SpillStoreError`` when the trial has a store, or the checkpoint's files are not the sizes it recorded.
     """
     info = latest(checkpoint_dir, trial_id)
     if info is None:
@@ -244,7 +245,11 @@ def restore_from_checkpoint(*, checkpoint_dir: Path, spill_dir: Path, trial_id: 
             if os.path.getsize(copied) != size:
                 raise SpillStoreError(f"checkpoint {info.path}: {name} has {os.path.getsize(copied)} bytes, "
                                       f"its checkpoint.json says {size}")
-        shutil.copyfile(info.path / MANIFEST, staging / MANIFEST)
+        # Commits from here on use versions above every version the lost store used after the checkpoint, so
+        # that no process that saw it can take a file of the new history for one of the same name it read.
+        manifest = json.loads((info.path / MANIFEST).read_text())
+        manifest["version"] = max(int(manifest["version"]), time.time_ns() // 1000)
+        (staging / MANIFEST).write_text(json.dumps(manifest))
         shutil.rmtree(root, ignore_errors=True)  # a directory without a manifest is no store (e.g. its lock)
         os.rename(staging, root)
     except BaseException:

@@ -331,20 +331,12 @@ class EngineRunner:
     def _open(self, trial_id: str) -> TrialSession:
         """The trial's session, on its last commit (read again only if a commit landed since)."""
         session = self._sessions.pop(trial_id, None)
-        store = None
-        if session is not None and not session.store.is_current():
-            store = SpillStore.open(self.spill_dir / trial_id)
-            if store.commit_version < session.store.commit_version:
-                # Restored from a checkpoint (by another device): the version numbers start again from the
-                # checkpoint's, so reads this session keyed by version may be of files since replaced.
-                session.close()
-                session = None
-            else:
-                session.reopen(store)
         if session is None:
-            session = TrialSession(store or SpillStore.open(self.spill_dir / trial_id), self.device)
+            session = TrialSession(SpillStore.open(self.spill_dir / trial_id), self.device)
             session.fault_oom_above_bytes = self.fault_oom_above_bytes
             session.fault = self.fault
+        elif not session.store.is_current():
+            session.reopen(SpillStore.open(self.spill_dir / trial_id))
         self._sessions[trial_id] = session
         while len(self._sessions) > SESSION_CACHE:
             self._sessions.popitem(last=False)[1].close()
