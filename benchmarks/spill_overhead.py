@@ -38,7 +38,6 @@ on CPU, >= 0.8 on GPU at 16k tokens per step.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -54,10 +53,12 @@ from transformers import AutoModelForCausalLM
 
 from worker.engine import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
 from worker.engine.data import TokenBlocks
-from worker.engine.errors import BudgetError
 from worker.engine.families import architecture_from_spec
 from worker.engine.layers import model_config
 from worker.engine.train import train_trial
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.budgets import fitting_spec
 
 FULL = {"layers": 12, "width": 768, "heads": 12, "vocab": 8192, "seq_len": 512, "batch": 4, "micro_batches": 2,
         "steps": 4, "rounds": 3}
@@ -114,21 +115,6 @@ def spilled_tokens_per_s(spec: TrialSpec, spill_dir: Path, device: torch.device,
     shards = max(r.unit.shard for r in results) + 1
     shutil.rmtree(spill_dir / trial_id, ignore_errors=True)
     return spec.batch_size * spec.data.seq_len / statistics.median(seconds[1:]), shards
-
-
-def fitting_spec(spec: TrialSpec, spill_dir: Path, device: torch.device, *, step_bytes: int) -> TrialSpec:
-    """``spec`` with the smallest budget, from its own up in steps of ``step_bytes``, that the engine's planner
-    fits (one step trained to find out)."""
-    while True:
-        try:
-            train_trial(spec=dataclasses.replace(spec, steps=1), spill_dir=spill_dir, trial_id="spill-overhead-fit",
-                        device=device)
-            return spec
-        except BudgetError as error:
-            print(f"budget {spec.budget_bytes} does not fit ({error}); trying a larger one", file=sys.stderr)
-            spec = dataclasses.replace(spec, budget_bytes=spec.budget_bytes + step_bytes)
-        finally:
-            shutil.rmtree(spill_dir / "spill-overhead-fit", ignore_errors=True)
 
 
 def _sync(device: torch.device) -> None:
