@@ -129,6 +129,6 @@ def test_trials_that_end_cancelled_or_failed_free_their_spill_stores(
     (workers.spill_dir / "f" / "manifest.json").unlink()  # its next unit cannot open its store
     queue.resume("f")
     record = workers.wait_for_states(["f"], {"failed"}, 60)["f"]
-    assert "failed on cpu0: SpillStoreError" in record.message
+    assert "failed on cpu0: WorkloadError: the spill store of trial f is gone" in record.message
 
     workers.wait(lambda: not list(workers.spill_dir.iterdir()), 30, "the spill stores to be freed")

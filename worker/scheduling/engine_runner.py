@@ -230,17 +230,20 @@ class EngineRunner:
         if now - since >= interval:
             self._start_checkpoint(trial_id)
 
-    def _start_checkpoint(self, trial_id: str, *, wait: bool = False) -> None:
-        assert self.checkpoint_dir is not None
-        try:
-            held = durable.snapshot(spill_dir=self.spill_dir, checkpoint_dir=self.checkpoint_dir, trial_id=trial_id,
-                                    wait=wait)
-        except (OSError, SpillStoreError) as error:  # a checkpoint missed is not worth failing the trial for
-            log.warning("trial %s: no checkpoint taken: %s", trial_id, error)
-            return
+    def _start_checkpoint(self, trial_id: str) -> None:
+        held = self._snapshot(trial_id)
         if held is not None:
             self._checkpointed[trial_id] = held.time
             self._writer.submit(self._write, held)
+
+    def _snapshot(self, trial_id: str, *, wait: bool = False) -> Snapshot | None:
+        assert self.checkpoint_dir is not None
+        try:
+            return durable.snapshot(spill_dir=self.spill_dir, checkpoint_dir=self.checkpoint_dir, trial_id=trial_id,
+                                    wait=wait)
+        except (OSError, SpillStoreError) as error:  # a checkpoint missed is not worth failing the trial for
+            log.warning("trial %s: no checkpoint taken: %s", trial_id, error)
+            return None
 
     def _write(self, held: Snapshot) -> None:
         """The background half of a checkpoint (`worker.engine.durable.Snapshot.write`)."""
@@ -305,15 +308,19 @@ class EngineRunner:
 
     def export(self, *, trial_id: str, job: EngineJob, export_dir: str) -> None:
         """Export the model directory, then delete the trial's spill store (host RAM on /dev/shm); with
-        checkpoints on, its last commit is checkpointed first (the copy runs on once the store is freed:
-        the snapshot's links hold the files until each is on disk)."""
+        checkpoints on, its last commit is checkpointed too, here rather than in the background, so that the
+        trial is reported finished with it on disk and its host memory freed (the store goes first: the
+        snapshot's links hold each file until it is copied)."""
         session = self._open(trial_id)
         session.export(Path(export_dir))
         self._drop(trial_id)
+        held = None
         if self.checkpoint_dir is not None and job.checkpoint_minutes > 0:
-            self._start_checkpoint(trial_id, wait=True)  # after a periodic one still being written
+            held = self._snapshot(trial_id, wait=True)  # after a periodic one still being written
         self._checkpointed.pop(trial_id, None)
         shutil.rmtree(self.spill_dir / trial_id)
+        if held is not None:
+            self._write(held)
 
     def discard(self, *, trial_id: str) -> None:
         """Delete the trial's spill store, if this host has one, and its checkpoints (it ended cancelled or
