@@ -15,10 +15,11 @@ plan. When even a single layer cannot fit the smaller budget, the trial fails wi
 Durable checkpoints (`worker.engine.durable`): after a unit, once the job's ``checkpoint_minutes`` have
 passed since the trial's last checkpoint (or since its store was made), the runner snapshots the trial's
 commit (hard links, between two units) and a background thread copies it to ``checkpoint_dir`` one file at
-a time while units go on; a finished trial's last commit is checkpointed the same way as its store is freed.
-A trial whose store is gone (the host restarted, and ``/dev/shm`` with it) is restored from its last
-checkpoint and goes on from there; one without a checkpoint fails with the reason. Each checkpoint written
-is reported once through `checkpoints` (the device loop sends them to the telemetry stream).
+a time while units go on; a finished trial's last commit is checkpointed as its store is freed, before the
+trial is reported finished. A trial whose store is gone (the host restarted, and ``/dev/shm`` with it) is
+restored from its last checkpoint and goes on from there; one without a checkpoint fails with the reason.
+Each checkpoint written is reported once through `checkpoints` (the device loop sends them to the telemetry
+stream).
 
 A trial the queue lost (Redis emptied) is submitted again and planned again: planning takes up its
 committed store, so it goes on from that store's last commit, exactly. A trial whose store is gone (the
