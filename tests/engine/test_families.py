@@ -225,6 +225,7 @@ def test_the_export_loads_and_generates_with_its_tokenizer(
         assert model(batch, labels=batch).loss.item() == engine_eval[0]
 
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out", local_files_only=True)
+    assert tokenizer.eos_token == "<|endoftext|>"  # the corpus BPE's document end, so that generation stops there
     assert tokenizer("Shards spill")["input_ids"] == Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).encode(
         "Shards spill").ids
     prompt = tokenizer("Shards spill to", return_tensors="pt")

@@ -29,6 +29,7 @@ from worker.engine.layout import Layout
 from worker.engine.sizes import FP32
 from worker.engine.spill_store import SpillStore
 
+END_OF_TEXT = "<|endoftext|>"
 # Files of a save_pretrained tokenizer, copied when present (sentencepiece models included).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
@@ -44,7 +45,10 @@ def export_tokenizer(tokenizer_dir: Path, out_dir: Path) -> None:
             if (tokenizer_dir / name).is_file():
                 shutil.copyfile(tokenizer_dir / name, out_dir / name)
         return
-    PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_dir / "tokenizer.json")).save_pretrained(out_dir)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_dir / "tokenizer.json"))
+    if END_OF_TEXT in tokenizer.get_vocab():  # the BPE trained on a corpus marks each document's end with it
+        tokenizer.eos_token = END_OF_TEXT  # so that generate() stops there wherever the export is used
+    tokenizer.save_pretrained(out_dir)
 
 
 def export_pretrained(out_dir: Path, *, store: SpillStore, stack: LayerStack, layout: Layout,
