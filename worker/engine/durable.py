@@ -152,6 +152,7 @@ class Snapshot:
     def close(self) -> None:
         """Drop the links (and the host memory only they hold) and release the lock, writing nothing."""
         shutil.rmtree(self.links, ignore_errors=True)
+        _remove_if_empty(self.links.parent)
         with contextlib.suppress(ValueError):  # closed already
             self._lock.close()  # closing the file releases its flock
 
@@ -212,7 +213,15 @@ def sweep_snapshots(*, spill_dir: Path, checkpoint_dir: Path) -> list[str]:
         finally:
             if lock is not None:
                 lock.close()
+    _remove_if_empty(Path(spill_dir) / SNAPSHOTS)
     return freed
+
+
+def _remove_if_empty(directory: Path) -> None:
+    """Remove the snapshots' directory once no snapshot is in it, so that the spill directory holds nothing
+    but stores (a snapshot being taken makes it again)."""
+    with contextlib.suppress(OSError):
+        os.rmdir(directory)
 
 
 def checkpoint(*, spill_dir: Path, checkpoint_dir: Path, trial_id: str) -> CheckpointInfo | None:
