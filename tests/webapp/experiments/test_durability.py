@@ -166,6 +166,9 @@ def test_a_trial_the_queue_lost_whose_store_is_gone_too_fails_with_the_reason_an
     services.experiment_launch(experiment=experiment, actor=alice)
     trial = experiment.trials.get()
     stack.blocked()
+    call_command("hydra_ingest", "--once")  # the page shows it running: it trained, so it is sent to resume
+    trial.refresh_from_db()
+    assert trial.status == "running"
     stack.redis.client().flushall()  # the host restarted: Redis empty, /dev/shm wiped, no checkpoint taken yet
     shutil.rmtree(stack.workers.spill_dir / trial.queue_id)
     stack.release()
@@ -177,3 +180,23 @@ def test_a_trial_the_queue_lost_whose_store_is_gone_too_fails_with_the_reason_an
                                   "no checkpoint")
     page = alice_client.get(f"/trials/{trial.pk}/").content.decode()
     assert f'action="{reverse("trial_action", args=[trial.pk, "retry"])}"' in page
+
+
+def test_a_trial_the_queue_lost_before_it_was_seen_running_is_planned_afresh_and_finishes(
+        alice, alice_team, alice_dataset, stack: Stack, tmp_path: Path) -> None:
+    experiment = make_experiment(alice_team, alice_dataset, space={"lr": {"values": [0.001]}, "batch_size":
+                                 {"values": [2]}}, budget=4, eval_every=2)
+    services.experiment_launch(experiment=experiment, actor=alice)
+    trial = experiment.trials.get()
+    stack.blocked()
+    # Redis and the store are lost before any event of the trial reached the database: it shows no step, so
+    # nothing the user saw is lost by training it from the start.
+    stack.redis.client().flushall()
+    shutil.rmtree(stack.workers.spill_dir / trial.queue_id)
+    stack.release()
+
+    stack.ingest_until(_all_ended(experiment), "the trial to end")
+    trial.refresh_from_db()
+    assert trial.status == "finished"
+    assert stack.workers.queue.trial(trial.queue_id).job.get("resume") is not True
+    _assert_trained_alone(experiment, tmp_path)
