@@ -33,7 +33,7 @@ from django.conf import settings
 from django.db import transaction
 
 from webapp import queue_client
-from webapp.experiments.events import trial_event_apply
+from webapp.experiments.events import trial_event_apply, trial_events_sync
 from webapp.experiments.launching import trial_send, trial_sent_job
 from webapp.experiments.models import Trial
 
@@ -94,15 +94,20 @@ def _lost_resubmit(states: dict[str, queue_client.TrialState]) -> tuple[list[str
     the queue says ended."""
     rows = (Trial.objects.filter(status__in=Trial.ACTIVE, submitted=True).order_by("pk")
             .values_list("queue_id", "status"))
-    resubmitted, ended = [], []
+    resubmitted, ending = [], []
     for queue_id, status in rows:
         state = states.get(queue_id)
         if state is None:
             if _resubmit(queue_id):
                 resubmitted.append(queue_id)
-        elif state in queue_client.ENDED and _end(queue_id, status):
-            ended.append(queue_id)
-    return resubmitted, ended
+        elif state in queue_client.ENDED:
+            ending.append((queue_id, status))
+    if ending:
+        # The queue writes a trial's end and its event in one step, so an end read above whose event is still
+        # in the events stream (the trial ended after the ingest's last read) is applied from it now, with
+        # the steps it took; only an end whose event is gone is taken from the queue's record.
+        trial_events_sync()
+    return resubmitted, [queue_id for queue_id, status in ending if _end(queue_id, status)]
 
 
 def _resubmit(queue_id: str) -> bool:
@@ -134,6 +139,8 @@ def _resubmit(queue_id: str) -> bool:
 
 def _end(queue_id: str, status: str) -> bool:
     """Give the row the end its attempt reached in the queue (the event that said so was lost)."""
+    if not Trial.objects.filter(queue_id=queue_id, status__in=Trial.ACTIVE).exists():
+        return False  # its event was applied meanwhile
     record = queue_client.trial_record(trial_id=queue_id)
     if record is None or record.state not in queue_client.ENDED:
         return False

@@ -268,6 +268,21 @@ def test_a_trial_whose_end_the_database_missed_takes_it_from_the_queue(
     assert (trial.status, trial.message) == ("failed", "unit 0 failed on cpu0: boom")
 
 
+def test_a_trial_that_ended_after_the_ingests_last_read_takes_its_end_from_its_event(
+        alice, alice_team, alice_dataset, scheduler, django_capture_on_commit_callbacks):
+    experiment = _launched(alice, alice_team, alice_dataset, django_capture_on_commit_callbacks)
+    trial, _ = experiment.trials.order_by("number")
+    planned(scheduler, trial.queue_id)
+    events.trial_events_sync()
+    lease = scheduler.claim(trial.queue_id, "cpu0")
+    scheduler.fail(trial.queue_id, lease.token, "unit 0 failed on cpu0: boom")  # its event is not read yet
+
+    assert trials_reconcile().ended == []  # nothing was lost: the event says it
+    trial.refresh_from_db()
+    assert (trial.status, trial.message) == ("failed", "unit 0 failed on cpu0: boom")
+    assert events.trial_events_sync() == 0
+
+
 def test_cancelling_a_trial_the_queue_does_not_hold_cancels_it_and_pausing_says_why_not(
         alice, alice_team, alice_dataset, alice_client, scheduler, django_capture_on_commit_callbacks):
     experiment = _launched(alice, alice_team, alice_dataset, django_capture_on_commit_callbacks)
