@@ -17,6 +17,7 @@ from django.conf import settings
 from webapp.accounts.models import Team
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.selectors import ready_checkpoints
+from webapp.catalog.sizing import host_devices
 from webapp.datasets.models import Dataset
 from webapp.experiments.model_shapes import FAMILY_LABELS, PRESETS, ModelChoiceError, model_from_spec, model_shape
 from webapp.experiments.models import Experiment
@@ -61,6 +62,19 @@ class ParameterRowForm(forms.Form):
 
 ParameterRowFormSet = forms.formset_factory(ParameterRowForm, extra=0, can_delete=True, max_num=len(PARAMETERS),
                                             validate_max=True)
+
+
+def _check_precision(space: SearchSpace) -> None:
+    """Refuse bf16 when this host's workers answered and none has a GPU: bf16 autocast is for GPU devices
+    (on a CPU device it would only run slower than fp32). Whether workers are up is not this form's to say:
+    with none answering, the choice stands."""
+    precision = space.get("precision")
+    if precision is None or "bf16" not in precision.grid_values():
+        return
+    devices = [device.device for device in host_devices()]
+    if devices and not any(name.startswith("cuda") for name in devices):
+        raise SearchSpaceError(f"precision: bf16 needs a GPU device, and this host's workers have only "
+                               f"{', '.join(devices)}; use fp32.", parameter="precision", field="values")
 
 
 class ExperimentForm(forms.Form):
@@ -185,6 +199,7 @@ class ExperimentForm(forms.Form):
         self.pasted_checkpoint_minutes: int | None = None
         try:
             space = self._space(cleaned)
+            _check_precision(space)
         except SearchSpaceError as error:
             self._add_space_error(error, from_text=bool((cleaned.get("space_text") or "").strip()))
         try:

@@ -279,6 +279,19 @@ def model_from_spec(raw: object) -> dict[str, Any]:
     return model
 
 
+def model_to_spec(model: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``model`` entry of a pasted spec that `model_from_spec` reads back as `model` (a stored choice), or
+    None for a kind pasted text cannot name."""
+    kind = model.get("kind")
+    if kind == "preset":
+        return {"preset": model["preset"]}
+    if kind == "checkpoint":
+        return {"checkpoint": model["checkpoint_name"]}
+    if kind == "custom":
+        return {"family": model["family"], **{name: model[name] for name in CUSTOM_FIELDS if name in model}}
+    return None
+
+
 def _checkpoint_by_name(name: object, refuse: Any) -> dict[str, Any]:
     from webapp.catalog.selectors import ready_checkpoints
 

@@ -19,9 +19,10 @@ from webapp.experiments import archives, generations, previews, selectors, servi
 from webapp.experiments.events import SCHEDULER_DOWN, trial_events_sync_quietly
 from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet, experiment_initial
 from webapp.experiments.generation_form import GenerationForm, generation_initial
+from webapp.experiments.model_shapes import model_to_spec
 from webapp.experiments.models import Experiment, ExperimentPreview, Trial
 from webapp.experiments.planning import ExperimentDraft, TrialDraft
-from webapp.experiments.search_space import KINDS, PARAMETERS
+from webapp.experiments.search_space import CHECKPOINT_KEY, KINDS, MODEL_KEY, PARAMETERS
 from webapp.experiments.trial_data import experiment_tokens
 from webapp.ids import parse_id
 
@@ -191,14 +192,18 @@ def experiment_delete(request: HttpRequest, experiment_id: int) -> HttpResponse:
 
 @team_required
 def experiment_space(request: HttpRequest, experiment_id: int, fmt: str) -> HttpResponse:
-    """The search space as a YAML or JSON download."""
+    """The search space as a YAML or JSON download, with the model and the checkpoint interval beside it:
+    pasted into the form again, it gives the same experiment."""
     experiment = selectors.experiment_get(team=request.team, experiment_id=experiment_id)
     if fmt not in ("yaml", "json"):
         raise Http404("Download the search space as .yaml or .json.")
+    model = model_to_spec(experiment.model)
+    spec = {**({MODEL_KEY: model} if model is not None else {}), CHECKPOINT_KEY: experiment.checkpoint_minutes,
+            **experiment.search_space}
     if fmt == "yaml":
-        body, content_type = yaml.safe_dump(experiment.search_space, sort_keys=False), "application/yaml"
+        body, content_type = yaml.safe_dump(spec, sort_keys=False), "application/yaml"
     else:
-        body, content_type = json.dumps(experiment.search_space, indent=2), "application/json"
+        body, content_type = json.dumps(spec, indent=2), "application/json"
     response = HttpResponse(body, content_type=f"{content_type}; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="experiment-{experiment.pk}-search-space.{fmt}"'
     return response

@@ -1,5 +1,6 @@
 """The catalog says where a checkpoint fits on the devices of this host's workers that answer, as the
-health page asks them: a real CPU device worker on a host of the test's own."""
+health page asks them, and the experiment form refuses bf16 when they have no GPU: a real CPU device worker on
+a host of the test's own."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from django.core.cache import cache
 from django.urls import reverse
 
 from tests.webapp.catalog.checkpoints import tiny_llama
+from tests.webapp.experiments.conftest import alice_dataset  # noqa: F401 -- a fixture
+from tests.webapp.experiments.test_forms import bound, post_data, text
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.sizing import host_devices
 from webapp.catalog.work import checkpoint_import
@@ -45,21 +48,38 @@ def cpu_worker(settings, redis_url, tmp_path):
         process.wait()
 
 
-@pytest.mark.django_db
-def test_the_page_says_a_checkpoint_is_resident_on_the_cpu_device_that_answered(cpu_worker, alice_client,
-                                                                                  models_root):
-    tiny_llama(models_root / "tiny")
-    alice_client.post(reverse("catalog_register"), {"name": "Tiny", "path": "tiny"})
-    checkpoint_import(checkpoint_id=Checkpoint.objects.get().pk)
+def _answered(cpu_worker) -> None:
     deadline = time.monotonic() + 90
     while not host_devices():
         assert cpu_worker.poll() is None, "the worker exited"
         assert time.monotonic() < deadline, "the worker never answered the broadcast"
         cache.clear()
         time.sleep(1)
+
+
+@pytest.mark.django_db
+def test_the_page_says_a_checkpoint_is_resident_on_the_cpu_device_that_answered(cpu_worker, alice_client,
+                                                                                  models_root):
+    tiny_llama(models_root / "tiny")
+    alice_client.post(reverse("catalog_register"), {"name": "Tiny", "path": "tiny"})
+    checkpoint_import(checkpoint_id=Checkpoint.objects.get().pk)
+    _answered(cpu_worker)
     assert [(d.device, d.budget_bytes) for d in host_devices()] == [("cpu:0", CPU_DEVICE_BUDGET)]
     page = alice_client.get(reverse("catalog_list")).content.decode()
     assert "<code>cpu:0</code>: budget 4.0\xa0GB" in page
     assert page.count('data-verdict="resident"') == 2  # AdamW and SGD
     detail = alice_client.get(reverse("checkpoint_detail", args=[Checkpoint.objects.get().pk])).content.decode()
     assert "whole on cpu:0" in detail
+
+
+@pytest.mark.django_db
+def test_bf16_is_refused_when_this_hosts_workers_have_only_cpu_devices(cpu_worker, alice_team, alice_dataset):  # noqa: F811
+    _answered(cpu_worker)
+    form = bound(alice_team, post_data(alice_dataset, [{"name": "precision", "kind": "categorical",
+                                                        "values": "fp32, bf16"}]))
+    assert not form.is_valid()
+    assert ("precision: bf16 needs a GPU device, and this host's workers have only cpu:0; use fp32."
+            in text(form.rows.forms[0].errors))
+    form = bound(alice_team, post_data(alice_dataset, [{"name": "precision", "kind": "categorical",
+                                                        "values": "fp32"}]))
+    assert form.is_valid(), form.errors

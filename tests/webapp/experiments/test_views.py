@@ -13,7 +13,9 @@ from tests.webapp.experiments.factories import make_experiment
 from tests.webapp.experiments.test_forms import post_data
 from tests.webapp.web_worker import CLOSED_PORT_URL, redis_at
 from webapp.background.reconcile import WebWorkReconciled, web_work_reconcile
+from webapp.experiments.model_shapes import PRESETS, model_from_spec, model_to_spec
 from webapp.experiments.models import Experiment, Trial, TrialArchive
+from webapp.experiments.search_space import checkpoint_minutes_of_text, load_spec_text
 
 pytestmark = pytest.mark.django_db
 
@@ -103,13 +105,23 @@ def test_it_clones_an_experiment_into_the_form(alice_client, alice_team, alice_d
     assert 'value="0.001, 0.003"' in page
 
 
-def test_it_downloads_the_search_space(alice_client, alice_team, alice_dataset):
-    experiment = make_experiment(alice_team, alice_dataset)
-    yaml_response = alice_client.get(reverse("experiment_space", args=[experiment.pk, "yaml"]))
-    assert "lr:" in yaml_response.content.decode()
-    json_response = alice_client.get(reverse("experiment_space", args=[experiment.pk, "json"]))
-    assert json_response.json() == experiment.search_space
+def test_it_downloads_the_search_space_with_the_model_so_that_pasting_it_gives_the_same_experiment(
+        alice_client, alice_team, alice_dataset):
+    experiment = make_experiment(alice_team, alice_dataset, model={"kind": "preset", "preset": "llama-micro"},
+                                 shape=PRESETS["llama-micro"][1], checkpoint_minutes=7)
+    for fmt in ("yaml", "json"):
+        text = alice_client.get(reverse("experiment_space", args=[experiment.pk, fmt])).content.decode()
+        model, space = load_spec_text(text)
+        assert model_from_spec(model) == experiment.model
+        assert checkpoint_minutes_of_text(text) == 7
+        assert space.to_dict() == experiment.search_space
     assert alice_client.get(reverse("experiment_space", args=[experiment.pk, "exe"])).status_code == 404
+
+
+def test_a_downloaded_custom_size_reads_back_as_the_same_model():
+    custom = {"kind": "custom", "family": "llama", "n_layer": 4, "n_embd": 128, "n_head": 4, "n_kv_head": 2,
+              "n_positions": 512}
+    assert model_from_spec(model_to_spec(custom)) == custom
 
 
 def test_it_confirms_then_deletes_a_trial(alice_client, alice_team, alice_dataset):
