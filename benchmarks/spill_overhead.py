@@ -16,10 +16,12 @@ the full run takes 32 x 512 = 16,384 tokens per step in 16 micro-batches, where 
 Throughput is tokens per step over the median step time, best of interleaved rounds (3; quick 2).
 
 ``--model llama``: a Llama-style model of SmolLM2-135M's shape (30 layers, width 576, 9 heads with 3 key/value
-heads, MLP 1536, tied head) with its real 49,152-token vocabulary, 4 x 256 = 1,024 tokens per step in 2
-micro-batches, 3 timed steps, 2 rounds (``--quick``: 8 layers, 4 x 64 tokens). Its tied embedding alone is a
-fifth of the state, so when a quarter of the state cannot hold it next to its prefetch reserve the budget grows
-by twentieths of the state until the engine's planner fits it (``budget_bytes`` says which). ``--model
+heads, MLP 1536, tied head) with its real 49,152-token vocabulary, 8 x 256 = 2,048 tokens per step in 2
+micro-batches, as the GPT-2 default (the tokens of a micro-batch set how much compute hides each byte of
+spill traffic; benchmarks/RESULTS.md has runs at 1,024 tokens per step too), 3 timed steps, 2 rounds
+(``--quick``: 8 layers, 8 x 64 tokens). Its tied embedding alone is a fifth of the state, so when a quarter
+of the state cannot hold it next to its prefetch reserve the budget grows by twentieths of the state until the
+engine's planner fits it (``budget_bytes`` says which). ``--model
 llama-1b`` (for a GPU): Llama-3.2-1B's shape (16 layers, width 2,048, 32 heads with 8 key/value heads, MLP
 8,192, 128,256-token vocabulary, tied), 16k tokens per step on CUDA; ``--bf16`` computes in bf16 with fp32
 master weights in both runs (CUDA only).
@@ -68,7 +70,7 @@ QUICK = {"layers": 12, "width": 256, "heads": 4, "vocab": 1024, "seq_len": 64, "
 CUDA_FULL = {"batch": 32, "micro_batches": 16}
 # SmolLM2-135M's shape and vocabulary; Llama-3.2-1B's for a GPU.
 LLAMA = {"family": "llama", "layers": 30, "width": 576, "heads": 9, "kv_heads": 3, "inner": 1536, "vocab": 49152,
-         "seq_len": 256, "batch": 4, "micro_batches": 2, "steps": 3, "rounds": 2}
+         "seq_len": 256, "batch": 8, "micro_batches": 2, "steps": 3, "rounds": 2}
 LLAMA_QUICK = LLAMA | {"layers": 8, "seq_len": 64, "rounds": 1}
 LLAMA_1B = {"family": "llama", "layers": 16, "width": 2048, "heads": 32, "kv_heads": 8, "inner": 8192,
             "vocab": 128256, "seq_len": 512, "batch": 4, "micro_batches": 2, "steps": 4, "rounds": 2}
