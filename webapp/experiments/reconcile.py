@@ -102,12 +102,15 @@ def _lost_resubmit(states: dict[str, queue_client.TrialState]) -> tuple[list[str
                 resubmitted.append(queue_id)
         elif state in queue_client.ENDED:
             ending.append((queue_id, status))
-    if ending:
-        # The queue writes a trial's end and its event in one step, so an end read above whose event is still
-        # in the events stream (the trial ended after the ingest's last read) is applied from it now, with
-        # the steps it took; only an end whose event is gone is taken from the queue's record.
-        trial_events_sync()
-    return resubmitted, [queue_id for queue_id, status in ending if _end(queue_id, status)]
+    if not ending:
+        return resubmitted, []
+    # The queue writes a trial's end and its event in one step, so an end read above whose event is still in
+    # the events stream (the trial ended after the ingest's last read) is applied from it now, with the steps
+    # it took; only the rows still active after that lost their event, and take the end from the queue.
+    trial_events_sync()
+    still_active = set(Trial.objects.filter(queue_id__in=[queue_id for queue_id, _ in ending],
+                                            status__in=Trial.ACTIVE).values_list("queue_id", flat=True))
+    return resubmitted, [queue_id for queue_id, status in ending if queue_id in still_active and _end(queue_id, status)]
 
 
 def _resubmit(queue_id: str) -> bool:
@@ -139,8 +142,6 @@ def _resubmit(queue_id: str) -> bool:
 
 def _end(queue_id: str, status: str) -> bool:
     """Give the row the end its attempt reached in the queue (the event that said so was lost)."""
-    if not Trial.objects.filter(queue_id=queue_id, status__in=Trial.ACTIVE).exists():
-        return False  # its event was applied meanwhile
     record = queue_client.trial_record(trial_id=queue_id)
     if record is None or record.state not in queue_client.ENDED:
         return False
