@@ -3,7 +3,9 @@
 The family's own transformers model (``AutoModelForCausalLM``: ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ...)
 loaded from the engine's initial weights (the engine's streamed init is checked against
 GPT-2's distribution in tests/engine/test_init.py), ``torch.optim``, ``clip_grad_norm_`` and a ``LambdaLR``
-over the documented schedule definition; no engine code except the batch order. On CPU with one thread
+over the documented schedule definition; no engine code except the batch order. A LoRA trial's reference
+is ``peft``'s ``PeftModel`` of the pretrained base with the engine's initial adapters, its trainable
+parameters only. On CPU with one thread
 every kernel adds in a fixed order, so the engine, sharded, spilled and run unit by unit in any process,
 must give these numbers bit for bit (`assert_bit_identical`).
 """
@@ -17,10 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from worker.engine import TrialSession, TrialSpec, trial_create
 from worker.engine.data import TokenBlocks
+from worker.engine.lora import ADAPTER_DIR
 
 CPU = torch.device("cpu")
 
@@ -53,8 +57,12 @@ def initial_weights(spec: TrialSpec, root: Path) -> Path:
 def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU) -> Reference:
     """Train `spec` from the weights in `init_dir` with plain PyTorch; its losses, evaluations and final weights."""
     assert spec.schedule.decay == "cosine", "the reference implements the cosine schedule only"
-    model = AutoModelForCausalLM.from_pretrained(init_dir, local_files_only=True).to(device).train()
-    params = list(model.parameters())
+    if spec.lora is None:
+        model = AutoModelForCausalLM.from_pretrained(init_dir, local_files_only=True).to(device).train()
+    else:  # PEFT's own model: the pretrained base with the engine's initial adapters, only those trainable
+        base = AutoModelForCausalLM.from_pretrained(spec.model.pretrained_dir, local_files_only=True)
+        model = PeftModel.from_pretrained(base, init_dir / ADAPTER_DIR, is_trainable=True).to(device).train()
+    params = [p for p in model.parameters() if p.requires_grad]
     opt = spec.optimizer
     optimizer: torch.optim.Optimizer
     if opt.kind == "adamw":
@@ -93,7 +101,8 @@ def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU) 
                            for b in range(spec.eval_batches)]
                 eval_losses.append(sum(model(b, labels=b).loss.item() for b in batches) / len(batches))
             model.train()
-    return Reference(losses, eval_losses, {k: v.detach().clone() for k, v in model.named_parameters()})
+    return Reference(losses, eval_losses,
+                     {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad})
 
 
 def plain_reference(spec: TrialSpec, root: Path) -> Reference:

@@ -55,6 +55,30 @@ class ModelSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LoraSpec:
+    """LoRA adapters as the ``peft`` library defines them (``peft.LoraConfig``): rank ``r``, scaling
+    ``alpha / r``, ``dropout`` on each adapter's input, on the linear modules whose names end with one of
+    ``target_modules`` (``q_proj``, ``v_proj``; GPT-2's fused ``c_attn``). Only the adapters train; the base
+    model's weights stay frozen and are shared by every trial on the same checkpoint (see
+    :mod:`worker.engine.shared_base`)."""
+
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise SpecError(f"LoRA rank r must be at least 1, got {self.r}")
+        if self.alpha <= 0:
+            raise SpecError(f"LoRA alpha must be positive, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise SpecError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules or not all(isinstance(m, str) and m.isidentifier() for m in self.target_modules):
+            raise SpecError(f"LoRA target_modules must be module names such as q_proj, got {self.target_modules!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class OptimizerSpec:
     """``torch.optim.AdamW`` or ``torch.optim.SGD`` (with momentum) hyperparameters, plus clipping.
 
@@ -110,6 +134,7 @@ class TrialSpec:
     ``bf16`` turns on bf16 autocast (CUDA only) with fp32 master weights. ``activations="auto"`` keeps a
     shard's forward activations for its backward unit when that is measured to be cheaper than recomputing
     them (see :func:`worker.engine.partition.choose_kept`); ``"recompute"`` always recomputes.
+    ``lora``: train LoRA adapters on the pretrained model instead of all its weights (``None``: full training).
     ``early_stop_patience``: end the trial after that many evaluations in a row without a lower validation
     loss than the best so far (its weights are those of the last step; ``None`` trains every step).
     """
@@ -128,8 +153,11 @@ class TrialSpec:
     bf16: bool = False
     activations: Literal["auto", "recompute"] = "auto"
     early_stop_patience: int | None = None
+    lora: LoraSpec | None = None
 
     def __post_init__(self) -> None:
+        if self.lora is not None and self.model.pretrained_dir is None:
+            raise SpecError("LoRA trains adapters on a pretrained model: set model.pretrained_dir")
         if self.batch_size % self.micro_batches:
             raise SpecError(
                 f"batch_size {self.batch_size} does not split into {self.micro_batches} equal micro-batches"
@@ -154,7 +182,11 @@ class TrialSpec:
         raw = dict(raw)
         optimizer = dict(raw.pop("optimizer"))
         optimizer["betas"] = tuple(optimizer["betas"])
+        lora = raw.pop("lora", None)
+        if lora is not None:
+            lora = LoraSpec(**lora | {"target_modules": tuple(lora["target_modules"])})
         return cls(
+            lora=lora,
             model=ModelSpec(**raw.pop("model")),
             data=DataSpec(**raw.pop("data")),
             optimizer=OptimizerSpec(**optimizer),

@@ -1,7 +1,8 @@
 """Creating a trial: profile its layers, plan its shards and write its initial state into a new spill store.
 
 The store a created trial starts from is exactly the state of plain training before its first step:
-parameters as initialized (or as the pretrained checkpoint has them), zero AdamW moments, and the RNG
+parameters as initialized (or as the pretrained checkpoint has them; a LoRA trial's adapters as ``peft``
+initializes them, its frozen base in the host's shared copy), zero AdamW moments, and the RNG
 stream of ``torch.manual_seed(seed)``. Layers are initialized one at a time and streamed into the store,
 so the model never exists whole in memory.
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from worker.engine import shared_base
 from worker.engine.config import TrialSpec
 from worker.engine.data import TokenBlocks
 from worker.engine.errors import SpecError
@@ -38,7 +40,7 @@ def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: tor
     ``BudgetError`` when a layer cannot fit the budget, ``SpecError`` for bad data or checkpoints,
     ``SpillStoreError`` if the trial directory is taken.
     """
-    stack = build_layer_stack(spec.model)
+    stack = build_layer_stack(spec.model, spec.lora)
     if spec.data.seq_len > stack.context:
         raise SpecError(f"seq_len {spec.data.seq_len} exceeds the model's context of {stack.context}")
     TokenBlocks(spec.data, vocab_size=stack.config.vocab_size)  # fail on bad data before any work
@@ -50,9 +52,16 @@ def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: tor
     plan = solve(costs, spec.budget_bytes) if cuts is None else plan_with_shards(costs, cuts, spec.budget_bytes)
     if spec.activations == "auto":
         plan = choose_kept(plan, copy_bytes_per_s(device))
-    state = TrialState.start(trial_id=trial_id, spec=spec, plan=plan)
+    base = None
+    if spec.lora is not None:  # the frozen weights go to the host's shared base; the trial owns its adapters
+        assert spec.model.pretrained_dir is not None, "TrialSpec checks it"
+        base = shared_base.acquire(spill_dir=Path(spill_dir), stack=stack,
+                                   pretrained_dir=Path(spec.model.pretrained_dir), trial_id=trial_id)
+    state = TrialState.start(trial_id=trial_id, spec=spec, plan=plan, base=base)
     store = SpillStore.create(Path(spill_dir) / trial_id, state.to_manifest())
-    source = PretrainedWeights(Path(spec.model.pretrained_dir)) if spec.model.pretrained_dir else None
+    source = None
+    if spec.model.pretrained_dir and spec.lora is None:
+        source = PretrainedWeights(Path(spec.model.pretrained_dir))
 
     def layer_weights(shard: int) -> Iterator[torch.Tensor]:
         for index in range(plan.shards[shard].first, plan.shards[shard].stop):

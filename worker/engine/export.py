@@ -20,9 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
+from worker.engine import lora, shared_base
+from worker.engine.config import LoraSpec
 from worker.engine.errors import SpecError
 from worker.engine.layers import LayerStack
 from worker.engine.layout import Layout
@@ -51,12 +53,8 @@ def export_tokenizer(tokenizer_dir: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def export_pretrained(out_dir: Path, *, store: SpillStore, stack: LayerStack, layout: Layout,
-                      tokenizer_dir: Path | None = None, after_file: Callable[[], None] = lambda: None) -> None:
-    """Write the parameters committed in ``store`` (laid out as ``layout``), ``stack``'s config and the
-    tokenizer of ``tokenizer_dir`` (when given) to ``out_dir``; ``after_file`` is called after each shard's
-    file is written (a fault point)."""
-    out_dir = Path(out_dir)
+def _write_configs(out_dir: Path, stack: LayerStack, tokenizer_dir: Path | None) -> None:
+    """The model's config, a generation config with the cache on, and the tokenizer when given."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stack.config.save_pretrained(out_dir)
     generation = GenerationConfig.from_model_config(stack.config)
@@ -64,6 +62,15 @@ def export_pretrained(out_dir: Path, *, store: SpillStore, stack: LayerStack, la
     generation.save_pretrained(out_dir)
     if tokenizer_dir is not None:
         export_tokenizer(Path(tokenizer_dir), out_dir)
+
+
+def export_pretrained(out_dir: Path, *, store: SpillStore, stack: LayerStack, layout: Layout,
+                      tokenizer_dir: Path | None = None, after_file: Callable[[], None] = lambda: None) -> None:
+    """Write the parameters committed in ``store`` (laid out as ``layout``), ``stack``'s config and the
+    tokenizer of ``tokenizer_dir`` (when given) to ``out_dir``; ``after_file`` is called after each shard's
+    file is written (a fault point)."""
+    out_dir = Path(out_dir)
+    _write_configs(out_dir, stack, tokenizer_dir)
     n = len(layout.slots)
     weight_map: dict[str, str] = {}
     total = 0
@@ -81,3 +88,41 @@ def export_pretrained(out_dir: Path, *, store: SpillStore, stack: LayerStack, la
     if n > 1:
         (out_dir / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+
+def export_lora(out_dir: Path, *, store: SpillStore, stack: LayerStack, layout: Layout, spec: LoraSpec,
+                base_dir: str | None, base_root: Path, tokenizer_dir: Path | None = None,
+                after_file: Callable[[], None] = lambda: None) -> None:
+    """A LoRA trial's export: the PEFT adapter directory in ``out_dir/adapter`` and, in ``out_dir`` itself,
+    the merged model (the shared base's weights with each adapter merged in, :func:`worker.engine.lora.merged`)
+    as a ``save_pretrained`` directory that loads and generates like a fully trained trial's export."""
+    out_dir = Path(out_dir)
+    adapters: dict[str, torch.Tensor] = {}
+    for shard in range(len(layout.slots)):
+        flat = store.read_new(f"p{shard}", layout.numel[shard], torch.float32)
+        for slot in layout.slots[shard]:
+            adapters[stack.hf_name(slot.ref)] = slot.view(flat).clone()
+    family = stack.config.model_type
+    lora.write_adapter(out_dir / lora.ADAPTER_DIR, spec=spec, family=family, base_dir=base_dir, adapters=adapters)
+    after_file()
+    _write_configs(out_dir, stack, tokenizer_dir)
+    pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name, tensor in adapters.items():
+        weight = lora.base_name(lora.target_of(name)) + ".weight"
+        a, b = pairs.get(weight, (None, None))
+        pairs[weight] = (tensor, b) if ".lora_A." in name else (a, tensor)  # type: ignore[assignment]
+    index = json.loads((base_root / shared_base.INDEX).read_text())
+    files = sorted(set(index["files"].values()), key=lambda f: int(f.removeprefix("layer-").split(".")[0]))
+    weight_map: dict[str, str] = {}
+    for number, filename in enumerate(files):
+        target = "model.safetensors" if len(files) == 1 else f"model-{number + 1:05d}-of-{len(files):05d}.safetensors"
+        tensors = load_file(base_root / filename)
+        for key, (a, b) in pairs.items():
+            if key in tensors:
+                tensors[key] = lora.merged(tensors[key], a, b, scaling=spec.alpha / spec.r,
+                                           fan_in_fan_out=family == "gpt2")
+        save_file(tensors, out_dir / target, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(tensors, target)
+    if len(files) > 1:
+        (out_dir / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": index["bytes"]}, "weight_map": weight_map}, indent=2))

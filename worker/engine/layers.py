@@ -26,7 +26,8 @@ from transformers import AutoConfig, GPT2Config, PretrainedConfig
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.masking_utils import create_causal_mask
 
-from worker.engine.config import ModelSpec
+from worker.engine import lora as lora_adapters
+from worker.engine.config import LoraSpec, ModelSpec
 from worker.engine.families import CAUSAL_LM_CLASSES, architecture_from_config, default_intermediate, read_config
 from worker.engine.rotary_layers import rotary_layers
 
@@ -89,6 +90,22 @@ class ParamRef:
 
 
 @dataclass(frozen=True)
+class FrozenRef:
+    """A frozen base weight of a LoRA trial: registered by ``layer`` under ``name``, read from the shared
+    base (:mod:`worker.engine.shared_base`) under ``key``, its name in the checkpoint (a tied weight has the
+    one key of its first registration, so it is stored once)."""
+
+    layer: int
+    name: str
+    shape: tuple[int, ...]
+    key: str
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
 class Borrow:
     """Layer ``layer`` registers, under ``name``, the parameter ``owner`` of an earlier layer."""
 
@@ -101,10 +118,13 @@ class LayerStack:
     """A model as ordered layers on the meta device, with owned and borrowed parameters per layer.
 
     ``model`` keeps the meta skeleton alive (layers are views into it); nothing here holds real weights.
+    With LoRA adapters injected (``adapters``), only the adapters are owned (trained and stored by the
+    trial); every other parameter is a :class:`FrozenRef` of the layer's ``frozen`` list.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, adapters: bool = False) -> None:
         self.model = model
+        self.adapters = adapters
         self.config: PretrainedConfig = model.config
         self.family: str = model.config.model_type
         if self.family == "gpt2":
@@ -119,12 +139,18 @@ class LayerStack:
             self.layers, self.names = rotary_layers(model)
         self.owned: list[list[ParamRef]] = []
         self.borrowed: list[list[Borrow]] = []
+        self.frozen: list[list[FrozenRef]] = []
         seen: dict[int, ParamRef] = {}
+        model_names = {id(p): n for n, p in model.named_parameters()} if adapters else {}
         for index, layer in enumerate(self.layers):
             owned: list[ParamRef] = []
             borrowed: list[Borrow] = []
-            for name, param in layer.named_parameters():
-                if id(param) in seen:
+            frozen: list[FrozenRef] = []
+            for name, param in layer.named_parameters(remove_duplicate=False):
+                if adapters and not lora_adapters.is_adapter(name):
+                    key = lora_adapters.base_name(model_names[id(param)])
+                    frozen.append(FrozenRef(index, name, tuple(param.shape), key))
+                elif id(param) in seen:
                     borrowed.append(Borrow(index, name, seen[id(param)]))
                 else:
                     ref = ParamRef(index, name, tuple(param.shape))
@@ -132,6 +158,7 @@ class LayerStack:
                     owned.append(ref)
             self.owned.append(owned)
             self.borrowed.append(borrowed)
+            self.frozen.append(frozen)
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -157,10 +184,13 @@ class LayerStack:
                 return name
         raise AssertionError(f"{ref} is not a parameter of the model")
 
-    def bind(self, index: int, name: str, tensor: torch.Tensor) -> nn.Parameter:
+    def frozen_numel(self, index: int) -> int:
+        return sum(ref.numel for ref in self.frozen[index])
+
+    def bind(self, index: int, name: str, tensor: torch.Tensor, *, trainable: bool = True) -> nn.Parameter:
         """Register ``tensor`` (no copy; an existing Parameter as is) as ``name`` of layer ``index``."""
         module_path, _, leaf = name.rpartition(".")
-        param = tensor if isinstance(tensor, nn.Parameter) else nn.Parameter(tensor)
+        param = tensor if isinstance(tensor, nn.Parameter) else nn.Parameter(tensor, requires_grad=trainable)
         self.layers[index].get_submodule(module_path)._parameters[leaf] = param
         return param
 
@@ -171,6 +201,8 @@ class LayerStack:
                 self.bind(index, ref.name, torch.empty(ref.shape, device="meta"))
             for borrow in self.borrowed[index]:
                 self.bind(index, borrow.name, torch.empty(borrow.owner.shape, device="meta"))
+            for frozen in self.frozen[index]:
+                self.bind(index, frozen.name, torch.empty(frozen.shape, device="meta"), trainable=False)
 
 
 def gpt2_config(spec: ModelSpec) -> GPT2Config:
@@ -219,10 +251,13 @@ def model_config(spec: ModelSpec) -> PretrainedConfig:
     return config
 
 
-def build_layer_stack(spec: ModelSpec) -> LayerStack:
-    """Build the model on the meta device (no memory) and cut it into layers."""
+def build_layer_stack(spec: ModelSpec, lora: LoraSpec | None = None) -> LayerStack:
+    """Build the model on the meta device (no memory), with ``lora``'s adapters when given, and cut it
+    into layers."""
     config = model_config(spec)
     model_class = getattr(transformers, CAUSAL_LM_CLASSES[config.model_type])
     with torch.device("meta"):
         model = model_class(config)
-    return LayerStack(model)
+    if lora is not None:
+        lora_adapters.inject(model, lora)
+    return LayerStack(model, adapters=lora is not None)

@@ -29,6 +29,8 @@ class Bytes:
     ``param_bytes``, ``grad_bytes`` and ``optim_bytes`` are the share of the training state (owned
     parameters only); ``lent_bytes`` is a borrowed (tied) parameter and its gradient, held on the device
     by the borrower too. On the device a unit holds parameters, fresh gradients and the accumulated ones.
+    ``frozen_bytes`` are a LoRA trial's frozen base weights: on the device while a unit runs, with no
+    gradient and no optimizer state, and not the trial's state (the host's shared base holds them).
     """
 
     param_bytes: int
@@ -36,6 +38,7 @@ class Bytes:
     optim_bytes: int
     activation_bytes: int
     lent_bytes: int = 0
+    frozen_bytes: int = 0
 
     @property
     def state_bytes(self) -> int:
@@ -43,7 +46,7 @@ class Bytes:
 
     @property
     def device_bytes(self) -> int:
-        return self.param_bytes + 2 * self.grad_bytes + self.lent_bytes
+        return self.param_bytes + 2 * self.grad_bytes + self.lent_bytes + self.frozen_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,12 +92,18 @@ class MemoryPlan:
     def state_bytes(self) -> int:
         return sum(s.state_bytes for s in self.shards)
 
+    @property
+    def frozen_bytes(self) -> int:
+        """The frozen base weights the trial reads from its host's shared base (0 without LoRA)."""
+        return sum(s.frozen_bytes for s in self.shards)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "budget_bytes": self.budget_bytes,
             "reserve_bytes": self.reserve_bytes,
             "peak_bytes": self.peak_bytes,
             "state_bytes": self.state_bytes,
+            "frozen_bytes": self.frozen_bytes,
             "shards": [dataclasses.asdict(s) | {"state_bytes": s.state_bytes, "device_bytes": s.device_bytes}
                        for s in self.shards],
             "layers": [dataclasses.asdict(layer) for layer in self.layers],
@@ -174,6 +183,7 @@ def plan_with_shards(costs: Sequence[LayerCost], cuts: Sequence[int], budget_byt
             optim_bytes=sum(c.optim_bytes for c in costs[first:stop]),
             activation_bytes=sum(c.activation_bytes for c in costs[first:stop]),
             lent_bytes=sum(c.lent_bytes for c in costs[first:stop]),
+            frozen_bytes=sum(c.frozen_bytes for c in costs[first:stop]),
         )
         for index, (first, stop) in enumerate(zip(cuts, stops, strict=True))
     )

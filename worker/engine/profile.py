@@ -38,7 +38,8 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> 
 
     Activation bytes are the distinct non-weight storages saved for backward plus the layer's output and its
     gradient (on CUDA, at least the allocator's measured peak above the weights, less parameter
-    gradients); ``forward_s`` and ``time_s`` time the forward and forward + backward. A borrowed (tied)
+    gradients; a LoRA trial's frozen base weights are ``frozen_bytes``); ``forward_s`` and ``time_s`` time
+    the forward and forward + backward. A borrowed (tied)
     parameter and its gradient count as the borrower's ``lent_bytes``: the borrowing shard holds a copy.
     The layer's weights are a throwaway init; the caller's RNG is untouched.
     """
@@ -54,9 +55,12 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> 
             borrowed = [torch.zeros(b.owner.shape, device=device, requires_grad=True) for b in stack.borrowed[index]]
             for borrow, tensor in zip(stack.borrowed[index], borrowed, strict=True):
                 stack.bind(index, borrow.name, tensor)
+            frozen = [torch.zeros(f.shape, device=device) for f in stack.frozen[index]]
+            for ref, tensor in zip(stack.frozen[index], frozen, strict=True):
+                stack.bind(index, ref.name, tensor, trainable=False)
             ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
             x = ids if index == 0 else torch.zeros(batch, seq, width, device=device, requires_grad=True)
-            weights = {t.untyped_storage().data_ptr() for t in (*params, *borrowed)}
+            weights = {t.untyped_storage().data_ptr() for t in (*params, *borrowed, *frozen)}
             storages: dict[int, int] = {}
 
             def pack(t: torch.Tensor, storages: dict[int, int] = storages, weights: set[int] = weights) -> torch.Tensor:
@@ -74,7 +78,8 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> 
                 out = layer(x, ids) if index == len(stack) - 1 else layer(x)
             _sync(device)
             forward_s = time.perf_counter() - start
-            out.backward(torch.ones_like(out))
+            if out.requires_grad:  # a LoRA trial's first layers may have nothing to train
+                out.backward(torch.ones_like(out))
             _sync(device)
             elapsed = time.perf_counter() - start
             owned = stack.layer_numel(index)
@@ -89,6 +94,7 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> 
                 grad_bytes=owned * FP32,
                 optim_bytes=owned * slots * FP32,
                 lent_bytes=2 * lent * FP32,
+                frozen_bytes=stack.frozen_numel(index) * FP32,
                 activation_bytes=activations,
                 forward_s=forward_s,
                 time_s=elapsed,

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import torch
 
-from worker.engine import optimizer_step
+from worker.engine import optimizer_step, shared_base
 from worker.engine.activations import KeptGraph
 from worker.engine.create import trial_create
 from worker.engine.data import TokenBlocks
 from worker.engine.errors import EngineError, StaleWriterError
-from worker.engine.export import export_pretrained
+from worker.engine.export import export_lora, export_pretrained
 from worker.engine.faults import Fault
 from worker.engine.layers import build_layer_stack
 from worker.engine.layout import Layout
@@ -84,7 +84,13 @@ class TrialSession(ShardUnits):
         self.state = TrialState.of(store)
         self.trial_id = self.state.trial_id
         self.spec = self.state.spec
-        self.stack = build_layer_stack(self.spec.model)
+        self.stack = build_layer_stack(self.spec.model, self.spec.lora)
+        if self.state.base is not None:
+            self.base_root = shared_base.base_root(store.root.parent, self.state.base)
+            if not (self.base_root / shared_base.INDEX).exists():  # the host's memory tier was wiped
+                assert self.spec.model.pretrained_dir is not None, "a LoRA trial has one"
+                shared_base.reacquire(spill_dir=store.root.parent, stack=self.stack, trial_id=self.trial_id,
+                                      pretrained_dir=Path(self.spec.model.pretrained_dir), key=self.state.base)
         self.data = TokenBlocks(self.spec.data, vocab_size=self.stack.config.vocab_size)
         self._rng_numel = [state.numel() for state in rng_state(device)]
         self._kept: dict[tuple[int, int, int], KeptGraph] = {}  # (step, micro-batch, shard) -> graph
@@ -264,6 +270,12 @@ class TrialSession(ShardUnits):
         whose update is still pending (mid-trial) are exported as they were before that step."""
         self._unit_index = self.state.cursor
         tokenizer_dir = self.spec.data.tokenizer_dir
+        if self.spec.lora is not None:
+            export_lora(out_dir, store=self.store, stack=self.stack, layout=self.layout, spec=self.spec.lora,
+                        base_dir=self.spec.model.pretrained_dir, base_root=self.base_root,
+                        tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
+                        after_file=lambda: self.reach("mid-export"))
+            return
         export_pretrained(out_dir, store=self.store, stack=self.stack, layout=self.layout,
                           tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
                           after_file=lambda: self.reach("mid-export"))

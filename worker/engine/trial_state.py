@@ -88,14 +88,16 @@ class TrialState:
     # reporting it reports them in its place.
     last_unit: int = -1
     last_metrics: dict[str, Any] = field(default_factory=dict)
+    # A LoRA trial's shared frozen base on this host (worker.engine.shared_base key); None without LoRA.
+    base: str | None = None
     # The JSON form of ``spec`` and ``plan`` (key -> (object, its JSON)): both are frozen, and converting
     # them at every commit would cost more than the rest of the manifest.
     _json: dict[str, tuple[Any, Any]] = field(init=False, default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def start(cls, *, trial_id: str, spec: TrialSpec, plan: MemoryPlan) -> TrialState:
+    def start(cls, *, trial_id: str, spec: TrialSpec, plan: MemoryPlan, base: str | None = None) -> TrialState:
         """A trial before its first unit."""
-        return cls(trial_id=trial_id, spec=spec, plan=plan, shards=[ShardState() for _ in plan.shards])
+        return cls(trial_id=trial_id, spec=spec, plan=plan, shards=[ShardState() for _ in plan.shards], base=base)
 
     # -- transitions -----------------------------------------------------------------------------------
 
@@ -148,6 +150,7 @@ class TrialState:
             "replans": self.replans,
             "last_unit": self.last_unit,
             "last_metrics": self.last_metrics,
+            "base": self.base,
         }
 
     def _json_of(self, key: str, value: TrialSpec | MemoryPlan) -> Any:
@@ -188,6 +191,7 @@ class TrialState:
             replans=raw.get("replans", 0),
             last_unit=raw.get("last_unit", -1),
             last_metrics=raw.get("last_metrics", {}),
+            base=raw.get("base"),
         )
         state._json.update(spec=(state.spec, raw["spec"]), plan=(state.plan, raw["plan"]))
         return state
@@ -203,7 +207,7 @@ class TrialState:
 
 
 _REQUIRED = frozenset({"trial_id", "spec", "plan", "cursor", "shards", "pending", "step_state", "eval_state"})
-_OPTIONAL = frozenset({"early_stop", "replans", "last_unit", "last_metrics"})
+_OPTIONAL = frozenset({"early_stop", "replans", "last_unit", "last_metrics", "base"})
 
 
 def _json_native(value: Any) -> Any:

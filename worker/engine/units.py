@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from worker.engine.layout import Layout
 from worker.engine.partition import MemoryPlan
 from worker.engine.rng import rng_state, set_rng_state
 from worker.engine.schedule import UnitSpec, lr_factor
+from worker.engine.shared_base import BaseCache
 from worker.engine.sizes import FP32
 from worker.engine.spill_store import SpillStore
 from worker.engine.transfer import Transfers
@@ -46,6 +48,7 @@ class ShardUnits:
     _transfers: Transfers
     _rng_numel: list[int]
     _kept: dict[tuple[int, int, int], KeptGraph]  # (step, micro-batch, shard) -> graph
+    base_root: Path  # a LoRA trial's shared frozen base (worker.engine.shared_base)
 
     def reach(self, point: str) -> None: ...  # a fault point of the current unit (TrialSession.reach)
 
@@ -59,7 +62,9 @@ class ShardUnits:
         self._set_rng("rng")
         self._note_step_start(unit)
         self.store.write(f"r{unit.micro_batch}.{unit.shard}", *rng_state(self.device))
-        if self.plan.shards[unit.shard].keep_activations and not self.layout.lent[unit.shard]:
+        # A LoRA shard's graph would hold its frozen weights as activations: it recomputes instead.
+        if (self.plan.shards[unit.shard].keep_activations and not self.layout.lent[unit.shard]
+                and not self.stack.adapters):
             out, kept = forward_kept(lambda x: self._run_shard(unit.shard, params, x, None, train=True)[:2],
                                      params, x, self.device)
             self._kept[(unit.step, unit.micro_batch, unit.shard)] = kept
@@ -96,7 +101,8 @@ class ShardUnits:
             self._set_rng(f"r{unit.micro_batch}.{unit.shard}")
             out, owned, lent = self._run_shard(unit.shard, params, x, None, train=True)
         grad_out = self._read_boundary(f"d{unit.micro_batch}.{unit.shard}", out.shape)
-        torch.autograd.backward(out, grad_out.to(out.dtype))
+        if out.requires_grad:  # else a LoRA trial's first shard, with no adapter: nothing to differentiate
+            torch.autograd.backward(out, grad_out.to(out.dtype))
         return self._finish_backward(unit, x, owned, lent)
 
     def _evaluate(self, unit: UnitSpec) -> dict[str, Any]:
@@ -194,10 +200,16 @@ class ShardUnits:
         """Bind the shard's weights into its layers and run them; return (output, owned, lent params).
 
         Owned parameters are views into ``params``; a parameter borrowed from another shard is read from
-        that shard's committed buffer. The last layer needs ``labels`` and returns the loss. Units that
+        that shard's committed buffer; a LoRA trial's frozen base weights come from the host's shared base.
+        The last layer needs ``labels`` and returns the loss. Units that
         need no graph call this under ``torch.no_grad``.
         """
         plan = self.plan.shards[shard]
+        if self.stack.adapters:
+            frozen = BaseCache.layers(self.base_root, self.stack, plan.first, plan.stop, self.device)
+            for index in range(plan.first, plan.stop):
+                for ref in self.stack.frozen[index]:
+                    self.stack.bind(index, ref.name, frozen[index][ref.key], trainable=False)
         owned = []
         bound: dict[ParamRef, nn.Parameter] = {}
         for slot in self.layout.slots[shard]:

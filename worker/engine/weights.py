@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from worker.engine import lora
 from worker.engine.errors import SpecError
 from worker.engine.layers import LayerStack
 
@@ -34,13 +35,18 @@ def init_layer(stack: LayerStack, index: int, seed: int) -> list[torch.Tensor]:
 
     Modules are visited children-first like ``nn.Module.apply`` (so GPT-2's scaled ``c_proj`` init
     overrides the generic one, as in transformers); modules that register a borrowed parameter are
-    skipped, since the owner initializes it. The caller's RNG is left untouched.
+    skipped, since the owner initializes it. With LoRA adapters the owned parameters are the adapters,
+    initialized by ``peft`` (:func:`worker.engine.lora.init_adapters`). The caller's RNG is left untouched.
     """
     borrowed_modules = {b.name.rpartition(".")[0] for b in stack.borrowed[index]}
     layer = stack.layers[index]
     tensors = [torch.empty(ref.shape) for ref in stack.owned[index]]
     for ref, tensor in zip(stack.owned[index], tensors, strict=True):
         stack.bind(index, ref.name, tensor)
+    if stack.adapters:
+        lora.init_adapters(layer, layer_seed(seed, index))
+        stack.release(index, index + 1)
+        return tensors
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(layer_seed(seed, index))
         for name, module in _post_order(layer):

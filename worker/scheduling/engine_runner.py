@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from worker.contract import EngineJob, LeaseLost
-from worker.engine import durable
+from worker.engine import durable, shared_base
 from worker.engine.durable import CheckpointInfo, Snapshot
 from worker.engine.errors import BudgetError, SpillStoreError, StaleWriterError
 from worker.engine.faults import Fault
@@ -320,6 +320,7 @@ class EngineRunner:
             held = self._snapshot(trial_id, wait=True)  # after a periodic one still being written
         self._checkpointed.pop(trial_id, None)
         shutil.rmtree(self.spill_dir / trial_id)
+        shared_base.release_trial(spill_dir=self.spill_dir, trial_id=trial_id)
         if held is not None:
             self._write(held)
 
@@ -329,6 +330,7 @@ class EngineRunner:
         self._drop(trial_id)
         self._checkpointed.pop(trial_id, None)
         shutil.rmtree(self.spill_dir / trial_id, ignore_errors=True)
+        shared_base.release_trial(spill_dir=self.spill_dir, trial_id=trial_id)
         # What a process killed while checkpointing or restoring the trial left beside the stores (host RAM).
         shutil.rmtree(self.spill_dir / durable.SNAPSHOTS / trial_id, ignore_errors=True)
         shutil.rmtree(self.spill_dir / f"{durable.RESTORING}{trial_id}", ignore_errors=True)

@@ -1,0 +1,59 @@
+"""LoRA trials on real device workers: several trials on one base share the host's one frozen copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tests.plain_pytorch import assert_bit_identical, plain_reference
+from worker.contract import EngineJob
+from worker.engine import DataSpec, ModelSpec, OptimizerSpec, TrialSpec
+from worker.engine.config import LoraSpec
+from worker.engine.lora import ADAPTER_DIR, peft_key
+from worker.engine.shared_base import BASES, bases
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+
+def lora_trial(tokens: str, base: Path, *, seed: int, lr: float, r: int) -> TrialSpec:
+    return TrialSpec(
+        model=ModelSpec(pretrained_dir=str(base)), data=DataSpec(tokens_path=tokens, seq_len=16),
+        optimizer=OptimizerSpec(lr=lr), batch_size=4, micro_batches=2, steps=3, eval_every=2, seed=seed,
+        budget_bytes=250_000, lora=LoraSpec(r=r, alpha=2.0 * r, dropout=0.1, target_modules=("q_proj", "v_proj")),
+    )
+
+
+def test_three_lora_trials_share_one_base_on_two_devices_and_train_exactly(
+    device_workers, tokens: str, tmp_path: Path
+) -> None:
+    base = tmp_path / "base"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        LlamaForCausalLM(LlamaConfig(num_hidden_layers=3, hidden_size=32, num_attention_heads=4,
+                                     num_key_value_heads=2, intermediate_size=64, vocab_size=64,
+                                     max_position_embeddings=16)).save_pretrained(base)
+    trials = {f"l{i}": lora_trial(tokens, base, seed=i, lr=5e-3 * (i + 1), r=2 + 2 * i) for i in range(3)}
+    workers = device_workers("cpu0", "cpu1")
+    for trial_id, trial in trials.items():
+        workers.queue.submit(trial_id=trial_id, job=EngineJob(trial=trial),
+                             export_dir=str(tmp_path / "exports" / trial_id))
+    workers.wait(lambda: len(bases(workers.spill_dir)) == 1 and len(bases(workers.spill_dir)[0]["trials"]) == 3,
+                 60, "the three trials to be planned on one shared base")
+    records = workers.wait_for_states(trials, {"finished", "failed"}, 180)
+    assert {r.state for r in records.values()} == {"finished"}, [r.message for r in records.values()]
+    assert all(len(r.plan["shards"]) >= 2 for r in records.values()), [r.plan for r in records.values()]
+    # The last trial to end let the base go: nothing of any trial is left on the host.
+    assert bases(workers.spill_dir) == []
+    assert [p.name for p in workers.spill_dir.iterdir()] == [BASES]
+
+    for trial_id, trial in trials.items():
+        reference = plain_reference(trial, tmp_path / f"plain-{trial_id}")
+        steps = sorted((s["step"], s["loss"]) for s in workers.entries("steps") if s["trial"] == trial_id)
+        assert [loss for _, loss in steps] == reference.losses
+        adapter = load_file(tmp_path / "exports" / trial_id / ADAPTER_DIR / "adapter_model.safetensors")
+        expected = {peft_key(k.removeprefix("base_model.model.")): v for k, v in reference.weights.items()}
+        assert_bit_identical(adapter, expected)

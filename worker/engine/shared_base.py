@@ -1,0 +1,232 @@
+"""One read-only copy per host of a pretrained model's frozen weights, shared by every LoRA trial on it.
+
+A LoRA trial trains only its adapters; the base weights never change, so the host keeps them once, beside
+the trials' spill stores, under ``spill_dir/.bases/<key>/``, where ``key`` is a digest of the checkpoint's
+*content* (its config and weight files), not of its path: the same checkpoint copied elsewhere is the same
+base, and a checkpoint replaced in place is another one.
+
+    <key>/layer-<i>.safetensors   the fp32 frozen weights layer i registers first (a tied weight once)
+    <key>/index.json              checkpoint name -> layer file, and the base's bytes
+    <key>/refs/<trial id>         one empty file per trial using the base
+
+A trial adds its reference when it is created and removes it when it ends (exported, failed, cancelled or
+deleted); the last one out deletes the base. References are files, so a process killed between the two
+leaves a state the next call completes. Everything that adds, removes or builds runs under an exclusive
+``flock`` on ``<key>.lock``, so two trials planned at once build the base once.
+
+Reads go through a per-process cache (:class:`BaseCache`) that keeps the frozen layers of the last shard a
+device loaded: a device running units of two trials on the same base shard back to back reads it once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from worker.engine.errors import SpecError
+from worker.engine.layers import LayerStack
+from worker.engine.sizes import FP32
+from worker.engine.weights import PretrainedWeights
+
+BASES = ".bases"  # the directory of shared bases inside a host's spill directory
+INDEX = "index.json"
+REFS = "refs"
+_DIGEST_CHUNK = 16 << 20
+_digests: dict[tuple[str, int, int], str] = {}  # (path, size, mtime ns) -> digest: a file is hashed once
+
+
+def _file_digest(path: Path) -> str:
+    st = path.stat()
+    memo = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if memo not in _digests:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(_DIGEST_CHUNK):
+                digest.update(chunk)
+        _digests[memo] = digest.hexdigest()
+    return _digests[memo]
+
+
+def content_key(pretrained_dir: Path) -> str:
+    """The digest that names a checkpoint's shared base: its config and every weight file's content."""
+    directory = Path(pretrained_dir)
+    files = sorted(p for p in directory.iterdir() if p.name == "config.json" or p.suffix == ".safetensors")
+    if not any(p.suffix == ".safetensors" for p in files):
+        raise SpecError(f"{directory} has no safetensors weights to share")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.name}:{_file_digest(path)}\n".encode())
+    return digest.hexdigest()[:32]
+
+
+def base_root(spill_dir: Path, key: str) -> Path:
+    return Path(spill_dir) / BASES / key
+
+
+@contextlib.contextmanager
+def _locked(spill_dir: Path, key: str) -> Iterator[None]:
+    bases = Path(spill_dir) / BASES
+    bases.mkdir(parents=True, exist_ok=True)
+    with open(bases / f"{key}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def acquire(*, spill_dir: Path, stack: LayerStack, pretrained_dir: Path, trial_id: str) -> str:
+    """Make sure this host holds the frozen base of ``stack`` (built from ``pretrained_dir`` if absent) and
+    count ``trial_id`` as one of its users; return the base's key."""
+    key = content_key(pretrained_dir)
+    root = base_root(spill_dir, key)
+    with _locked(spill_dir, key):
+        if not (root / INDEX).exists():
+            _build(root, stack, PretrainedWeights(Path(pretrained_dir)))
+        (root / REFS).mkdir(exist_ok=True)
+        (root / REFS / trial_id).touch()
+    return key
+
+
+def release(*, spill_dir: Path, key: str, trial_id: str) -> bool:
+    """``trial_id`` no longer uses base ``key``; delete the base if no trial does. Returns whether it was
+    deleted. Idempotent: releasing twice, or a base already gone, does nothing."""
+    root = base_root(spill_dir, key)
+    if not root.exists():
+        return False
+    with _locked(spill_dir, key):
+        (root / REFS / trial_id).unlink(missing_ok=True)
+        if (root / REFS).is_dir() and any((root / REFS).iterdir()):
+            return False
+        shutil.rmtree(root, ignore_errors=True)
+    BaseCache.forget(root)
+    return True
+
+
+def release_trial(*, spill_dir: Path, trial_id: str) -> None:
+    """``trial_id`` ended or was deleted: release every base of this host it used (none without LoRA)."""
+    directory = Path(spill_dir) / BASES
+    if directory.is_dir():
+        for root in directory.iterdir():
+            if (root / REFS / trial_id).exists():
+                release(spill_dir=spill_dir, key=root.name, trial_id=trial_id)
+
+
+def reacquire(*, spill_dir: Path, stack: LayerStack, pretrained_dir: Path, trial_id: str, key: str) -> None:
+    """Bring back base ``key`` for a trial whose store outlived it (restored from a checkpoint after the
+    host's memory tier was wiped); ``SpecError`` if the checkpoint's content is no longer that base."""
+    if (base_root(spill_dir, key) / INDEX).exists() and (base_root(spill_dir, key) / REFS / trial_id).exists():
+        return
+    found = acquire(spill_dir=spill_dir, stack=stack, pretrained_dir=pretrained_dir, trial_id=trial_id)
+    if found != key:
+        release(spill_dir=spill_dir, key=found, trial_id=trial_id)
+        raise SpecError(f"trial {trial_id} was trained on a base whose checkpoint {pretrained_dir} has changed "
+                        "since; its adapters belong to the old weights")
+
+
+def _build(root: Path, stack: LayerStack, source: PretrainedWeights) -> None:
+    """Write the base into a new directory beside ``root`` and rename it into place (all or nothing)."""
+    staging = root.with_name(f".{root.name}.building")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    where: dict[str, str] = {}
+    total = 0
+    for index in range(len(stack)):
+        tensors = {}
+        for ref in stack.frozen[index]:
+            if ref.key in where or ref.key in tensors:
+                continue
+            tensor = source.get(ref.key)
+            if tuple(tensor.shape) != ref.shape:
+                raise SpecError(f"{ref.key} has shape {tuple(tensor.shape)}, the config says {ref.shape}")
+            tensors[ref.key] = tensor.contiguous()
+            total += tensor.numel() * FP32
+        filename = f"layer-{index}.safetensors"
+        save_file(tensors, staging / filename, metadata={"format": "pt"})
+        where |= dict.fromkeys(tensors, filename)
+    (staging / INDEX).write_text(json.dumps({"files": where, "bytes": total}))
+    shutil.rmtree(root, ignore_errors=True)
+    os.replace(staging, root)
+
+
+def base_bytes(spill_dir: Path, key: str) -> int:
+    return int(json.loads((base_root(spill_dir, key) / INDEX).read_text())["bytes"])
+
+
+def bases(spill_dir: Path) -> list[dict[str, object]]:
+    """Every shared base of this host: key, bytes and the trials using it (for the host's page)."""
+    found = []
+    directory = Path(spill_dir) / BASES
+    if not directory.is_dir():
+        return found
+    for root in sorted(directory.iterdir()):
+        if root.is_dir() and (root / INDEX).exists():
+            refs = sorted(p.name for p in (root / REFS).iterdir()) if (root / REFS).is_dir() else []
+            found.append({"key": root.name, "bytes": base_bytes(spill_dir, root.name), "trials": refs})
+    return found
+
+
+class BaseCache:
+    """The frozen layers of the shard a device last loaded, per process and device.
+
+    ``layers`` returns the tensors of layers ``[first, stop)`` of a base on a device, reading only those not
+    held already; it first lets go of every held layer outside the new range (of this base or another),
+    so the device never holds more frozen weights than one shard's, as the memory plan counts them.
+    ``reads`` and ``hits`` count layer loads, for the benchmarks and tests.
+    """
+
+    _held: dict[tuple[str, str], dict[int, dict[str, torch.Tensor]]] = {}  # (base root, device) -> layers
+    reads = 0
+    hits = 0
+
+    @classmethod
+    def layers(cls, root: Path, stack: LayerStack, first: int, stop: int,
+               device: torch.device) -> dict[int, dict[str, torch.Tensor]]:
+        key = (str(root), str(device))
+        for other in [k for k in cls._held if k[1] == key[1] and k != key]:
+            del cls._held[other]
+        held = cls._held.setdefault(key, {})
+        for index in [i for i in held if not first <= i < stop]:
+            del held[index]
+        files = None
+        for index in range(first, stop):
+            if index in held:
+                cls.hits += 1
+                continue
+            if files is None:
+                files = json.loads((root / INDEX).read_text())["files"]
+            held[index] = _read_layer(root, files, stack, index, device)
+            cls.reads += 1
+        return {index: held[index] for index in range(first, stop)}
+
+    @classmethod
+    def forget(cls, root: Path) -> None:
+        for key in [k for k in cls._held if k[0] == str(root)]:
+            del cls._held[key]
+
+    @classmethod
+    def clear(cls) -> None:
+        cls._held.clear()
+
+
+def _read_layer(root: Path, files: dict[str, str], stack: LayerStack, index: int,
+                device: torch.device) -> dict[str, torch.Tensor]:
+    """Layer ``index``'s frozen weights by their keys, on ``device``."""
+    tensors: dict[str, torch.Tensor] = {}
+    by_file: dict[str, list[str]] = {}
+    for ref in stack.frozen[index]:
+        if ref.key not in files:
+            raise SpecError(f"the shared base in {root} lacks {ref.key}: it was built for another model")
+        by_file.setdefault(files[ref.key], []).append(ref.key)
+    for filename, keys in by_file.items():
+        with safe_open(root / filename, framework="pt", device=str(device)) as f:
+            for name in keys:
+                tensors[name] = f.get_tensor(name)
+    return tensors
