@@ -30,14 +30,39 @@ from worker.contract import (
     TrialState,
     control_changes,
 )
-from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
+from worker.engine.config import DataSpec, LoraSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
 from worker.engine.errors import SpecError
 
 __all__ = [
-    "ENDED", "Budget", "Control", "DataSpec", "EngineJob", "Job", "ModelSpec", "OptimizerSpec",
-    "ScheduleSpec", "SchedulerError", "SchedulerUnavailable", "SpecError", "TrialEvent", "TrialRecord", "TrialSpec",
-    "TrialState", "TrialUnknown", "control_changes", "events_read", "heartbeat_age", "heartbeat_set", "role_holder",
-    "role_take", "trial_control", "trial_record", "trial_states", "trial_submit", "workers_online",
+    "ENDED",
+    "Budget",
+    "Control",
+    "DataSpec",
+    "EngineJob",
+    "Job",
+    "LoraSpec",
+    "ModelSpec",
+    "OptimizerSpec",
+    "ScheduleSpec",
+    "SchedulerError",
+    "SchedulerUnavailable",
+    "SpecError",
+    "TrialEvent",
+    "TrialRecord",
+    "TrialSpec",
+    "TrialState",
+    "TrialUnknown",
+    "control_changes",
+    "events_read",
+    "heartbeat_age",
+    "heartbeat_set",
+    "role_holder",
+    "role_take",
+    "trial_control",
+    "trial_record",
+    "trial_states",
+    "trial_submit",
+    "workers_online",
 ]
 
 WORKER_REPLY_TIMEOUT_S = 1.5

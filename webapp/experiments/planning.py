@@ -19,7 +19,7 @@ from webapp.experiments.model_shapes import ModelChoiceError, ModelShape
 from webapp.experiments.search_space import PARAMETERS, SearchSpace, SearchSpaceError, Value, parse_search_space
 from webapp.experiments.trial_data import TrialData, check_ids, train_tokens
 from webapp.experiments.trial_generation import TPE_FIRST_WAVE, initial_trials
-from webapp.queue_client import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
+from webapp.queue_client import DataSpec, LoraSpec, ModelSpec, OptimizerSpec, ScheduleSpec, SpecError, TrialSpec
 
 MEMORY_PARAMETERS = ("batch_size", "micro_batches", "seq_len", "n_embd", "n_layer", "optimizer")
 
@@ -273,7 +273,16 @@ def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset,
     values the engine cannot train with."""
     values = hyperparameters(params, shape)
     trial_shape = shape.with_params(values, vocab_size=dataset.vocab_size)
+    lora = None
+    if int(values["lora_r"]) > 0:
+        if trial_shape.pretrained_dir is None:
+            raise SpecError("lora_r: LoRA trains adapters on a pretrained checkpoint; choose one from the catalog, "
+                            "or set lora_r to 0 to train every weight")
+        lora = LoraSpec(r=int(values["lora_r"]), alpha=float(values["lora_alpha"]),
+                        dropout=float(values["lora_dropout"]),
+                        target_modules=tuple(str(values["lora_targets"]).split(",")))
     return TrialSpec(
+        lora=lora,
         model=ModelSpec(
             family=trial_shape.family,  # type: ignore[arg-type]
             n_layer=trial_shape.n_layer, n_embd=trial_shape.n_embd, n_head=trial_shape.n_head,

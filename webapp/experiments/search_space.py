@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -94,6 +95,14 @@ PARAMETERS: dict[str, ParameterDef] = {
                      int, ("categorical", "int"), 1, 1, 4096),
         ParameterDef("precision", "precision: fp32, or bf16 autocast (GPU devices only)", str, ("categorical",),
                      "fp32", choices=("fp32", "bf16")),
+        ParameterDef("lora_r", "LoRA rank (0: train every weight; above 0: LoRA adapters on a pretrained model)",
+                     int, ("categorical", "int"), 0, 0, 4096),
+        ParameterDef("lora_alpha", "LoRA alpha (the adapters are scaled by alpha / rank)", float,
+                     ("categorical", "float", "logfloat"), 16.0, 1e-3, 1e5),
+        ParameterDef("lora_dropout", "LoRA dropout (on each adapter's input)", float, ("categorical", "float"), 0.0,
+                     0.0, 0.9),
+        ParameterDef("lora_targets", "LoRA target modules (comma-separated, e.g. q_proj,v_proj; GPT-2: c_attn)", str,
+                     ("categorical",), "q_proj,v_proj"),
         ParameterDef("n_embd", "width (embedding size)", int, ("categorical", "int"), 0, 8, 16_384,
                      architecture=True),
         ParameterDef("n_layer", "depth (transformer blocks)", int, ("categorical", "int"), 0, 1, 256,
@@ -204,7 +213,18 @@ def _number(raw: object, *, parameter: ParameterDef, field: str) -> float:
     return int(value) if parameter.type is int else value
 
 
+MODULE_LIST = re.compile(r"[a-z_][a-z0-9_]*(,[a-z_][a-z0-9_]*)*")
+
+
 def _value(raw: object, parameter: ParameterDef) -> Value:
+    if parameter.type is str and not parameter.choices:  # a list of module names
+        text = raw.replace(" ", "").lower() if isinstance(raw, str) else ""
+        if not MODULE_LIST.fullmatch(text):
+            raise SearchSpaceError(
+                f"{parameter.name}: {quote(raw)} is not a comma-separated list of module names such as q_proj,v_proj.",
+                parameter=parameter.name, field="values",
+            )
+        return text
     if parameter.type is str:
         text = raw.strip().lower() if isinstance(raw, str) else None
         if text not in parameter.choices:

@@ -93,3 +93,45 @@ def test_a_checkpoint_experiment_trains_on_its_own_tokenizers_ids(
     assert (config["model_type"], config["vocab_size"]) == ("llama", checkpoint.vocab_size)
     original = json.loads((checkpoint_dir(checkpoint) / "tokenizer.json").read_text())["model"]["vocab"]
     assert tokenizer.get_vocab() == original  # the checkpoint's own tokenizer travels with the model
+
+
+def test_a_lora_sweep_on_a_checkpoint_trains_adapters_on_one_shared_base(
+        alice, alice_team, alice_dataset, settings, device_workers,  # noqa: F811
+        django_capture_on_commit_callbacks):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from worker.engine.lora import ADAPTER_DIR
+    from worker.engine.shared_base import bases
+
+    workers = device_workers("cpu0")
+    _on(settings, workers)
+    checkpoint = ready_checkpoint(alice)
+    space = SPACE | {"lora_r": {"values": [2, 4]}, "lora_alpha": {"values": [8]},
+                     "lora_targets": {"values": ["q_proj, v_proj"]}}
+    experiment = make_experiment(
+        alice_team, alice_dataset, space=space, budget=3, eval_every=0, shape=checkpoint_shape(checkpoint.pk),
+        model={"kind": "checkpoint", "checkpoint": checkpoint.pk, "checkpoint_name": checkpoint.name})
+    with django_capture_on_commit_callbacks(execute=True):
+        services.experiment_launch(experiment=experiment, actor=alice)
+    dataset_tokens_build(tokens_id=DatasetTokens.objects.get().pk)
+    trials = _run_to_the_end(experiment, workers, django_capture_on_commit_callbacks)
+    assert [t.status for t in trials] == ["finished", "finished"], [t.message for t in trials]
+    assert sorted(t.spec["lora"]["r"] for t in trials) == [2, 4]
+    assert all(t.spec["lora"]["target_modules"] == ["q_proj", "v_proj"] for t in trials)
+    assert bases(workers.spill_dir) == []  # the last trial to end let the shared base go
+    for trial in trials:  # a standard PEFT adapter on the checkpoint, beside the merged model
+        base = AutoModelForCausalLM.from_pretrained(checkpoint_dir(checkpoint))
+        adapted = PeftModel.from_pretrained(base, Path(trial.export_path) / ADAPTER_DIR)
+        assert adapted.peft_config["default"].r == trial.spec["lora"]["r"]
+        config, _ = _exported(trial)
+        assert config["model_type"] == "llama"
+
+
+def test_lora_needs_a_pretrained_model(alice_dataset) -> None:
+    from webapp.experiments.planning import trial_spec
+    from webapp.queue_client import SpecError
+
+    with pytest.raises(SpecError, match="LoRA trains adapters on a pretrained checkpoint"):
+        trial_spec(params={"lora_r": 4}, shape=PRESETS["llama-micro"][1], dataset=alice_dataset, data=None,
+                   steps=2, eval_every=0, seed=0, budget_bytes=1 << 30)

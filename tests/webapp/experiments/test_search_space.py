@@ -207,3 +207,14 @@ def test_the_form_page_answers_an_alias_bomb_with_a_field_error(alice_client, al
     assert responses[0].status_code == 400
     assert "anchors and aliases (&amp; and *) are not accepted" in responses[0].content.decode()
     assert peak < 2 * baseline, (peak, baseline)
+
+
+def test_lora_parameters_parse_and_module_lists_are_checked() -> None:
+    space = load_search_space_text("lora_r: {values: [4, 8]}\nlora_targets: {values: ['q_proj, v_proj', c_attn]}\n")
+    assert space.get("lora_targets").values == ("q_proj,v_proj", "c_attn")
+    assert space.get("lora_r").values == (4, 8)
+    for bad in ("q_proj;rm -rf", "", "1proj"):
+        with pytest.raises(SearchSpaceError, match="comma-separated list of module names"):
+            load_search_space_text(f"lora_targets: {{values: ['{bad}']}}\n")
+    with pytest.raises(SearchSpaceError, match="lora_r"):
+        load_search_space_text("lora_r: {values: [-1]}\n")
