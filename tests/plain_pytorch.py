@@ -4,8 +4,8 @@ The family's own transformers model (``AutoModelForCausalLM``: ``GPT2LMHeadModel
 loaded from the engine's initial weights (the engine's streamed init is checked against
 GPT-2's distribution in tests/engine/test_init.py), ``torch.optim``, ``clip_grad_norm_`` and a ``LambdaLR``
 over the documented schedule definition; no engine code except the batch order. A LoRA trial's reference
-is ``peft``'s ``PeftModel`` of the pretrained base with the engine's initial adapters, its trainable
-parameters only. On CPU with one thread
+is ``peft``'s ``PeftModel`` of the pretrained base with the engine's initial adapters; its weights are the
+adapters as ``peft`` saves them (``get_peft_model_state_dict``). On CPU with one thread
 every kernel adds in a fixed order, so the engine, sharded, spilled and run unit by unit in any process,
 must give these numbers bit for bit (`assert_bit_identical`).
 """
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from peft import PeftModel
+from peft import PeftModel, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
 from worker.engine import TrialSession, TrialSpec, trial_create
@@ -101,8 +101,9 @@ def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU) 
                            for b in range(spec.eval_batches)]
                 eval_losses.append(sum(model(b, labels=b).loss.item() for b in batches) / len(batches))
             model.train()
-    return Reference(losses, eval_losses,
-                     {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad})
+    if spec.lora is not None:  # the adapters, under the keys PEFT saves them with
+        return Reference(losses, eval_losses, {k: v.clone() for k, v in get_peft_model_state_dict(model).items()})
+    return Reference(losses, eval_losses, {k: v.detach().clone() for k, v in model.named_parameters()})
 
 
 def plain_reference(spec: TrialSpec, root: Path) -> Reference:

@@ -106,13 +106,10 @@ def export_lora(out_dir: Path, *, store: SpillStore, stack: LayerStack, layout: 
     lora.write_adapter(out_dir / lora.ADAPTER_DIR, spec=spec, family=family, base_dir=base_dir, adapters=adapters)
     after_file()
     _write_configs(out_dir, stack, tokenizer_dir)
-    pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    for name, tensor in adapters.items():
-        weight = lora.base_name(lora.target_of(name)) + ".weight"
-        a, b = pairs.get(weight, (None, None))
-        pairs[weight] = (tensor, b) if ".lora_A." in name else (a, tensor)  # type: ignore[assignment]
+    pairs = {lora.base_name(lora.target_of(name)) + ".weight": (a, adapters[name.replace(".lora_A.", ".lora_B.")])
+             for name, a in adapters.items() if ".lora_A." in name}
     index = json.loads((base_root / shared_base.INDEX).read_text())
-    files = sorted(set(index["files"].values()), key=lambda f: int(f.removeprefix("layer-").split(".")[0]))
+    files = list(dict.fromkeys(index["files"].values()))  # layer files in layer order, as the base wrote them
     weight_map: dict[str, str] = {}
     for number, filename in enumerate(files):
         target = "model.safetensors" if len(files) == 1 else f"model-{number + 1:05d}-of-{len(files):05d}.safetensors"

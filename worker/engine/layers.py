@@ -146,7 +146,7 @@ class LayerStack:
             owned: list[ParamRef] = []
             borrowed: list[Borrow] = []
             frozen: list[FrozenRef] = []
-            for name, param in layer.named_parameters(remove_duplicate=False):
+            for name, param in layer.named_parameters():
                 if adapters and not lora_adapters.is_adapter(name):
                     key = lora_adapters.base_name(model_names[id(param)])
                     frozen.append(FrozenRef(index, name, tuple(param.shape), key))

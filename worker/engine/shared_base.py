@@ -183,6 +183,7 @@ class BaseCache:
     """
 
     _held: dict[tuple[str, str], dict[int, dict[str, torch.Tensor]]] = {}  # (base root, device) -> layers
+    _files: dict[str, dict[str, str]] = {}  # base root -> its index's checkpoint name -> layer file
     reads = 0
     hits = 0
 
@@ -195,25 +196,27 @@ class BaseCache:
         held = cls._held.setdefault(key, {})
         for index in [i for i in held if not first <= i < stop]:
             del held[index]
-        files = None
+        files = cls._files.get(str(root))
+        if files is None:
+            files = cls._files[str(root)] = json.loads((root / INDEX).read_text())["files"]
         for index in range(first, stop):
             if index in held:
                 cls.hits += 1
                 continue
-            if files is None:
-                files = json.loads((root / INDEX).read_text())["files"]
             held[index] = _read_layer(root, files, stack, index, device)
             cls.reads += 1
         return {index: held[index] for index in range(first, stop)}
 
     @classmethod
     def forget(cls, root: Path) -> None:
+        cls._files.pop(str(root), None)
         for key in [k for k in cls._held if k[0] == str(root)]:
             del cls._held[key]
 
     @classmethod
     def clear(cls) -> None:
         cls._held.clear()
+        cls._files.clear()
 
 
 def _read_layer(root: Path, files: dict[str, str], stack: LayerStack, index: int,

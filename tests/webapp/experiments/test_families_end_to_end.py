@@ -46,6 +46,19 @@ def _on(settings, workers) -> None:
                                          worker=dataclasses.replace(settings.HYDRA.worker, host_id=workers.host_id))
 
 
+def _launched_on_checkpoint(alice, team, dataset, capture, *, space: dict, budget: int, eval_every: int):
+    """An experiment of `team` on `dataset` with `space` and a ready catalog checkpoint, launched; and that
+    checkpoint."""
+    checkpoint = ready_checkpoint(alice)
+    experiment = make_experiment(
+        team, dataset, space=space, budget=budget, eval_every=eval_every,
+        shape=checkpoint_shape(checkpoint.pk),
+        model={"kind": "checkpoint", "checkpoint": checkpoint.pk, "checkpoint_name": checkpoint.name})
+    with capture(execute=True):
+        services.experiment_launch(experiment=experiment, actor=alice)
+    return experiment, checkpoint
+
+
 def _exported(trial: Trial) -> tuple[dict, object]:
     from transformers import AutoTokenizer
 
@@ -78,12 +91,9 @@ def test_a_checkpoint_experiment_trains_on_its_own_tokenizers_ids(
         django_capture_on_commit_callbacks):
     workers = device_workers("cpu0")
     _on(settings, workers)
-    checkpoint = ready_checkpoint(alice)
-    experiment = make_experiment(
-        alice_team, alice_dataset, space=SPACE, budget=4, eval_every=2, shape=checkpoint_shape(checkpoint.pk),
-        model={"kind": "checkpoint", "checkpoint": checkpoint.pk, "checkpoint_name": checkpoint.name})
-    with django_capture_on_commit_callbacks(execute=True):
-        services.experiment_launch(experiment=experiment, actor=alice)
+    experiment, checkpoint = _launched_on_checkpoint(alice, alice_team, alice_dataset,
+                                                     django_capture_on_commit_callbacks, space=SPACE, budget=4,
+                                                     eval_every=2)
     assert experiment.trials.get().submitted is False  # its tokens are not made yet
     dataset_tokens_build(tokens_id=DatasetTokens.objects.get().pk)  # as the web worker does
     (trial,) = _run_to_the_end(experiment, workers, django_capture_on_commit_callbacks)
@@ -106,14 +116,11 @@ def test_a_lora_sweep_on_a_checkpoint_trains_adapters_on_one_shared_base(
 
     workers = device_workers("cpu0")
     _on(settings, workers)
-    checkpoint = ready_checkpoint(alice)
     space = SPACE | {"lora_r": {"values": [2, 4]}, "lora_alpha": {"values": [8]},
                      "lora_targets": {"values": ["q_proj, v_proj"]}}
-    experiment = make_experiment(
-        alice_team, alice_dataset, space=space, budget=3, eval_every=0, shape=checkpoint_shape(checkpoint.pk),
-        model={"kind": "checkpoint", "checkpoint": checkpoint.pk, "checkpoint_name": checkpoint.name})
-    with django_capture_on_commit_callbacks(execute=True):
-        services.experiment_launch(experiment=experiment, actor=alice)
+    experiment, checkpoint = _launched_on_checkpoint(alice, alice_team, alice_dataset,
+                                                     django_capture_on_commit_callbacks, space=space, budget=3,
+                                                     eval_every=0)
     dataset_tokens_build(tokens_id=DatasetTokens.objects.get().pk)
     trials = _run_to_the_end(experiment, workers, django_capture_on_commit_callbacks)
     assert [t.status for t in trials] == ["finished", "finished"], [t.message for t in trials]
