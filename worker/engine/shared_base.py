@@ -33,14 +33,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+# The layout's names and its torch-free readers, re-exported: the web process reads them from base_index.
+from worker.engine.base_index import BASES, INDEX, REFS
+from worker.engine.base_index import base_bytes as base_bytes
+from worker.engine.base_index import bases as bases
 from worker.engine.errors import SpecError
 from worker.engine.layers import LayerStack
 from worker.engine.sizes import FP32
 from worker.engine.weights import PretrainedWeights
 
-BASES = ".bases"  # the directory of shared bases inside a host's spill directory
-INDEX = "index.json"
-REFS = "refs"
 _DIGEST_CHUNK = 16 << 20
 _digests: dict[tuple[str, int, int], str] = {}  # (path, size, mtime ns) -> digest: a file is hashed once
 
@@ -154,23 +155,6 @@ def _build(root: Path, stack: LayerStack, source: PretrainedWeights) -> None:
     (staging / INDEX).write_text(json.dumps({"files": where, "bytes": total}))
     shutil.rmtree(root, ignore_errors=True)
     os.replace(staging, root)
-
-
-def base_bytes(spill_dir: Path, key: str) -> int:
-    return int(json.loads((base_root(spill_dir, key) / INDEX).read_text())["bytes"])
-
-
-def bases(spill_dir: Path) -> list[dict[str, object]]:
-    """Every shared base of this host: key, bytes and the trials using it (for the host's page)."""
-    found = []
-    directory = Path(spill_dir) / BASES
-    if not directory.is_dir():
-        return found
-    for root in sorted(directory.iterdir()):
-        if root.is_dir() and (root / INDEX).exists():
-            refs = sorted(p.name for p in (root / REFS).iterdir()) if (root / REFS).is_dir() else []
-            found.append({"key": root.name, "bytes": base_bytes(spill_dir, root.name), "trials": refs})
-    return found
 
 
 class BaseCache:

@@ -1,0 +1,36 @@
+"""Where a host keeps its shared LoRA bases, and what they hold, read without torch.
+
+The layout is ``worker/engine/shared_base.py``'s (which builds and reference-counts the bases):
+``<spill_dir>/.bases/<key>/index.json`` holds the base's bytes, ``refs/<trial id>`` one empty file per trial
+using it. This module only reads that layout and imports nothing heavy, so the web process can list a host's
+bases for its pages.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+BASES = ".bases"  # the directory of shared bases inside a host's spill directory
+INDEX = "index.json"
+REFS = "refs"
+
+
+def base_bytes(spill_dir: Path, key: str) -> int:
+    """The bytes of base ``key``'s frozen weights, as its index records them."""
+    return int(json.loads((Path(spill_dir) / BASES / key / INDEX).read_text())["bytes"])
+
+
+def bases(spill_dir: Path) -> list[dict[str, object]]:
+    """Every shared base of this host: key, bytes and the trials using it (for the host's page).
+
+    A base whose index is not written yet (being built) is not listed."""
+    found: list[dict[str, object]] = []
+    directory = Path(spill_dir) / BASES
+    if not directory.is_dir():
+        return found
+    for root in sorted(directory.iterdir()):
+        if root.is_dir() and (root / INDEX).exists():
+            refs = sorted(p.name for p in (root / REFS).iterdir()) if (root / REFS).is_dir() else []
+            found.append({"key": root.name, "bytes": base_bytes(spill_dir, root.name), "trials": refs})
+    return found
