@@ -12,6 +12,14 @@ so twice that in fp32. A Llama-style block (pre-norm RMSNorm, rotary attention w
 gated MLP of width ``i``) keeps per token, in fp32: its two norms' inputs and outputs (4h), queries, keys and
 values (h + 2*kv*d), the attention output (h), the softmax scores (2*a*s with their dropout) and the MLP's
 gate, up, activation and product (4i).
+
+A LoRA trial (``lora``, the engine's `LoraSpec`) trains only its adapters: per layer the engine's own counts
+(`Architecture.lora_layer_params`: ``r * (in + out)`` per targeted linear module) are its parameters, with
+gradients and optimizer state, and every base weight the layer registers is ``frozen_bytes``: on the device
+while a unit of its shard runs, not in the trial's state, read from the host's one shared copy of the base
+(``base_bytes`` in the plan: the model's parameters once, fp32). Its activations are those of full training
+(an upper bound: a frozen weight's input need not be kept) plus each adapter's rank-wide intermediate, and its
+dropout's output and mask when it has dropout.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import functools
 from typing import Any
 
 from webapp.experiments.model_shapes import ModelShape
+from worker.engine.config import LoraSpec
 from worker.engine.errors import BudgetError
 from worker.engine.partition import AUTO_BUDGET_FRACTION, LayerCost, solve
 from worker.engine.sizes import FP32, optimizer_slots
@@ -49,44 +58,61 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def layer_costs(shape: ModelShape, *, batch: int, seq_len: int, slots: int) -> list[LayerCost]:
-    """Estimated bytes per layer (embedding, blocks, head) for one micro-batch of ``batch`` x ``seq_len``."""
+def layer_costs(shape: ModelShape, *, batch: int, seq_len: int, slots: int,
+                lora: LoraSpec | None = None) -> list[LayerCost]:
+    """Estimated bytes per layer (embedding, blocks, head) for one micro-batch of ``batch`` x ``seq_len``;
+    with ``lora``, a LoRA trial's: its adapters are the state, the base weights frozen bytes."""
     C, V, a = shape.n_embd, shape.vocab_size, shape.n_head  # the paper's names
     tokens = batch * seq_len
-
-    def cost(name: str, params: int, activations: int, borrowed: int = 0) -> LayerCost:
-        # A borrowed (tied) weight and its gradient are held by the borrower too: the engine's lent bytes.
-        return LayerCost(name=name, param_bytes=params * FP32, grad_bytes=params * FP32,
-                         optim_bytes=params * slots * FP32, activation_bytes=activations,
-                         lent_bytes=2 * borrowed * FP32)
+    arch = shape.architecture()
 
     if shape.family == "gpt2":
         embedding_acts = 3 * tokens * C * FP32
         block_acts = 2 * tokens * (34 * C + 5 * a * seq_len) + 2 * tokens * C * FP32
     else:
-        arch = shape.architecture()
         kv = arch.kv_heads * arch.head_dim
         embedding_acts = 2 * tokens * C * FP32  # the embeddings and the rotary tables' share
         block_acts = tokens * (6 * C + 2 * kv + 4 * arch.intermediate + 2 * a * seq_len) * FP32
     # The head: the logits, their softmax and gradient (3V) and the final norm's tensors (4C).
     head_acts = tokens * (3 * V + 4 * C) * FP32
     acts = {"embedding": embedding_acts, "head": head_acts}
-    return [cost(name, owned, acts.get(name, block_acts), borrowed)
-            for name, owned, borrowed in shape.architecture().layer_params()]
+    if lora is None:
+        # A borrowed (tied) weight and its gradient are held by the borrower too: the engine's lent bytes.
+        return [LayerCost(name=name, param_bytes=owned * FP32, grad_bytes=owned * FP32,
+                          optim_bytes=owned * slots * FP32, activation_bytes=acts.get(name, block_acts),
+                          lent_bytes=2 * borrowed * FP32)
+                for name, owned, borrowed in arch.layer_params()]
+
+    r, dropout, targets = lora.r, lora.dropout, lora.target_modules
+
+    def adapter_acts(linears: list[tuple[str, int, int]]) -> int:
+        """What the adapters of these modules keep for backward: A's output (r wide) and, with dropout, the
+        dropped input and its mask (a byte an element)."""
+        return sum(tokens * (r * FP32 + (n_in * (FP32 + 1) if dropout else 0))
+                   for name, n_in, _ in linears if name in targets)
+
+    acts["head"] += adapter_acts([("lm_head", C, V)])
+    block_acts += adapter_acts(arch.block_linears())
+    return [LayerCost(name=name, param_bytes=adapters * FP32, grad_bytes=adapters * FP32,
+                      optim_bytes=adapters * slots * FP32, activation_bytes=acts.get(name, block_acts),
+                      frozen_bytes=frozen * FP32)
+            for name, adapters, frozen in arch.lora_layer_params(r=r, targets=targets)]
 
 
 def memory_plan(shape: ModelShape, *, batch: int, seq_len: int, optimizer: str, momentum: float,
-                budget_bytes: int) -> dict[str, Any]:
-    """The estimated plan as plain data (the engine's `MemoryPlan.to_dict()` plus spill totals).
+                budget_bytes: int, lora: LoraSpec | None = None) -> dict[str, Any]:
+    """The estimated plan as plain data (the engine's `MemoryPlan.to_dict()` plus spill totals, and for a
+    LoRA trial ``base_bytes``, the host's one shared copy of the frozen base).
 
     Raises `FitError` when a layer cannot fit one shard, naming the layer and the overage.
     """
-    return _memory_plan(shape, batch, seq_len, optimizer_slots(optimizer, momentum), budget_bytes)
+    return _memory_plan(shape, batch, seq_len, optimizer_slots(optimizer, momentum), budget_bytes, lora)
 
 
 @functools.lru_cache(maxsize=512)
-def _memory_plan(shape: ModelShape, batch: int, seq_len: int, slots: int, budget_bytes: int) -> dict[str, Any]:
-    costs = layer_costs(shape, batch=batch, seq_len=seq_len, slots=slots)
+def _memory_plan(shape: ModelShape, batch: int, seq_len: int, slots: int, budget_bytes: int,
+                 lora: LoraSpec | None) -> dict[str, Any]:
+    costs = layer_costs(shape, batch=batch, seq_len=seq_len, slots=slots, lora=lora)
     try:
         plan = solve(costs, budget_bytes).to_dict()
     except BudgetError as error:
@@ -95,12 +121,27 @@ def _memory_plan(shape: ModelShape, batch: int, seq_len: int, slots: int, budget
     owned = sum(c.param_bytes for c in costs)
     boundary = batch * seq_len * shape.n_embd * FP32
     plan["source"] = "estimate"
-    plan["spilled_bytes"] = {
+    plan["spilled_bytes"] = {  # the trial's own store: a LoRA trial's holds its adapters, not the base
         "parameters": owned,
         "optimizer": sum(c.optim_bytes for c in costs),
         "boundary_activations": 2 * boundary * (len(plan["shards"]) - 1),  # each cut's output and its gradient
     }
+    if lora is not None:
+        plan["base_bytes"] = shape.architecture().n_params * FP32
     return plan
+
+
+def shared_base_costs(plans: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What the LoRA trials among ``plans`` (estimated plans of one experiment's trials, all on the same
+    pretrained model) cost in host memory: with the shared base, one base plus each trial's own spilled state;
+    without it, a copy of the base per trial. None when no plan is a LoRA trial's."""
+    lora = [plan for plan in plans if plan.get("base_bytes")]
+    if not lora:
+        return None
+    base = max(plan["base_bytes"] for plan in lora)
+    states = sum(sum(plan["spilled_bytes"].values()) for plan in lora)
+    return {"trials": len(lora), "base_bytes": base, "state_bytes": states,
+            "shared_bytes": base + states, "unshared_bytes": len(lora) * base + states}
 
 
 def auto_budget_bytes() -> tuple[int, str]:

@@ -15,13 +15,22 @@ from typing import Any
 from webapp.config import Caps
 from webapp.datasets.models import Dataset
 from webapp.experiments.memory_preview import FitError, memory_plan
-from webapp.experiments.model_shapes import ModelChoiceError, ModelShape
-from webapp.experiments.search_space import PARAMETERS, SearchSpace, SearchSpaceError, Value, parse_search_space
+from webapp.experiments.model_shapes import FAMILY_LABELS, ModelChoiceError, ModelShape
+from webapp.experiments.search_space import (
+    PARAMETERS,
+    Dimension,
+    SearchSpace,
+    SearchSpaceError,
+    Value,
+    parse_search_space,
+)
 from webapp.experiments.trial_data import TrialData, check_ids, train_tokens
 from webapp.experiments.trial_generation import TPE_FIRST_WAVE, initial_trials
 from webapp.queue_client import DataSpec, LoraSpec, ModelSpec, OptimizerSpec, ScheduleSpec, SpecError, TrialSpec
 
 MEMORY_PARAMETERS = ("batch_size", "micro_batches", "seq_len", "n_embd", "n_layer", "optimizer")
+LORA_NEEDS_A_CHECKPOINT = ("lora_r: LoRA trains adapters on a pretrained checkpoint; choose one from the catalog, "
+                           "or set lora_r to 0 to train every weight")
 
 
 class CapError(ValueError):
@@ -174,6 +183,7 @@ def check_space(draft: ExperimentDraft) -> None:
                 f"multiples of {shape.n_head} (for a range: low and step).", parameter="n_embd", field="values",
             )
     check_micro_batches(space)
+    check_lora(space, shape)
     seq = space.get("seq_len")
     longest = int(seq.largest()) if seq else int(PARAMETERS["seq_len"].default)
     if longest > shape.n_positions:
@@ -189,6 +199,27 @@ def check_space(draft: ExperimentDraft) -> None:
         )
     check_ids(shape=shape, dataset=draft.dataset,
               field="checkpoint" if draft.model.get("kind") == "checkpoint" else "pretrained_dir")
+
+
+def check_lora(space: SearchSpace, shape: ModelShape) -> None:
+    """A space that may draw LoRA trials (``lora_r`` above 0) is on a pretrained model, and targets only
+    modules that model has (peft would refuse the others when the trial starts)."""
+    rank = space.get("lora_r")
+    if rank is None or rank.largest() <= 0:  # type: ignore[operator]
+        return
+    if not shape.pretrained_dir:
+        raise SearchSpaceError(LORA_NEEDS_A_CHECKPOINT, parameter="lora_r", field="values")
+    known = shape.architecture().lora_targets()
+    targets = space.get("lora_targets")
+    for choice in targets.values if targets is not None else (PARAMETERS["lora_targets"].default,):
+        unknown = [name for name in str(choice).split(",") if name not in known]
+        if unknown:
+            where = "" if targets is not None else " (the default; add a lora_targets row)"
+            raise SearchSpaceError(
+                f"lora_targets: {', '.join(unknown)}{where} is not a linear module of a "
+                f"{FAMILY_LABELS.get(shape.family, shape.family)} model; its modules are {', '.join(known)}.",
+                parameter="lora_targets" if targets is not None else "lora_r",
+                field="values")
 
 
 def check_micro_batches(space: SearchSpace) -> None:
@@ -211,18 +242,31 @@ def check_micro_batches(space: SearchSpace) -> None:
 
 
 def trial_plan(params: dict[str, Value], *, shape: ModelShape, vocab_size: int, budget_bytes: int) -> dict[str, Any]:
-    """The estimated memory plan of one trial; a unit holds one micro-batch's activations."""
+    """The estimated memory plan of one trial (a LoRA trial's when its ``lora_r`` is above 0); a unit holds
+    one micro-batch's activations."""
     values = hyperparameters(params, shape)
     return memory_plan(
         shape.with_params(values, vocab_size=vocab_size),
         batch=max(1, int(values["batch_size"]) // int(values["micro_batches"])),
         seq_len=int(values["seq_len"]), optimizer=str(values["optimizer"]), momentum=float(values["momentum"]),
-        budget_bytes=budget_bytes,
+        budget_bytes=budget_bytes, lora=lora_spec(values),
     )
 
 
-def worst_case_params(space: SearchSpace) -> dict[str, Value]:
-    """The searched values that need the most memory (memory grows with each of them)."""
+def lora_spec(values: dict[str, Value]) -> LoraSpec | None:
+    """The LoRA adapters a trial's hyperparameters ask for, or None (``lora_r`` 0: every weight trains)."""
+    if int(values["lora_r"]) <= 0:
+        return None
+    return LoraSpec(r=int(values["lora_r"]), alpha=float(values["lora_alpha"]), dropout=float(values["lora_dropout"]),
+                    target_modules=tuple(str(values["lora_targets"]).split(",")))
+
+
+def worst_case_params(space: SearchSpace) -> list[dict[str, Value]]:
+    """The searched values that need the most memory (memory grows with each of them).
+
+    Full training needs more than any LoRA trial of the same model, so a space that may draw ``lora_r`` 0
+    is checked with it; one that draws only LoRA trials is checked with its largest rank and dropout, once
+    per choice of target modules (which set needs more depends on the model's shapes)."""
     worst: dict[str, Value] = {}
     for name in MEMORY_PARAMETERS:
         dimension = space.get(name)
@@ -234,7 +278,21 @@ def worst_case_params(space: SearchSpace) -> dict[str, Value]:
             worst[name] = min(dimension.values) if dimension.kind == "categorical" else int(dimension.low or 1)
         else:
             worst[name] = dimension.largest()
-    return worst
+    rank = space.get("lora_r")
+    if rank is None or _smallest(rank) <= 0:
+        return [worst | ({"lora_r": 0} if rank is not None else {})]
+    worst["lora_r"] = rank.largest()
+    dropout = space.get("lora_dropout")
+    if dropout is not None:
+        worst["lora_dropout"] = dropout.largest()
+    targets = space.get("lora_targets")
+    if targets is None:
+        return [worst]
+    return [worst | {"lora_targets": choice} for choice in targets.values]
+
+
+def _smallest(dimension: Dimension) -> float:
+    return min(dimension.values) if dimension.kind == "categorical" else dimension.low  # type: ignore[return-value,type-var]
 
 
 def plan_trials(draft: ExperimentDraft, *, budget_bytes: int, caps: Caps) -> list[TrialDraft]:
@@ -249,7 +307,8 @@ def plan_trials(draft: ExperimentDraft, *, budget_bytes: int, caps: Caps) -> lis
     vocab = draft.dataset.vocab_size
     tokens = train_tokens(shape=draft.shape, dataset=draft.dataset)
     if draft.strategy != "grid":
-        trial_plan(worst_case_params(draft.space), shape=draft.shape, vocab_size=vocab, budget_bytes=budget_bytes)
+        for worst in worst_case_params(draft.space):
+            trial_plan(worst, shape=draft.shape, vocab_size=vocab, budget_bytes=budget_bytes)
     drafts = []
     for number, params in enumerate(
         initial_trials(draft.space, strategy=draft.strategy, n_trials=draft.n_trials, seed=draft.seed),  # type: ignore[arg-type]
@@ -273,14 +332,9 @@ def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset,
     values the engine cannot train with."""
     values = hyperparameters(params, shape)
     trial_shape = shape.with_params(values, vocab_size=dataset.vocab_size)
-    lora = None
-    if int(values["lora_r"]) > 0:
-        if trial_shape.pretrained_dir is None:
-            raise SpecError("lora_r: LoRA trains adapters on a pretrained checkpoint; choose one from the catalog, "
-                            "or set lora_r to 0 to train every weight")
-        lora = LoraSpec(r=int(values["lora_r"]), alpha=float(values["lora_alpha"]),
-                        dropout=float(values["lora_dropout"]),
-                        target_modules=tuple(str(values["lora_targets"]).split(",")))
+    lora = lora_spec(values)
+    if lora is not None and trial_shape.pretrained_dir is None:
+        raise SpecError(LORA_NEEDS_A_CHECKPOINT)
     return TrialSpec(
         lora=lora,
         model=ModelSpec(

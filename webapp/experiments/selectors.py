@@ -83,7 +83,9 @@ def trial_actions(trial: Trial) -> list[str]:
 
 
 def plan_summary(plan: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Shards, peak device bytes and spilled bytes of a stored memory plan, for tables."""
+    """Shards, peak device bytes and spilled bytes of a stored memory plan, for tables; a LoRA trial's frozen
+    base bytes (what its units read from the host's shared base, not its own state) and, in an estimate, the
+    shared base's size on the host."""
     if not plan:
         return None
     spilled = plan.get("spilled_bytes")
@@ -93,6 +95,8 @@ def plan_summary(plan: dict[str, Any] | None) -> dict[str, Any] | None:
         "budget_bytes": plan.get("budget_bytes"),
         "state_bytes": plan.get("state_bytes"),
         "spilled_bytes": sum(spilled.values()) if isinstance(spilled, dict) else spilled,
+        "frozen_bytes": plan.get("frozen_bytes") or 0,  # a LoRA trial's base weights, from the host's shared copy
+        "base_bytes": plan.get("base_bytes"),
         "source": plan.get("source", "measured"),
     }
 
@@ -110,5 +114,6 @@ def plan_shard_rows(plan: dict[str, Any] | None) -> list[dict[str, Any]]:
             "grad_bytes": shard.get("grad_bytes", 0),
             "optim_bytes": shard.get("optim_bytes", 0),
             "activation_bytes": shard.get("activation_bytes", 0),
+            "frozen_bytes": shard.get("frozen_bytes", 0),
         })
     return rows

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.datasets.http import form_add_errors, team_required
 from webapp.datasets.selectors import dataset_list
-from webapp.experiments import archives, generations, previews, selectors, services
+from webapp.experiments import archives, generations, memory_preview, previews, selectors, services
 from webapp.experiments.events import SCHEDULER_DOWN, trial_events_sync_quietly
 from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet, experiment_initial
 from webapp.experiments.generation_form import GenerationForm, generation_initial
@@ -105,10 +105,13 @@ def experiment_create(request: HttpRequest) -> HttpResponse:
 
 def _preview(*, status: str, trials: list[TrialDraft], message: str, budget_bytes: int, budget_note: str,
              draft: dict[str, object], stored: ExperimentPreview | None) -> dict[str, object]:
-    """What the preview section shows: the trials with their plans, or that they are preparing, or why not."""
+    """What the preview section shows: the trials with their plans, or that they are preparing, or why not;
+    and what its LoRA trials cost the host with their one shared base and without it."""
     return {
         "status": status, "message": message, "stored": stored,
         "trials": [{"draft": t, "plan": selectors.plan_summary(t.plan)} for t in trials],
+        "shared_base": memory_preview.shared_base_costs([t.plan for t in trials]),
+        "model_name": draft["shape"].get("model_name", ""),  # type: ignore[attr-defined]
         "budget_bytes": budget_bytes, "budget_note": budget_note, "strategy": draft["strategy"],
         "n_trials": draft["n_trials"], "space_yaml": yaml.safe_dump(draft["space"], sort_keys=False),
     }

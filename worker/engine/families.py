@@ -108,6 +108,37 @@ class Architecture:
         """Distinct parameters of the model (a tied matrix counted once), as ``sum(p.numel())`` counts them."""
         return sum(owned for _, owned, _ in self.layer_params())
 
+    def block_linears(self) -> list[tuple[str, int, int]]:
+        """The linear modules of one decoder block that LoRA may adapt: (name, in features, out features).
+
+        GPT-2's are ``Conv1D`` (fan-in, fan-out weights), and its ``c_proj`` name covers two modules, the
+        attention's output (c -> c) and the MLP's (i -> c), as a LoRA target name covers both."""
+        c, i, d = self.hidden, self.intermediate, self.head_dim
+        if self.family == "gpt2":
+            return [("c_attn", c, 3 * c), ("c_proj", c, c), ("c_fc", c, i), ("c_proj", i, c)]
+        q, kv = self.heads * d, self.kv_heads * d
+        return [("q_proj", c, q), ("k_proj", c, kv), ("v_proj", c, kv), ("o_proj", q, c),
+                ("gate_proj", c, i), ("up_proj", c, i), ("down_proj", i, c)]
+
+    def lora_targets(self) -> tuple[str, ...]:
+        """The module names a LoRA trial of this family may target (the blocks' linears and the LM head)."""
+        return (*dict.fromkeys(name for name, _, _ in self.block_linears()), "lm_head")
+
+    def lora_layer_params(self, *, r: int, targets: tuple[str, ...]) -> list[tuple[str, int, int]]:
+        """Per engine layer of a LoRA trial of rank ``r`` on ``targets``: (name, adapter parameters it trains,
+        frozen base parameters it reads).
+
+        Each targeted linear module of shape in x out gets peft's two adapter matrices, A (r x in) and B
+        (out x r): ``r * (in + out)`` parameters, no bias. Every base weight a layer registers is frozen, a tied
+        head's matrix too (it reads the embedding's from the shared base), so the frozen counts add up to more
+        than `n_params` when the head is tied; the host's base stores that matrix once."""
+        wanted = set(targets)
+        block = sum(r * (n_in + n_out) for name, n_in, n_out in self.block_linears() if name in wanted)
+        head = r * (self.hidden + self.vocab) if "lm_head" in wanted else 0
+        adapters = {"embedding": 0, "head": head}
+        return [(name, adapters.get(name, block), owned + borrowed)
+                for name, owned, borrowed in self.layer_params()]
+
 
 def _family(config: dict[str, Any]) -> str:
     model_type = config.get("model_type")
