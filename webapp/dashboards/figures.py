@@ -33,6 +33,8 @@ PHASE_NAMES = {"F": "forward", "FB": "forward+backward (last shard)", "B": "back
                "replan": "re-planning after out-of-memory"}
 BYTE_CATEGORIES = (("param_bytes", "parameters"), ("grad_bytes", "gradients"), ("optim_bytes", "optimizer state"),
                    ("activation_bytes", "activations"))
+# A LoRA trial's frozen base weights, in a colour apart from the four byte categories' on the memory plan.
+FROZEN_NAME, FROZEN_COLOUR = "frozen base", "#7f7f7f"
 MAX_EXP = 50.0  # exp(50) overflows nothing, and a loss that high is divergence, not a perplexity worth drawing
 BASE_LAYOUT: Figure = {
     "margin": {"l": 60, "r": 20, "t": 40, "b": 50},
@@ -268,7 +270,9 @@ def device_points(devices: Devices, trials: Sequence[TrialInfo]) -> dict[str, An
 
 def memory_plan(plan: Mapping[str, Any]) -> Figure:
     """Per shard, two stacked bars: what is resident on the device while its unit runs, and what stays spilled
-    in host memory between units (fp32 parameters and optimizer state). The budget is a dashed line."""
+    in the trial's host store between units (fp32 parameters and optimizer state). A LoRA trial's frozen base
+    weights are resident bytes of their own colour, and not spilled: the host keeps one shared copy of the
+    base for every trial on it, apart from the trials' stores. The budget is a dashed line."""
     shards = plan.get("shards", [])
     labels = [f"shard {s['index']}<br>{text(_layer_range(s['layers']))}" for s in shards]
     traces: list[Figure] = []
@@ -277,6 +281,13 @@ def memory_plan(plan: Mapping[str, Any]) -> Figure:
                        "legendgroup": key, "y": [round(s[key] / 2**20, 3) for s in shards],
                        "marker": {"color": colour(i)},
                        "hovertemplate": f"{name}: %{{y:.1f}} MiB<extra>resident</extra>"})
+    if any(s.get("frozen_bytes") for s in shards):
+        traces.append({"type": "bar", "name": f"{FROZEN_NAME} (resident, shared)", "x": labels,
+                       "offsetgroup": "resident", "legendgroup": "frozen_bytes",
+                       "y": [round(s.get("frozen_bytes", 0) / 2**20, 3) for s in shards],
+                       "marker": {"color": FROZEN_COLOUR},
+                       "hovertemplate": f"{FROZEN_NAME}: %{{y:.1f}} MiB<extra>resident, read from the host's "
+                                        "shared base</extra>"})
     for i, (key, name) in enumerate(BYTE_CATEGORIES):
         if key in ("param_bytes", "optim_bytes"):
             traces.append({"type": "bar", "name": f"{name} (spilled)", "x": labels, "offsetgroup": "spilled",

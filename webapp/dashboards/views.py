@@ -183,6 +183,8 @@ def trial_plan(request: HttpRequest, trial_id: int) -> HttpResponse:
     return render(request, "dashboards/plan.html", {
         "trial": trial,
         "plan_figure": figures.memory_plan(trial.plan) if trial.plan else None,
+        # A LoRA trial's frozen base weights, read from the host's one shared copy (0 for full training).
+        "frozen_bytes": (trial.plan or {}).get("frozen_bytes") or 0,
     })
 
 

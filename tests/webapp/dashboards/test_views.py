@@ -196,3 +196,38 @@ def test_the_pages_figures_carry_names_as_text(alice_client, experiment):
     names = {trace["name"] for trace in figure["data"]}
     assert "&lt;b&gt;bold&lt;/b&gt; #1" in names
     assert not [name for name in names if "<b>" in name]
+
+
+def _measured_plan(*, frozen: int) -> dict:
+    """A plan as a device worker reports it (the engine's own `MemoryPlan.to_dict()`): two shards of two layers,
+    with `frozen` bytes of frozen base weights per layer (a LoRA trial's; 0 for full training)."""
+    from worker.engine.partition import LayerCost, plan_with_shards
+
+    owned = 2**20 if not frozen else 2**14
+    costs = [LayerCost(name=name, param_bytes=owned, grad_bytes=owned, optim_bytes=2 * owned,
+                       activation_bytes=2**20, frozen_bytes=frozen) for name in ("embedding", "block.0", "block.1",
+                                                                                  "head")]
+    return plan_with_shards(costs, [0, 2], 64 * 2**20).to_dict() | {"source": "measured"}
+
+
+def test_the_plan_page_shows_a_lora_trials_shared_base_apart_from_its_own_state(alice_client, alice_team):
+    lora, full = make_experiment(alice_team, trials=[{"lora_r": 8}, {"lora_r": 0}]).trials.order_by("number")
+    Trial.objects.filter(pk=lora.pk).update(plan=_measured_plan(frozen=3 * 2**20))
+    Trial.objects.filter(pk=full.pk).update(plan=_measured_plan(frozen=0))
+
+    page = alice_client.get(reverse("dashboard_trial_plan", args=[lora.pk])).content.decode()
+    assert ("Shared base: 12.0\xa0MB of frozen weights read from the host's one copy of the base (not in this "
+            "trial's spill store)") in page
+    figure = json.loads(page.split('id="plan-figure" type="application/json">')[1].split("</script>")[0])
+    frozen = [t for t in figure["data"] if t["legendgroup"] == "frozen_bytes"]
+    assert [(t["name"], t["offsetgroup"], t["y"]) for t in frozen] == [("frozen base (resident, shared)", "resident",
+                                                                          [6.0, 6.0])]
+    spilled = {t["name"]: t["y"] for t in figure["data"] if t["offsetgroup"] == "spilled"}
+    assert spilled == {"parameters (spilled)": [0.031, 0.031], "optimizer state (spilled)": [0.062, 0.062]}
+    detail = alice_client.get(reverse("trial_detail", args=[lora.pk])).content.decode()
+    assert "shared base 12.0\xa0MB read from the host's one copy (not in this trial's state)" in detail
+    assert "<th>Frozen base (shared)</th>" in detail and "<td>6.0\xa0MB</td>" in detail
+
+    page = alice_client.get(reverse("dashboard_trial_plan", args=[full.pk])).content.decode()
+    assert "Shared base:" not in page and "frozen base" not in page
+    assert "shared base" not in alice_client.get(reverse("trial_detail", args=[full.pk])).content.decode()
