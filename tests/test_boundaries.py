@@ -7,8 +7,10 @@
 - Only these `webapp` modules import `worker`: the queue client (the one door to the workers), the
   configuration (which composes the workers' own), the memory preview (which calls the engine's solver), the
   catalog's sizing (the engine's bytes per parameter and budget share, torch-free), the catalog's web
-  worker work (the engine checks and imports checkpoints; imported inside its task function only) and the
-  experiments' model shapes (a pretrained model's config read by the engine's torch-free families module).
+  worker work (the engine checks and imports checkpoints; imported inside its task function only), the
+  experiments' model shapes (a pretrained model's config read by the engine's torch-free families module) and
+  the health page's host bases (the shared LoRA bases in the spill directory, read by the engine's torch-free
+  base index).
 - No import cycle anywhere: a walk over every import statement of the tree, at module level or inside a
   function alike.
 """
@@ -25,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("webapp", "worker")
 WEB_DOORS_TO_WORKER = {"webapp.queue_client", "webapp.config", "webapp.experiments.memory_preview",
-                       "webapp.catalog.sizing", "webapp.catalog.work", "webapp.experiments.model_shapes"}
+                       "webapp.catalog.sizing", "webapp.catalog.work", "webapp.experiments.model_shapes",
+                       "webapp.health.host_bases"}
 
 BLOCKER = textwrap.dedent("""
     import importlib, pkgutil, sys

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -213,3 +214,63 @@ def test_the_event_file_keeps_only_the_latest_events(data_dir):
     assert len(lines) == service_events.KEEP_LINES
     assert [e.restart for e in service_events.events_read(data_dir, limit=2)] == [
         service_events.MAX_LINES, service_events.MAX_LINES + 1]
+
+
+def shared_base(spill_dir: Path, key: str, *, size: int, trials: list[str]) -> None:
+    """A shared base as the engine leaves it on the host: its index and one reference file per trial."""
+    root = spill_dir / ".bases" / key
+    (root / "refs").mkdir(parents=True)
+    (root / "index.json").write_text(json.dumps({"files": {"model.embed_tokens.weight": "layer-0.safetensors"},
+                                                 "bytes": size}))
+    for trial in trials:
+        (root / "refs" / trial).touch()
+
+
+def test_staff_see_the_hosts_shared_bases_with_only_their_teams_trials_named(
+        settings, alice, alice_team, bob_team, client):
+    from tests.webapp.telemetry.factories import make_experiment
+
+    alice.is_staff = True
+    alice.save()
+    client.force_login(alice)
+    (mine,) = make_experiment(alice_team, name="alice lora sweep").trials.all()
+    (theirs,) = make_experiment(bob_team, name="bob secret sweep").trials.all()
+    spill = settings.HYDRA.worker.spill_dir
+    key, other = "3f9a" * 8, "77aa" * 8
+    # Alice's trial, on its second attempt too; Bob's second attempt; a deleted trial's reference.
+    shared_base(spill, key, size=5 * 2**30, trials=[str(mine.pk), f"{mine.pk}.2", f"{theirs.pk}.2", "999999999"])
+    shared_base(spill, other, size=300 * 2**20, trials=[str(theirs.pk)])
+    building = spill / ".bases" / f".{'0' * 32}.building"  # a base being written is not one yet
+    building.mkdir()
+    (building / "index.json").write_text(json.dumps({"files": {}, "bytes": 1}))
+
+    page = client.get(reverse("health")).content.decode()
+    section = page.split('id="health-shared-bases"')[1].split("</section>")[0]
+    assert "Shared LoRA bases (2): 5.3\xa0GB of host memory" in section
+    assert f'<code title="{key}">{key[:12]}</code>' in section and "5.0\xa0GB" in section
+    assert f'<code title="{other}">{other[:12]}</code>' in section and "300.0\xa0MB" in section
+    url = reverse("trial_detail", args=[mine.pk])
+    assert (f'<a href="{url}">alice lora sweep #1</a>, <a href="{url}">alice lora sweep #1 (attempt 2)</a>; '
+            "1 trial of other teams; 1 no longer in the database") in section
+    assert "1 trial of other teams</td>" in section  # the other base: Bob's trial alone, counted
+    assert "bob secret sweep" not in page and reverse("trial_detail", args=[theirs.pk]) not in page
+
+    body = client.get(reverse("health_json")).json()["shared_bases"]
+    assert body["total_bytes"] == 5 * 2**30 + 300 * 2**20
+    assert [(b["key"], b["other_teams"], b["unknown"], len(b["trials"])) for b in body["bases"]] == [
+        (key, 1, 1, 2), (other, 1, 0, 0)]
+    assert "bob secret sweep" not in json.dumps(body)
+
+
+def test_a_host_without_shared_bases_says_so(staff_client):
+    page = staff_client.get(reverse("health")).content.decode()
+    assert "Shared LoRA bases (0): 0\xa0bytes of host memory" in page
+    assert "None: no LoRA trial holds a base on this host." in page
+
+
+def test_a_damaged_base_index_is_reported_not_a_server_error(settings, staff_client):
+    shared_base(settings.HYDRA.worker.spill_dir, "ab" * 16, size=1, trials=[])
+    (settings.HYDRA.worker.spill_dir / ".bases" / ("ab" * 16) / "index.json").write_text("{not json")
+    response = staff_client.get(reverse("health"))
+    assert response.status_code == 200
+    assert "the shared bases in" in response.content.decode() and "cannot be read" in response.content.decode()

@@ -1,6 +1,7 @@
 """What the health pages report: the database, Redis, the telemetry ingest and the device workers, each
-actually asked (the workers' answer is kept a few seconds, see `workers_online`), and what `make run`'s
-supervisor did to the services it runs (`webapp.health.service_events`)."""
+actually asked (the workers' answer is kept a few seconds, see `workers_online`), what `make run`'s
+supervisor did to the services it runs (`webapp.health.service_events`), and the shared LoRA bases this host
+holds in memory (`shared_bases`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ import redis
 from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError, connection
+from django.urls import reverse
 from django.utils import timezone
 
 from webapp import queue_client
+from webapp.accounts.models import Team
+from webapp.experiments.models import Trial
 from webapp.health import service_events
+from webapp.health.host_bases import HostBasesError, host_bases
+from webapp.ids import parse_id
 
 # The ingest passes every second; a heartbeat older than this means it is not running.
 INGEST_STALE_S = 30.0
@@ -37,6 +43,34 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True)
+class TrialLink:
+    label: str
+    url: str
+
+
+@dataclass(frozen=True)
+class SharedBase:
+    """One shared base: its key (``short`` for display), its bytes, and the trials using it that the viewer's
+    team may see; the others only counted, never named: those of other teams and queue ids no trial row has
+    (a trial deleted while its reference stayed)."""
+
+    key: str
+    short: str
+    bytes: int
+    trials: list[TrialLink]
+    other_teams: int
+    unknown: int
+
+
+@dataclass(frozen=True)
+class SharedBases:
+    bases: list[SharedBase]
+    total_bytes: int
+    spill_dir: str
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class HealthReport:
     database: Check
     redis: Check
@@ -45,6 +79,7 @@ class HealthReport:
     # make run's services: a line for each exit in this run, newest first, and the one-line summary.
     service_events: list[str] = field(default_factory=list)
     services_summary: str | None = None
+    shared_bases: SharedBases | None = None
 
     @property
     def ok(self) -> bool:
@@ -125,7 +160,44 @@ def service_up() -> bool:
     return database_check().ok and redis_check().ok
 
 
-def health_report() -> HealthReport:
+def shared_bases(*, team: Team | None) -> SharedBases:
+    """The shared LoRA bases in this host's spill directory, with the trials using each: linked when they
+    are `team`'s, counted otherwise (teams see none of each other's names), and the host bytes they take."""
+    spill_dir = settings.HYDRA.worker.spill_dir
+    try:
+        found = host_bases(spill_dir)
+    except HostBasesError as error:
+        return SharedBases(bases=[], total_bytes=0, spill_dir=str(spill_dir), error=str(error))
+    attempts: dict[str, tuple[int, int]] = {}  # queue id -> (trial pk, attempt)
+    for base in found:
+        for queue_id in base["trials"]:  # type: ignore[attr-defined]
+            pk, _, attempt = str(queue_id).partition(".")
+            parsed, number = parse_id(pk), parse_id(attempt) if attempt else 1
+            if parsed is not None and number is not None:
+                attempts[queue_id] = (parsed, number)
+    rows = Trial.objects.filter(pk__in={pk for pk, _ in attempts.values()}).select_related("experiment")
+    trials = {trial.pk: trial for trial in rows}
+    listed = []
+    for base in found:
+        links, other_teams, unknown = [], 0, 0
+        for queue_id in base["trials"]:  # type: ignore[attr-defined]
+            pk, attempt = attempts.get(queue_id, (None, 1))
+            trial = trials.get(pk) if pk is not None else None
+            if trial is None:
+                unknown += 1
+            elif team is None or trial.experiment.team_id != team.pk:
+                other_teams += 1
+            else:
+                label = str(trial) + (f" (attempt {attempt})" if attempt > 1 else "")
+                links.append(TrialLink(label=label, url=reverse("trial_detail", args=[trial.pk])))
+        key = str(base["key"])
+        listed.append(SharedBase(key=key, short=key[:12], bytes=int(base["bytes"]),  # type: ignore[call-overload]
+                                 trials=links, other_teams=other_teams, unknown=unknown))
+    return SharedBases(bases=listed, total_bytes=sum(b.bytes for b in listed), spill_dir=str(spill_dir))
+
+
+def health_report(*, team: Team | None = None) -> HealthReport:
+    """Everything the details pages show; the shared bases' trials as `team` may see them."""
     events = service_events.events_read(settings.HYDRA.data_dir)
     tz = timezone.get_current_timezone()
     redis_status = redis_check()
@@ -136,4 +208,5 @@ def health_report() -> HealthReport:
         workers=workers_online() if redis_status.ok else [],
         service_events=service_events.service_lines(events, tz),
         services_summary=service_events.summary(events, tz),
+        shared_bases=shared_bases(team=team),
     )

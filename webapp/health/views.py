@@ -1,6 +1,7 @@
 """Two kinds of health page: `/health` answers up or down, to anyone (load balancers), with one more line when
 `make run` restarted a service; the details (`/health/`, `/health.json`: addresses, versions, worker
-processes, every restart) are for logged-in staff."""
+processes, every restart, the host's shared LoRA bases with the trials of the viewer's team using them) are for
+logged-in staff."""
 
 from __future__ import annotations
 
@@ -39,11 +40,11 @@ def staff_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]
 
 @staff_only
 def health_page(request: HttpRequest) -> HttpResponse:
-    report = health_report()
+    report = health_report(team=request.team or None)
     return render(request, "health/health.html", {"report": report}, status=200 if report.ok else 503)
 
 
 @staff_only
 def health_json(request: HttpRequest) -> JsonResponse:
-    report = health_report()
+    report = health_report(team=request.team or None)
     return JsonResponse(report.as_dict(), status=200 if report.ok else 503)

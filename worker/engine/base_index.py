@@ -24,13 +24,18 @@ def base_bytes(spill_dir: Path, key: str) -> int:
 def bases(spill_dir: Path) -> list[dict[str, object]]:
     """Every shared base of this host: key, bytes and the trials using it (for the host's page).
 
-    A base whose index is not written yet (being built) is not listed."""
+    A base being built (no index yet) or deleted while it is listed (its last trial let it go) is left out."""
     found: list[dict[str, object]] = []
     directory = Path(spill_dir) / BASES
     if not directory.is_dir():
         return found
     for root in sorted(directory.iterdir()):
-        if root.is_dir() and (root / INDEX).exists():
+        if not root.is_dir() or root.name.startswith("."):  # ".<key>.building": a base being written
+            continue
+        try:
+            size = base_bytes(spill_dir, root.name)
             refs = sorted(p.name for p in (root / REFS).iterdir()) if (root / REFS).is_dir() else []
-            found.append({"key": root.name, "bytes": base_bytes(spill_dir, root.name), "trials": refs})
+        except FileNotFoundError:
+            continue
+        found.append({"key": root.name, "bytes": size, "trials": refs})
     return found
