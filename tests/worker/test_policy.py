@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.scheduling.policy import Candidate, Slot, TrialLoad, pick, timetable, unit_time_estimate
+from worker.scheduling.policy import BaseShard, Candidate, Slot, TrialLoad, pick, timetable, unit_time_estimate
 
 DEVICES = ["cpu0", "cpu1"]
 
@@ -43,6 +43,32 @@ def test_other_devices_pass_over_a_held_trial_even_if_that_leaves_them_idle() ->
     assert pick([held, Candidate("b", 2.0, "cpu1")], "cpu1").trial_id == "b"
     assert pick([held], "cpu1") is None
     assert pick([held], "cpu0") == held
+
+
+X0, X1, X2 = (BaseShard("X", i, i + 1) for i in range(3))
+
+
+def test_on_a_tie_it_prefers_the_trial_whose_next_unit_reads_the_base_layers_the_device_holds() -> None:
+    candidates = [Candidate("a", 4.0, "cpu0", next_base=X1), Candidate("b", 4.0, "cpu1", next_base=X0),
+                  Candidate("c", 4.0, None)]
+    assert pick(candidates, "cpu0", holding=X0).trial_id == "b"  # beats the trial cpu0 last ran
+    assert pick(candidates, "cpu0", holding=X2).trial_id == "a"  # nothing held matches: last device
+    assert pick(candidates, "cpu0").trial_id == "a"
+    assert pick(candidates, "cpu2", holding=BaseShard("Y", 0, 1)).trial_id == "a"  # another base: by id
+
+
+def test_base_affinity_counts_overlapping_layers_and_only_among_tied_trials() -> None:
+    # Two trials on one base whose plans cut it differently still share the layers both shards hold.
+    assert X1.overlaps(BaseShard("X", 0, 3)) and not X1.overlaps(X2) and not X1.overlaps(BaseShard("Y", 1, 2))
+    candidates = [Candidate("a", 10.0), Candidate("b", 9.5, next_base=BaseShard("X", 0, 3))]
+    assert pick(candidates, "cpu0", holding=X1).trial_id == "b"
+    assert pick([Candidate("a", 10.0), Candidate("b", 8.9, next_base=X1)], "cpu0", holding=X1).trial_id == "a"
+
+
+def test_base_shards_round_trip_through_the_queue_s_text() -> None:
+    shard = BaseShard("3f2a" * 8, 4, 9)
+    assert BaseShard.parse(str(shard)) == shard
+    assert BaseShard.parse("") is None
 
 
 def test_it_picks_nothing_from_nothing() -> None:
@@ -114,3 +140,29 @@ def test_it_yields_slots() -> None:
 def test_it_needs_a_device() -> None:
     with pytest.raises(ValueError, match="at least one device"):
         list(timetable([TrialLoad("A", 1, 1.0)], []))
+
+
+def test_lora_trials_on_one_base_follow_each_other_through_its_shards() -> None:
+    # The timetable drawn in policy.py's docstring: C follows A through X0, X1, X0 and reads none of them.
+    trials = [TrialLoad("A", 3, 1.0, (X0, X1, X0)), TrialLoad("B", 3, 1.0), TrialLoad("C", 3, 1.0, (X0, X1, X0))]
+    order = [(s.trial_id, s.unit, s.start, s.base_held) for s in timetable(trials, ["cpu0"])]
+    assert order == [
+        ("A", 0, 0.0, False), ("C", 0, 1.0, True), ("B", 0, 2.0, False),
+        ("A", 1, 3.0, False), ("C", 1, 4.0, True), ("B", 1, 5.0, False),
+        ("A", 2, 6.0, False), ("C", 2, 7.0, True), ("B", 2, 8.0, False),
+    ]
+    # Without a shared base the same trials run by id, as Sharded-LRTF always did.
+    plain = [TrialLoad(t.trial_id, t.units, t.unit_s) for t in trials]
+    assert [s.trial_id for s in timetable(plain, ["cpu0"])][:3] == ["A", "B", "C"]
+
+
+def test_four_lora_trials_on_two_devices_read_each_base_shard_once_per_pair() -> None:
+    # Three shards: a micro-batch reads X0, X1, X2 (forward and backward), X1, X0.
+    trials = [TrialLoad(name, 5, 1.0, (X0, X1, X2, X1, X0)) for name in "ABCD"]
+    got = [(s.device, s.trial_id, s.unit, s.start, s.base_held) for s in timetable(trials, DEVICES)]
+    expected = []
+    for unit in range(5):
+        expected += [("cpu0", "A", unit, 2.0 * unit, False), ("cpu1", "B", unit, 2.0 * unit, False),
+                     ("cpu0", "C", unit, 2.0 * unit + 1, True), ("cpu1", "D", unit, 2.0 * unit + 1, True)]
+    assert sorted(got, key=lambda g: (g[3], g[0])) == expected
+    assert max(s.end for s in timetable(trials, DEVICES)) == 10.0  # no unit waits for the affinity

@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from worker.contract import SyntheticJob
-from worker.scheduling.policy import Candidate
+from worker.scheduling.policy import BaseShard, Candidate
 from worker.scheduling.queue import (
     InvalidTransition,
     LeaseLost,
@@ -119,6 +119,23 @@ def test_a_device_holds_a_trial_whose_activations_it_keeps_until_the_hold_lapses
     assert survey(shard_queue).candidates[0].held_by == "cpu1"
     shard_queue.complete(shard_queue.claim("t1", "cpu1"), remaining_units=1, unit_s=0.5)  # the backward is through
     assert survey(shard_queue).candidates[0].held_by is None
+
+
+def test_surveys_report_the_base_layers_each_trial_s_next_unit_reads(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1", units=6, unit_s=1.0)
+    layers = BaseShard("a1b2", 3, 7)
+    shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=5, unit_s=1.0, next_base=layers)
+    assert survey(shard_queue, "cpu1").candidates == [Candidate("t1", 5.0, "cpu0", next_base=layers)]
+    lease = shard_queue.claim("t1", "cpu1")
+    shard_queue.advance_clock_for_tests(seconds=24 * 3600)  # the lease expires: the same unit runs again
+    assert survey(shard_queue, "cpu1").candidates[0].next_base == layers
+    shard_queue.complete(shard_queue.claim("t1", "cpu1"), remaining_units=4, unit_s=1.0)  # reads no base
+    assert survey(shard_queue).candidates[0].next_base is None
+    shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=3, unit_s=1.0, next_base=layers)
+    shard_queue.replan(shard_queue.claim("t1", "cpu0"), remaining_units=9, unit_s=0.5, plan={}, message="oom")
+    assert survey(shard_queue).candidates[0].next_base is None  # the new plan cuts the base elsewhere
+    with pytest.raises(LeaseLost):
+        shard_queue.complete(lease, remaining_units=4, unit_s=1.0)
 
 
 def test_a_hold_ends_with_the_lease_of_its_holder(shard_queue: ShardQueue) -> None:

@@ -39,6 +39,7 @@ from worker.engine.layers import build_layer_stack
 from worker.engine.layout import Layout
 from worker.engine.rng import caller_rng_kept, rng_state
 from worker.engine.schedule import Timetable, UnitSpec
+from worker.engine.shared_base import BaseCache
 from worker.engine.spill_store import SpillStore
 from worker.engine.transfer import Transfers
 from worker.engine.trial_state import TrialState
@@ -179,14 +180,29 @@ class TrialSession(ShardUnits):
         """The buffers being read in the background for a coming unit (see :meth:`prefetch`)."""
         return [name for name, _ in self._transfers.pending()]
 
-    def prefetch(self, unit: UnitSpec) -> None:
+    def base_read(self, unit: UnitSpec | None) -> tuple[Path, int, int] | None:
+        """The shared base layers ``(base root, first, stop)`` that ``unit`` reads: None without LoRA, for
+        an optimizer step, or for no unit."""
+        if unit is None or not self.stack.adapters or unit.phase == "S":
+            return None
+        return (self.base_root, *self._base_range(unit))
+
+    def _base_range(self, unit: UnitSpec) -> tuple[int, int]:
+        shard = self.plan.shards[unit.shard]
+        return shard.first, shard.stop
+
+    def prefetch(self, unit: UnitSpec, *, running: tuple[Path, int, int] | None = None) -> None:
         """Start reading ``unit``'s shard state (parameters, and accumulated gradients when the unit adds
-        to them) in the background, so that :meth:`run_unit` finds it loaded.
+        to them; a LoRA trial's base layers but for those of ``running``, the base layers of the unit about
+        to run on this device, see :meth:`base_read`) in the background, so that :meth:`run_unit` finds it
+        loaded.
 
         Call it for the unit after the one about to run. What it reads is keyed by buffer version, so
         prefetching early is always safe; at worst the read is wasted.
         """
         self._sync()
+        if self.stack.adapters and unit.phase != "S":
+            BaseCache.prefetch(self.base_root, self.stack, *self._base_range(unit), self.device, running=running)
         shard, meta = unit.shard, self.state.shards[unit.shard]
         names = [f"p{shard}"]
         if unit.phase in ("B", "FB") and meta.grad == "partial" and not meta.pending:

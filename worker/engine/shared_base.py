@@ -15,7 +15,8 @@ leaves a state the next call completes. Everything that adds, removes or builds 
 ``flock`` on ``<key>.lock``, so two trials planned at once build the base once.
 
 Reads go through a per-process cache (:class:`BaseCache`) that keeps the frozen layers of the last shard a
-device loaded: a device running units of two trials on the same base shard back to back reads it once.
+device loaded: a device running units of two trials on the same base shard back to back reads it once, and
+the background read of a coming unit's shard skips the layers the device holds.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -158,48 +160,98 @@ def _build(root: Path, stack: LayerStack, source: PretrainedWeights) -> None:
 
 
 class BaseCache:
-    """The frozen layers of the shard a device last loaded, per process and device.
+    """The frozen base layers a device holds, per process: those of the LoRA unit it runs (or last ran),
+    and those being read in the background for the next one.
 
-    ``layers`` returns the tensors of layers ``[first, stop)`` of a base on a device, reading only those not
-    held already; it first lets go of every held layer outside the new range (of this base or another),
-    so the device never holds more frozen weights than one shard's, as the memory plan counts them.
-    ``reads`` and ``hits`` count layer loads, for the benchmarks and tests.
+    ``layers`` returns the tensors of layers ``[first, stop)`` of a base on a device, reading only those it
+    does not hold, and lets go of every other held layer, of this base or another, but those a background
+    read fetched for the next unit: a device holds one shard's frozen weights while a unit runs, as the
+    memory plan counts them, plus the next shard's, which the plan's prefetch reserve covers. A device that
+    runs units of two trials on the same base shard back to back reads it once (the scheduler arranges that,
+    see ``worker.scheduling.policy``). ``prefetch`` starts reading a coming unit's layers, but for those the
+    unit about to run loads, which the coming one then finds held. ``drop`` lets go of a device's held layers:
+    a unit of a trial without a base does not budget for them. ``reads`` and ``hits`` count layer loads, for
+    the benchmarks and tests.
     """
 
-    _held: dict[tuple[str, str], dict[int, dict[str, torch.Tensor]]] = {}  # (base root, device) -> layers
+    _held: dict[str, tuple[str, dict[int, dict[str, torch.Tensor]]]] = {}  # device -> (base root, layers)
+    _pending: dict[str, tuple[str, range, Future[dict[int, dict[str, torch.Tensor]]]]] = {}  # device -> read
     _files: dict[str, dict[str, str]] = {}  # base root -> its index's checkpoint name -> layer file
+    _reader: ThreadPoolExecutor | None = None
     reads = 0
     hits = 0
 
     @classmethod
     def layers(cls, root: Path, stack: LayerStack, first: int, stop: int,
                device: torch.device) -> dict[int, dict[str, torch.Tensor]]:
-        key = (str(root), str(device))
-        for other in [k for k in cls._held if k[1] == key[1] and k != key]:
-            del cls._held[other]
-        held = cls._held.setdefault(key, {})
-        for index in [i for i in held if not first <= i < stop]:
-            del held[index]
+        wanted, ahead = range(first, stop), range(0)
+        held_root, held = cls._held.pop(str(device), (str(root), {}))
+        held = {i: t for i, t in held.items() if held_root == str(root)}
+        cls.hits += sum(1 for i in wanted if i in held)
+        pending = cls._pending.get(str(device))
+        if pending is not None and pending[0] == str(root):
+            ahead = pending[1]
+            if set(ahead) & set(wanted):  # the read was for this unit (or also covers it): take it
+                del cls._pending[str(device)]
+                with contextlib.suppress(OSError, SpecError, RuntimeError):  # read below again, and raise there
+                    held |= {i: t for i, t in pending[2].result().items() if i not in held}
+        held = {i: t for i, t in held.items() if i in wanted or i in ahead}
+        files = cls._index(root)
+        for index in wanted:
+            if index not in held:
+                held[index] = _read_layer(root, files, stack, index, device)
+                cls.reads += 1
+        cls._held[str(device)] = (str(root), held)
+        return {index: held[index] for index in wanted}
+
+    @classmethod
+    def prefetch(cls, root: Path, stack: LayerStack, first: int, stop: int, device: torch.device, *,
+                 running: tuple[Path, int, int] | None) -> int:
+        """Start reading layers ``[first, stop)`` of a base on ``device`` in the background, but for those of
+        ``running`` (the base layers ``(root, first, stop)`` of the unit about to run here, None if it reads
+        none): that unit loads them, and the device still holds them after it. Returns how many are read."""
+        cls._pending.pop(str(device), None)  # an earlier guess: its read is dropped
+        loading = range(running[1], running[2]) if running is not None and running[0] == root else range(0)
+        missing = [i for i in range(first, stop) if i not in loading]
+        if not missing:
+            return 0
+        files = cls._index(root)
+        if cls._reader is None:
+            cls._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hydra-base-reader")
+        cls._pending[str(device)] = (str(root), range(first, stop), cls._reader.submit(
+            lambda: {i: _read_layer(root, files, stack, i, device) for i in missing}))
+        cls.reads += len(missing)
+        return len(missing)
+
+    @classmethod
+    def holding(cls, device: torch.device) -> tuple[str, int, int] | None:
+        """The key of the base a device holds layers of and their range ``[first, stop)``, or None."""
+        root, held = cls._held.get(str(device), ("", {}))
+        return (Path(root).name, min(held), max(held) + 1) if held else None
+
+    @classmethod
+    def drop(cls, device: torch.device) -> None:
+        cls._held.pop(str(device), None)
+
+    @classmethod
+    def _index(cls, root: Path) -> dict[str, str]:
         files = cls._files.get(str(root))
         if files is None:
             files = cls._files[str(root)] = json.loads((root / INDEX).read_text())["files"]
-        for index in range(first, stop):
-            if index in held:
-                cls.hits += 1
-                continue
-            held[index] = _read_layer(root, files, stack, index, device)
-            cls.reads += 1
-        return {index: held[index] for index in range(first, stop)}
+        return files
 
     @classmethod
     def forget(cls, root: Path) -> None:
         cls._files.pop(str(root), None)
-        for key in [k for k in cls._held if k[0] == str(root)]:
-            del cls._held[key]
+        for device in [d for d, (r, _) in cls._held.items() if r == str(root)]:
+            del cls._held[device]
+        for device in [d for d, (r, *_) in cls._pending.items() if r == str(root)]:
+            del cls._pending[device]
 
     @classmethod
     def clear(cls) -> None:
         cls._held.clear()
+        cls._pending.clear()
         cls._files.clear()
 
 

@@ -210,6 +210,8 @@ class ShardUnits:
             for index in range(plan.first, plan.stop):
                 for ref in self.stack.frozen[index]:
                     self.stack.bind(index, ref.name, frozen[index][ref.key], trainable=False)
+        else:  # this trial's plan has no room for another trial's base layers
+            BaseCache.drop(self.device)
         owned = []
         bound: dict[ParamRef, nn.Parameter] = {}
         for slot in self.layout.slots[shard]:

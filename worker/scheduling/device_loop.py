@@ -39,7 +39,7 @@ import redis
 
 from worker.contract import Job
 from worker.scheduling import telemetry
-from worker.scheduling.policy import HOLD_UNITS, Candidate, pick, remaining_seconds, unit_time_estimate
+from worker.scheduling.policy import HOLD_UNITS, BaseShard, Candidate, pick, remaining_seconds, unit_time_estimate
 from worker.scheduling.queue import Lease, LeaseLost, PlanJob, ShardQueue, Survey
 from worker.scheduling.runner import Replanned, TrialRunner, UnitDone
 from worker.scheduling.telemetry import Span
@@ -143,6 +143,7 @@ class DeviceLoop:
         self.pid = os.getpid()
         self.keeper = LeaseKeeper()
         self._survey: Survey | None = None  # made right after the last unit's completion, in its round trip
+        self._holding: BaseShard | None = None  # the shared base layers this device's last unit read
         self._next: Lease | None = None  # the next unit of the trial this device holds, leased with that completion
 
     def run(self) -> None:
@@ -183,7 +184,7 @@ class DeviceLoop:
             if job is not None:
                 self._plan(job)
                 return True
-        choice = pick(survey.candidates, self.device)
+        choice = pick(survey.candidates, self.device, self._holding)
         if choice is None:
             self.queue.wait_for_work(self.config.idle_wait_s)
             return True
@@ -241,7 +242,9 @@ class DeviceLoop:
         """The trial this device will most likely claim after this unit (this one comes back a unit shorter)."""
         after = Candidate(lease.trial_id, remaining_seconds(lease.remaining_units - 1, lease.unit_s), self.device)
         others = [c for c in survey.candidates if c.trial_id != lease.trial_id]
-        guess = pick([*others, after] if lease.remaining_units > 1 else others, self.device)
+        # After the unit the device holds the base layers it reads: the trial's next_base as last surveyed.
+        holding = next((c.next_base for c in survey.candidates if c.trial_id == lease.trial_id), self._holding)
+        guess = pick([*others, after] if lease.remaining_units > 1 else others, self.device, holding)
         return None if guess is None else guess.trial_id
 
     def _run_unit(self, lease: Lease, next_trial: str | None) -> None:
@@ -263,8 +266,10 @@ class DeviceLoop:
             return
         end = time.time()
         if isinstance(done, Replanned):
+            self._holding = None
             self._replanned(lease, done, start, end)
         else:
+            self._holding = done.base
             self._record(lease, done, start, end)
 
     def _replanned(self, lease: Lease, replanned: Replanned, start: float, end: float) -> None:
@@ -293,7 +298,7 @@ class DeviceLoop:
         try:
             _, self._survey, self._next = self.queue.complete_then_survey(
                 lease, self.config.epoch, remaining_units=done.remaining_units, unit_s=unit_s, message=done.message,
-                steps_done=done.step + 1,
+                steps_done=done.step + 1, next_base=done.next_base,
                 hold_s=HOLD_UNITS * unit_s if done.keeps_activations else 0.0,
                 also=lambda pipe: telemetry.add_all(pipe, self.queue.host_id, span=span, steps=done.steps,
                                                     evals=done.evals),

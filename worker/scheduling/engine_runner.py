@@ -21,6 +21,10 @@ restored from its last checkpoint and goes on from there; one without a checkpoi
 Each checkpoint written is reported once through `checkpoints` (the device loop sends them to the telemetry
 stream).
 
+A LoRA trial's units read its shared frozen base (`worker.engine.shared_base`) through the process's base
+cache. Each unit done says which base layers it read and which its trial's next unit reads, for the
+policy's base affinity; prefetching a coming unit leaves out the base layers the unit about to run loads.
+
 A trial the queue lost (Redis emptied) is submitted again and planned again: planning takes up its
 committed store, so it goes on from that store's last commit, exactly. A trial whose store is gone (the
 host rebooted) is restored from its last checkpoint, or fails saying so (`EngineRunner._store_gone`).
@@ -51,6 +55,7 @@ from worker.engine.partition import AUTO_BUDGET_FRACTION, MemoryPlan
 from worker.engine.repartition import repartition
 from worker.engine.session import TrialSession, UnitResult, trial_create
 from worker.engine.spill_store import SpillStore
+from worker.scheduling.policy import BaseShard
 from worker.scheduling.runner import Planned, Replanned, UnitDone, WorkloadError
 from worker.scheduling.telemetry import CheckpointMetrics, EvalMetrics, StepMetrics
 
@@ -188,12 +193,13 @@ class EngineRunner:
             return self._committed_unreported(trial_id, session, token)
         if not self.prefetch:
             next_trial = None
+        running = session.base_read(session.next_unit())
         if next_trial == trial_id:
             cursor = session.cursor
             if cursor + 1 < len(session.timetable):
-                session.prefetch(session.timetable[cursor + 1])
+                session.prefetch(session.timetable[cursor + 1], running=running)
         elif next_trial is not None:
-            self._prefetch_other(next_trial)
+            self._prefetch_other(next_trial, running)
         try:
             result = session.run_unit(token=token)
         except StaleWriterError as error:
@@ -204,7 +210,8 @@ class EngineRunner:
             left = session.remaining_units()
             if left:
                 self._checkpoint_if_due(trial_id, job)
-            return unit_done(trial_id, result, left, keeps=session.keeps_activations())
+            return unit_done(trial_id, result, left, keeps=session.keeps_activations(),
+                             base=_shard_of(running), next_base=_shard_of(session.base_read(session.next_unit())))
         # Outside the except block: its traceback holds the failed unit's frames and their device tensors.
         del session
         return self._replan(trial_id, reason, token)
@@ -359,8 +366,9 @@ class EngineRunner:
             session.close()
         return session
 
-    def _prefetch_other(self, trial_id: str) -> None:
-        """Prefetch another trial's next unit, if this process has its session (building one costs a unit).
+    def _prefetch_other(self, trial_id: str, running: tuple[Path, int, int] | None) -> None:
+        """Prefetch another trial's next unit, if this process has its session (building one costs a unit);
+        `running`: the base layers the unit about to run reads (the other trial's unit needs no read of them).
 
         Another device may be running that trial's unit right now: opening the store only reads its last
         commit (it touches no file), and the reads are keyed by buffer version, so if that device commits
@@ -374,7 +382,7 @@ class EngineRunner:
                 session.reopen(SpillStore.open(self.spill_dir / trial_id))
             unit = session.next_unit()
             if unit is not None:
-                session.prefetch(unit)
+                session.prefetch(unit, running=running)
         except (OSError, ValueError, KeyError, SpillStoreError) as error:  # the trial moved on or ended
             log.debug("prefetch of trial %s skipped: %s", trial_id, error)
 
@@ -389,7 +397,13 @@ def first_unit_estimate(plan: MemoryPlan) -> float:
     return max(1e-6, 4 / 3 * sum(layer.time_s for layer in plan.layers) / units)
 
 
-def unit_done(trial_id: str, result: UnitResult, remaining_units: int, *, keeps: bool = False) -> UnitDone:
+def _shard_of(read: tuple[Path, int, int] | None) -> BaseShard | None:
+    """The scheduler's name for base layers a unit reads (the base's directory is named by its key)."""
+    return None if read is None else BaseShard(read[0].name, read[1], read[2])
+
+
+def unit_done(trial_id: str, result: UnitResult, remaining_units: int, *, keeps: bool = False,
+              base: BaseShard | None = None, next_base: BaseShard | None = None) -> UnitDone:
     """Translate the engine's result of one unit into the scheduler's record."""
     unit = result.unit
     now = time.time()
@@ -407,6 +421,7 @@ def unit_done(trial_id: str, result: UnitResult, remaining_units: int, *, keeps:
         remaining_units=remaining_units, step=unit.step, micro_batch=unit.micro_batch, phase=unit.phase,
         shard=unit.shard, bytes_moved=result.bytes_read + result.bytes_written,
         peak_bytes=result.peak_device_bytes or 0, io_s=result.io_s, steps=steps, evals=evals, keeps_activations=keeps,
+        base=base, next_base=next_base,
         message=(f"stopped early after step {unit.step + 1}: no lower validation loss in the last "
                  f"evaluations (patience)" if result.stopped_early else ""),
     )

@@ -1,9 +1,12 @@
 """Sharded-LRTF: which runnable trial a device that frees up runs next. Pure; Redis only stores and claims.
 
 The rule (`pick`): the trial with the **longest remaining time** (remaining units * its measured unit time)
-goes first, because the trial that would finish last bounds the makespan. On a tie, the device prefers the
-trial whose last unit it ran (its kept activations, caches and boundary tensors are still warm there); then
-the longer remaining time, then the smallest id, so that every device and every test agrees on one order.
+goes first, because the trial that would finish last bounds the makespan. On a tie, the device prefers a
+trial it has *affinity* with: one whose next unit reads frozen base layers the device already holds (a LoRA
+trial on the shared base of the trial it just ran, see `worker.engine.shared_base`: the unit skips the base
+shard's read, by far its largest), else one whose last unit it ran (its kept activations, caches and
+boundary tensors are still warm there); then the longer remaining time, then the smallest id, so that every
+device and every test agrees on one order.
 
 A trial in the middle of a micro-batch has its forward's activations kept in the process of the device
 that ran the forward: it is *held* by that device (`held_by`) until its backward is through. The holder runs
@@ -33,6 +36,19 @@ At clock 1 C has the most left (3 units) and goes to cpu0; A and B tie at 2 and 
 just ran. At clock 2 cpu0 claims first: A and C tie at 2, both last ran there, and the id decides (A).
 Trials hop (C: cpu0 → cpu1 → cpu0), each device interleaves trials, and the makespan is
 5 = ceil(9 units / 2 devices).
+
+Base affinity on one device: A and C are LoRA trials on base X, each with two shards (units read X0, X1, X0:
+the first shard's forward, the last shard's forward and backward, the first shard's backward); B trains a
+whole model and reads no base. ``*`` marks a unit that found its base layers held::
+
+    clock   0    1    2    3    4    5    6    7    8
+    cpu0    A0   C0*  B0   A1   C1*  B1   A2   C2*  B2
+    base    X0   X0   .    X1   X1   .    X0   X0   .
+
+At clock 1 B and C tie (3 units left; A has 2): C's next unit reads X0, which A0 just loaded, so C goes first
+(by id alone B would). B's unit frees the base layers (a device keeps only the base of the unit it just ran,
+as the memory plan counts it), so at clock 3 the three trials tie with nothing held and the id decides.
+Three base reads in six LoRA units; without the affinity every one of the six reads.
 """
 
 from __future__ import annotations
@@ -51,32 +67,62 @@ TIE_TOLERANCE = 0.1
 HOLD_UNITS = 4.0
 
 
+@dataclass(frozen=True, order=True)
+class BaseShard:
+    """Layers ``[first, stop)`` of the shared frozen base ``key``: what a LoRA unit reads besides its own
+    state, and what a device holds after running one. Written ``key:first:stop`` in the queue."""
+
+    key: str
+    first: int
+    stop: int
+
+    def overlaps(self, other: BaseShard | None) -> bool:
+        return other is not None and other.key == self.key and self.first < other.stop and other.first < self.stop
+
+    def __str__(self) -> str:
+        return f"{self.key}:{self.first}:{self.stop}"
+
+    @classmethod
+    def parse(cls, text: str) -> BaseShard | None:
+        """The shard written by ``str``, or None for ''."""
+        if not text:
+            return None
+        key, first, stop = text.rsplit(":", 2)
+        return cls(key, int(first), int(stop))
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A runnable trial as the policy sees it. `held_by`: the device whose process keeps activations of
-    the trial's micro-batch in flight (see the module docstring), if any."""
+    the trial's micro-batch in flight (see the module docstring), if any. `next_base`: the shared base
+    layers its next unit reads (None without LoRA, or before its first unit)."""
 
     trial_id: str
     remaining_s: float
     last_device: str | None = None
     held_by: str | None = None
+    next_base: BaseShard | None = None
 
 
-def order_key(candidate: Candidate, device: str) -> tuple[bool, float, str]:
-    """Sort key among tied candidates, smallest first: affinity to `device`, longer remaining time, id."""
-    return (candidate.last_device != device, -candidate.remaining_s, candidate.trial_id)
+def order_key(candidate: Candidate, device: str, holding: BaseShard | None = None) -> tuple[bool, bool, float, str]:
+    """Sort key among tied candidates, smallest first: affinity to `device` (its base layers held there, or
+    its last unit run there), the base layers held, longer remaining time, id."""
+    reads_held = candidate.next_base is not None and candidate.next_base.overlaps(holding)
+    return (not reads_held and candidate.last_device != device, not reads_held, -candidate.remaining_s,
+            candidate.trial_id)
 
 
-def pick(candidates: Iterable[Candidate], device: str) -> Candidate | None:
+def pick(candidates: Iterable[Candidate], device: str, holding: BaseShard | None = None) -> Candidate | None:
     """The candidate `device` should run next, or None when there is none: a trial it holds, else the
-    longest of those no other device holds (see the module docstring)."""
+    longest of those no other device holds (see the module docstring). `holding`: the shared base layers
+    the device holds now (those its last unit read)."""
     candidates = [c for c in candidates if c.held_by in (None, device)]
     candidates = [c for c in candidates if c.held_by == device] or candidates
     if not candidates:
         return None
     longest = max(c.remaining_s for c in candidates)
     tied = [c for c in candidates if c.remaining_s >= longest * (1.0 - TIE_TOLERANCE)]
-    return min(tied, key=lambda c: order_key(c, device))
+    return min(tied, key=lambda c: order_key(c, device, holding))
 
 
 def remaining_seconds(remaining_units: int, unit_s: float) -> float:
@@ -91,22 +137,29 @@ def unit_time_estimate(previous_s: float, measured_s: float) -> float:
 
 @dataclass(frozen=True)
 class TrialLoad:
-    """A trial for `timetable`: `units` units of `unit_s` seconds each."""
+    """A trial for `timetable`: `units` units of `unit_s` seconds each; unit i reads the shared base layers
+    ``bases[i % len(bases)]`` (none when `bases` is empty)."""
 
     trial_id: str
     units: int
     unit_s: float
+    bases: tuple[BaseShard | None, ...] = ()
+
+    def base(self, unit: int) -> BaseShard | None:
+        return self.bases[unit % len(self.bases)] if self.bases and unit < self.units else None
 
 
 @dataclass(frozen=True)
 class Slot:
-    """Unit number `unit` of `trial_id` runs on `device` from `start` to `end`."""
+    """Unit number `unit` of `trial_id` runs on `device` from `start` to `end`; `base_held`: it reads shared
+    base layers that the device held already."""
 
     device: str
     trial_id: str
     unit: int
     start: float
     end: float
+    base_held: bool = False
 
 
 def timetable(trials: Sequence[TrialLoad], devices: Sequence[str]) -> Iterator[Slot]:
@@ -114,32 +167,39 @@ def timetable(trials: Sequence[TrialLoad], devices: Sequence[str]) -> Iterator[S
 
     A device frees up at the end of its unit; devices free at the same moment claim in `devices` order. A
     trial has at most one unit in flight; a device that finds nothing runnable waits for the next unit
-    to end. Remaining time is exact here (units * unit_s), as it becomes in a running system.
+    to end. Remaining time is exact here (units * unit_s), as it becomes in a running system. A device
+    holds the base layers its last unit read (none after a unit that reads none).
     """
     if not devices:
         raise ValueError("timetable needs at least one device; got none.")
+    loads = {t.trial_id: t for t in trials}
     left = {t.trial_id: t.units for t in trials}
     unit_s = {t.trial_id: t.unit_s for t in trials}
     done = {t.trial_id: 0 for t in trials}
     busy_until: dict[str, float] = {}  # trial id -> end of its unit in flight
     last_device: dict[str, str] = {}
+    holding: dict[str, BaseShard | None] = {}
     free = [(0.0, rank) for rank in range(len(devices))]  # (free at, device rank)
     heapq.heapify(free)
     while any(left.values()):
         now, rank = heapq.heappop(free)
         device = devices[rank]
         runnable = [
-            Candidate(trial_id, remaining_seconds(units, unit_s[trial_id]), last_device.get(trial_id))
+            Candidate(trial_id, remaining_seconds(units, unit_s[trial_id]), last_device.get(trial_id),
+                      next_base=loads[trial_id].base(done[trial_id]))
             for trial_id, units in left.items()
             if units > 0 and busy_until.get(trial_id, 0.0) <= now
         ]
-        chosen = pick(runnable, device)
+        chosen = pick(runnable, device, holding.get(device))
         if chosen is None:
             heapq.heappush(free, (min(end for end in busy_until.values() if end > now), rank))
             continue
         trial_id = chosen.trial_id
         end = now + unit_s[trial_id]
-        yield Slot(device, trial_id, done[trial_id], now, end)
+        base = chosen.next_base
+        held = base is not None and base.overlaps(holding.get(device))
+        yield Slot(device, trial_id, done[trial_id], now, end, base_held=held)
+        holding[device] = base
         left[trial_id] -= 1
         done[trial_id] += 1
         busy_until[trial_id] = end

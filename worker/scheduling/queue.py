@@ -61,7 +61,7 @@ from worker.contract import (
     job_from_dict,
 )
 from worker.scheduling.keys import EVENTS_MAXLEN, host_prefix
-from worker.scheduling.policy import Candidate, remaining_seconds
+from worker.scheduling.policy import BaseShard, Candidate, remaining_seconds
 
 __all__ = ["InvalidTransition", "Lease", "LeaseLost", "PlanJob", "QueueError", "ShardQueue", "Survey",
            "TrialExists", "TrialNotFound", "TrialRecord"]
@@ -209,18 +209,20 @@ for _, id in ipairs(expired) do
     after_unit(id, false, 'lease of ' .. redis.call('HGET', tkey(id), 'device') .. ' expired; the unit runs again')
   end
 end
--- Else {1, planning, reap, then per candidate, best first: id, remaining_s, last_device, units_done, held_by}:
--- planning counts the trials waiting to be planned; '' stands for no trial to reap, no last device, no holder.
+-- Else {1, planning, reap, then per candidate, best first: id, remaining_s, last_device, units_done, held_by,
+-- next_base}: planning counts the trials waiting to be planned; '' stands for no trial to reap, no last
+-- device, no holder, no base layers read by the next unit.
 local head = redis.call('ZREVRANGE', key('runnable'), 0, limit - 1, 'WITHSCORES')
 local out = {1, redis.call('LLEN', key('planning')), redis.call('RPOP', key('reap')) or ''}
 for i = 1, #head, 2 do
   local id = head[i]
-  local extra = redis.call('HMGET', tkey(id), 'last_device', 'units_done', 'held_until')
+  local extra = redis.call('HMGET', tkey(id), 'last_device', 'units_done', 'held_until', 'next_base')
   table.insert(out, id)
   table.insert(out, head[i + 1])
   table.insert(out, extra[1] or '')
   table.insert(out, extra[2] or '0')
   table.insert(out, (tonumber(extra[3] or '0') > now_ms()) and extra[1] or '')
+  table.insert(out, extra[4] or '')
 end
 return out
 """)
@@ -259,12 +261,14 @@ return 1
 
 # `device` ran the unit; `steps_done` (or '') goes with the finished event; `hold_ms` > 0 says it keeps the
 # trial's activations that long; `epoch` is its loop's, or '' when the caller does not go on with a held
-# trial. Returns the trial's state, 'lost', or {token, lease_ms} of the next unit when the device goes on.
-_COMPLETE = _script("id token remaining_units unit_s device message steps_done hold_ms epoch", """
+# trial; `next_base` the shared base layers the trial's next unit reads (policy.BaseShard's text, or '').
+# Returns the trial's state, 'lost', or {token, lease_ms} of the next unit when the device goes on.
+_COMPLETE = _script("id token remaining_units unit_s device message steps_done hold_ms epoch next_base", """
 remaining_units, hold_ms = tonumber(remaining_units), tonumber(hold_ms)
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HINCRBY', tkey(id), 'units_done', 1)
-redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', unit_s, 'last_device', device)
+redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', unit_s, 'last_device', device,
+           'next_base', next_base)
 if hold_ms > 0 then
   redis.call('HSET', tkey(id), 'held_until', now_ms() + hold_ms)
 else
@@ -295,7 +299,7 @@ _REPLAN = _script("id token remaining_units unit_s plan device message", """
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', unit_s, 'plan', plan,
            'last_device', device)
-redis.call('HDEL', tkey(id), 'held_until')
+redis.call('HDEL', tkey(id), 'held_until', 'next_base')
 redis.call('HINCRBY', tkey(id), 'replans', 1)
 return after_unit(id, false, message)
 """)
@@ -587,7 +591,7 @@ class ShardQueue:
 
     def complete(
         self, lease: Lease, *, remaining_units: int, unit_s: float, message: str = "",
-        steps_done: int | None = None, hold_s: float = 0.0,
+        steps_done: int | None = None, hold_s: float = 0.0, next_base: BaseShard | None = None,
         also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> str:
         """End a unit: the trial finishes (0 units left), or becomes runnable, paused or cancelled.
@@ -596,16 +600,18 @@ class ShardQueue:
         trial has taken, so a reader of the events need not wait for its metrics) go with the finished
         event. `hold_s` > 0
         says this device keeps activations of the trial for that long (surveys report it as `held_by`).
-        `also` queues commands to send in the same round trip (telemetry). Raises LeaseLost when the lease
-        expired meanwhile (the unit is being re-run elsewhere).
+        `next_base`: the shared base layers the trial's next unit reads (surveys report it, for the policy's
+        base affinity). `also` queues commands to send in the same round trip (telemetry). Raises LeaseLost
+        when the lease expired meanwhile (the unit is being re-run elsewhere).
         """
-        args = _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch="")
+        args = _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch="",
+                              next_base=next_base)
         outcome: str = self._run_with(also, "complete", **args)
         return self._check_lease(outcome, lease.trial_id)
 
     def complete_then_survey(
         self, lease: Lease, epoch: str, *, remaining_units: int, unit_s: float, message: str = "",
-        steps_done: int | None = None, hold_s: float = 0.0,
+        steps_done: int | None = None, hold_s: float = 0.0, next_base: BaseShard | None = None,
         also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> tuple[str, Survey, Lease | None]:
         """`complete`, then `survey` for the same device, in one round trip: what a device loop does between
@@ -615,7 +621,8 @@ class ShardQueue:
         waits to be planned, or the device's loop `epoch` is no longer current. Raises LeaseLost (the
         survey was made, but the loop may as well make another)."""
         outcome, raw = self._run_all(also, [
-            ("complete", _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch=epoch)),
+            ("complete", _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch=epoch,
+                                        next_base=next_base)),
             ("survey", _survey_args(lease.device, epoch)),
         ])
         if isinstance(outcome, list):
@@ -708,16 +715,18 @@ def _record(trial_id: str, fields: Mapping[str, str]) -> TrialRecord:
 
 def _survey_from(raw: list[Any]) -> Survey:
     """The one reader of what the survey script returns, a flat array (see `_SURVEY`): ``[0]`` when the
-    device's loop must end, else ``[1, planning, reap]`` followed by five entries per candidate, best first:
-    ``id, remaining_s, last_device, units_done, held_by`` ('' for no trial to reap, no last device, no holder).
+    device's loop must end, else ``[1, planning, reap]`` followed by six entries per candidate, best first:
+    ``id, remaining_s, last_device, units_done, held_by, next_base`` ('' for no trial to reap, no last device,
+    no holder, no base layers).
     """
     if not raw[0]:
         return Survey(alive=False, planning=0, candidates=[], units_done={})
     _, planning, reap, *flat = raw
     candidates, units_done = [], {}
-    for i in range(0, len(flat), 5):
-        trial_id, score, last_device, done, held_by = flat[i : i + 5]
-        candidates.append(Candidate(trial_id, float(score), last_device or None, held_by or None))
+    for i in range(0, len(flat), 6):
+        trial_id, score, last_device, done, held_by, next_base = flat[i : i + 6]
+        candidates.append(Candidate(trial_id, float(score), last_device or None, held_by or None,
+                                    BaseShard.parse(next_base)))
         units_done[trial_id] = int(done)
     return Survey(alive=True, planning=int(planning), candidates=candidates, units_done=units_done,
                   reap=reap or None)
@@ -730,10 +739,10 @@ def _survey_args(device: str, epoch: str) -> dict[str, object]:
 
 def _complete_args(
     lease: Lease, remaining_units: int, unit_s: float, message: str, steps_done: int | None, hold_s: float, *,
-    epoch: str,
+    epoch: str, next_base: BaseShard | None = None,
 ) -> dict[str, object]:
     """The complete script's arguments; `epoch` is the device loop's that goes on with a held trial, or ''."""
     return {"id": lease.trial_id, "token": lease.token, "remaining_units": remaining_units,
             "unit_s": repr(unit_s), "device": lease.device, "message": message,
             "steps_done": "" if steps_done is None else int(steps_done), "hold_ms": int(hold_s * 1000),
-            "epoch": epoch}
+            "epoch": epoch, "next_base": "" if next_base is None else str(next_base)}

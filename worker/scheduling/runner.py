@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from worker.contract import Job
+from worker.scheduling.policy import BaseShard
 from worker.scheduling.telemetry import CheckpointMetrics, EvalMetrics, StepMetrics
 
 
@@ -45,6 +46,8 @@ class UnitDone:
     evals: list[EvalMetrics] = field(default_factory=list)
     message: str = ""  # for the trial's record, e.g. why it ended before its last step
     keeps_activations: bool = False  # this process kept activations that a later unit of the trial uses
+    base: BaseShard | None = None  # the shared base layers the unit read: the device holds them now
+    next_base: BaseShard | None = None  # those the trial's next unit reads (for the policy's base affinity)
 
 
 @dataclass(frozen=True)
