@@ -170,6 +170,38 @@ def test_units_of_two_trials_on_the_same_base_shard_read_it_once(tokens_path: Pa
     assert shared_base.BaseCache.reads - reads == 2
     sessions[0].run_unit()  # FB of shard 1 (layers 2-3): read, and shard 0's layers let go
     assert shared_base.BaseCache.reads - reads == 4
+    assert shared_base.BaseCache.holding(CPU) == (str(shared_base.bases(spill)[0]["key"]), 2, 4)
+
+
+def test_a_background_read_leaves_out_the_base_layers_the_running_unit_loads(tokens_path: Path,
+                                                                             tmp_path: Path) -> None:
+    """Prefetching another trial's next unit on the shard the device is about to run reads nothing: the
+    device will hold those layers; the unit then finds them, and the results are the plain ones."""
+    base = save_base(tmp_path / "base", "llama")
+    spill = tmp_path / "spill"
+    for trial_id, seed in (("a", 1), ("b", 2)):
+        trial_create(spec=lora_spec(tokens_path, base, "llama", seed=seed), spill_dir=spill, trial_id=trial_id,
+                     device=CPU, cuts=[0, 2])
+    a, b = (TrialSession.open(spill_dir=spill, trial_id=t, device=CPU) for t in ("a", "b"))
+    shared_base.BaseCache.clear()
+    reads = shared_base.BaseCache.reads
+    running = a.base_read(a.next_unit())
+    assert running is not None and running[1:] == (0, 2)
+    b.prefetch(b.next_unit(), running=running)  # b's next unit reads the same layers: no read
+    assert shared_base.BaseCache.reads == reads
+    a.run_unit()
+    b.run_unit()
+    assert shared_base.BaseCache.reads - reads == 2
+    # a's next unit is the last shard's: read in the background (as while a unit that reads no base runs),
+    # taken by that unit, and held for b's unit on the same shard.
+    a.prefetch(a.next_unit(), running=None)
+    assert shared_base.BaseCache.reads - reads == 4
+    hits = shared_base.BaseCache.hits
+    a.run_unit()
+    assert (shared_base.BaseCache.reads - reads, shared_base.BaseCache.hits) == (4, hits)
+    b.run_unit()
+    assert (shared_base.BaseCache.reads - reads, shared_base.BaseCache.hits) == (4, hits + 2)
+    assert a.base_read(None) is None
 
 
 def test_lora_needs_a_pretrained_model_and_known_target_modules(tokens_path: Path, tmp_path: Path) -> None:

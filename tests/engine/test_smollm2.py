@@ -10,6 +10,7 @@ its validation loss.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from collections.abc import Iterator
@@ -17,19 +18,24 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.engine.conftest import CPU, run_all
-from tests.plain_pytorch import assert_bit_identical, exported_weights, plain_training
+from tests.plain_pytorch import assert_bit_identical, exported_weights, initial_weights, plain_training
 from webapp.datasets.sample_corpus import sample_corpus_text
 from worker.engine import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSession, TrialSpec, trial_create
+from worker.engine.config import LoraSpec
 from worker.engine.data import TokenBlocks, tokenize_corpus
+from worker.engine.lora import ADAPTER_DIR
 
 pytestmark = pytest.mark.slow
 
 # The embedding alone is 28M parameters (340 MB with its gradients, and as much again for the prefetch reserve):
 # under 1000 MB the 32 layers take 4 shards.
 BUDGET = 1000 << 20
+# LoRA: the frozen embedding (113 MB) and the prefetch reserve for it, then the blocks' frozen weights by shard.
+LORA_BUDGET = 300 << 20
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +107,22 @@ def test_smollm2_fine_tunes_in_shards_exactly_like_plain_pytorch(
     assert_bit_identical(exported_weights(scratch / "final"), reference.weights)
     tokenizer = AutoTokenizer.from_pretrained(scratch / "final", local_files_only=True)
     assert tokenizer("def main():").input_ids == AutoTokenizer.from_pretrained(smollm2_dir)("def main():").input_ids
+
+
+def test_smollm2_lora_trains_in_shards_exactly_like_peft(smollm2_dir: Path, sample_tokens: Path, scratch: Path) -> None:
+    """LoRA adapters on the real SmolLM2, its frozen base streamed from the host's shared copy in 4 or more
+    shards, equal PEFT's training of the same adapters bit for bit."""
+    spec = dataclasses.replace(
+        smollm2_spec(smollm2_dir, sample_tokens), budget_bytes=LORA_BUDGET,
+        optimizer=OptimizerSpec(kind="adamw", lr=1e-3, weight_decay=0.01, clip_norm=1.0),
+        lora=LoraSpec(r=8, alpha=16.0, dropout=0.05, target_modules=("q_proj", "v_proj", "down_proj")))
+    plan = trial_create(spec=spec, spill_dir=scratch / "spill", trial_id="lora", device=CPU)
+    assert len(plan.shards) >= 4 and plan.frozen_bytes > 0, [(s.first, s.stop) for s in plan.shards]
+    session = TrialSession.open(spill_dir=scratch / "spill", trial_id="lora", device=CPU)
+    results = run_all(session)
+    session.export(scratch / "final")
+    session.close()
+    reference = plain_training(initial_weights(spec, scratch / "reference"), spec)
+    assert [r.loss for r in results if r.loss is not None] == reference.losses
+    assert [r.eval_loss for r in results if r.eval_loss is not None] == reference.eval_losses
+    assert_bit_identical(load_file(scratch / "final" / ADAPTER_DIR / "adapter_model.safetensors"), reference.weights)
