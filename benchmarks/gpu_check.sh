@@ -2,10 +2,11 @@
 # The GPU checks in one short run, for a machine with a CUDA GPU: the CUDA tests of the engine and of the
 # worker's engine runner, then spill_overhead and memory_bound on the GPU (GPT-2's shape, then a Llama-style
 # model of about 1B parameters in bf16 at 16k tokens per step, and the largest Llama-style model whose AdamW
-# state fits the host, Llama-3.2-3B's shape, under a 16 GB budget). Everything lands under $OUT
+# state fits the host, Llama-3.2-3B's shape, under a 16 GB budget), then 8 LoRA trials sharing one frozen
+# base of Llama-3.1-8B's shape under a 16 GB budget (lora_sharing). Everything lands under $OUT
 # (default artifacts/gpu). Needs torch, transformers, safetensors, tokenizers, numpy, psutil, nvidia-ml-py,
 # redis-py and pytest in $PYTHON (default python3); no Django, Celery or Redis server. Each step runs under
-# a timeout, so the whole run ends within 29 minutes; the Llama cases come last.
+# a timeout, so the whole run ends within 36 minutes; the Llama cases come last.
 set -uo pipefail
 out="${OUT:-artifacts/gpu}"
 py="${PYTHON:-python3}"
@@ -34,3 +35,7 @@ big=/dev/shm
 [ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)" -gt 60000000 ] 2>/dev/null || big=/tmp
 timeout 420 "$py" benchmarks/memory_bound.py --model llama-3b --bf16 --device cuda --steps 2 --spill-dir "$big" \
   2>&1 | tee "$out/memory_bound_llama_3b.txt"
+# 8 LoRA trials on one shared base of Llama-3.1-8B's shape (a random bf16 checkpoint of 16 GB, a 32 GB fp32 base
+# on the host tier), interleaved on the GPU; the one-at-a-time baseline trains one trial alone and scales.
+timeout 420 "$py" benchmarks/lora_sharing.py --device cuda --base llama-8b --trials 8 --steps 1 --seq-len 512 \
+  --sequential-trials 1 --spill-dir "$big" 2>&1 | tee "$out/lora_sharing_llama_8b.txt"
