@@ -33,14 +33,20 @@ def host_queue(config: WorkerConfig, host_id: str | None = None) -> ShardQueue:
 
 
 def trial_submit(
-    *, config: WorkerConfig, trial_id: str, job: Job, export_dir: str | None = None, host_id: str | None = None
+    *, config: WorkerConfig, trial_id: str, job: Job, export_dir: str | None = None, host_id: str | None = None,
+    team: str = "",
 ) -> None:
-    """Queue a trial for planning on `host_id`; a finished trial exports its model to `export_dir`
+    """Queue a trial of `team` for planning on `host_id`; a finished trial exports its model to `export_dir`
     (default ``<data dir>/exports/<host>/<trial_id>``)."""
     queue = host_queue(config, host_id)
     if export_dir is None:
         export_dir = str(config.data_dir / "exports" / queue.host_id / trial_id)
-    queue.submit(trial_id=trial_id, job=job, export_dir=export_dir)
+    queue.submit(trial_id=trial_id, job=job, export_dir=export_dir, team=team)
+
+
+def team_weights_set(*, config: WorkerConfig, weights: dict[str, float], host_id: str | None = None) -> None:
+    """Set the teams' fair-share weights on `host_id` (a team not named weighs 1)."""
+    host_queue(config, host_id).set_weights(weights)
 
 
 def trial_control(*, config: WorkerConfig, trial_id: str, control: Control, host_id: str | None = None) -> str:

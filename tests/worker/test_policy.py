@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from worker.scheduling.fair_share import arrival_usage, decayed, team_turn
 from worker.scheduling.policy import BaseShard, Candidate, Slot, TrialLoad, pick, timetable, unit_time_estimate
 
 DEVICES = ["cpu0", "cpu1"]
@@ -166,3 +167,65 @@ def test_four_lora_trials_on_two_devices_read_each_base_shard_once_per_pair() ->
                      ("cpu0", "C", unit, 2.0 * unit + 1, True), ("cpu1", "D", unit, 2.0 * unit + 1, True)]
     assert sorted(got, key=lambda g: (g[3], g[0])) == expected
     assert max(s.end for s in timetable(trials, DEVICES)) == 10.0  # no unit waits for the affinity
+
+
+def teams(trials: list[TrialLoad], devices: list[str], weights: dict[str, float]) -> str:
+    return "".join(s.trial_id for s in timetable(trials, devices, weights))
+
+
+def test_two_teams_of_equal_weight_take_turns_from_the_late_one_s_arrival() -> None:
+    # The timetable drawn in fair_share.py's docstring: B arrives at 0.5 at A's usage and, never served, goes
+    # first on the tie; turns alternate while both have work.
+    trials = [TrialLoad("a", 6, 1.0, team="A"), TrialLoad("b", 3, 1.0, team="B", arrival=0.5)]
+    assert [(s.start, s.trial_id) for s in timetable(trials, ["cpu0"], {})] == [
+        (0.0, "a"), (1.0, "b"), (2.0, "a"), (3.0, "b"), (4.0, "a"), (5.0, "b"), (6.0, "a"), (7.0, "a"), (8.0, "a")]
+    # Without shares (one team's queue, as before) the longer trial goes first and B waits behind it.
+    assert [s.trial_id for s in timetable(trials, ["cpu0"])][:5] == ["a", "a", "a", "a", "b"]
+
+
+def test_weights_divide_device_time_between_three_teams() -> None:
+    trials = [TrialLoad(name, 9, 1.0, team=name.upper()) for name in "abc"]
+    order = teams(trials, ["cpu0"], {"A": 2, "B": 1, "C": 1})
+    assert order == "abcabcaabcaabcaabcabcbcbcbc"
+    # While all three have work (the first 18 units), A gets half the device and B and C a quarter each.
+    assert [order[:16].count(t) for t in "abc"] == [8, 4, 4]
+    assert teams([TrialLoad("a", 8, 1.0, team="A"), TrialLoad("b", 8, 1.0, team="B")], ["cpu0"],
+                 {"A": 3, "B": 1}) == "abaabaaabaabbbbb"
+
+
+def test_a_team_arriving_late_with_short_trials_starts_at_the_next_boundary_on_two_devices() -> None:
+    long = [TrialLoad(f"a{i}", 6, 1.0, team="A") for i in range(4)]
+    short = [TrialLoad(f"b{i}", 2, 1.0, team="B", arrival=2.5) for i in range(2)]
+    slots = list(timetable(long + short, DEVICES, {}))
+    first_b = min(s.start for s in slots if s.trial_id.startswith("b"))
+    assert first_b == 3.0  # the first unit boundary after its arrival
+    during = [s for s in slots if 3.0 <= s.start < 7.0]  # while both teams have work
+    assert sum(s.trial_id.startswith("b") for s in during) == 4 and len(during) == 8
+
+
+def test_priority_orders_trials_inside_a_team_before_remaining_time() -> None:
+    trials = [TrialLoad("a", 3, 1.0, team="A"), TrialLoad("h", 2, 1.0, team="A", priority=2),
+              TrialLoad("l", 4, 1.0, team="A", priority=0)]
+    assert teams(trials, ["cpu0"], {}) == "hhaaallll"
+    # Priorities order a team's own trials only: another team's low-priority trial still gets its turns.
+    other = [TrialLoad("h", 4, 1.0, team="A", priority=2), TrialLoad("l", 4, 1.0, team="B", priority=0)]
+    assert teams(other, ["cpu0"], {}) == "hlhlhlhl"
+
+
+def test_no_team_starves_whatever_the_weights() -> None:
+    trials = [TrialLoad("a", 40, 1.0, team="A"), TrialLoad("b", 10, 1.0, team="B")]
+    order = teams(trials, ["cpu0"], {"A": 3, "B": 1})
+    gaps = [len(run) for run in order[: order.rindex("b")].split("b") if run]
+    assert max(gaps) <= 3  # B waits at most its weight's share of turns
+    assert order.count("b") == 10
+    assert teams([TrialLoad("a", 20, 1.0, team="A"), TrialLoad("b", 2, 1.0, team="B", arrival=3)], ["cpu0"],
+                 {"A": 100, "B": 1}) == "aaab" + "a" * 17 + "b"  # a hundredth of the time is still a share
+
+
+def test_fair_share_rules() -> None:
+    assert team_turn(["B", "A"], {"A": 2.0, "B": 1.0}, {"A": 2.0}) == "A"  # 1.0 per weight ties 1.0; name
+    assert team_turn(["B", "A"], {"A": 2.0, "B": 1.0}, {"A": 2.0}, served={"A": 5.0, "B": 3.0}) == "B"
+    assert team_turn([], {}, {}) is None
+    assert arrival_usage("B", {"A": 6.0, "C": 4.0}, {"C": 2.0, "B": 3.0}, ["A", "C"]) == 6.0  # C: 2 per weight
+    assert arrival_usage("B", {"A": 6.0, "B": 30.0}, {}, ["A"]) == 30.0  # pausing does not reset usage
+    assert decayed(8.0, 7200.0) == 2.0 and decayed(8.0, -5.0) == 8.0

@@ -24,9 +24,10 @@ def survey(queue: ShardQueue, device: str = "cpu0") -> Survey:
     return queue.survey(device, "epoch-1")
 
 
-def runnable(queue: ShardQueue, trial_id: str, *, units: int = 3, unit_s: float = 0.5) -> None:
+def runnable(queue: ShardQueue, trial_id: str, *, units: int = 3, unit_s: float = 0.5, team: str = "",
+             priority: str = "normal") -> None:
     """Submit and plan a trial so that it is runnable."""
-    queue.submit(trial_id=trial_id, job=SPEC, export_dir=f"/exports/{trial_id}")
+    queue.submit(trial_id=trial_id, job=SPEC, export_dir=f"/exports/{trial_id}", team=team, priority=priority)
     job = queue.claim_plan("cpu0")
     assert job is not None and job.trial_id == trial_id
     assert queue.plan_done(job, remaining_units=units, unit_s=unit_s, plan={"shards": 2}) == "runnable"
@@ -53,7 +54,7 @@ def test_it_scores_runnable_trials_by_remaining_time(shard_queue: ShardQueue) ->
     runnable(shard_queue, "short", units=2, unit_s=1.0)
     runnable(shard_queue, "long", units=5, unit_s=1.0)
     assert [c.trial_id for c in survey(shard_queue).candidates] == ["long", "short"]
-    assert shard_queue.client.zscore(shard_queue.key("runnable"), "long") == 5.0
+    assert shard_queue.client.zscore(shard_queue.key("runnable::1"), "long") == 5.0  # team "", priority normal
 
 
 def test_it_claims_a_trial_once(shard_queue: ShardQueue) -> None:
@@ -395,3 +396,48 @@ def test_the_test_clock_moves_only_forward_and_only_its_own_host(
     assert survey(other).candidates == [] and other.trial("t1").state == "running"
     with pytest.raises(ValueError, match="only moves forward"):
         shard_queue.advance_clock_for_tests(seconds=-1)
+
+
+def test_teams_are_charged_their_leased_units_and_a_late_team_arrives_at_the_least_usage(
+    shard_queue: ShardQueue,
+) -> None:
+    runnable(shard_queue, "a1", units=4, unit_s=2.0, team="alpha")
+    runnable(shard_queue, "a2", units=4, unit_s=2.0, team="alpha", priority="high")
+    seen = survey(shard_queue)
+    assert [c.trial_id for c in seen.candidates] == ["a2"]  # the team's highest priority with runnable trials
+    assert (seen.candidates[0].team, seen.candidates[0].priority) == ("alpha", 2)
+    assert seen.shares.usage == {"alpha": 0.0} and seen.shares.weights == {"alpha": 1.0}
+    shard_queue.complete(shard_queue.claim("a2", "cpu0"), remaining_units=3, unit_s=2.0)
+    shard_queue.claim("a2", "cpu1")
+    assert survey(shard_queue).shares.usage["alpha"] == pytest.approx(4.0, rel=1e-3)  # two units leased
+
+    runnable(shard_queue, "b1", units=2, unit_s=1.0, team="beta")
+    seen = survey(shard_queue)
+    assert seen.shares.usage["beta"] == pytest.approx(4.0, rel=1e-3)  # arrives at alpha's usage, not 0
+    assert {c.trial_id for c in seen.candidates} == {"a1", "b1"} and "beta" not in seen.shares.served
+    shard_queue.set_weights({"alpha": 4.0})
+    assert survey(shard_queue).shares.weights == {"alpha": 4.0, "beta": 1.0}
+
+    # A team whose last trial ends no longer has work: its usage stays and counts again when it comes back.
+    for _ in range(2):
+        shard_queue.complete(shard_queue.claim("b1", "cpu0"), remaining_units=1 if _ == 0 else 0, unit_s=1.0)
+    assert set(survey(shard_queue).shares.usage) == {"alpha"}
+
+
+def test_usage_halves_every_half_life(shard_queue: ShardQueue) -> None:
+    shard_queue.configure(usage_half_life_s=100.0)
+    runnable(shard_queue, "a1", units=4, unit_s=8.0, team="alpha")
+    shard_queue.complete(shard_queue.claim("a1", "cpu0"), remaining_units=3, unit_s=8.0)
+    shard_queue.advance_clock_for_tests(seconds=200)
+    assert survey(shard_queue).shares.usage["alpha"] == pytest.approx(2.0, rel=1e-3)
+
+
+def test_it_refuses_bad_teams_priorities_and_weights(shard_queue: ShardQueue) -> None:
+    with pytest.raises(ValueError, match="team"):
+        shard_queue.submit(trial_id="t", job=SPEC, export_dir="", team="a:b")
+    with pytest.raises(ValueError, match="priority"):
+        shard_queue.submit(trial_id="t", job=SPEC, export_dir="", priority="urgent")
+    with pytest.raises(ValueError, match="positive"):
+        shard_queue.set_weights({"alpha": 0.0})
+    with pytest.raises(ValueError, match="positive"):
+        shard_queue.configure(usage_half_life_s=-1)

@@ -39,6 +39,7 @@ import redis
 
 from worker.contract import Job
 from worker.scheduling import telemetry
+from worker.scheduling.fair_share import PRIORITIES
 from worker.scheduling.policy import HOLD_UNITS, BaseShard, Candidate, pick, remaining_seconds, unit_time_estimate
 from worker.scheduling.queue import Lease, LeaseLost, PlanJob, ShardQueue, Survey
 from worker.scheduling.runner import Replanned, TrialRunner, UnitDone
@@ -184,7 +185,7 @@ class DeviceLoop:
             if job is not None:
                 self._plan(job)
                 return True
-        choice = pick(survey.candidates, self.device, self._holding)
+        choice = pick(survey.candidates, self.device, self._holding, survey.shares)
         if choice is None:
             self.queue.wait_for_work(self.config.idle_wait_s)
             return True
@@ -240,11 +241,14 @@ class DeviceLoop:
 
     def _next_guess(self, survey: Survey, lease: Lease) -> str | None:
         """The trial this device will most likely claim after this unit (this one comes back a unit shorter)."""
-        after = Candidate(lease.trial_id, remaining_seconds(lease.remaining_units - 1, lease.unit_s), self.device)
+        mine = next((c for c in survey.candidates if c.trial_id == lease.trial_id), None)
+        after = Candidate(lease.trial_id, remaining_seconds(lease.remaining_units - 1, lease.unit_s), self.device,
+                          team=mine.team if mine else "", priority=mine.priority if mine else PRIORITIES["normal"])
         others = [c for c in survey.candidates if c.trial_id != lease.trial_id]
         # After the unit the device holds the base layers it reads: the trial's next_base as last surveyed.
         holding = next((c.next_base for c in survey.candidates if c.trial_id == lease.trial_id), self._holding)
-        guess = pick([*others, after] if lease.remaining_units > 1 else others, self.device, holding)
+        guess = pick([*others, after] if lease.remaining_units > 1 else others, self.device, holding,
+                     survey.shares)
         return None if guess is None else guess.trial_id
 
     def _run_unit(self, lease: Lease, next_trial: str | None) -> None:

@@ -1,7 +1,9 @@
 """Sharded-LRTF: which runnable trial a device that frees up runs next. Pure; Redis only stores and claims.
 
-The rule (`pick`): the trial with the **longest remaining time** (remaining units * its measured unit time)
-goes first, because the trial that would finish last bounds the makespan. On a tie, the device prefers a
+Between teams, fair share decides first (`worker.scheduling.fair_share`): the device takes a trial of the
+team whose turn it is, and inside it one of the highest priority. Among those, the rule (`pick`): the trial
+with the **longest remaining time** (remaining units * its measured unit time) goes first, because the
+trial that would finish last bounds the makespan. On a tie, the device prefers a
 trial it has *affinity* with: one whose next unit reads frozen base layers the device already holds (a LoRA
 trial on the shared base of the trial it just ran, see `worker.engine.shared_base`: the unit skips the base
 shard's read, by far its largest), else one whose last unit it ran (its kept activations, caches and
@@ -54,8 +56,10 @@ Three base reads in six LoRA units; without the affinity every one of the six re
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from worker.scheduling.fair_share import PRIORITIES, arrival_usage, team_turn
 
 # Weight of the newest measurement in a trial's unit-time estimate: units of one trial differ (forward,
 # last shard, backward), so the estimate is smoothed over a few of them rather than the last one.
@@ -102,6 +106,18 @@ class Candidate:
     last_device: str | None = None
     held_by: str | None = None
     next_base: BaseShard | None = None
+    team: str = ""
+    priority: int = PRIORITIES["normal"]
+
+
+@dataclass(frozen=True)
+class Shares:
+    """What fair share goes by (see `fair_share`): each team's decayed usage in device seconds, its weight
+    (1 when absent) and when its last unit was leased."""
+
+    usage: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    served: dict[str, float] = field(default_factory=dict)
 
 
 def order_key(candidate: Candidate, device: str, holding: BaseShard | None = None) -> tuple[bool, bool, float, str]:
@@ -112,14 +128,21 @@ def order_key(candidate: Candidate, device: str, holding: BaseShard | None = Non
             candidate.trial_id)
 
 
-def pick(candidates: Iterable[Candidate], device: str, holding: BaseShard | None = None) -> Candidate | None:
-    """The candidate `device` should run next, or None when there is none: a trial it holds, else the
-    longest of those no other device holds (see the module docstring). `holding`: the shared base layers
-    the device holds now (those its last unit read)."""
+def pick(candidates: Iterable[Candidate], device: str, holding: BaseShard | None = None,
+         shares: Shares | None = None) -> Candidate | None:
+    """The candidate `device` should run next, or None when there is none: a trial it holds, else, of
+    those no other device holds, one of the team whose turn it is (by `shares`; all teams as one without
+    them) and of the highest priority there, the longest (see the module docstring). `holding`: the
+    shared base layers the device holds now (those its last unit read)."""
     candidates = [c for c in candidates if c.held_by in (None, device)]
     candidates = [c for c in candidates if c.held_by == device] or candidates
     if not candidates:
         return None
+    if shares is not None and candidates[0].held_by is None:
+        team = team_turn({c.team for c in candidates}, shares.usage, shares.weights, shares.served)
+        candidates = [c for c in candidates if c.team == team]
+    top = max(c.priority for c in candidates)
+    candidates = [c for c in candidates if c.priority == top]
     longest = max(c.remaining_s for c in candidates)
     tied = [c for c in candidates if c.remaining_s >= longest * (1.0 - TIE_TOLERANCE)]
     return min(tied, key=lambda c: order_key(c, device, holding))
@@ -144,6 +167,9 @@ class TrialLoad:
     units: int
     unit_s: float
     bases: tuple[BaseShard | None, ...] = ()
+    team: str = ""
+    priority: int = PRIORITIES["normal"]
+    arrival: float = 0.0  # when the trial is submitted
 
     def base(self, unit: int) -> BaseShard | None:
         return self.bases[unit % len(self.bases)] if self.bases and unit < self.units else None
@@ -162,13 +188,16 @@ class Slot:
     base_held: bool = False
 
 
-def timetable(trials: Sequence[TrialLoad], devices: Sequence[str]) -> Iterator[Slot]:
+def timetable(trials: Sequence[TrialLoad], devices: Sequence[str],
+              weights: Mapping[str, float] | None = None) -> Iterator[Slot]:
     """Replay Sharded-LRTF on `devices` for `trials`, yielding slots in the order devices claim them.
 
     A device frees up at the end of its unit; devices free at the same moment claim in `devices` order. A
     trial has at most one unit in flight; a device that finds nothing runnable waits for the next unit
     to end. Remaining time is exact here (units * unit_s), as it becomes in a running system. A device
-    holds the base layers its last unit read (none after a unit that reads none).
+    holds the base layers its last unit read (none after a unit that reads none). With `weights`, teams
+    share the devices by fair share (`fair_share`, without decay): a unit's time is charged to its team
+    when it is leased; a team arrives when it has a trial runnable or running again after having none.
     """
     if not devices:
         raise ValueError("timetable needs at least one device; got none.")
@@ -179,21 +208,31 @@ def timetable(trials: Sequence[TrialLoad], devices: Sequence[str]) -> Iterator[S
     busy_until: dict[str, float] = {}  # trial id -> end of its unit in flight
     last_device: dict[str, str] = {}
     holding: dict[str, BaseShard | None] = {}
+    shares = Shares(weights=dict(weights)) if weights is not None else None
+    active: set[str] = set()  # teams with a trial runnable or running
     free = [(0.0, rank) for rank in range(len(devices))]  # (free at, device rank)
     heapq.heapify(free)
     while any(left.values()):
         now, rank = heapq.heappop(free)
         device = devices[rank]
+        if shares is not None:
+            _arrive(loads.values(), left, busy_until, now, active, shares)
         runnable = [
             Candidate(trial_id, remaining_seconds(units, unit_s[trial_id]), last_device.get(trial_id),
-                      next_base=loads[trial_id].base(done[trial_id]))
+                      next_base=loads[trial_id].base(done[trial_id]), team=loads[trial_id].team,
+                      priority=loads[trial_id].priority)
             for trial_id, units in left.items()
-            if units > 0 and busy_until.get(trial_id, 0.0) <= now
+            if units > 0 and busy_until.get(trial_id, 0.0) <= now and loads[trial_id].arrival <= now
         ]
-        chosen = pick(runnable, device, holding.get(device))
+        chosen = pick(runnable, device, holding.get(device), shares)
         if chosen is None:
-            heapq.heappush(free, (min(end for end in busy_until.values() if end > now), rank))
+            later = [end for end in busy_until.values() if end > now]
+            later += [t.arrival for t in loads.values() if t.arrival > now]
+            heapq.heappush(free, (min(later), rank))
             continue
+        if shares is not None:
+            shares.usage[chosen.team] = shares.usage.get(chosen.team, 0.0) + unit_s[chosen.trial_id]
+            shares.served[chosen.team] = now
         trial_id = chosen.trial_id
         end = now + unit_s[trial_id]
         base = chosen.next_base
@@ -205,3 +244,15 @@ def timetable(trials: Sequence[TrialLoad], devices: Sequence[str]) -> Iterator[S
         busy_until[trial_id] = end
         last_device[trial_id] = device
         heapq.heappush(free, (end, rank))
+
+
+def _arrive(loads: Iterable[TrialLoad], left: Mapping[str, int], busy_until: Mapping[str, float], now: float,
+            active: set[str], shares: Shares) -> None:
+    """Update the teams with work at `now` for `timetable`: an arriving team starts at `arrival_usage`."""
+    with_work = {t.team for t in loads if left[t.trial_id] > 0 and t.arrival <= now}
+    running = {t.team for t in loads if busy_until.get(t.trial_id, 0.0) > now}
+    with_work |= running
+    for team in sorted(with_work - active):
+        shares.usage[team] = arrival_usage(team, shares.usage, shares.weights, active)
+    active.intersection_update(with_work)
+    active.update(with_work)

@@ -60,14 +60,16 @@ from worker.contract import (
     TrialRecord,
     job_from_dict,
 )
+from worker.scheduling.fair_share import PRIORITIES, USAGE_HALF_LIFE_S
 from worker.scheduling.keys import EVENTS_MAXLEN, host_prefix
-from worker.scheduling.policy import BaseShard, Candidate, remaining_seconds
+from worker.scheduling.policy import BaseShard, Candidate, Shares, remaining_seconds
 
 __all__ = ["InvalidTransition", "Lease", "LeaseLost", "PlanJob", "QueueError", "ShardQueue", "Survey",
            "TrialExists", "TrialNotFound", "TrialRecord"]
 
 DEFAULT_LEASE_MS = 10_000
 TRIAL_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+TEAM_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{0,64}$")  # '' is the team of trials submitted without one
 # Candidates read per survey. Only the head of the runnable set matters to the policy; ties deeper than
 # this are broken by id alone.
 SURVEY_LIMIT = 64
@@ -111,9 +113,60 @@ local function grant_lease(id, device)
   redis.call('ZADD', key('leases'), now_ms() + ms, id)
   return token, ms
 end
+-- Fair share (worker.scheduling.fair_share, whose rules these mirror): per team, its usage in device seconds
+-- decayed by half every half_life_ms, as of usage_at; its weight (1 when unset); when it was last served.
+local function half_life_ms()
+  return tonumber(redis.call('HGET', key('config'), 'half_life_ms') or 'HALF_LIFE_MS')
+end
+local function usage_of(team)
+  local u = redis.call('HMGET', key('usage'), team, team .. '@')
+  if not u[1] then return 0 end
+  return tonumber(u[1]) * 0.5 ^ (math.max(0, now_ms() - tonumber(u[2])) / half_life_ms())
+end
+local function set_usage(team, value)
+  redis.call('HSET', key('usage'), team, value, team .. '@', now_ms())
+end
+local function weight_of(team)
+  return tonumber(redis.call('HGET', key('weights'), team) or '1')
+end
+-- A team gains or loses a trial with work (runnable or running); one that gains its first arrives: its usage
+-- starts at the least usage per weight of the teams already with work, times its weight, unless its own is
+-- larger (fair_share.arrival_usage).
+local function team_work(id, gains)
+  local team = redis.call('HGET', tkey(id), 'team') or ''
+  local count = redis.call('HINCRBY', key('team_work'), team, gains and 1 or -1)
+  if gains and count == 1 then
+    local least
+    for _, other in ipairs(redis.call('SMEMBERS', key('teams'))) do
+      local share = usage_of(other) / weight_of(other)
+      if not least or share < least then least = share end
+    end
+    set_usage(team, math.max(usage_of(team), (least or 0) * weight_of(team)))
+    redis.call('SADD', key('teams'), team)
+  elseif count <= 0 then
+    redis.call('HDEL', key('team_work'), team)
+    redis.call('SREM', key('teams'), team)
+  end
+end
+-- A unit of `id` was leased: its team is charged the trial's unit-time estimate, and served now.
+local function charge(id)
+  local t = redis.call('HMGET', tkey(id), 'team', 'unit_s')
+  local team = t[1] or ''
+  set_usage(team, usage_of(team) + tonumber(t[2] or '0'))
+  redis.call('HSET', key('served'), team, now_ms())
+end
+-- The runnable set a trial belongs in: one per team and priority, scored by remaining seconds.
+local function runnable_key(id)
+  local t = redis.call('HMGET', tkey(id), 'team', 'priority')
+  return key('runnable:' .. (t[1] or '') .. ':' .. (t[2] or '1'))
+end
 -- Every change is published on the events stream except the runnable <-> running flips between the units of
 -- a trial that keeps training: those happen per unit and say nothing new ('active' marks such a trial).
 local function set_state(id, state, message, quiet, steps_done)
+  local before = redis.call('HGET', tkey(id), 'state')
+  local was = before == 'runnable' or before == 'running'
+  local is = state == 'runnable' or state == 'running'
+  if was ~= is then team_work(id, is) end
   redis.call('HSET', tkey(id), 'state', state, 'message', message or '', 'updated', now_ms() / 1000)
   -- No unit of it will run again (a retry is a new trial): the next survey on this host frees its state.
   if state == 'cancelled' or state == 'failed' then redis.call('LPUSH', key('reap'), id) end
@@ -132,7 +185,7 @@ local function wake()
 end
 local function make_runnable(id, quiet, message)
   local remaining = redis.call('HMGET', tkey(id), 'remaining_units', 'unit_s')
-  redis.call('ZADD', key('runnable'), tonumber(remaining[1]) * tonumber(remaining[2]), id)
+  redis.call('ZADD', runnable_key(id), tonumber(remaining[1]) * tonumber(remaining[2]), id)
   set_state(id, 'runnable', message, quiet)
   wake()
 end
@@ -152,7 +205,8 @@ local function after_unit(id, quiet, message)
   else make_runnable(id, quiet, message) end
   return redis.call('HGET', tkey(id), 'state')
 end
-""".replace("DEFAULT_LEASE_MS", str(DEFAULT_LEASE_MS)).replace("EVENTS_MAXLEN", str(EVENTS_MAXLEN))
+""".replace("DEFAULT_LEASE_MS", str(DEFAULT_LEASE_MS)).replace(
+    "HALF_LIFE_MS", str(int(USAGE_HALF_LIFE_S * 1000))).replace("EVENTS_MAXLEN", str(EVENTS_MAXLEN))
 
 
 class _Script(NamedTuple):
@@ -167,11 +221,11 @@ def _script(names: str, body: str) -> _Script:
     argv = ", ".join(f"ARGV[{index}]" for index in range(2, len(args) + 2))
     return _Script(args, f"{_PRELUDE}local {', '.join(args)} = {argv}\n{body}")
 
-_SUBMIT = _script("id job export_dir", """
+_SUBMIT = _script("id job export_dir team priority", """
 if redis.call('EXISTS', tkey(id)) == 1 then return 'exists' end
 local now = now_ms() / 1000
 redis.call('HSET', tkey(id), 'job', job, 'export_dir', export_dir, 'submitted', now, 'units_done', 0,
-           'requeues', 0)
+           'requeues', 0, 'team', team, 'priority', priority)
 redis.call('ZADD', key('trials'), now, id)
 redis.call('LPUSH', key('planning'), id)
 set_state(id, 'planning')
@@ -209,20 +263,35 @@ for _, id in ipairs(expired) do
     after_unit(id, false, 'lease of ' .. redis.call('HGET', tkey(id), 'device') .. ' expired; the unit runs again')
   end
 end
--- Else {1, planning, reap, then per candidate, best first: id, remaining_s, last_device, units_done, held_by,
--- next_base}: planning counts the trials waiting to be planned; '' stands for no trial to reap, no last
--- device, no holder, no base layers read by the next unit.
-local head = redis.call('ZREVRANGE', key('runnable'), 0, limit - 1, 'WITHSCORES')
-local out = {1, redis.call('LLEN', key('planning')), redis.call('RPOP', key('reap')) or ''}
-for i = 1, #head, 2 do
-  local id = head[i]
-  local extra = redis.call('HMGET', tkey(id), 'last_device', 'units_done', 'held_until', 'next_base')
-  table.insert(out, id)
-  table.insert(out, head[i + 1])
-  table.insert(out, extra[1] or '')
-  table.insert(out, extra[2] or '0')
-  table.insert(out, (tonumber(extra[3] or '0') > now_ms()) and extra[1] or '')
-  table.insert(out, extra[4] or '')
+-- Else {1, planning, reap, teams, then per team with work: team, usage, weight, served (ms, '' if never),
+-- then per candidate, each team's highest priority with runnable trials, longest first: id, remaining_s,
+-- last_device, units_done, held_by, next_base, team, priority}: planning counts the trials waiting to be
+-- planned; '' stands for no trial to reap, no last device, no holder, no base layers read by the next unit.
+local teams = redis.call('SMEMBERS', key('teams'))
+local out = {1, redis.call('LLEN', key('planning')), redis.call('RPOP', key('reap')) or '', #teams}
+for _, team in ipairs(teams) do
+  table.insert(out, team)
+  table.insert(out, tostring(usage_of(team)))
+  table.insert(out, tostring(weight_of(team)))
+  table.insert(out, redis.call('HGET', key('served'), team) or '')
+end
+for _, team in ipairs(teams) do
+  for priority = 2, 0, -1 do
+    local head = redis.call('ZREVRANGE', key('runnable:' .. team .. ':' .. priority), 0, limit - 1, 'WITHSCORES')
+    for i = 1, #head, 2 do
+      local id = head[i]
+      local extra = redis.call('HMGET', tkey(id), 'last_device', 'units_done', 'held_until', 'next_base')
+      table.insert(out, id)
+      table.insert(out, head[i + 1])
+      table.insert(out, extra[1] or '')
+      table.insert(out, extra[2] or '0')
+      table.insert(out, (tonumber(extra[3] or '0') > now_ms()) and extra[1] or '')
+      table.insert(out, extra[4] or '')
+      table.insert(out, team)
+      table.insert(out, priority)
+    end
+    if #head > 0 then break end
+  end
 end
 return out
 """)
@@ -246,8 +315,9 @@ return after_unit(id, false)
 # Returns {token, lease_ms, units_done, job, export_dir, remaining_units, unit_s}, or nil when the trial is
 # not runnable (another device took it first).
 _CLAIM = _script("id device", """
-if redis.call('ZREM', key('runnable'), id) == 0 then return false end
+if redis.call('ZREM', runnable_key(id), id) == 0 then return false end
 local token, ms = grant_lease(id, device)
+charge(id)
 set_state(id, 'running', nil, redis.call('HGET', tkey(id), 'active') == '1')
 local t = redis.call('HMGET', tkey(id), 'units_done', 'job', 'export_dir', 'remaining_units', 'unit_s')
 return {token, ms, t[1], t[2], t[3], t[4], t[5]}
@@ -286,6 +356,7 @@ if hold_ms > 0 and epoch ~= '' and not redis.call('HGET', tkey(id), 'control')
   local loop = redis.call('HMGET', key('device:' .. device), 'epoch', 'stop')
   if loop[1] == epoch and loop[2] ~= '1' then
     local next_token, ms = grant_lease(id, device)
+    charge(id)
     return {next_token, ms}
   end
 end
@@ -316,7 +387,7 @@ _PAUSE = _script("id", """
 local state = redis.call('HGET', tkey(id), 'state')
 if not state then return 'missing' end
 if state == 'runnable' then
-  redis.call('ZREM', key('runnable'), id)
+  redis.call('ZREM', runnable_key(id), id)
   set_state(id, 'paused')
 elseif state == 'running' or state == 'planning' then
   redis.call('HSET', tkey(id), 'control', 'pause')
@@ -343,7 +414,7 @@ _CANCEL = _script("id", """
 local state = redis.call('HGET', tkey(id), 'state')
 if not state then return 'missing' end
 if state == 'runnable' or state == 'paused' then
-  redis.call('ZREM', key('runnable'), id)
+  redis.call('ZREM', runnable_key(id), id)
   set_state(id, 'cancelled')
 elseif state == 'planning' and redis.call('LREM', key('planning'), 0, id) > 0 then
   set_state(id, 'cancelled')
@@ -413,6 +484,7 @@ class Survey:
 
     `alive` is False when the device's loop must end (its worker stopped or started a newer loop). `reap`
     names a trial that ended cancelled or failed: this device (and no other) frees its state on the host.
+    Candidates are each team's runnable trials of its highest priority with any, longest first.
     """
 
     alive: bool
@@ -420,6 +492,7 @@ class Survey:
     candidates: list[Candidate]
     units_done: dict[str, int]
     reap: str | None = None
+    shares: Shares = dataclasses.field(default_factory=Shares)  # of the teams with work
 
 
 class ShardQueue:
@@ -475,11 +548,26 @@ class ShardQueue:
 
     # Configuration --------------------------------------------------------------------------------------
 
-    def configure(self, *, lease_s: float) -> None:
-        """Set the lease length of this host's units (read at every claim, so no restart is needed)."""
-        if lease_s <= 0:
-            raise ValueError(f"lease_s={lease_s} must be positive.")
-        self.client.hset(self.key("config"), "lease_ms", int(lease_s * 1000))
+    def configure(self, *, lease_s: float | None = None, usage_half_life_s: float | None = None) -> None:
+        """Set the lease length of this host's units and the half-life of teams' usage (read at every claim
+        and survey, so no restart is needed)."""
+        for name, value in (("lease_s", lease_s), ("usage_half_life_s", usage_half_life_s)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name}={value} must be positive.")
+        if lease_s is not None:
+            self.client.hset(self.key("config"), "lease_ms", int(lease_s * 1000))
+        if usage_half_life_s is not None:
+            self.client.hset(self.key("config"), "half_life_ms", int(usage_half_life_s * 1000))
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """Set the teams' fair-share weights (a team not named weighs 1); they count from the next survey."""
+        if bad := {team: w for team, w in weights.items() if not (0 < w < float("inf"))}:
+            raise ValueError(f"weights must be positive numbers; got {bad}.")
+        pipe = self.client.pipeline()
+        pipe.delete(self.key("weights"))
+        if weights:
+            pipe.hset(self.key("weights"), mapping={team: repr(float(w)) for team, w in weights.items()})
+        pipe.execute()
 
     def advance_clock_for_tests(self, *, seconds: float) -> None:
         """Move this host's queue clock `seconds` forward, for every script from now on: leases expire and
@@ -491,11 +579,18 @@ class ShardQueue:
 
     # Submitting and controlling trials -----------------------------------------------------------------
 
-    def submit(self, *, trial_id: str, job: Job, export_dir: str) -> None:
-        """Add a trial in state planning; a device worker will plan it. Raises TrialExists, ValueError."""
+    def submit(self, *, trial_id: str, job: Job, export_dir: str, team: str = "", priority: str = "normal") -> None:
+        """Add a trial in state planning; a device worker will plan it. `team` shares the devices with the
+        other teams by fair share; `priority` (low, normal, high) orders the team's own trials. Raises
+        TrialExists, ValueError."""
         if not TRIAL_ID_PATTERN.match(trial_id):
             raise ValueError(f"trial id {trial_id!r} must be 1-64 letters, digits, '.', '_' or '-'.")
-        if self._run("submit", id=trial_id, job=json.dumps(job.to_dict()), export_dir=export_dir) == "exists":
+        if not TEAM_PATTERN.match(team):
+            raise ValueError(f"team {team!r} must be at most 64 letters, digits, '.', '_' or '-'.")
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority {priority!r} must be one of {', '.join(PRIORITIES)}.")
+        if self._run("submit", id=trial_id, job=json.dumps(job.to_dict()), export_dir=export_dir, team=team,
+                     priority=PRIORITIES[priority]) == "exists":
             raise TrialExists(f"trial {trial_id!r} already exists on host {self.host_id!r}.")
 
     def pause(self, trial_id: str) -> str:
@@ -715,21 +810,28 @@ def _record(trial_id: str, fields: Mapping[str, str]) -> TrialRecord:
 
 def _survey_from(raw: list[Any]) -> Survey:
     """The one reader of what the survey script returns, a flat array (see `_SURVEY`): ``[0]`` when the
-    device's loop must end, else ``[1, planning, reap]`` followed by six entries per candidate, best first:
-    ``id, remaining_s, last_device, units_done, held_by, next_base`` ('' for no trial to reap, no last device,
-    no holder, no base layers).
+    device's loop must end, else ``[1, planning, reap, teams]``, four entries per team with work (``team,
+    usage, weight, served``) and eight per candidate: ``id, remaining_s, last_device, units_done, held_by,
+    next_base, team, priority`` ('' for no trial to reap, no last device, no holder, no base layers, never
+    served).
     """
     if not raw[0]:
         return Survey(alive=False, planning=0, candidates=[], units_done={})
-    _, planning, reap, *flat = raw
+    _, planning, reap, teams, *flat = raw
+    shares = Shares()
+    for i in range(0, 4 * int(teams), 4):
+        team, usage, weight, served = flat[i : i + 4]
+        shares.usage[team], shares.weights[team] = float(usage), float(weight)
+        if served:
+            shares.served[team] = float(served)
     candidates, units_done = [], {}
-    for i in range(0, len(flat), 6):
-        trial_id, score, last_device, done, held_by, next_base = flat[i : i + 6]
+    for i in range(4 * int(teams), len(flat), 8):
+        trial_id, score, last_device, done, held_by, next_base, team, priority = flat[i : i + 8]
         candidates.append(Candidate(trial_id, float(score), last_device or None, held_by or None,
-                                    BaseShard.parse(next_base)))
+                                    BaseShard.parse(next_base), team, int(priority)))
         units_done[trial_id] = int(done)
     return Survey(alive=True, planning=int(planning), candidates=candidates, units_done=units_done,
-                  reap=reap or None)
+                  reap=reap or None, shares=shares)
 
 
 def _survey_args(device: str, epoch: str) -> dict[str, object]:
