@@ -1,5 +1,6 @@
-from django.contrib import admin
+from django.contrib import admin, messages
 
+from webapp import queue_client
 from webapp.accounts.models import Invitation, Membership, Team
 
 
@@ -15,5 +16,23 @@ class InvitationInline(admin.TabularInline):
 
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
-    list_display = ["name", "created"]
+    list_display = ["name", "share_weight", "created"]
+    list_editable = ["share_weight"]
     inlines = [MembershipInline, InvitationInline]
+
+    def save_model(self, request, obj, form, change) -> None:  # type: ignore[no-untyped-def]
+        super().save_model(request, obj, form, change)
+        if "share_weight" in form.changed_data:
+            _weights_send(request)
+
+    def delete_model(self, request, obj) -> None:  # type: ignore[no-untyped-def]
+        super().delete_model(request, obj)
+        _weights_send(request)
+
+
+def _weights_send(request) -> None:  # type: ignore[no-untyped-def]
+    """Tell the scheduler the teams' weights now; if it cannot be reached, the next reconcile pass does."""
+    try:
+        queue_client.team_weights_send(Team.share_weights())
+    except queue_client.SchedulerUnavailable as error:
+        messages.warning(request, f"Saved; the scheduler will take the new weights when it can be reached ({error}).")

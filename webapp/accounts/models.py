@@ -9,6 +9,7 @@ being removed from it leaves them with none, and they are asked to choose again.
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
@@ -16,12 +17,22 @@ class Team(models.Model):
     name = models.CharField(max_length=80, unique=True)
     created = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams")
+    share_weight = models.FloatField(
+        default=1.0, validators=[MinValueValidator(0.01), MaxValueValidator(1000.0)],
+        help_text="The team's share of device time against other teams with work (fair share): a team of "
+                  "weight 3 gets three times the device time of a team of weight 1. Takes effect at the next "
+                  "unit boundary.")
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    @classmethod
+    def share_weights(cls) -> dict[str, float]:
+        """Every team's fair-share weight by team id, as the scheduler knows teams."""
+        return {str(pk): weight for pk, weight in cls.objects.values_list("pk", "share_weight")}
 
 
 class Membership(models.Model):

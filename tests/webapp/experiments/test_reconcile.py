@@ -327,3 +327,15 @@ def test_one_ingest_at_a_time_reconciles_and_another_takes_over_once_it_stops(
     call_command("hydra_ingest", "--once")
     assert all(t.submitted for t in experiment.trials.all())
     assert not queue_client.role_take(role="reconciler", owner="ingest@elsewhere:1", ttl_s=60)
+
+
+def test_trials_are_queued_as_their_team_s_and_each_pass_gives_the_scheduler_the_teams_weights(
+        alice, alice_team, bob_team, alice_dataset, scheduler, django_capture_on_commit_callbacks):
+    experiment = _launched_without_send(alice, alice_team, alice_dataset, django_capture_on_commit_callbacks)
+    bob_team.share_weight = 3.0
+    bob_team.save()
+    trials_reconcile()
+    first = experiment.trials.order_by("number").first()
+    assert scheduler.client.hget(scheduler.key(f"trial:{first.queue_id}"), "team") == str(alice_team.pk)
+    assert scheduler.client.hgetall(scheduler.key("weights")) == {str(alice_team.pk): "1.0",
+                                                                  str(bob_team.pk): "3.0"}

@@ -1,0 +1,28 @@
+"""Fair-share weights: a staff member sets a team's weight in the admin and the scheduler has it at once."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.urls import reverse
+
+from tests.webapp.experiments.conftest import scheduler  # noqa: F401 -- a fixture
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_weight_saved_in_the_admin_reaches_the_scheduler_and_a_bad_one_is_refused(
+        client, alice_team, bob_team, scheduler) -> None:  # noqa: F811
+    admin = get_user_model().objects.create_superuser("root", "root@example.org", "a-long-pass-phrase")
+    client.force_login(admin)
+    url = reverse("admin:accounts_team_change", args=[bob_team.pk])
+    form = {"name": bob_team.name, "share_weight": "2.5",
+            "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0",
+            "invitations-TOTAL_FORMS": "0", "invitations-INITIAL_FORMS": "0"}
+    assert client.post(url, form).status_code == 302
+    assert scheduler.client.hgetall(scheduler.key("weights")) == {str(alice_team.pk): "1.0",
+                                                                  str(bob_team.pk): "2.5"}
+    response = client.post(url, form | {"share_weight": "0"})
+    assert response.status_code == 200 and b"greater than or equal to 0.01" in response.content
+    bob_team.refresh_from_db()
+    assert bob_team.share_weight == 2.5
