@@ -37,7 +37,7 @@ __all__ = [
     "ENDED", "Budget", "Control", "DataSpec", "EngineJob", "Job", "LoraSpec", "ModelSpec", "OptimizerSpec",
     "ScheduleSpec", "SchedulerError", "SchedulerUnavailable", "SpecError", "TrialEvent", "TrialRecord", "TrialSpec",
     "TrialState", "TrialUnknown", "control_changes", "events_read", "heartbeat_age", "heartbeat_set", "role_holder",
-    "role_take", "team_weights_send", "trial_control", "trial_record", "trial_states", "trial_submit", "workers_online",
+    "role_take", "team_limits_send", "trial_control", "trial_record", "trial_states", "trial_submit", "workers_online",
 ]
 
 WORKER_REPLY_TIMEOUT_S = 1.5
@@ -55,15 +55,17 @@ class TrialUnknown(SchedulerError):
     """The queue does not hold the trial (Redis lost its data, or it was never sent); nothing changed."""
 
 
-def trial_submit(*, trial_id: str, job: Job, export_dir: str, team: str = "") -> None:
-    """Queue the trial on this host, as a trial of `team` (the devices are shared fairly between teams).
+def trial_submit(*, trial_id: str, job: Job, export_dir: str, team: str = "", host_bytes: int = 0) -> None:
+    """Queue the trial on this host, as a trial of `team` (the devices are shared fairly between teams), whose
+    spill store takes about `host_bytes` (admission waits until the host tier has room for them).
 
     Submitting the same job under the same id again is one submission, not an error: a caller that cannot
     tell whether an earlier submit landed (it died, or lost its connection, before hearing back) repeats it.
     Raises SchedulerUnavailable (Redis down) or SchedulerError (a refused job, an id another job holds).
     """
     try:
-        api.trial_submit(config=settings.HYDRA.worker, trial_id=trial_id, job=job, export_dir=export_dir, team=team)
+        api.trial_submit(config=settings.HYDRA.worker, trial_id=trial_id, job=job, export_dir=export_dir, team=team,
+                         host_bytes=host_bytes)
         return
     except TrialExists as error:
         taken = error
@@ -80,11 +82,11 @@ def trial_submit(*, trial_id: str, job: Job, export_dir: str, team: str = "") ->
         raise SchedulerError(f"The scheduler did not accept the trial: {taken}") from taken
 
 
-def team_weights_send(weights: dict[str, float]) -> None:
-    """Give the scheduler every team's fair-share weight (by team id, as trials are submitted), replacing
-    the ones it had. Raises SchedulerUnavailable (Redis down)."""
+def team_limits_send(weights: dict[str, float], quotas: dict[str, int]) -> None:
+    """Give the scheduler every team's fair-share weight and quota of trials at once (by team id, as trials
+    are submitted), replacing the ones it had. Raises SchedulerUnavailable (Redis down)."""
     try:
-        api.team_weights_set(config=settings.HYDRA.worker, weights=weights)
+        api.team_limits_set(config=settings.HYDRA.worker, weights=weights, quotas=quotas)
     except redis.RedisError as error:
         raise SchedulerUnavailable(f"The scheduler could not be reached: {error}") from error
 

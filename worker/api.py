@@ -19,6 +19,7 @@ import redis
 from worker.config import WorkerConfig
 from worker.contract import Control, Job, TrialRecord
 from worker.scheduling import telemetry
+from worker.scheduling.policy import Shares
 from worker.scheduling.queue import ShardQueue
 
 
@@ -34,19 +35,23 @@ def host_queue(config: WorkerConfig, host_id: str | None = None) -> ShardQueue:
 
 def trial_submit(
     *, config: WorkerConfig, trial_id: str, job: Job, export_dir: str | None = None, host_id: str | None = None,
-    team: str = "",
+    team: str = "", host_bytes: int = 0,
 ) -> None:
     """Queue a trial of `team` for planning on `host_id`; a finished trial exports its model to `export_dir`
     (default ``<data dir>/exports/<host>/<trial_id>``)."""
     queue = host_queue(config, host_id)
     if export_dir is None:
         export_dir = str(config.data_dir / "exports" / queue.host_id / trial_id)
-    queue.submit(trial_id=trial_id, job=job, export_dir=export_dir, team=team)
+    queue.submit(trial_id=trial_id, job=job, export_dir=export_dir, team=team, host_bytes=host_bytes)
 
 
-def team_weights_set(*, config: WorkerConfig, weights: dict[str, float], host_id: str | None = None) -> None:
-    """Set the teams' fair-share weights on `host_id` (a team not named weighs 1)."""
-    host_queue(config, host_id).set_weights(weights)
+def team_limits_set(*, config: WorkerConfig, weights: dict[str, float], quotas: dict[str, int],
+                    host_id: str | None = None) -> None:
+    """Set the teams' fair-share weights (a team not named weighs 1) and quotas of trials at once (a team not
+    named has none) on `host_id`."""
+    queue = host_queue(config, host_id)
+    queue.set_weights(weights)
+    queue.set_quotas(quotas)
 
 
 def trial_control(*, config: WorkerConfig, trial_id: str, control: Control, host_id: str | None = None) -> str:
@@ -83,6 +88,12 @@ def telemetry_read(
 def devices_list(*, config: WorkerConfig, host_id: str | None = None) -> dict[str, dict[str, str]]:
     """Devices whose loops ran on the host: name -> epoch, stop, seen (time of their last survey)."""
     return host_queue(config, host_id).devices()
+
+
+def shares_get(*, config: WorkerConfig, host_id: str | None = None) -> Shares:
+    """The fair-share standing of the teams with work on `host_id`: decayed usage (device seconds), weight,
+    when each was last served (ms)."""
+    return host_queue(config, host_id).shares()
 
 
 def host_configure(*, config: WorkerConfig, lease_s: float, host_id: str | None = None) -> None:

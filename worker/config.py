@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shutil
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,6 +46,9 @@ class WorkerConfig:
     (``cpu:N``/``cuda:N``, set by the launcher), or None. `fault_oom_above_bytes` is fault injection for
     testing out-of-memory recovery (units of shards planned above it fail as if the device were that small).
     `fault` is fault injection at a named point of a unit (``HYDRA_FAULT``, see `worker.engine.faults`).
+    `spill_capacity_bytes` (``HYDRA_SPILL_CAPACITY_BYTES``) is what the trials' spill stores may take of the
+    spill directory's file system (0: no limit); None: 90% of that file system's size, read when a device
+    worker starts (`spill_capacity`).
     """
 
     redis_url: str
@@ -55,6 +59,7 @@ class WorkerConfig:
     worker_device: str | None
     fault_oom_above_bytes: int | None = None
     fault: Fault | None = None
+    spill_capacity_bytes: int | None = None
 
 
 def envbool(environ: Mapping[str, str], name: str, default: bool) -> bool:
@@ -167,7 +172,23 @@ def load(environ: Mapping[str, str]) -> WorkerConfig:
         fault_oom_above_bytes=(envint(environ, "HYDRA_FAULT_OOM_ABOVE_BYTES", 0, minimum=1)
                                if environ.get("HYDRA_FAULT_OOM_ABOVE_BYTES", "").strip() else None),
         fault=fault(environ),
+        spill_capacity_bytes=(envint(environ, "HYDRA_SPILL_CAPACITY_BYTES", 0, minimum=0)
+                              if environ.get("HYDRA_SPILL_CAPACITY_BYTES", "").strip() else None),
     )
+
+
+SPILL_CAPACITY_SHARE = 0.9  # of the spill directory's file system, when no capacity is configured
+
+
+def spill_capacity(config: WorkerConfig) -> int:
+    """The bytes trials' spill stores may take on this host (0: no limit): the configured figure, else 90% of
+    the size of the file system that holds the spill directory (its nearest existing parent)."""
+    if config.spill_capacity_bytes is not None:
+        return config.spill_capacity_bytes
+    path = config.spill_dir
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return int(shutil.disk_usage(path).total * SPILL_CAPACITY_SHARE)
 
 
 @functools.cache

@@ -227,7 +227,9 @@ def control_changes(state: str, control: Control) -> bool:
 
 @dataclass(frozen=True)
 class TrialRecord:
-    """A trial's state in its host's queue. `control` is a waiting 'pause' or 'cancel', or ''."""
+    """A trial's state in its host's queue. `control` is a waiting 'pause' or 'cancel', or ''. `team`,
+    `priority` (0 low, 1 normal, 2 high) and `host_bytes` are what it was submitted with; `admitted` says
+    whether the host holds its spill store's place (see the scheduler's admission)."""
 
     trial_id: str
     state: str
@@ -246,6 +248,10 @@ class TrialRecord:
     export_dir: str
     job: dict[str, Any]
     plan: dict[str, Any] | None
+    team: str = ""
+    priority: int = 1
+    host_bytes: int = 0
+    admitted: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Fair-share weights: a staff member sets a team's weight in the admin and the scheduler has it at once."""
+"""Team limits: staff set a team's fair-share weight and quota in the admin and the scheduler has them at once."""
 
 from __future__ import annotations
 
@@ -11,18 +11,20 @@ from tests.webapp.experiments.conftest import scheduler  # noqa: F401 -- a fixtu
 pytestmark = pytest.mark.django_db
 
 
-def test_a_weight_saved_in_the_admin_reaches_the_scheduler_and_a_bad_one_is_refused(
+def test_a_weight_and_quota_saved_in_the_admin_reach_the_scheduler_and_bad_ones_are_refused(
         client, alice_team, bob_team, scheduler) -> None:  # noqa: F811
     admin = get_user_model().objects.create_superuser("root", "root@example.org", "a-long-pass-phrase")
     client.force_login(admin)
     url = reverse("admin:accounts_team_change", args=[bob_team.pk])
-    form = {"name": bob_team.name, "share_weight": "2.5",
+    form = {"name": bob_team.name, "share_weight": "2.5", "max_trials": "3",
             "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0",
             "invitations-TOTAL_FORMS": "0", "invitations-INITIAL_FORMS": "0"}
     assert client.post(url, form).status_code == 302
     assert scheduler.client.hgetall(scheduler.key("weights")) == {str(alice_team.pk): "1.0",
                                                                   str(bob_team.pk): "2.5"}
+    assert scheduler.client.hgetall(scheduler.key("quotas")) == {str(bob_team.pk): "3"}
     response = client.post(url, form | {"share_weight": "0"})
     assert response.status_code == 200 and b"greater than or equal to 0.01" in response.content
+    assert client.post(url, form | {"max_trials": "0"}).status_code == 200
     bob_team.refresh_from_db()
-    assert bob_team.share_weight == 2.5
+    assert (bob_team.share_weight, bob_team.max_trials) == (2.5, 3)

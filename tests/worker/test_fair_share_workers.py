@@ -1,4 +1,4 @@
-"""Fair share between teams on real device workers: a team arriving late is served at the next unit boundary.
+"""Sharing a host between teams on real device workers: fair share, and admission by the host tier's memory.
 
 Team alpha fills both devices with long trials; team beta submits short ones a little later. Beta's first
 unit starts within a unit time of the boundary after its arrival (not after alpha's trials end), both teams
@@ -7,12 +7,17 @@ then share the devices, and every trial ends with the numbers of training alone.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.worker.test_engine_trials import assert_trained_like_plain_pytorch, tiny_trial
 from worker.contract import EngineJob, SyntheticJob
+from worker.engine.session import TrialSession, trial_create
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -56,4 +61,58 @@ def test_trials_of_two_teams_sharing_the_devices_each_train_as_alone(device_work
     records = workers.wait_for_states(trials, {"finished", "failed"}, 180)
     assert {r.state for r in records.values()} == {"finished"}, [r.message for r in records.values()]
     for trial_id, (_, trial) in trials.items():
+        assert_trained_like_plain_pytorch(workers, trial_id, trial, tmp_path)
+
+
+def tree_bytes(directory: Path) -> int:
+    total = 0
+    for path in directory.rglob("*"):
+        with contextlib.suppress(OSError):  # a file a unit replaced meanwhile
+            total += path.stat().st_size if path.is_file() else 0
+    return total
+
+
+def peak_store_bytes(trial, root: Path) -> int:
+    """The most bytes the trial's spill store takes while it trains alone (sampled in a thread)."""
+    trial_create(spec=trial, spill_dir=root, trial_id="probe", device=torch.device("cpu"))
+    session = TrialSession.open(spill_dir=root, trial_id="probe", device=torch.device("cpu"))
+    peak, done = [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], tree_bytes(root / "probe"))
+            done.wait(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        while session.next_unit() is not None:
+            session.run_unit()
+    finally:
+        done.set()
+        sampler.join()
+    return peak[0]
+
+
+def test_trials_beyond_the_host_tier_s_capacity_wait_and_all_finish_within_it(device_workers, tokens: str,
+                                                                             tmp_path: Path) -> None:
+    """Four trials whose stores take more than the host tier may hold: at most two are admitted at once, the
+    others wait to be planned (never fail), the spill directory never holds more than the capacity, and
+    every trial trains as alone."""
+    trials = {f"m{i}": tiny_trial(tokens, seed=i, lr=2e-3, steps=2) for i in range(4)}
+    size = int(1.2 * peak_store_bytes(trials["m0"], tmp_path / "probe"))  # the trials are of one shape
+    capacity = int(2.5 * size)
+    workers = device_workers("cpu0", "cpu1", env={"HYDRA_SPILL_CAPACITY_BYTES": str(capacity)})
+    for trial_id, trial in trials.items():
+        workers.queue.submit(trial_id=trial_id, job=EngineJob(trial=trial), host_bytes=size,
+                             export_dir=str(tmp_path / "exports" / trial_id))
+    peak, waited = 0, False
+    while {workers.queue.trial(t).state for t in trials} - {"finished", "failed"}:
+        peak = max(peak, tree_bytes(workers.spill_dir))
+        waited = waited or any("host memory" in workers.queue.trial(t).message for t in trials)
+        time.sleep(0.02)
+    records = {t: workers.queue.trial(t) for t in trials}
+    assert {r.state for r in records.values()} == {"finished"}, [r.message for r in records.values()]
+    assert waited and 0 < peak <= capacity, (peak, capacity)
+    for trial_id, trial in trials.items():
         assert_trained_like_plain_pytorch(workers, trial_id, trial, tmp_path)

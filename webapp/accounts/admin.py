@@ -16,13 +16,13 @@ class InvitationInline(admin.TabularInline):
 
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
-    list_display = ["name", "share_weight", "created"]
-    list_editable = ["share_weight"]
+    list_display = ["name", "share_weight", "max_trials", "created"]
+    list_editable = ["share_weight", "max_trials"]
     inlines = [MembershipInline, InvitationInline]
 
     def save_model(self, request, obj, form, change) -> None:  # type: ignore[no-untyped-def]
         super().save_model(request, obj, form, change)
-        if "share_weight" in form.changed_data:
+        if {"share_weight", "max_trials"} & set(form.changed_data):
             _weights_send(request)
 
     def delete_model(self, request, obj) -> None:  # type: ignore[no-untyped-def]
@@ -31,8 +31,9 @@ class TeamAdmin(admin.ModelAdmin):
 
 
 def _weights_send(request) -> None:  # type: ignore[no-untyped-def]
-    """Tell the scheduler the teams' weights now; if it cannot be reached, the next reconcile pass does."""
+    """Tell the scheduler the teams' weights and quotas now; if it cannot be reached, the next reconcile pass
+    does."""
     try:
-        queue_client.team_weights_send(Team.share_weights())
+        queue_client.team_limits_send(*Team.limits())
     except queue_client.SchedulerUnavailable as error:
-        messages.warning(request, f"Saved; the scheduler will take the new weights when it can be reached ({error}).")
+        messages.warning(request, f"Saved; the scheduler will take the new limits when it can be reached ({error}).")

@@ -22,6 +22,10 @@ class Team(models.Model):
         help_text="The team's share of device time against other teams with work (fair share): a team of "
                   "weight 3 gets three times the device time of a team of weight 1. Takes effect at the next "
                   "unit boundary.")
+    max_trials = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="The most trials of this team a host holds at once (planned and not ended); more wait to be "
+                  "planned, they never fail for it. Empty: no quota.")
 
     class Meta:
         ordering = ["name"]
@@ -30,9 +34,12 @@ class Team(models.Model):
         return self.name
 
     @classmethod
-    def share_weights(cls) -> dict[str, float]:
-        """Every team's fair-share weight by team id, as the scheduler knows teams."""
-        return {str(pk): weight for pk, weight in cls.objects.values_list("pk", "share_weight")}
+    def limits(cls) -> tuple[dict[str, float], dict[str, int]]:
+        """Every team's fair-share weight, and the quotas of the teams that have one, by team id (as the
+        scheduler knows teams)."""
+        rows = cls.objects.values_list("pk", "share_weight", "max_trials")
+        return ({str(pk): weight for pk, weight, _ in rows},
+                {str(pk): most for pk, _, most in rows if most is not None})
 
 
 class Membership(models.Model):

@@ -117,6 +117,18 @@ class Trial(models.Model):
     def attempt_queue_id(self, attempt: int) -> str:
         return str(self.pk) if attempt <= 1 else f"{self.pk}.{attempt}"
 
+    def host_bytes(self) -> int:
+        """The most the trial's spill store takes on the host tier, from its memory plan: its parameters and
+        their gradients, optimizer state and boundary activations, and one shard's state again, for the new
+        versions a unit writes before its commit lets the old ones go (0 without a plan, which admission
+        counts as nothing)."""
+        plan = self.plan or {}
+        spilled = plan.get("spilled_bytes")
+        if not isinstance(spilled, dict):
+            return 0
+        in_flight = max((int(s.get("state_bytes", 0)) for s in plan.get("shards", [])), default=0)
+        return int(sum(spilled.values()) + spilled.get("parameters", 0) + in_flight)
+
     @property
     def spill_dirs(self) -> list[Path]:
         """The spill stores of every attempt (the scheduler keeps one per queue id)."""

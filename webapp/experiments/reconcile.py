@@ -63,7 +63,7 @@ def trials_reconcile() -> Reconciled:
     # The queue is read before the rows: an attempt is submitted only after its row committed, so every
     # attempt read here that has a row has it by the time the rows are read.
     states = queue_client.trial_states()
-    queue_client.team_weights_send(Team.share_weights())  # Redis may have lost them with the rest
+    queue_client.team_limits_send(*Team.limits())  # Redis may have lost them with the rest
     cancelled = _orphans_cancel(states)
     resubmitted, ended = _lost_resubmit(states)
     waiting = Trial.objects.filter(status=Status.PLANNING, submitted=False).order_by("pk")
@@ -128,7 +128,7 @@ def _resubmit(queue_id: str) -> bool:
         job = trial_sent_job(trial=trial, resume=resume)
         try:
             queue_client.trial_submit(trial_id=queue_id, job=job, export_dir=str(trial.export_dir_for(queue_id)),
-                                      team=str(trial.experiment.team_id))
+                                      team=str(trial.experiment.team_id), host_bytes=trial.host_bytes())
             if trial.status == Status.PAUSED:
                 queue_client.trial_control(trial_id=queue_id, control=queue_client.Control.PAUSE)
         except queue_client.SchedulerUnavailable:

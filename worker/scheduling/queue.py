@@ -70,6 +70,7 @@ __all__ = ["InvalidTransition", "Lease", "LeaseLost", "PlanJob", "QueueError", "
 DEFAULT_LEASE_MS = 10_000
 TRIAL_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TEAM_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{0,64}$")  # '' is the team of trials submitted without one
+PLANNING_SCAN = 256  # trials waiting to be planned that one claim considers for admission, oldest first
 # Candidates read per survey. Only the head of the runnable set matters to the policy; ties deeper than
 # this are broken by id alone.
 SURVEY_LIMIT = 64
@@ -160,6 +161,39 @@ local function runnable_key(id)
   local t = redis.call('HMGET', tkey(id), 'team', 'priority')
   return key('runnable:' .. (t[1] or '') .. ':' .. (t[2] or '1'))
 end
+-- Admission: a trial may make its spill store (be planned) once its team is under its quota of admitted
+-- trials and the host tier has room for its bytes (`capacity_bytes`, 0: no limit); it stays admitted, its
+-- store on the host, until it ends. Returns true, or false and why it waits.
+local function admissible(id)
+  if redis.call('HEXISTS', key('admitted'), id) == 1 then return true end
+  local t = redis.call('HMGET', tkey(id), 'team', 'host_bytes')
+  local team, bytes = t[1] or '', tonumber(t[2] or '0')
+  local quota = tonumber(redis.call('HGET', key('quotas'), team) or '0')
+  if quota > 0 and tonumber(redis.call('HGET', key('team_admitted'), team) or '0') >= quota then
+    return false, 'Waits for a place: its team has ' .. quota .. ' trials on this host at once, its quota.'
+  end
+  local capacity = tonumber(redis.call('HGET', key('config'), 'capacity_bytes') or '0')
+  local used = tonumber(redis.call('GET', key('admitted_bytes')) or '0')
+  if capacity > 0 and used + bytes > capacity then
+    return false, string.format('Waits for host memory: its state needs %.0f MB, and other trials take %.0f MB ' ..
+                                'of the %.0f MB the host tier may hold.', bytes / 1e6, used / 1e6, capacity / 1e6)
+  end
+  return true
+end
+local function admit(id)
+  if redis.call('HEXISTS', key('admitted'), id) == 1 then return end
+  local t = redis.call('HMGET', tkey(id), 'team', 'host_bytes')
+  redis.call('HSET', key('admitted'), id, t[2] or '0')
+  redis.call('INCRBY', key('admitted_bytes'), tonumber(t[2] or '0'))
+  redis.call('HINCRBY', key('team_admitted'), t[1] or '', 1)
+end
+local function unadmit(id)
+  local bytes = redis.call('HGET', key('admitted'), id)
+  if not bytes then return end
+  redis.call('HDEL', key('admitted'), id)
+  redis.call('DECRBY', key('admitted_bytes'), tonumber(bytes))
+  redis.call('HINCRBY', key('team_admitted'), redis.call('HGET', tkey(id), 'team') or '', -1)
+end
 -- Every change is published on the events stream except the runnable <-> running flips between the units of
 -- a trial that keeps training: those happen per unit and say nothing new ('active' marks such a trial).
 local function set_state(id, state, message, quiet, steps_done)
@@ -168,6 +202,7 @@ local function set_state(id, state, message, quiet, steps_done)
   local is = state == 'runnable' or state == 'running'
   if was ~= is then team_work(id, is) end
   redis.call('HSET', tkey(id), 'state', state, 'message', message or '', 'updated', now_ms() / 1000)
+  if state == 'finished' or state == 'cancelled' or state == 'failed' then unadmit(id) end
   -- No unit of it will run again (a retry is a new trial): the next survey on this host frees its state.
   if state == 'cancelled' or state == 'failed' then redis.call('LPUSH', key('reap'), id) end
   if quiet then return end
@@ -218,14 +253,16 @@ def _script(names: str, body: str) -> _Script:
     """A script taking the space-separated `names` as arguments: the prelude, a line naming them as locals,
     then `body`."""
     args = tuple(names.split())
+    if not args:
+        return _Script(args, f"{_PRELUDE}{body}")
     argv = ", ".join(f"ARGV[{index}]" for index in range(2, len(args) + 2))
     return _Script(args, f"{_PRELUDE}local {', '.join(args)} = {argv}\n{body}")
 
-_SUBMIT = _script("id job export_dir team priority", """
+_SUBMIT = _script("id job export_dir team priority host_bytes", """
 if redis.call('EXISTS', tkey(id)) == 1 then return 'exists' end
 local now = now_ms() / 1000
 redis.call('HSET', tkey(id), 'job', job, 'export_dir', export_dir, 'submitted', now, 'units_done', 0,
-           'requeues', 0, 'team', team, 'priority', priority)
+           'requeues', 0, 'team', team, 'priority', priority, 'host_bytes', host_bytes)
 redis.call('ZADD', key('trials'), now, id)
 redis.call('LPUSH', key('planning'), id)
 set_state(id, 'planning')
@@ -297,12 +334,39 @@ return out
 """)
 
 # Returns {id, token, lease_ms, job}, or nil when no trial waits to be planned.
+# Of the oldest `PLANNING_SCAN` trials waiting to be planned, the admissible ones (see admissible) go in
+# fair-share order of their teams, the oldest first within a team; the others keep waiting, with the reason
+# in their message. A trial whose state alone exceeds the host tier fails, saying so.
 _CLAIM_PLAN = _script("device", """
-local id = redis.call('RPOP', key('planning'))
-if not id then return false end
-local token, ms = grant_lease(id, device)
-return {id, token, ms, redis.call('HGET', tkey(id), 'job')}
-""")
+local waiting = redis.call('LRANGE', key('planning'), -PLANNING_SCAN, -1)
+local capacity = tonumber(redis.call('HGET', key('config'), 'capacity_bytes') or '0')
+local best, best_share
+for i = #waiting, 1, -1 do
+  local id = waiting[i]
+  local t = redis.call('HMGET', tkey(id), 'team', 'host_bytes')
+  local bytes = tonumber(t[2] or '0')
+  if capacity > 0 and bytes > capacity then
+    redis.call('LREM', key('planning'), 1, id)
+    set_state(id, 'failed', string.format('Its state needs %.0f MB on the host tier, which holds %.0f MB on ' ..
+                                          'this host: lower the model size or batch.', bytes / 1e6, capacity / 1e6))
+  else
+    local ok, why = admissible(id)
+    if ok then
+      local team = t[1] or ''
+      local share = usage_of(team) / weight_of(team)
+      if not best or share < best_share then best, best_share = id, share end
+    else
+      redis.call('HSET', tkey(id), 'message', why)
+    end
+  end
+end
+if not best then return false end
+redis.call('LREM', key('planning'), 1, best)
+admit(best)
+redis.call('HSET', tkey(best), 'message', '')
+local token, ms = grant_lease(best, device)
+return {best, token, ms, redis.call('HGET', tkey(best), 'job')}
+""".replace("PLANNING_SCAN", str(PLANNING_SCAN)))
 
 # `units_done` > 0: the trial's state already held that many units (a resubmitted trial resumes from it).
 _PLAN_DONE = _script("id token remaining_units unit_s plan units_done", """
@@ -426,8 +490,22 @@ end
 return redis.call('HGET', tkey(id), 'state')
 """)
 
+# Read only: {teams, then per team with work: team, usage, weight, served (ms, '' if never)}.
+_SHARES = _script("", """
+local teams = redis.call('SMEMBERS', key('teams'))
+local out = {#teams}
+for _, team in ipairs(teams) do
+  table.insert(out, team)
+  table.insert(out, tostring(usage_of(team)))
+  table.insert(out, tostring(weight_of(team)))
+  table.insert(out, redis.call('HGET', key('served'), team) or '')
+end
+return out
+""")
+
 _SCRIPTS = {
     "submit": _SUBMIT,
+    "shares": _SHARES,
     "survey": _SURVEY,
     "claim_plan": _CLAIM_PLAN,
     "plan_done": _PLAN_DONE,
@@ -548,16 +626,34 @@ class ShardQueue:
 
     # Configuration --------------------------------------------------------------------------------------
 
-    def configure(self, *, lease_s: float | None = None, usage_half_life_s: float | None = None) -> None:
-        """Set the lease length of this host's units and the half-life of teams' usage (read at every claim
-        and survey, so no restart is needed)."""
+    def configure(self, *, lease_s: float | None = None, usage_half_life_s: float | None = None,
+                  capacity_bytes: int | None = None) -> None:
+        """Set the lease length of this host's units, the half-life of teams' usage and the bytes of the host
+        tier that trials' spill stores may take (0: no limit; see admission in `claim_plan`). Each is read at
+        every claim and survey, so no restart is needed."""
         for name, value in (("lease_s", lease_s), ("usage_half_life_s", usage_half_life_s)):
             if value is not None and not value > 0:
                 raise ValueError(f"{name}={value} must be positive.")
+        if capacity_bytes is not None:
+            if not isinstance(capacity_bytes, int) or capacity_bytes < 0:
+                raise ValueError(f"capacity_bytes={capacity_bytes!r} must be a whole number of bytes, 0 or more.")
+            self.client.hset(self.key("config"), "capacity_bytes", capacity_bytes)
         if lease_s is not None:
             self.client.hset(self.key("config"), "lease_ms", int(lease_s * 1000))
         if usage_half_life_s is not None:
             self.client.hset(self.key("config"), "half_life_ms", int(usage_half_life_s * 1000))
+
+    def set_quotas(self, quotas: Mapping[str, int]) -> None:
+        """Set the most trials each team may have admitted on this host at once (planned and not ended; a
+        paused trial keeps its place, as it keeps its spill store). A team not named has no quota; a trial
+        over its team's quota waits to be planned, it never fails for it."""
+        if bad := {team: q for team, q in quotas.items() if not isinstance(q, int) or q < 1}:
+            raise ValueError(f"quotas must be whole numbers of trials, 1 or more; got {bad}.")
+        pipe = self.client.pipeline()
+        pipe.delete(self.key("quotas"))
+        if quotas:
+            pipe.hset(self.key("quotas"), mapping=dict(quotas))
+        pipe.execute()
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
         """Set the teams' fair-share weights (a team not named weighs 1); they count from the next survey."""
@@ -579,10 +675,14 @@ class ShardQueue:
 
     # Submitting and controlling trials -----------------------------------------------------------------
 
-    def submit(self, *, trial_id: str, job: Job, export_dir: str, team: str = "", priority: str = "normal") -> None:
-        """Add a trial in state planning; a device worker will plan it. `team` shares the devices with the
-        other teams by fair share; `priority` (low, normal, high) orders the team's own trials. Raises
-        TrialExists, ValueError."""
+    def submit(self, *, trial_id: str, job: Job, export_dir: str, team: str = "", priority: str = "normal",
+               host_bytes: int = 0) -> None:
+        """Add a trial in state planning; a device worker will plan it once it is admitted. `team` shares
+        the devices with the other teams by fair share; `priority` (low, normal, high) orders the team's own
+        trials; `host_bytes` is what its spill store will take on the host tier (0: unknown, counted as
+        nothing), which admission checks against the host's capacity. Raises TrialExists, ValueError."""
+        if not isinstance(host_bytes, int) or host_bytes < 0:
+            raise ValueError(f"host_bytes={host_bytes!r} must be a whole number of bytes, 0 or more.")
         if not TRIAL_ID_PATTERN.match(trial_id):
             raise ValueError(f"trial id {trial_id!r} must be 1-64 letters, digits, '.', '_' or '-'.")
         if not TEAM_PATTERN.match(team):
@@ -590,7 +690,7 @@ class ShardQueue:
         if priority not in PRIORITIES:
             raise ValueError(f"priority {priority!r} must be one of {', '.join(PRIORITIES)}.")
         if self._run("submit", id=trial_id, job=json.dumps(job.to_dict()), export_dir=export_dir, team=team,
-                     priority=PRIORITIES[priority]) == "exists":
+                     priority=PRIORITIES[priority], host_bytes=host_bytes) == "exists":
             raise TrialExists(f"trial {trial_id!r} already exists on host {self.host_id!r}.")
 
     def pause(self, trial_id: str) -> str:
@@ -624,6 +724,11 @@ class ShardQueue:
         """Ask the device's loop to end at its next unit boundary (the worker is shutting down)."""
         self.client.hset(self.key(f"device:{device}"), "stop", "1")
 
+    def shares(self) -> Shares:
+        """The fair-share standing of the teams with work now: decayed usage, weight, last service."""
+        raw = self._run("shares")
+        return _shares_from(raw[1:], int(raw[0]))
+
     def devices(self) -> dict[str, dict[str, str]]:
         """Every device that ever ran a loop on this host: name -> epoch, stop, seen."""
         prefix = self.key("device:")
@@ -640,7 +745,12 @@ class ShardQueue:
         return _survey_from(self._run("survey", **_survey_args(device, epoch)))
 
     def claim_plan(self, device: str) -> PlanJob | None:
-        """Take the oldest trial waiting to be planned, with a lease; None when there is none."""
+        """Take a trial waiting to be planned that can be admitted, with a lease; None when there is none.
+
+        Admission: the trial's team is under its quota (`set_quotas`) and the host tier has room for its
+        `host_bytes` (`configure(capacity_bytes=)`). Of the admissible trials, the team whose turn it is by
+        fair share goes first, its oldest trial first. The others wait, their record's message saying why.
+        """
         raw = self._run("claim_plan", device=device)
         if raw is None:
             return None
@@ -761,15 +871,18 @@ class ShardQueue:
         fields = self.client.hgetall(self.key(f"trial:{trial_id}"))
         if not fields:
             raise TrialNotFound(f"trial {trial_id!r} does not exist on host {self.host_id!r}.")
-        return _record(trial_id, fields)
+        return _record(trial_id, fields, bool(self.client.hexists(self.key("admitted"), trial_id)))
 
     def trials(self) -> list[TrialRecord]:
         """Every trial of this host, oldest first."""
         ids = self.client.zrange(self.key("trials"), 0, -1)
         pipe = self.client.pipeline(transaction=False)
+        pipe.hkeys(self.key("admitted"))
         for trial_id in ids:
             pipe.hgetall(self.key(f"trial:{trial_id}"))
-        return [_record(trial_id, fields) for trial_id, fields in zip(ids, pipe.execute(), strict=True) if fields]
+        admitted, *rows = pipe.execute()
+        return [_record(trial_id, fields, trial_id in set(admitted))
+                for trial_id, fields in zip(ids, rows, strict=True) if fields]
 
     def states(self) -> dict[str, str]:
         """Every trial of this host -> its state, oldest first; `trials` without the jobs and plans."""
@@ -780,7 +893,7 @@ class ShardQueue:
         return {trial_id: state for trial_id, state in zip(ids, pipe.execute(), strict=True) if state is not None}
 
 
-def _record(trial_id: str, fields: Mapping[str, str]) -> TrialRecord:
+def _record(trial_id: str, fields: Mapping[str, str], admitted: bool = False) -> TrialRecord:
     remaining_units = int(fields["remaining_units"]) if "remaining_units" in fields else None
     unit_s = float(fields["unit_s"]) if "unit_s" in fields else None
     return TrialRecord(
@@ -805,6 +918,10 @@ def _record(trial_id: str, fields: Mapping[str, str]) -> TrialRecord:
         export_dir=fields.get("export_dir", ""),
         job=json.loads(fields.get("job", "{}")),
         plan=json.loads(fields["plan"]) if "plan" in fields else None,
+        team=fields.get("team", ""),
+        priority=int(fields.get("priority", 1)),
+        host_bytes=int(fields.get("host_bytes", 0)),
+        admitted=admitted,
     )
 
 
@@ -818,12 +935,7 @@ def _survey_from(raw: list[Any]) -> Survey:
     if not raw[0]:
         return Survey(alive=False, planning=0, candidates=[], units_done={})
     _, planning, reap, teams, *flat = raw
-    shares = Shares()
-    for i in range(0, 4 * int(teams), 4):
-        team, usage, weight, served = flat[i : i + 4]
-        shares.usage[team], shares.weights[team] = float(usage), float(weight)
-        if served:
-            shares.served[team] = float(served)
+    shares = _shares_from(flat, int(teams))
     candidates, units_done = [], {}
     for i in range(4 * int(teams), len(flat), 8):
         trial_id, score, last_device, done, held_by, next_base, team, priority = flat[i : i + 8]
@@ -832,6 +944,17 @@ def _survey_from(raw: list[Any]) -> Survey:
         units_done[trial_id] = int(done)
     return Survey(alive=True, planning=int(planning), candidates=candidates, units_done=units_done,
                   reap=reap or None, shares=shares)
+
+
+def _shares_from(flat: list[Any], teams: int) -> Shares:
+    """Fair-share standing from four entries per team: team, usage, weight, served ('' if never)."""
+    shares = Shares()
+    for i in range(0, 4 * teams, 4):
+        team, usage, weight, served = flat[i : i + 4]
+        shares.usage[team], shares.weights[team] = float(usage), float(weight)
+        if served:
+            shares.served[team] = float(served)
+    return shares
 
 
 def _survey_args(device: str, epoch: str) -> dict[str, object]:

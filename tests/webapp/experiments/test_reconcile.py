@@ -339,3 +339,15 @@ def test_trials_are_queued_as_their_team_s_and_each_pass_gives_the_scheduler_the
     assert scheduler.client.hget(scheduler.key(f"trial:{first.queue_id}"), "team") == str(alice_team.pk)
     assert scheduler.client.hgetall(scheduler.key("weights")) == {str(alice_team.pk): "1.0",
                                                                   str(bob_team.pk): "3.0"}
+
+
+def test_a_trial_is_queued_with_the_host_memory_its_plan_says_its_store_takes(
+        alice, alice_team, alice_dataset, scheduler, django_capture_on_commit_callbacks):
+    experiment = _launched_without_send(alice, alice_team, alice_dataset, django_capture_on_commit_callbacks)
+    trials_reconcile()
+    first = experiment.trials.order_by("number").first()
+    spilled = first.plan["spilled_bytes"]
+    expected = (sum(spilled.values()) + spilled["parameters"]
+                + max(s["state_bytes"] for s in first.plan["shards"]))
+    assert expected > 0 and first.host_bytes() == expected
+    assert scheduler.client.hget(scheduler.key(f"trial:{first.queue_id}"), "host_bytes") == str(expected)
