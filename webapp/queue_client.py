@@ -3,13 +3,15 @@
 It wraps `worker.api` with the web app's configuration (``settings.HYDRA.worker``) and turns the queue's
 refusals and Redis outages into `SchedulerError`, whose message is fit for the UI. It also re-exports the
 typed contract (`worker.contract`) and the engine's trial spec that the web app builds jobs from, so that
-what crosses the layers is named in one place. Nothing here imports torch: `worker.contract` and
-`worker.engine.config` are torch-free.
+what crosses the layers is named in one place, and the scheduler's pure policy (`timetable`), which replays
+the scheduling rule for the pages' estimates of when trials start and end. Nothing here imports torch:
+`worker.contract`, `worker.engine.config` and `worker.scheduling.policy` are torch-free.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -32,12 +34,14 @@ from worker.contract import (
 )
 from worker.engine.config import DataSpec, LoraSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
 from worker.engine.errors import SpecError
+from worker.scheduling.policy import Slot, TrialLoad, timetable
 
 __all__ = [
     "ENDED", "Budget", "Control", "DataSpec", "EngineJob", "Job", "LoraSpec", "ModelSpec", "OptimizerSpec",
     "ScheduleSpec", "SchedulerError", "SchedulerUnavailable", "SpecError", "TrialEvent", "TrialRecord", "TrialSpec",
     "TrialState", "TrialUnknown", "control_changes", "events_read", "heartbeat_age", "heartbeat_set", "role_holder",
     "role_take", "team_limits_send", "trial_control", "trial_record", "trial_states", "trial_submit", "workers_online",
+    "HostQueue", "Slot", "TrialLoad", "host_queue_read", "timetable",
 ]
 
 WORKER_REPLY_TIMEOUT_S = 1.5
@@ -55,9 +59,11 @@ class TrialUnknown(SchedulerError):
     """The queue does not hold the trial (Redis lost its data, or it was never sent); nothing changed."""
 
 
-def trial_submit(*, trial_id: str, job: Job, export_dir: str, team: str = "", host_bytes: int = 0) -> None:
-    """Queue the trial on this host, as a trial of `team` (the devices are shared fairly between teams), whose
-    spill store takes about `host_bytes` (admission waits until the host tier has room for them).
+def trial_submit(*, trial_id: str, job: Job, export_dir: str, team: str = "", priority: str = "normal",
+                 host_bytes: int = 0) -> None:
+    """Queue the trial on this host, as a trial of `team` (the devices are shared fairly between teams) at
+    `priority` among the team's trials, whose spill store takes about `host_bytes` (admission waits until
+    the host tier has room for them).
 
     Submitting the same job under the same id again is one submission, not an error: a caller that cannot
     tell whether an earlier submit landed (it died, or lost its connection, before hearing back) repeats it.
@@ -65,7 +71,7 @@ def trial_submit(*, trial_id: str, job: Job, export_dir: str, team: str = "", ho
     """
     try:
         api.trial_submit(config=settings.HYDRA.worker, trial_id=trial_id, job=job, export_dir=export_dir, team=team,
-                         host_bytes=host_bytes)
+                         priority=priority, host_bytes=host_bytes)
         return
     except TrialExists as error:
         taken = error
@@ -169,3 +175,28 @@ def workers_online() -> list[dict[str, Any]]:
         return api.workers_online(config=settings.HYDRA.worker, timeout_s=WORKER_REPLY_TIMEOUT_S)
     except (OSError, redis.RedisError):
         return []
+
+
+@dataclass(frozen=True)
+class HostQueue:
+    """What this host's queue holds now, for the pages that show it: every trial's record (oldest first), the
+    devices whose loops ran here (name -> ``epoch``, ``stop``, ``seen``: the time of their last survey, in
+    seconds) and the fair-share weights of the teams with work (a team not named weighs 1)."""
+
+    trials: list[TrialRecord]
+    devices: dict[str, dict[str, str]]
+    weights: dict[str, float]
+
+
+def host_queue_read(*, host_id: str | None = None) -> HostQueue:
+    """Read the host's trials, devices and teams' weights. Raises SchedulerUnavailable (Redis down).
+
+    `timetable` (re-exported from the scheduler's pure policy) replays the scheduling rule over them, which is
+    how the pages estimate when a waiting trial starts and when a trial ends."""
+    config = settings.HYDRA.worker
+    try:
+        return HostQueue(trials=api.trial_list(config=config, host_id=host_id),
+                         devices=api.devices_list(config=config, host_id=host_id),
+                         weights=dict(api.shares_get(config=config, host_id=host_id).weights))
+    except redis.RedisError as error:
+        raise SchedulerUnavailable(f"The scheduler could not be reached: {error}") from error

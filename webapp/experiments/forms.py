@@ -124,6 +124,10 @@ class ExperimentForm(forms.Form):
                   "costs at most this much of its work; 0 turns checkpoints off (empty: 30).",
     )
 
+    priority = forms.ChoiceField(
+        choices=Experiment.Priority.choices, initial=Experiment.Priority.NORMAL, required=False,
+        help_text="Orders your team's trials on the devices (high first); other teams keep their share.")
+
     def __init__(self, *args: Any, team: Team, rows: ParameterRowFormSet, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.team = team
@@ -220,6 +224,7 @@ class ExperimentForm(forms.Form):
                 budget=cleaned["budget"], eval_every=cleaned["eval_every"], seed=cleaned["seed"],
                 memory_budget_bytes=budget, early_stop_patience=cleaned.get("early_stop_patience"),
                 checkpoint_minutes=self._checkpoint_minutes(cleaned),
+                priority=cleaned.get("priority") or Experiment.Priority.NORMAL,
             )
             try:
                 check_caps(draft, caps=settings.HYDRA.caps)
@@ -288,6 +293,7 @@ def experiment_initial(experiment: Experiment) -> tuple[dict[str, Any], list[dic
         "memory_budget_mib": None if experiment.memory_budget_bytes is None else experiment.memory_budget_bytes >> 20,
         "early_stop_patience": experiment.early_stop_patience,
         "checkpoint_minutes": experiment.checkpoint_minutes,
+        "priority": experiment.priority,
     }
     initial.update({k: v for k, v in model.items() if k not in ("kind", "checkpoint_name")})
     return initial, rows_from_space(parse_search_space(experiment.search_space))

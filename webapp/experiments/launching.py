@@ -113,7 +113,8 @@ def trial_send(*, queue_id: str) -> bool:
         job = trial_sent_job(trial=trial)
         try:
             queue_client.trial_submit(trial_id=queue_id, job=job, export_dir=str(trial.export_dir_for(queue_id)),
-                                      team=str(trial.experiment.team_id), host_bytes=trial.host_bytes())
+                                      team=str(trial.experiment.team_id), priority=trial.experiment.priority,
+                                      host_bytes=trial.host_bytes())
         except queue_client.SchedulerUnavailable as error:
             log.warning("trial %s not queued yet: %s", queue_id, error)
             trial.message = f"Waiting to be sent to the scheduler. {error}"

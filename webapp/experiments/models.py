@@ -49,6 +49,14 @@ class Experiment(models.Model):
         default=30, validators=[MaxValueValidator(7 * 24 * 60)],
         help_text="Copy each trial's training state to disk every this many minutes and when it ends (0: never).",
     )
+    class Priority(models.TextChoices):
+        LOW = "low", "Low"
+        NORMAL = "normal", "Normal"
+        HIGH = "high", "High"
+
+    priority = models.CharField(
+        max_length=8, choices=Priority.choices, default=Priority.NORMAL,
+        help_text="Orders this team's trials on the devices (high first); other teams' shares are not affected.")
     cloned_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created = models.DateTimeField(auto_now_add=True)

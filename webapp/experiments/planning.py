@@ -62,6 +62,7 @@ class ExperimentDraft:
     memory_budget_bytes: int | None
     early_stop_patience: int | None = None
     checkpoint_minutes: int = 30  # durable checkpoints of each trial (0: none)
+    priority: str = "normal"  # among the team's trials on the devices
 
     def to_dict(self) -> dict[str, Any]:
         """The draft as JSON-able data, the dataset by id (`from_dict` reads it back)."""
@@ -70,7 +71,7 @@ class ExperimentDraft:
             "space": self.space.to_dict(), "strategy": self.strategy, "n_trials": self.n_trials,
             "budget_unit": self.budget_unit, "budget": self.budget, "eval_every": self.eval_every, "seed": self.seed,
             "memory_budget_bytes": self.memory_budget_bytes, "early_stop_patience": self.early_stop_patience,
-            "checkpoint_minutes": self.checkpoint_minutes,
+            "checkpoint_minutes": self.checkpoint_minutes, "priority": self.priority,
         }
 
     @classmethod

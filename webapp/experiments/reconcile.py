@@ -128,7 +128,8 @@ def _resubmit(queue_id: str) -> bool:
         job = trial_sent_job(trial=trial, resume=resume)
         try:
             queue_client.trial_submit(trial_id=queue_id, job=job, export_dir=str(trial.export_dir_for(queue_id)),
-                                      team=str(trial.experiment.team_id), host_bytes=trial.host_bytes())
+                                      team=str(trial.experiment.team_id), priority=trial.experiment.priority,
+                                      host_bytes=trial.host_bytes())
             if trial.status == Status.PAUSED:
                 queue_client.trial_control(trial_id=queue_id, control=queue_client.Control.PAUSE)
         except queue_client.SchedulerUnavailable:

@@ -351,3 +351,12 @@ def test_a_trial_is_queued_with_the_host_memory_its_plan_says_its_store_takes(
                 + max(s["state_bytes"] for s in first.plan["shards"]))
     assert expected > 0 and first.host_bytes() == expected
     assert scheduler.client.hget(scheduler.key(f"trial:{first.queue_id}"), "host_bytes") == str(expected)
+
+
+def test_an_experiment_s_priority_goes_with_its_trials_to_the_queue(
+        alice, alice_team, alice_dataset, scheduler, django_capture_on_commit_callbacks):
+    experiment = _launched_without_send(alice, alice_team, alice_dataset, django_capture_on_commit_callbacks,
+                                        priority="high")
+    trials_reconcile()
+    record = scheduler.trial(experiment.trials.order_by("number").first().queue_id)
+    assert (record.team, record.priority) == (str(alice_team.pk), 2)
