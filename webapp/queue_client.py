@@ -37,11 +37,11 @@ from worker.engine.errors import SpecError
 from worker.scheduling.policy import Slot, TrialLoad, timetable
 
 __all__ = [
-    "ENDED", "Budget", "Control", "DataSpec", "EngineJob", "Job", "LoraSpec", "ModelSpec", "OptimizerSpec",
-    "ScheduleSpec", "SchedulerError", "SchedulerUnavailable", "SpecError", "TrialEvent", "TrialRecord", "TrialSpec",
-    "TrialState", "TrialUnknown", "control_changes", "events_read", "heartbeat_age", "heartbeat_set", "role_holder",
-    "role_take", "team_limits_send", "trial_control", "trial_record", "trial_states", "trial_submit", "workers_online",
-    "HostQueue", "Slot", "TrialLoad", "host_queue_read", "timetable",
+    "ENDED", "Budget", "Control", "DataSpec", "EngineJob", "HostQueue", "Job", "LoraSpec", "ModelSpec", "OptimizerSpec",
+    "ScheduleSpec", "SchedulerError", "SchedulerUnavailable", "Slot", "SpecError", "TrialEvent", "TrialLoad",
+    "TrialRecord", "TrialSpec", "TrialState", "TrialUnknown", "control_changes", "events_read", "heartbeat_age",
+    "heartbeat_set", "host_queue_read", "role_holder", "role_take", "team_limits_send", "timetable", "trial_control",
+    "trial_record", "trial_states", "trial_submit", "workers_online",
 ]
 
 WORKER_REPLY_TIMEOUT_S = 1.5

@@ -9,5 +9,6 @@ urlpatterns = [
     path("", include("webapp.experiments.urls")),
     path("", include("webapp.leaderboards.urls")),
     path("", include("webapp.catalog.urls")),
+    path("", include("webapp.labqueue.urls")),
     path("dashboards/", include("webapp.dashboards.urls")),
 ]

@@ -25,6 +25,7 @@ from webapp.experiments.planning import ExperimentDraft, TrialDraft
 from webapp.experiments.search_space import CHECKPOINT_KEY, KINDS, MODEL_KEY, PARAMETERS
 from webapp.experiments.trial_data import experiment_tokens
 from webapp.ids import parse_id
+from webapp.labqueue.selectors import trial_end_estimates
 
 DEFAULT_ROWS = [
     {"name": "lr", "kind": "categorical", "values": "0.001, 0.003"},
@@ -142,9 +143,12 @@ def experiment_preview(request: HttpRequest, preview_id: int) -> HttpResponse:
 def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = selectors.experiment_get(team=request.team, experiment_id=experiment_id)
     _statuses_synced(request)
+    listed = list(selectors.experiment_trials(experiment=experiment))
+    etas = _etas(listed)
     trials = [
-        {"trial": t, "actions": selectors.trial_actions(t), "plan": selectors.plan_summary(t.plan)}
-        for t in selectors.experiment_trials(experiment=experiment)
+        {"trial": t, "actions": selectors.trial_actions(t), "plan": selectors.plan_summary(t.plan),
+         "eta": etas.get(t.pk)}
+        for t in listed
     ]
     return render(request, "experiments/experiment_detail.html", {
         "experiment": experiment, "trials": trials, "state": selectors.experiment_state(experiment=experiment),
@@ -218,6 +222,16 @@ def trial_detail(request: HttpRequest, trial_id: int) -> HttpResponse:
     return _trial_page(request, trial)
 
 
+def _etas(trials: list[Trial]) -> dict[int, float]:
+    """Seconds until each running or queued trial is expected to end, by trial id, as the lab queue estimates
+    it (`webapp.labqueue`); none when no trial is active, the scheduler cannot be reached or no device serves."""
+    active = {t.queue_id: t.pk for t in trials if t.is_active and t.queue_id}
+    if not active:
+        return {}
+    ends = trial_end_estimates() or {}
+    return {pk: ends[queue_id] for queue_id, pk in active.items() if queue_id in ends}
+
+
 def _trial_page(request: HttpRequest, trial: Trial, *, form: GenerationForm | None = None,
                 status: int = 200) -> HttpResponse:
     """The trial's page; `form` is the prompt box as posted (with its errors), else one with the last settings."""
@@ -226,6 +240,7 @@ def _trial_page(request: HttpRequest, trial: Trial, *, form: GenerationForm | No
     shown = list(generations.generation_list(trial=trial)[:generations.SHOWN])
     return render(request, "experiments/trial_detail.html", {
         "trial": trial, "experiment": trial.experiment, "actions": selectors.trial_actions(trial),
+        "eta": _etas([trial]).get(trial.pk),
         "can_change": selectors.experiment_can_change(user=request.user, experiment=trial.experiment),
         "plan": selectors.plan_summary(trial.plan), "shards": selectors.plan_shard_rows(trial.plan),
         "spec_json": json.dumps(trial.spec, indent=2) if trial.spec else "",

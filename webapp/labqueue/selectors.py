@@ -1,0 +1,155 @@
+"""Reads for the lab queue page: the host's queue as a viewer may see it, and the teams' shares of device time.
+
+The queue is the whole host's, every team's, so each trial is shown to the viewer only as much as the viewer
+may know: the viewer's own team's trials by experiment name and number, linked; every other trial as
+"another team's trial", without its name, experiment, parameters or team.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import F, FloatField, Sum, Value
+from django.db.models.functions import Greatest, Least
+
+from webapp import queue_client
+from webapp.accounts.models import Team
+from webapp.experiments.models import Trial
+from webapp.labqueue.estimates import Estimate, Timing, estimate
+from webapp.queue_client import TrialRecord
+from webapp.telemetry.models import UnitSpan
+
+OTHER_TEAM = "another team's trial"
+WINDOWS = (("day", 86400.0), ("week", 7 * 86400.0))
+
+
+@dataclass(frozen=True)
+class TrialRef:
+    """A queued trial as the viewer may see it: `trial_pk` and `label` only for the viewer's team's trials."""
+
+    queue_id: str
+    own: bool
+    label: str
+    trial_pk: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceRow:
+    name: str
+    online: bool
+    seen_s_ago: float | None
+    state: str  # what the device does: "running", "planning" or "" (idle)
+    trial: TrialRef | None
+    end_s: float | None = None  # when its running trial is expected to end, in seconds from now
+
+
+@dataclass(frozen=True)
+class WaitingRow:
+    position: int
+    trial: TrialRef
+    state: str
+    reason: str
+    label: str
+    detail: str
+    timing: Timing | None
+
+
+@dataclass(frozen=True)
+class LabQueue:
+    devices: list[DeviceRow]
+    waiting: list[WaitingRow]
+    running: int
+
+
+def host_estimate(*, now: float | None = None) -> Estimate:
+    """This host's queue, estimated (`webapp.labqueue.estimates`). Raises SchedulerUnavailable (Redis down)."""
+    held = queue_client.host_queue_read()
+    return estimate(held.trials, held.devices, held.weights, time.time() if now is None else now)
+
+
+def trial_end_estimates(*, now: float | None = None) -> dict[str, float] | None:
+    """Seconds from now until each running or runnable trial of this host is expected to end, by queue id;
+    None when the scheduler cannot be reached."""
+    try:
+        found = host_estimate(now=now)
+    except queue_client.SchedulerUnavailable:
+        return None
+    return {trial_id: timing.end_s for trial_id, timing in found.timings.items()}
+
+
+def lab_queue(*, team: Team | None, now: float | None = None) -> LabQueue:
+    """The host's devices and waiting trials as `team`'s member sees them. Raises SchedulerUnavailable."""
+    found = host_estimate(now=now)
+    records = [d.trial for d in found.devices if d.trial is not None] + [w.record for w in found.waiting]
+    refs = _refs(records, team)
+    devices = [DeviceRow(d.name, d.online, d.seen_s_ago, d.trial.state if d.trial else "",
+                         refs[d.trial.trial_id] if d.trial else None,
+                         found.end_s(d.trial.trial_id) if d.trial else None) for d in found.devices]
+    waiting = [WaitingRow(position, refs[w.record.trial_id], w.record.state, w.reason, w.label, w.detail, w.timing)
+               for position, w in enumerate(found.waiting, start=1)]
+    return LabQueue(devices=devices, waiting=waiting, running=sum(1 for d in found.devices if d.trial))
+
+
+def _refs(records: list[TrialRecord], team: Team | None) -> dict[str, TrialRef]:
+    """Each record's trial as the viewer may see it. A trial is the viewer's only when the web app's own row
+    says so (its experiment's team), never from what the queue was told."""
+    rows = {}
+    if team is not None:
+        rows = {t.queue_id: t for t in Trial.objects.filter(
+            queue_id__in=[r.trial_id for r in records], experiment__team=team).select_related("experiment")}
+    refs = {}
+    for record in records:
+        trial = rows.get(record.trial_id)
+        if trial is None:
+            refs[record.trial_id] = TrialRef(record.trial_id, own=False, label=OTHER_TEAM)
+        else:
+            refs[record.trial_id] = TrialRef(record.trial_id, own=True, trial_pk=trial.pk,
+                                             label=f"{trial.experiment.name} #{trial.number}")
+    return refs
+
+
+@dataclass(frozen=True)
+class TeamShare:
+    """A team's device time on this host over the last day and week (seconds, and as a share of all teams'),
+    and the share its weight entitles it to among the teams that used the devices in the week."""
+
+    team_id: int
+    name: str
+    weight: float
+    seconds: dict[str, float]
+    share: dict[str, float]
+    weight_share: float
+
+
+def team_shares(*, host: str | None = None, now: float | None = None) -> list[TeamShare]:
+    """Every team that ran units on `host` (default: this host) in the last week, with its share of the device
+    time of the last day and of the last week (from the stored unit spans, each counted for the part of it
+    inside the window), against its weight's share. Sorted by team name."""
+    host = host or settings.HYDRA.worker.host_id
+    now = time.time() if now is None else now
+    seconds: dict[int, dict[str, float]] = {}
+    for window, length in WINDOWS:
+        since = now - length
+        inside = Least(F("end"), Value(now), output_field=FloatField()) - Greatest(
+            F("start"), Value(since), output_field=FloatField())
+        rows = (UnitSpan.objects.filter(host=host, end__gt=since, start__lt=now)
+                .values("trial__experiment__team_id").annotate(seconds=Sum(inside, output_field=FloatField())))
+        for row in rows:
+            seconds.setdefault(row["trial__experiment__team_id"], {})[window] = max(0.0, row["seconds"] or 0.0)
+    teams = {t.pk: t for t in Team.objects.filter(pk__in=seconds)}
+    totals = {window: sum(s.get(window, 0.0) for s in seconds.values()) for window, _ in WINDOWS}
+    weights = {pk: teams[pk].share_weight for pk in seconds if pk in teams}
+    all_weight = sum(weights.values())
+    shares = []
+    for pk, used in seconds.items():
+        if pk not in teams:
+            continue
+        shares.append(TeamShare(
+            team_id=pk, name=teams[pk].name, weight=weights[pk],
+            seconds={window: used.get(window, 0.0) for window, _ in WINDOWS},
+            share={window: used.get(window, 0.0) / totals[window] if totals[window] else 0.0 for window, _ in WINDOWS},
+            weight_share=weights[pk] / all_weight if all_weight else 0.0,
+        ))
+    return sorted(shares, key=lambda s: s.name)
