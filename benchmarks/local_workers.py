@@ -21,6 +21,7 @@ from worker.devices import Device
 from worker.launch import worker_command
 from worker.processes import stop_processes
 from worker.scheduling import telemetry
+from worker.scheduling.keys import HOSTS_KEY
 from worker.scheduling.queue import ShardQueue
 
 STOP_GRACE_S = 15.0
@@ -96,6 +97,7 @@ class LocalWorkers:
         keys = list(self.client.scan_iter(match=f"*{self.host_id}*", count=1000))
         if keys:
             self.client.delete(*keys)
+        self.client.zrem(HOSTS_KEY, self.host_id)  # the lab no longer has this host
 
     def logs(self) -> str:
         """The end of every worker's log."""

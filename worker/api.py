@@ -19,6 +19,8 @@ import redis
 from worker.config import WorkerConfig
 from worker.contract import Control, Job, TrialRecord
 from worker.scheduling import telemetry
+from worker.scheduling.keys import HOSTS_KEY
+from worker.scheduling.placement import place
 from worker.scheduling.policy import Shares
 from worker.scheduling.queue import ShardQueue
 
@@ -89,6 +91,17 @@ def telemetry_read(
 def devices_list(*, config: WorkerConfig, host_id: str | None = None) -> dict[str, dict[str, str]]:
     """Devices whose loops ran on the host: name -> epoch, stop, seen (time of their last survey)."""
     return host_queue(config, host_id).devices()
+
+
+def hosts_known(*, config: WorkerConfig) -> list[str]:
+    """Every host whose device workers ever started against this Redis, and this config's own host."""
+    return sorted(set(_client(config.redis_url).zrange(HOSTS_KEY, 0, -1)) | {config.host_id})
+
+
+def host_place(*, config: WorkerConfig, host_bytes: int) -> str:
+    """The host a new trial whose spill store takes `host_bytes` goes to (`worker.scheduling.placement`)."""
+    loads = [host_queue(config, host).load() for host in hosts_known(config=config)]
+    return place(loads, host_bytes, default=config.host_id)
 
 
 def shares_get(*, config: WorkerConfig, host_id: str | None = None) -> Shares:

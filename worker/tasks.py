@@ -85,6 +85,7 @@ def start_device_loop(**kwargs: object) -> None:
     queue = host_queue(config.current())
     queue.configure(capacity_bytes=config.spill_capacity(config.current()))
     queue.device_start(name, epoch)
+    queue.register_host()
     device_loop.apply_async(args=[epoch], queue=device_queue(queue.host_id, name))
     log.info("device loop of %s requested (epoch %s)", name, epoch)
 

@@ -15,6 +15,10 @@ STREAM_MAXLEN = 200_000
 EVENTS_MAXLEN = 100_000
 
 
+# The hosts whose device workers started against this Redis: host id -> when the last one did (ms, Redis clock).
+HOSTS_KEY = "hydra:hosts"
+
+
 def host_prefix(host_id: str) -> str:
     """The start of every Redis key of host `host_id`: ``hydra:<host>:``."""
     return f"hydra:{host_id}:"

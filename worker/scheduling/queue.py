@@ -61,7 +61,8 @@ from worker.contract import (
     job_from_dict,
 )
 from worker.scheduling.fair_share import PRIORITIES, USAGE_HALF_LIFE_S
-from worker.scheduling.keys import EVENTS_MAXLEN, host_prefix
+from worker.scheduling.keys import EVENTS_MAXLEN, HOSTS_KEY, host_prefix
+from worker.scheduling.placement import HostLoad
 from worker.scheduling.policy import BaseShard, Candidate, Shares, remaining_seconds
 
 __all__ = ["InvalidTransition", "Lease", "LeaseLost", "PlanJob", "QueueError", "ShardQueue", "Survey",
@@ -723,6 +724,28 @@ class ShardQueue:
     def device_stop(self, device: str) -> None:
         """Ask the device's loop to end at its next unit boundary (the worker is shutting down)."""
         self.client.hset(self.key(f"device:{device}"), "stop", "1")
+
+    def register_host(self) -> None:
+        """Say that this host has device workers (they call it when they start), so the web app places trials
+        on it (`worker.scheduling.placement`)."""
+        seconds, micros = self.client.time()
+        self.client.zadd(HOSTS_KEY, {self.host_id: seconds * 1000 + micros // 1000})
+
+    def load(self, *, live_within_s: float = 60.0) -> HostLoad:
+        """What this host holds, for placement: devices seen within `live_within_s`, the host tier's capacity
+        and what admitted trials take of it, and its trials with work."""
+        seconds, micros = self.client.time()
+        now = seconds + micros / 1e6
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(self.key("config"), "capacity_bytes")
+        pipe.get(self.key("admitted_bytes"))
+        pipe.hvals(self.key("team_work"))
+        pipe.llen(self.key("planning"))
+        capacity, admitted, working, planning = pipe.execute()
+        live = sum(1 for fields in self.devices().values()
+                   if fields.get("stop") != "1" and now - float(fields.get("seen") or 0) <= live_within_s)
+        return HostLoad(host_id=self.host_id, live_devices=live, capacity_bytes=int(capacity or 0),
+                        admitted_bytes=int(admitted or 0), trials=sum(int(n) for n in working) + int(planning))
 
     def shares(self) -> Shares:
         """The fair-share standing of the teams with work now: decayed usage, weight, last service."""
