@@ -37,11 +37,43 @@ from worker.engine.errors import SpecError
 from worker.scheduling.policy import Slot, TrialLoad, timetable
 
 __all__ = [
-    "ENDED", "Budget", "Control", "DataSpec", "EngineJob", "HostQueue", "Job", "LoraSpec", "ModelSpec", "OptimizerSpec",
-    "ScheduleSpec", "SchedulerError", "SchedulerUnavailable", "Slot", "SpecError", "TrialEvent", "TrialLoad",
-    "TrialRecord", "TrialSpec", "TrialState", "TrialUnknown", "control_changes", "events_read", "heartbeat_age",
-    "heartbeat_set", "host_queue_read", "role_holder", "role_take", "team_limits_send", "timetable", "trial_control",
-    "trial_record", "trial_states", "trial_submit", "workers_online",
+    "ENDED",
+    "Budget",
+    "Control",
+    "DataSpec",
+    "EngineJob",
+    "HostQueue",
+    "Job",
+    "LoraSpec",
+    "ModelSpec",
+    "OptimizerSpec",
+    "ScheduleSpec",
+    "SchedulerError",
+    "SchedulerUnavailable",
+    "Slot",
+    "SpecError",
+    "TrialEvent",
+    "TrialLoad",
+    "TrialRecord",
+    "TrialSpec",
+    "TrialState",
+    "TrialUnknown",
+    "control_changes",
+    "events_read",
+    "heartbeat_age",
+    "heartbeat_set",
+    "host_place",
+    "host_queue_read",
+    "hosts_known",
+    "role_holder",
+    "role_take",
+    "team_limits_send",
+    "timetable",
+    "trial_control",
+    "trial_record",
+    "trial_states",
+    "trial_submit",
+    "workers_online",
 ]
 
 WORKER_REPLY_TIMEOUT_S = 1.5
@@ -60,10 +92,10 @@ class TrialUnknown(SchedulerError):
 
 
 def trial_submit(*, trial_id: str, job: Job, export_dir: str, team: str = "", priority: str = "normal",
-                 host_bytes: int = 0) -> None:
+                 host_bytes: int = 0, host_id: str | None = None) -> None:
     """Queue the trial on this host, as a trial of `team` (the devices are shared fairly between teams) at
     `priority` among the team's trials, whose spill store takes about `host_bytes` (admission waits until
-    the host tier has room for them).
+    the host tier has room for them), on `host_id` (default: this web app's own host).
 
     Submitting the same job under the same id again is one submission, not an error: a caller that cannot
     tell whether an earlier submit landed (it died, or lost its connection, before hearing back) repeats it.
@@ -71,7 +103,7 @@ def trial_submit(*, trial_id: str, job: Job, export_dir: str, team: str = "", pr
     """
     try:
         api.trial_submit(config=settings.HYDRA.worker, trial_id=trial_id, job=job, export_dir=export_dir, team=team,
-                         priority=priority, host_bytes=host_bytes)
+                         priority=priority, host_bytes=host_bytes, host_id=host_id)
         return
     except TrialExists as error:
         taken = error
@@ -80,7 +112,7 @@ def trial_submit(*, trial_id: str, job: Job, export_dir: str, team: str = "", pr
     except (QueueError, ValueError) as error:  # ValueError: a bad id, or a JobError
         raise SchedulerError(f"The scheduler did not accept the trial: {error}") from error
     try:
-        held = trial_record(trial_id=trial_id)
+        held = trial_record(trial_id=trial_id, host_id=host_id)
     except redis.RedisError as error:
         raise SchedulerUnavailable(f"The scheduler could not be reached: {error}") from error
     stored_job = json.loads(json.dumps(job.to_dict()))  # as the queue stores it: tuples become lists
@@ -88,23 +120,45 @@ def trial_submit(*, trial_id: str, job: Job, export_dir: str, team: str = "", pr
         raise SchedulerError(f"The scheduler did not accept the trial: {taken}") from taken
 
 
-def team_limits_send(weights: dict[str, float], quotas: dict[str, int]) -> None:
-    """Give the scheduler every team's fair-share weight and quota of trials at once (by team id, as trials
-    are submitted), replacing the ones it had. Raises SchedulerUnavailable (Redis down)."""
+def team_limits_send(weights: dict[str, float], quotas: dict[str, int], *, host_id: str | None = None) -> None:
+    """Give the scheduler of `host_id` (default: every known host) every team's fair-share weight and quota of
+    trials at once (by team id, as trials are submitted), replacing the ones it had. Raises
+    SchedulerUnavailable (Redis down)."""
     try:
-        api.team_limits_set(config=settings.HYDRA.worker, weights=weights, quotas=quotas)
+        for host in [host_id] if host_id else api.hosts_known(config=settings.HYDRA.worker):
+            api.team_limits_set(config=settings.HYDRA.worker, weights=weights, quotas=quotas, host_id=host)
     except redis.RedisError as error:
         raise SchedulerUnavailable(f"The scheduler could not be reached: {error}") from error
 
 
-def trial_control(*, trial_id: str, control: Control) -> TrialState:
+def hosts_known() -> list[str]:
+    """Every host whose device workers started against this Redis, and this web app's own. Raises
+    SchedulerUnavailable (Redis down)."""
+    try:
+        return api.hosts_known(config=settings.HYDRA.worker)
+    except redis.RedisError as error:
+        raise SchedulerUnavailable(f"The scheduler could not be reached: {error}") from error
+
+
+def host_place(*, host_bytes: int) -> str:
+    """The host a new trial whose spill store takes `host_bytes` goes to: of the hosts whose devices answered
+    lately and can hold it, the least loaded (this web app's own when none answered). Raises
+    SchedulerUnavailable (Redis down)."""
+    try:
+        return api.host_place(config=settings.HYDRA.worker, host_bytes=host_bytes)
+    except redis.RedisError as error:
+        raise SchedulerUnavailable(f"The scheduler could not be reached: {error}") from error
+
+
+def trial_control(*, trial_id: str, control: Control, host_id: str | None = None) -> TrialState:
     """Pause, resume or cancel a queued or running trial; returns the scheduler's state afterwards.
 
     Raises TrialUnknown for a trial the queue does not hold, SchedulerError when the scheduler refuses (a
     control the trial's state does not allow), and SchedulerUnavailable when it cannot be reached.
     """
     try:
-        return TrialState(api.trial_control(config=settings.HYDRA.worker, trial_id=trial_id, control=control))
+        return TrialState(api.trial_control(config=settings.HYDRA.worker, trial_id=trial_id, control=control,
+                                            host_id=host_id))
     except TrialNotFound as error:
         raise TrialUnknown(f"The scheduler does not hold trial {trial_id}: {error}") from error
     except QueueError as error:

@@ -74,7 +74,7 @@ def trial_launch(*, trial: Trial) -> None:
         refusal = f"The trial's model cannot be used: {error}"
     trial.attempt += 1
     trial.queue_id = trial.attempt_queue_id(trial.attempt)
-    trial.submitted = False
+    trial.submitted, trial.host = False, ""  # each attempt is placed anew
     trial.status = Status.PLANNING if job is not None else Status.FAILED
     trial.spec = job.trial.to_dict() if job is not None else None
     trial.message = "" if job is not None else refusal
@@ -103,6 +103,8 @@ def trial_send(*, queue_id: str) -> bool:
     is sent, and a trial submitted, ended, retried or deleted meanwhile is left alone. When Redis cannot be
     reached the trial stays to submit, its message saying so; a job the queue refuses fails the attempt.
     """
+    if not _placed(queue_id):
+        return False
     with transaction.atomic():
         trial = (Trial.objects.select_for_update(of=("self",)).select_related("experiment")
                  .filter(queue_id=queue_id, status=Status.PLANNING, submitted=False).first())
@@ -114,7 +116,7 @@ def trial_send(*, queue_id: str) -> bool:
         try:
             queue_client.trial_submit(trial_id=queue_id, job=job, export_dir=str(trial.export_dir_for(queue_id)),
                                       team=str(trial.experiment.team_id), priority=trial.experiment.priority,
-                                      host_bytes=trial.host_bytes())
+                                      host_bytes=trial.host_bytes(), host_id=trial.queue_host)
         except queue_client.SchedulerUnavailable as error:
             log.warning("trial %s not queued yet: %s", queue_id, error)
             trial.message = f"Waiting to be sent to the scheduler. {error}"
@@ -127,6 +129,27 @@ def trial_send(*, queue_id: str) -> bool:
             return False
         trial.submitted, trial.message = True, ""
         trial.save(update_fields=["submitted", "message", "updated"])
+    return True
+
+
+def _placed(queue_id: str) -> bool:
+    """Choose the host of the attempt `queue_id` if it has none (`worker.scheduling.placement`), and commit the
+    choice before anything is sent, so that a send repeated after a crash goes to the same host. False when
+    the attempt is no longer to send, or no host could be asked (its message then says so)."""
+    with transaction.atomic():
+        trial = (Trial.objects.select_for_update(of=("self",))
+                 .filter(queue_id=queue_id, status=Status.PLANNING, submitted=False).first())
+        if trial is None:
+            return False
+        if trial.host:
+            return True
+        try:
+            trial.host = queue_client.host_place(host_bytes=trial.host_bytes())
+        except queue_client.SchedulerUnavailable as error:
+            trial.message = f"Waiting to be sent to the scheduler. {error}"
+            trial.save(update_fields=["message", "updated"])
+            return False
+        trial.save(update_fields=["host", "updated"])
     return True
 
 

@@ -93,6 +93,9 @@ class Trial(models.Model):
         max_length=40, blank=True, db_index=True,
         help_text="The id the scheduler knows this attempt by: '<pk>' at first, '<pk>.<attempt>' after a retry.",
     )
+    host = models.CharField(
+        max_length=63, blank=True,
+        help_text="The host whose queue runs this attempt, chosen when it is first sent; empty: this web app's own.")
     submitted = models.BooleanField(
         default=False,
         help_text="Whether the scheduler holds this attempt; a launched one not yet submitted waits in this outbox.",
@@ -124,6 +127,11 @@ class Trial(models.Model):
 
     def attempt_queue_id(self, attempt: int) -> str:
         return str(self.pk) if attempt <= 1 else f"{self.pk}.{attempt}"
+
+    @property
+    def queue_host(self) -> str:
+        """The host whose queue holds this attempt (this web app's own host until one is chosen)."""
+        return self.host or settings.HYDRA.worker.host_id
 
     def host_bytes(self) -> int:
         """The most the trial's spill store takes on the host tier, from its memory plan: its parameters and

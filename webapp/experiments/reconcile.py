@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 
 from webapp import queue_client
 from webapp.accounts.models import Team
@@ -53,25 +54,43 @@ class Reconciled(NamedTuple):
     ended: list[str] = []  # queue ids of the rows that took the end the queue recorded
 
 
-def trials_reconcile() -> Reconciled:
-    """One pass: submit what is to submit, cancel what no row may run, resubmit what the queue lost, and end
-    the rows whose attempt ended.
+def trials_reconcile(*, host_id: str | None = None) -> Reconciled:
+    """One pass over the queue of `host_id` (default: this web app's own host): cancel what no row may run,
+    resubmit what the queue lost, and end the rows whose attempt ended; on the own host's pass, also submit
+    what is to submit (placing each trial on a host).
 
     Raises redis.RedisError or queue_client.SchedulerUnavailable when Redis cannot be reached; what was done
     before stays done, and the next pass does the rest.
     """
+    host = host_id or settings.HYDRA.worker.host_id
     # The queue is read before the rows: an attempt is submitted only after its row committed, so every
     # attempt read here that has a row has it by the time the rows are read.
-    states = queue_client.trial_states()
-    queue_client.team_limits_send(*Team.limits())  # Redis may have lost them with the rest
-    cancelled = _orphans_cancel(states)
-    resubmitted, ended = _lost_resubmit(states)
-    waiting = Trial.objects.filter(status=Status.PLANNING, submitted=False).order_by("pk")
-    submitted = [queue_id for queue_id in waiting.values_list("queue_id", flat=True) if trial_send(queue_id=queue_id)]
+    states = queue_client.trial_states(host_id=host)
+    queue_client.team_limits_send(*Team.limits(), host_id=host)  # Redis may have lost them with the rest
+    cancelled = _orphans_cancel(states, host)
+    resubmitted, ended = _lost_resubmit(states, host)
+    submitted = []
+    if host == settings.HYDRA.worker.host_id:
+        waiting = Trial.objects.filter(status=Status.PLANNING, submitted=False).order_by("pk")
+        submitted = [queue_id for queue_id in waiting.values_list("queue_id", flat=True)
+                     if trial_send(queue_id=queue_id)]
     return Reconciled(submitted=submitted, cancelled=cancelled, resubmitted=resubmitted, ended=ended)
 
 
-def _orphans_cancel(states: dict[str, queue_client.TrialState]) -> list[str]:
+def trial_hosts() -> set[str]:
+    """The hosts that hold an active trial of this database: reconciled even when Redis lost the registry of
+    hosts with the rest (their trials are sent again to their host, whose workers register it again when
+    they restart)."""
+    return set(Trial.objects.filter(status__in=Trial.ACTIVE).exclude(host="").values_list("host", flat=True)
+               .distinct())
+
+
+def _on_host(host: str) -> Q:
+    """The rows whose attempt `host`'s queue holds (a row without a host is the web app's own host's)."""
+    return Q(host=host) | Q(host="") if host == settings.HYDRA.worker.host_id else Q(host=host)
+
+
+def _orphans_cancel(states: dict[str, queue_client.TrialState], host: str) -> list[str]:
     live = [trial_id for trial_id, state in states.items() if state not in queue_client.ENDED]
     may_run = set(Trial.objects.filter(queue_id__in=live).exclude(status__in=STOPPED)
                   .values_list("queue_id", flat=True))
@@ -80,27 +99,27 @@ def _orphans_cancel(states: dict[str, queue_client.TrialState]) -> list[str]:
         if trial_id in may_run:
             continue
         try:
-            queue_client.trial_control(trial_id=trial_id, control=queue_client.Control.CANCEL)
+            queue_client.trial_control(trial_id=trial_id, control=queue_client.Control.CANCEL, host_id=host)
         except queue_client.SchedulerUnavailable:
             raise
         except queue_client.SchedulerError as error:  # it ended meanwhile: nothing left to stop
-            log.info("trial %s on host %s not cancelled: %s", trial_id, settings.HYDRA.worker.host_id, error)
+            log.info("trial %s on host %s not cancelled: %s", trial_id, host, error)
             continue
         log.warning("cancelled trial %s: the scheduler ran it, but no trial record may run it", trial_id)
         cancelled.append(trial_id)
     return cancelled
 
 
-def _lost_resubmit(states: dict[str, queue_client.TrialState]) -> tuple[list[str], list[str]]:
-    """Resubmit the submitted trials that may run and that the queue does not hold; end those whose attempt
-    the queue says ended."""
-    rows = (Trial.objects.filter(status__in=Trial.ACTIVE, submitted=True).order_by("pk")
+def _lost_resubmit(states: dict[str, queue_client.TrialState], host: str) -> tuple[list[str], list[str]]:
+    """Resubmit the submitted trials of `host` that may run and that its queue does not hold; end those whose
+    attempt the queue says ended."""
+    rows = (Trial.objects.filter(_on_host(host), status__in=Trial.ACTIVE, submitted=True).order_by("pk")
             .values_list("queue_id", "status"))
     resubmitted, ending = [], []
     for queue_id, status in rows:
         state = states.get(queue_id)
         if state is None:
-            if _resubmit(queue_id):
+            if _resubmit(queue_id, host):
                 resubmitted.append(queue_id)
         elif state in queue_client.ENDED:
             ending.append((queue_id, status))
@@ -109,19 +128,20 @@ def _lost_resubmit(states: dict[str, queue_client.TrialState]) -> tuple[list[str
     # The queue writes a trial's end and its event in one step, so an end read above whose event is still in
     # the events stream (the trial ended after the ingest's last read) is applied from it now, with the steps
     # it took; only the rows still active after that lost their event, and take the end from the queue.
-    trial_events_sync()
+    trial_events_sync(host_id=host)
     still_active = set(Trial.objects.filter(queue_id__in=[queue_id for queue_id, _ in ending],
                                             status__in=Trial.ACTIVE).values_list("queue_id", flat=True))
-    return resubmitted, [queue_id for queue_id, status in ending if queue_id in still_active and _end(queue_id, status)]
+    return resubmitted, [queue_id for queue_id, status in ending
+                         if queue_id in still_active and _end(queue_id, status, host)]
 
 
-def _resubmit(queue_id: str) -> bool:
+def _resubmit(queue_id: str, host: str) -> bool:
     """Send the attempt `queue_id` again to resume, under its row's lock, unless it stopped, or the queue
     holds it after all (a launch's send landed after this pass read the queue)."""
     with transaction.atomic():
         trial = (Trial.objects.select_for_update(of=("self",)).select_related("experiment")
                  .filter(queue_id=queue_id, status__in=Trial.ACTIVE, submitted=True).first())
-        if trial is None or queue_client.trial_record(trial_id=queue_id) is not None:
+        if trial is None or queue_client.trial_record(trial_id=queue_id, host_id=host) is not None:
             return False
         # A trial that never left planning made no state worth finding: it is planned afresh.
         resume = trial.status != Status.PLANNING or trial.step > 0
@@ -129,24 +149,23 @@ def _resubmit(queue_id: str) -> bool:
         try:
             queue_client.trial_submit(trial_id=queue_id, job=job, export_dir=str(trial.export_dir_for(queue_id)),
                                       team=str(trial.experiment.team_id), priority=trial.experiment.priority,
-                                      host_bytes=trial.host_bytes())
+                                      host_bytes=trial.host_bytes(), host_id=host)
             if trial.status == Status.PAUSED:
-                queue_client.trial_control(trial_id=queue_id, control=queue_client.Control.PAUSE)
+                queue_client.trial_control(trial_id=queue_id, control=queue_client.Control.PAUSE, host_id=host)
         except queue_client.SchedulerUnavailable:
             raise
         except queue_client.SchedulerError as error:
             log.warning("trial %s could not be sent again: %s", queue_id, error)
             trial_event_apply(trial_id=queue_id, status=Status.FAILED, message=str(error))
             return False
-        log.warning("trial %s was not in the queue of host %s; sent again (resume: %s)", queue_id,
-                    settings.HYDRA.worker.host_id, resume)
+        log.warning("trial %s was not in the queue of host %s; sent again (resume: %s)", queue_id, host, resume)
         trial_event_apply(trial_id=queue_id, status=Status.PLANNING, message=LOST)
     return True
 
 
-def _end(queue_id: str, status: str) -> bool:
+def _end(queue_id: str, status: str, host: str) -> bool:
     """Give the row the end its attempt reached in the queue (the event that said so was lost)."""
-    record = queue_client.trial_record(trial_id=queue_id)
+    record = queue_client.trial_record(trial_id=queue_id, host_id=host)
     if record is None or record.state not in queue_client.ENDED:
         return False
     log.warning("trial %s is %s in the database but %s in the queue; recording its end", queue_id, status,

@@ -131,7 +131,8 @@ def _trial_control(*, trial: Trial, action: str) -> None:
         trial.save(update_fields=["status", "updated"])
         return
     try:
-        queue_client.trial_control(trial_id=trial.queue_id, control=queue_client.Control(action))
+        queue_client.trial_control(trial_id=trial.queue_id, control=queue_client.Control(action),
+                                   host_id=trial.queue_host)
     except queue_client.TrialUnknown as error:
         if action != "cancel":
             raise ValidationError(f"The scheduler does not hold trial #{trial.number} right now (Redis lost its "
@@ -168,7 +169,8 @@ def trial_delete(*, trial: Trial, actor: AbstractBaseUser) -> None:
 def _trial_delete(*, trial: Trial) -> None:
     if trial.is_active:
         try:
-            queue_client.trial_control(trial_id=trial.queue_id, control=queue_client.Control.CANCEL)
+            queue_client.trial_control(trial_id=trial.queue_id, control=queue_client.Control.CANCEL,
+                                       host_id=trial.queue_host)
         except queue_client.SchedulerUnavailable as error:
             # Redis is down: the reconciler cancels the queue's copy, which no row names, once it is back.
             log.warning("trial %s deleted while the scheduler could not be reached: %s", trial.queue_id, error)

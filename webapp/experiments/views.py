@@ -228,7 +228,9 @@ def _etas(trials: list[Trial]) -> dict[int, float]:
     active = {t.queue_id: t.pk for t in trials if t.is_active and t.queue_id}
     if not active:
         return {}
-    ends = trial_end_estimates() or {}
+    ends: dict[str, float] = {}
+    for host in {t.queue_host for t in trials if t.is_active and t.queue_id}:  # each host's queue estimates its own
+        ends |= trial_end_estimates(host_id=host) or {}
     return {pk: ends[queue_id] for queue_id, pk in active.items() if queue_id in ends}
 
 

@@ -63,25 +63,27 @@ class LabQueue:
     running: int
 
 
-def host_estimate(*, now: float | None = None) -> Estimate:
-    """This host's queue, estimated (`webapp.labqueue.estimates`). Raises SchedulerUnavailable (Redis down)."""
-    held = queue_client.host_queue_read()
+def host_estimate(*, host_id: str | None = None, now: float | None = None) -> Estimate:
+    """The queue of `host_id` (default: this host), estimated (`webapp.labqueue.estimates`). Raises
+    SchedulerUnavailable (Redis down)."""
+    held = queue_client.host_queue_read(host_id=host_id)
     return estimate(held.trials, held.devices, held.weights, time.time() if now is None else now)
 
 
-def trial_end_estimates(*, now: float | None = None) -> dict[str, float] | None:
-    """Seconds from now until each running or runnable trial of this host is expected to end, by queue id;
-    None when the scheduler cannot be reached."""
+def trial_end_estimates(*, host_id: str | None = None, now: float | None = None) -> dict[str, float] | None:
+    """Seconds from now until each running or runnable trial of `host_id` (default: this host) is expected to
+    end, by queue id; None when the scheduler cannot be reached."""
     try:
-        found = host_estimate(now=now)
+        found = host_estimate(host_id=host_id, now=now)
     except queue_client.SchedulerUnavailable:
         return None
     return {trial_id: timing.end_s for trial_id, timing in found.timings.items()}
 
 
-def lab_queue(*, team: Team | None, now: float | None = None) -> LabQueue:
-    """The host's devices and waiting trials as `team`'s member sees them. Raises SchedulerUnavailable."""
-    found = host_estimate(now=now)
+def lab_queue(*, team: Team | None, host_id: str | None = None, now: float | None = None) -> LabQueue:
+    """The devices and waiting trials of `host_id` (default: this host) as `team`'s member sees them. Raises
+    SchedulerUnavailable."""
+    found = host_estimate(host_id=host_id, now=now)
     records = [d.trial for d in found.devices if d.trial is not None] + [w.record for w in found.waiting]
     refs = _refs(records, team)
     devices = [DeviceRow(d.name, d.online, d.seen_s_ago, d.trial.state if d.trial else "",

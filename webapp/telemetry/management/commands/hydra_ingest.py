@@ -19,8 +19,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from webapp.background.reconcile import web_work_reconcile
-from webapp.experiments.reconcile import trials_reconcile
-from webapp.queue_client import SchedulerUnavailable, heartbeat_set, role_take
+from webapp.experiments.reconcile import trial_hosts, trials_reconcile
+from webapp.queue_client import SchedulerUnavailable, heartbeat_set, hosts_known, role_take
 from webapp.telemetry.services import telemetry_ingest
 
 ROLE_TTL_S = 10.0  # an ingest that stopped renewing the reconciler role loses it after this long
@@ -35,12 +35,13 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="Drain what is there now, then exit.")
         parser.add_argument(
             "--host", action="append", dest="hosts", metavar="HOST_ID",
-            help="A host whose streams to drain (repeatable); default: this host (HYDRA_HOST_ID).",
+            help="A host whose streams to drain (repeatable); default: every host whose device workers started "
+                 "against this Redis, and this one (HYDRA_HOST_ID).",
         )
         parser.add_argument("--interval", type=float, default=1.0, help="Seconds between passes (default 1).")
 
     def handle(self, *args: Any, once: bool, hosts: list[str] | None, interval: float, **options: Any) -> None:
-        hosts = hosts or [settings.HYDRA.worker.host_id]
+        given = hosts
         owner = f"ingest@{socket.gethostname()}:{os.getpid()}"
         stop = threading.Event()
         if not once:
@@ -48,16 +49,22 @@ class Command(BaseCommand):
             signal.signal(signal.SIGTERM, lambda *_: stop.set())
             signal.signal(signal.SIGINT, lambda *_: stop.set())
         while True:
+            try:  # hosts whose workers start later are drained from the pass after
+                hosts = given or sorted(set(hosts_known()) | trial_hosts())
+            except SchedulerUnavailable as error:
+                self.stderr.write(f"hydra_ingest: Redis unavailable ({error}); retrying in {interval} s")
+                hosts = [settings.HYDRA.worker.host_id]
             for host in hosts:
                 try:
                     read = telemetry_ingest(host_id=host)
-                    if host == settings.HYDRA.worker.host_id and role_take(  # the one host this web app submits to
+                    if role_take(  # one ingest reconciles each host's queue with the database
                             role="reconciler", owner=owner, ttl_s=max(ROLE_TTL_S, 3 * interval), host_id=host):
-                        reconciled = trials_reconcile()
+                        reconciled = trials_reconcile(host_id=host)
                         read |= {"submitted": len(reconciled.submitted), "cancelled": len(reconciled.cancelled),
                                  "resubmitted": len(reconciled.resubmitted), "ended": len(reconciled.ended)}
-                        web_work = web_work_reconcile()
-                        read |= {"web work sent": web_work.sent, "web work failed": web_work.failed}
+                        if host == settings.HYDRA.worker.host_id:  # the web worker's work is the web app's
+                            web_work = web_work_reconcile()
+                            read |= {"web work sent": web_work.sent, "web work failed": web_work.failed}
                     heartbeat_set(name="ingest", host_id=host)
                 except (redis.ConnectionError, redis.TimeoutError, SchedulerUnavailable) as error:  # next pass
                     self.stderr.write(f"hydra_ingest: Redis unavailable ({error}); retrying in {interval} s")
