@@ -27,19 +27,23 @@ def compose_command() -> list[str] | None:
 
 
 COMPOSE_ENV = {"SECRET_KEY": "x" * 40, "POSTGRES_PASSWORD": "p" * 24, "HYDRA_HOSTNAME": "hydra.lab.example"}
+WORKER_HOST_ENV = {"HYDRA_REDIS_URL": "redis://10.0.0.1:6379/0", "HYDRA_HOST_ID": "gpuserver2",
+                   "HYDRA_DATA_NFS_ADDR": "10.0.0.1"}
 
 
-def compose_config(tmp_path: Path, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`compose config` with exactly `environ` for compose's variables (an empty .env, none inherited)."""
+def compose_config(tmp_path: Path, environ: dict[str, str],
+                   file: str = "docker-compose.yml") -> subprocess.CompletedProcess[str]:
+    """`compose config` of `file` with exactly `environ` for compose's variables (an empty .env, none
+    inherited)."""
     command = compose_command()
     if command is None:
         pytest.skip("neither `docker compose` nor docker-compose is installed (.ci/run installs docker-compose)")
     env_file = tmp_path / "empty.env"
     env_file.write_text("")
-    inherited = {key: value for key, value in os.environ.items() if key not in COMPOSE_ENV}
+    inherited = {key: value for key, value in os.environ.items() if key not in COMPOSE_ENV | WORKER_HOST_ENV}
     return subprocess.run(
-        [*command, "--env-file", str(env_file), "config", "-q"], cwd=ROOT, env={**inherited, **environ},
-        capture_output=True, text=True,
+        [*command, "-f", file, "--env-file", str(env_file), "config", "-q"], cwd=ROOT,
+        env={**inherited, **environ}, capture_output=True, text=True,
     )
 
 
@@ -53,6 +57,19 @@ def test_it_refuses_to_start_without_a_secret_or_the_host_name(tmp_path, missing
     result = compose_config(tmp_path, {key: value for key, value in COMPOSE_ENV.items() if key != missing})
     assert result.returncode != 0
     assert f"set {missing}" in result.stderr
+
+
+def test_a_further_lab_server_runs_workers_only_against_the_first_one_s_redis_and_data(tmp_path):
+    assert compose_config(tmp_path, WORKER_HOST_ENV, "docker-compose.worker.yml").returncode == 0
+    for missing in sorted(WORKER_HOST_ENV):
+        result = compose_config(tmp_path, {k: v for k, v in WORKER_HOST_ENV.items() if k != missing},
+                                "docker-compose.worker.yml")
+        assert result.returncode != 0 and f"set {missing}" in result.stderr, missing
+    spec = yaml.safe_load((ROOT / "docker-compose.worker.yml").read_text())
+    assert all(name.startswith("worker-gpu") for name in spec["services"])  # no web, database or Redis here
+    assert not any(service.get("ports") for service in spec["services"].values())
+    assert spec["volumes"]["hydra-data"]["driver_opts"]["type"] == "nfs"
+    assert spec["volumes"]["hydra-spill"]["driver_opts"]["type"] == "tmpfs"
 
 
 def test_it_publishes_plain_http_to_this_host_only():
