@@ -120,13 +120,24 @@ def trial_submit(*, trial_id: str, job: Job, export_dir: str, team: str = "", pr
         raise SchedulerError(f"The scheduler did not accept the trial: {taken}") from taken
 
 
-def team_limits_send(weights: dict[str, float], quotas: dict[str, int], *, host_id: str | None = None) -> None:
-    """Give the scheduler of `host_id` (default: every known host) every team's fair-share weight and quota of
-    trials at once (by team id, as trials are submitted), replacing the ones it had. Raises
-    SchedulerUnavailable (Redis down)."""
+def team_limits_send(weights: dict[str, float], quotas: dict[str, int], byte_quotas: dict[str, int], *,
+                     host_id: str | None = None) -> None:
+    """Give the scheduler of `host_id` (default: every known host) every team's fair-share weight and quotas
+    of trials and of spill-store bytes at once (by team id, as trials are submitted), replacing the ones it
+    had. Raises SchedulerUnavailable (Redis down)."""
     try:
         for host in [host_id] if host_id else api.hosts_known(config=settings.HYDRA.worker):
-            api.team_limits_set(config=settings.HYDRA.worker, weights=weights, quotas=quotas, host_id=host)
+            api.team_limits_set(config=settings.HYDRA.worker, weights=weights, quotas=quotas,
+                                byte_quotas=byte_quotas, host_id=host)
+    except redis.RedisError as error:
+        raise SchedulerUnavailable(f"The scheduler could not be reached: {error}") from error
+
+
+def host_capacity_send(*, host_id: str, capacity_bytes: int | None) -> None:
+    """Give `host_id`'s scheduler the host tier's capacity an administrator chose (None: the host keeps what
+    its workers found). Raises SchedulerUnavailable (Redis down)."""
+    try:
+        api.host_capacity_set(config=settings.HYDRA.worker, host_id=host_id, capacity_bytes=capacity_bytes)
     except redis.RedisError as error:
         raise SchedulerUnavailable(f"The scheduler could not be reached: {error}") from error
 

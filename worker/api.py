@@ -49,12 +49,17 @@ def trial_submit(
 
 
 def team_limits_set(*, config: WorkerConfig, weights: dict[str, float], quotas: dict[str, int],
-                    host_id: str | None = None) -> None:
-    """Set the teams' fair-share weights (a team not named weighs 1) and quotas of trials at once (a team not
-    named has none) on `host_id`."""
+                    byte_quotas: dict[str, int] | None = None, host_id: str | None = None) -> None:
+    """Set the teams' fair-share weights (a team not named weighs 1) and quotas of trials and of spill-store
+    bytes at once (a team not named has none) on `host_id`."""
     queue = host_queue(config, host_id)
     queue.set_weights(weights)
-    queue.set_quotas(quotas)
+    queue.set_quotas(quotas, byte_quotas)
+
+
+def host_capacity_set(*, config: WorkerConfig, host_id: str, capacity_bytes: int | None) -> None:
+    """Set the host tier's capacity an administrator chose for `host_id`, or drop it (None)."""
+    host_queue(config, host_id).set_capacity_override(capacity_bytes)
 
 
 def trial_control(*, config: WorkerConfig, trial_id: str, control: Control, host_id: str | None = None) -> str:

@@ -501,3 +501,24 @@ def test_admission_goes_in_fair_share_order_of_the_waiting_teams(shard_queue: Sh
     shard_queue.submit(trial_id="b1", job=SPEC, export_dir="", team="beta")  # the older one
     shard_queue.submit(trial_id="a1", job=SPEC, export_dir="", team="alpha")
     assert shard_queue.claim_plan("cpu0").trial_id == "a1"  # alpha has the smaller usage
+
+
+def test_a_team_over_its_host_memory_quota_waits_and_an_administrator_s_capacity_takes_precedence(
+    shard_queue: ShardQueue,
+) -> None:
+    shard_queue.set_quotas({}, {"alpha": 100})
+    for trial_id, team, size in (("a1", "alpha", 70), ("a2", "alpha", 40), ("b1", "beta", 500)):
+        shard_queue.submit(trial_id=trial_id, job=SPEC, export_dir="", team=team, host_bytes=size)
+    assert shard_queue.claim_plan("cpu0").trial_id == "a1"
+    assert shard_queue.claim_plan("cpu0").trial_id == "b1"  # a2's 40 more would take alpha past its 100
+    assert "host memory of its team" in shard_queue.trial("a2").message
+    # The host's workers found room for 10,000 bytes; an administrator allows 600: a1 and b1 take 570.
+    shard_queue.configure(capacity_bytes=10_000)
+    shard_queue.set_capacity_override(600)
+    shard_queue.set_quotas({})
+    assert shard_queue.claim_plan("cpu0") is None and "host memory" in shard_queue.trial("a2").message
+    assert shard_queue.load().capacity_bytes == 600
+    shard_queue.set_capacity_override(None)  # back to what the workers found
+    assert shard_queue.claim_plan("cpu0").trial_id == "a2"
+    with pytest.raises(ValueError, match="byte_quotas"):
+        shard_queue.set_quotas({}, {"alpha": 0})

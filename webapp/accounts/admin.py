@@ -16,13 +16,13 @@ class InvitationInline(admin.TabularInline):
 
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
-    list_display = ["name", "share_weight", "max_trials", "created"]
-    list_editable = ["share_weight", "max_trials"]
+    list_display = ["name", "share_weight", "max_trials", "max_host_gib", "created"]
+    list_editable = ["share_weight", "max_trials", "max_host_gib"]
     inlines = [MembershipInline, InvitationInline]
 
     def save_model(self, request, obj, form, change) -> None:  # type: ignore[no-untyped-def]
         super().save_model(request, obj, form, change)
-        if {"share_weight", "max_trials"} & set(form.changed_data):
+        if {"share_weight", "max_trials", "max_host_gib"} & set(form.changed_data):
             _weights_send(request)
 
     def delete_model(self, request, obj) -> None:  # type: ignore[no-untyped-def]

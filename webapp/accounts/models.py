@@ -22,6 +22,10 @@ class Team(models.Model):
         help_text="The team's share of device time against other teams with work (fair share): a team of "
                   "weight 3 gets three times the device time of a team of weight 1. Takes effect at the next "
                   "unit boundary.")
+    max_host_gib = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.001)],
+        help_text="The most host memory (GiB) this team's trials' spill stores take on a host at once; more wait "
+                  "to be planned, they never fail for it. Empty: no quota.")
     max_trials = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)],
         help_text="The most trials of this team a host holds at once (planned and not ended); more wait to be "
@@ -34,12 +38,13 @@ class Team(models.Model):
         return self.name
 
     @classmethod
-    def limits(cls) -> tuple[dict[str, float], dict[str, int]]:
-        """Every team's fair-share weight, and the quotas of the teams that have one, by team id (as the
-        scheduler knows teams)."""
-        rows = cls.objects.values_list("pk", "share_weight", "max_trials")
-        return ({str(pk): weight for pk, weight, _ in rows},
-                {str(pk): most for pk, _, most in rows if most is not None})
+    def limits(cls) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+        """Every team's fair-share weight, and the quotas of trials and of host bytes of the teams that have
+        them, by team id (as the scheduler knows teams)."""
+        rows = cls.objects.values_list("pk", "share_weight", "max_trials", "max_host_gib")
+        return ({str(pk): weight for pk, weight, _, _ in rows},
+                {str(pk): most for pk, _, most, _ in rows if most is not None},
+                {str(pk): int(gib * (1 << 30)) for pk, _, _, gib in rows if gib is not None})
 
 
 class Membership(models.Model):

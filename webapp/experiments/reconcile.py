@@ -38,6 +38,7 @@ from webapp.accounts.models import Team
 from webapp.experiments.events import trial_event_apply, trial_events_sync
 from webapp.experiments.launching import trial_send, trial_sent_job
 from webapp.experiments.models import Trial
+from webapp.health.models import HostCapacity
 
 log = logging.getLogger(__name__)
 Status = Trial.Status
@@ -66,7 +67,9 @@ def trials_reconcile(*, host_id: str | None = None) -> Reconciled:
     # The queue is read before the rows: an attempt is submitted only after its row committed, so every
     # attempt read here that has a row has it by the time the rows are read.
     states = queue_client.trial_states(host_id=host)
-    queue_client.team_limits_send(*Team.limits(), host_id=host)  # Redis may have lost them with the rest
+    # Redis may have lost what administrators set with the rest: it is sent again at every pass.
+    queue_client.team_limits_send(*Team.limits(), host_id=host)
+    queue_client.host_capacity_send(host_id=host, capacity_bytes=HostCapacity.bytes_for(host))
     cancelled = _orphans_cancel(states, host)
     resubmitted, ended = _lost_resubmit(states, host)
     submitted = []

@@ -162,9 +162,15 @@ local function runnable_key(id)
   local t = redis.call('HMGET', tkey(id), 'team', 'priority')
   return key('runnable:' .. (t[1] or '') .. ':' .. (t[2] or '1'))
 end
--- Admission: a trial may make its spill store (be planned) once its team is under its quota of admitted
--- trials and the host tier has room for its bytes (`capacity_bytes`, 0: no limit); it stays admitted, its
--- store on the host, until it ends. Returns true, or false and why it waits.
+-- The bytes of the host tier trials' stores may take (0: no limit): what an administrator set for the host,
+-- else what its workers found when they started.
+local function capacity_of_host()
+  local c = redis.call('HMGET', key('config'), 'capacity_override_bytes', 'capacity_bytes')
+  return tonumber(c[1] or c[2] or '0')
+end
+-- Admission: a trial may make its spill store (be planned) once its team is under its quotas (trials and
+-- bytes admitted at once) and the host tier has room for its bytes; it stays admitted, its store on the
+-- host, until it ends. Returns true, or false and why it waits.
 local function admissible(id)
   if redis.call('HEXISTS', key('admitted'), id) == 1 then return true end
   local t = redis.call('HMGET', tkey(id), 'team', 'host_bytes')
@@ -173,7 +179,14 @@ local function admissible(id)
   if quota > 0 and tonumber(redis.call('HGET', key('team_admitted'), team) or '0') >= quota then
     return false, 'Waits for a place: its team has ' .. quota .. ' trials on this host at once, its quota.'
   end
-  local capacity = tonumber(redis.call('HGET', key('config'), 'capacity_bytes') or '0')
+  local byte_quota = tonumber(redis.call('HGET', key('byte_quotas'), team) or '0')
+  local team_bytes = tonumber(redis.call('HGET', key('team_bytes'), team) or '0')
+  if byte_quota > 0 and team_bytes + bytes > byte_quota then
+    return false, string.format('Waits for host memory of its team: its state needs %.0f MB, and the ' ..
+                                'other trials of its team take %.0f MB of its quota of %.0f MB on this host.',
+                                bytes / 1e6, team_bytes / 1e6, byte_quota / 1e6)
+  end
+  local capacity = capacity_of_host()
   local used = tonumber(redis.call('GET', key('admitted_bytes')) or '0')
   if capacity > 0 and used + bytes > capacity then
     return false, string.format('Waits for host memory: its state needs %.0f MB, and other trials take %.0f MB ' ..
@@ -185,15 +198,18 @@ local function admit(id)
   if redis.call('HEXISTS', key('admitted'), id) == 1 then return end
   local t = redis.call('HMGET', tkey(id), 'team', 'host_bytes')
   redis.call('HSET', key('admitted'), id, t[2] or '0')
-  redis.call('INCRBY', key('admitted_bytes'), tonumber(t[2] or '0'))
+  redis.call('INCRBY', key('admitted_bytes'), string.format('%d', tonumber(t[2] or '0')))
   redis.call('HINCRBY', key('team_admitted'), t[1] or '', 1)
+  redis.call('HINCRBY', key('team_bytes'), t[1] or '', string.format('%d', tonumber(t[2] or '0')))
 end
 local function unadmit(id)
   local bytes = redis.call('HGET', key('admitted'), id)
   if not bytes then return end
   redis.call('HDEL', key('admitted'), id)
-  redis.call('DECRBY', key('admitted_bytes'), tonumber(bytes))
-  redis.call('HINCRBY', key('team_admitted'), redis.call('HGET', tkey(id), 'team') or '', -1)
+  redis.call('DECRBY', key('admitted_bytes'), string.format('%d', tonumber(bytes)))
+  local team = redis.call('HGET', tkey(id), 'team') or ''
+  redis.call('HINCRBY', key('team_admitted'), team, -1)
+  redis.call('HINCRBY', key('team_bytes'), team, string.format('%d', -tonumber(bytes)))
 end
 -- Every change is published on the events stream except the runnable <-> running flips between the units of
 -- a trial that keeps training: those happen per unit and say nothing new ('active' marks such a trial).
@@ -340,7 +356,7 @@ return out
 # in their message. A trial whose state alone exceeds the host tier fails, saying so.
 _CLAIM_PLAN = _script("device", """
 local waiting = redis.call('LRANGE', key('planning'), -PLANNING_SCAN, -1)
-local capacity = tonumber(redis.call('HGET', key('config'), 'capacity_bytes') or '0')
+local capacity = capacity_of_host()
 local best, best_share
 for i = #waiting, 1, -1 do
   local id = waiting[i]
@@ -644,17 +660,31 @@ class ShardQueue:
         if usage_half_life_s is not None:
             self.client.hset(self.key("config"), "half_life_ms", int(usage_half_life_s * 1000))
 
-    def set_quotas(self, quotas: Mapping[str, int]) -> None:
-        """Set the most trials each team may have admitted on this host at once (planned and not ended; a
-        paused trial keeps its place, as it keeps its spill store). A team not named has no quota; a trial
-        over its team's quota waits to be planned, it never fails for it."""
-        if bad := {team: q for team, q in quotas.items() if not isinstance(q, int) or q < 1}:
-            raise ValueError(f"quotas must be whole numbers of trials, 1 or more; got {bad}.")
+    def set_quotas(self, quotas: Mapping[str, int], byte_quotas: Mapping[str, int] | None = None) -> None:
+        """Set the most trials (`quotas`) and spill-store bytes (`byte_quotas`) each team may have admitted on
+        this host at once (planned and not ended; a paused trial keeps its place, as it keeps its spill store).
+        A team not named has no such quota; a trial over its team's quota waits to be planned, it never fails
+        for it."""
+        byte_quotas = byte_quotas or {}
+        for name, limits in (("quotas", quotas), ("byte_quotas", byte_quotas)):
+            if bad := {team: q for team, q in limits.items() if not isinstance(q, int) or q < 1}:
+                raise ValueError(f"{name} must be whole numbers, 1 or more; got {bad}.")
         pipe = self.client.pipeline()
-        pipe.delete(self.key("quotas"))
-        if quotas:
-            pipe.hset(self.key("quotas"), mapping=dict(quotas))
+        for name, limits in (("quotas", quotas), ("byte_quotas", byte_quotas)):
+            pipe.delete(self.key(name))
+            if limits:
+                pipe.hset(self.key(name), mapping=dict(limits))
         pipe.execute()
+
+    def set_capacity_override(self, capacity_bytes: int | None) -> None:
+        """Set (or, with None, drop) the host tier's capacity an administrator chose for this host; it takes
+        precedence over what the host's workers found when they started (`configure(capacity_bytes=)`)."""
+        if capacity_bytes is None:
+            self.client.hdel(self.key("config"), "capacity_override_bytes")
+            return
+        if not isinstance(capacity_bytes, int) or capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes={capacity_bytes!r} must be a whole number of bytes, 0 or more.")
+        self.client.hset(self.key("config"), "capacity_override_bytes", capacity_bytes)
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
         """Set the teams' fair-share weights (a team not named weighs 1); they count from the next survey."""
@@ -737,11 +767,12 @@ class ShardQueue:
         seconds, micros = self.client.time()
         now = seconds + micros / 1e6
         pipe = self.client.pipeline(transaction=False)
-        pipe.hget(self.key("config"), "capacity_bytes")
+        pipe.hmget(self.key("config"), ["capacity_override_bytes", "capacity_bytes"])
         pipe.get(self.key("admitted_bytes"))
         pipe.hvals(self.key("team_work"))
         pipe.llen(self.key("planning"))
-        capacity, admitted, working, planning = pipe.execute()
+        (override, found), admitted, working, planning = pipe.execute()
+        capacity = override if override is not None else found
         live = sum(1 for fields in self.devices().values()
                    if fields.get("stop") != "1" and now - float(fields.get("seen") or 0) <= live_within_s)
         return HostLoad(host_id=self.host_id, live_devices=live, capacity_bytes=int(capacity or 0),

@@ -1,0 +1,32 @@
+"""What an administrator sets for a host of the lab, beyond what its workers find themselves."""
+
+from __future__ import annotations
+
+from django.core.validators import MinValueValidator
+from django.db import models
+
+GIB = 1 << 30
+
+
+class HostCapacity(models.Model):
+    """The host tier's capacity for trials' spill stores on one host, chosen by an administrator: it replaces
+    what the host's workers found when they started (90% of the spill directory's file system, or
+    ``HYDRA_SPILL_CAPACITY_BYTES``) and takes effect at the host's next admission of a trial."""
+
+    host_id = models.CharField(max_length=63, unique=True, help_text="The host's HYDRA_HOST_ID.")
+    capacity_gib = models.FloatField(
+        validators=[MinValueValidator(0.001)],
+        help_text="GiB of the host tier (/dev/shm, or the disk tier) that trials' spill stores may take at once.")
+
+    class Meta:
+        ordering = ["host_id"]
+        verbose_name_plural = "host capacities"
+
+    def __str__(self) -> str:
+        return f"{self.host_id}: {self.capacity_gib:g} GiB"
+
+    @classmethod
+    def bytes_for(cls, host_id: str) -> int | None:
+        """The capacity set for `host_id` in bytes, or None when the host keeps its own."""
+        found = cls.objects.filter(host_id=host_id).values_list("capacity_gib", flat=True).first()
+        return None if found is None else int(found * GIB)
