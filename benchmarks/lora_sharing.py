@@ -111,7 +111,7 @@ def interleaved(specs: dict[str, TrialSpec], root: Path, device: torch.device) -
         sessions[trial_id] = TrialSession.open(spill_dir=spill, trial_id=trial_id, device=device)
     holding: BaseShard | None = None
     while sessions:
-        candidates = [Candidate(t, float(s.remaining_units()), "gpu", next_base=_shard(s.base_read(s.next_unit())))
+        candidates = [Candidate(t, float(s.remaining_units()), "gpu", next_base=_shard(s.next_base_read()))
                       for t, s in sessions.items()]
         chosen = pick(candidates, "gpu", holding)
         assert chosen is not None
@@ -155,7 +155,8 @@ def llama_8b_checkpoint(directory: Path) -> tuple[Path, np.ndarray]:
 
 
 def tree_bytes(directory: Path) -> int:
-    """Bytes of the files under `directory` (files vanish while trials run: those are skipped)."""
+    """Bytes of the files under `directory`; os.walk passes over a directory that vanishes while it walks (a
+    trial's store freed as it ends), and a file a unit replaced meanwhile is skipped."""
     total = 0
     for dirpath, _, filenames in os.walk(directory):
         for name in filenames:

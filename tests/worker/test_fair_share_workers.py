@@ -7,8 +7,6 @@ then share the devices, and every trial ends with the numbers of training alone.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 import time
 from pathlib import Path
@@ -16,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.lora_sharing import tree_bytes
 from tests.worker.test_engine_trials import assert_trained_like_plain_pytorch, tiny_trial
 from worker.contract import EngineJob, SyntheticJob
 from worker.engine.session import TrialSession, trial_create
@@ -63,17 +62,6 @@ def test_trials_of_two_teams_sharing_the_devices_each_train_as_alone(device_work
     assert {r.state for r in records.values()} == {"finished"}, [r.message for r in records.values()]
     for trial_id, (_, trial) in trials.items():
         assert_trained_like_plain_pytorch(workers, trial_id, trial, tmp_path)
-
-
-def tree_bytes(directory: Path) -> int:
-    """Bytes of the files under `directory`; os.walk passes over a directory that vanishes while it walks (a
-    trial's store freed as it ends), and a file a unit replaced meanwhile is skipped."""
-    total = 0
-    for folder, _, names in os.walk(directory):
-        for name in names:
-            with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(folder, name)).st_size
-    return total
 
 
 def peak_store_bytes(trial, root: Path) -> int:

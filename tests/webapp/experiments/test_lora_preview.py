@@ -16,14 +16,13 @@ from django.urls import reverse
 from tests.webapp.catalog.checkpoints import TEXT
 from tests.webapp.experiments.factories import draft
 from tests.webapp.experiments.test_forms import post_data
+from tests.webapp.experiments.test_memory_preview import _smallest_fitting_budget
 from webapp.datasets.tokenization import train_tokenizer
 from webapp.experiments import planning
 from webapp.experiments.memory_preview import FitError, layer_costs, memory_plan, shared_base_costs
 from webapp.experiments.model_shapes import PRESETS, pretrained_shape
 from webapp.experiments.search_space import SearchSpaceError
 from webapp.queue_client import LoraSpec
-from worker.engine.errors import BudgetError
-from worker.engine.partition import solve
 
 pytestmark = pytest.mark.django_db
 FP32 = 4
@@ -139,25 +138,12 @@ def test_the_preview_of_a_lora_sweep_says_what_sharing_the_base_saves(alice_clie
     assert "with one shared base" not in full_only.content.decode()
 
 
-def _threshold(costs) -> int:
-    """The smallest budget the engine's solver fits `costs` into."""
-    low, high = 1, 1 << 34
-    while low < high:
-        middle = (low + high) // 2
-        try:
-            solve(costs, middle)
-            high = middle
-        except BudgetError:
-            low = middle + 1
-    return low
-
-
 def test_a_lora_only_space_is_checked_as_lora_so_it_fits_where_full_training_would_not(alice_dataset, settings):
     shape = pretrained_shape(model_dir())
     batch, seq_len = 8, 64
-    lora = _threshold(layer_costs(shape, batch=batch, seq_len=seq_len, slots=ADAMW_SLOTS,
+    lora = _smallest_fitting_budget(layer_costs(shape, batch=batch, seq_len=seq_len, slots=ADAMW_SLOTS,
                                   lora=LoraSpec(r=8, target_modules=("q_proj", "v_proj"))))
-    full = _threshold(layer_costs(shape, batch=batch, seq_len=seq_len, slots=ADAMW_SLOTS))
+    full = _smallest_fitting_budget(layer_costs(shape, batch=batch, seq_len=seq_len, slots=ADAMW_SLOTS))
     assert lora < full
     model = {"kind": "pretrained", "pretrained_dir": "lora-llama"}
 
