@@ -187,6 +187,11 @@ class TrialSession(ShardUnits):
             return None
         return (self.base_root, *self._base_range(unit))
 
+    def next_base_read(self) -> tuple[Path, int, int] | None:
+        """:meth:`base_read` of the next unit; without LoRA, None at once (no look at the store: the scheduler
+        asks at every unit)."""
+        return self.base_read(self.next_unit()) if self.stack.adapters else None
+
     def _base_range(self, unit: UnitSpec) -> tuple[int, int]:
         shard = self.plan.shards[unit.shard]
         return shard.first, shard.stop

@@ -193,7 +193,7 @@ class EngineRunner:
             return self._committed_unreported(trial_id, session, token)
         if not self.prefetch:
             next_trial = None
-        running = session.base_read(session.next_unit())
+        running = session.next_base_read()
         if next_trial == trial_id:
             cursor = session.cursor
             if cursor + 1 < len(session.timetable):
@@ -211,7 +211,7 @@ class EngineRunner:
             if left:
                 self._checkpoint_if_due(trial_id, job)
             return unit_done(trial_id, result, left, keeps=session.keeps_activations(),
-                             base=_shard_of(running), next_base=_shard_of(session.base_read(session.next_unit())))
+                             base=_shard_of(running), next_base=_shard_of(session.next_base_read()))
         # Outside the except block: its traceback holds the failed unit's frames and their device tensors.
         del session
         return self._replan(trial_id, reason, token)
