@@ -463,7 +463,10 @@ def test_a_team_at_its_quota_waits_to_be_planned_and_is_admitted_when_one_of_its
     assert shard_queue.claim_plan("cpu0") is None
     record = shard_queue.trial("a2")
     assert record.state == "planning" and "quota" in record.message
+    # Until something changes that could admit a2, devices are not sent to scan for it at every unit.
+    assert survey(shard_queue).planning == 0
     finish(shard_queue, "a1")
+    assert survey(shard_queue).planning == 1
     assert shard_queue.claim_plan("cpu1").trial_id == "a2"
     assert shard_queue.trial("a2").message == ""
     records = {r.trial_id: r for r in shard_queue.trials()}

@@ -194,6 +194,14 @@ local function admissible(id)
   end
   return true
 end
+-- Trials waiting to be planned that a device may take: none while the last admission scan found none it
+-- could admit and nothing has changed since that could admit one (a trial submitted or requeued, one ending,
+-- quotas or capacity set: each clears `planning_blocked`). So a host whose waiting trials wait for room costs
+-- its devices no scan per unit.
+local function plannable()
+  if redis.call('EXISTS', key('planning_blocked')) == 1 then return 0 end
+  return redis.call('LLEN', key('planning'))
+end
 local function admit(id)
   if redis.call('HEXISTS', key('admitted'), id) == 1 then return end
   local t = redis.call('HMGET', tkey(id), 'team', 'host_bytes')
@@ -210,6 +218,7 @@ local function unadmit(id)
   local team = redis.call('HGET', tkey(id), 'team') or ''
   redis.call('HINCRBY', key('team_admitted'), team, -1)
   redis.call('HINCRBY', key('team_bytes'), team, string.format('%d', -tonumber(bytes)))
+  redis.call('DEL', key('planning_blocked'))
 end
 -- Every change is published on the events stream except the runnable <-> running flips between the units of
 -- a trial that keeps training: those happen per unit and say nothing new ('active' marks such a trial).
@@ -282,6 +291,7 @@ redis.call('HSET', tkey(id), 'job', job, 'export_dir', export_dir, 'submitted', 
            'requeues', 0, 'team', team, 'priority', priority, 'host_bytes', host_bytes)
 redis.call('ZADD', key('trials'), now, id)
 redis.call('LPUSH', key('planning'), id)
+redis.call('DEL', key('planning_blocked'))
 set_state(id, 'planning')
 wake()
 return 'ok'
@@ -312,6 +322,7 @@ for _, id in ipairs(expired) do
   local state = redis.call('HGET', tkey(id), 'state')
   if state == 'planning' then
     redis.call('RPUSH', key('planning'), id)
+    redis.call('DEL', key('planning_blocked'))
     wake()
   elseif state == 'running' then
     after_unit(id, false, 'lease of ' .. redis.call('HGET', tkey(id), 'device') .. ' expired; the unit runs again')
@@ -322,7 +333,7 @@ end
 -- last_device, units_done, held_by, next_base, team, priority}: planning counts the trials waiting to be
 -- planned; '' stands for no trial to reap, no last device, no holder, no base layers read by the next unit.
 local teams = redis.call('SMEMBERS', key('teams'))
-local out = {1, redis.call('LLEN', key('planning')), redis.call('RPOP', key('reap')) or '', #teams}
+local out = {1, plannable(), redis.call('RPOP', key('reap')) or '', #teams}
 for _, team in ipairs(teams) do
   table.insert(out, team)
   table.insert(out, tostring(usage_of(team)))
@@ -377,7 +388,10 @@ for i = #waiting, 1, -1 do
     end
   end
 end
-if not best then return false end
+if not best then
+  redis.call('SET', key('planning_blocked'), '1')
+  return false
+end
 redis.call('LREM', key('planning'), 1, best)
 admit(best)
 redis.call('HSET', tkey(best), 'message', '')
@@ -433,7 +447,7 @@ end
 -- The device holds the trial and its loop `epoch` goes on: it runs the next unit too (the policy's choice,
 -- see policy.py), so lease it at once, unless a pause or cancel waits or a trial waits to be planned.
 if hold_ms > 0 and epoch ~= '' and not redis.call('HGET', tkey(id), 'control')
-    and redis.call('LLEN', key('planning')) == 0 then
+    and plannable() == 0 then
   local loop = redis.call('HMGET', key('device:' .. device), 'epoch', 'stop')
   if loop[1] == epoch and loop[2] ~= '1' then
     local next_token, ms = grant_lease(id, device)
@@ -655,6 +669,7 @@ class ShardQueue:
             if not isinstance(capacity_bytes, int) or capacity_bytes < 0:
                 raise ValueError(f"capacity_bytes={capacity_bytes!r} must be a whole number of bytes, 0 or more.")
             self.client.hset(self.key("config"), "capacity_bytes", capacity_bytes)
+            self.client.delete(self.key("planning_blocked"))  # the waiting trials may fit now
         if lease_s is not None:
             self.client.hset(self.key("config"), "lease_ms", int(lease_s * 1000))
         if usage_half_life_s is not None:
@@ -674,17 +689,21 @@ class ShardQueue:
             pipe.delete(self.key(name))
             if limits:
                 pipe.hset(self.key(name), mapping=dict(limits))
+        pipe.delete(self.key("planning_blocked"))  # the waiting trials may be admitted now
         pipe.execute()
 
     def set_capacity_override(self, capacity_bytes: int | None) -> None:
         """Set (or, with None, drop) the host tier's capacity an administrator chose for this host; it takes
         precedence over what the host's workers found when they started (`configure(capacity_bytes=)`)."""
-        if capacity_bytes is None:
-            self.client.hdel(self.key("config"), "capacity_override_bytes")
-            return
-        if not isinstance(capacity_bytes, int) or capacity_bytes < 0:
+        if capacity_bytes is not None and (not isinstance(capacity_bytes, int) or capacity_bytes < 0):
             raise ValueError(f"capacity_bytes={capacity_bytes!r} must be a whole number of bytes, 0 or more.")
-        self.client.hset(self.key("config"), "capacity_override_bytes", capacity_bytes)
+        pipe = self.client.pipeline()
+        if capacity_bytes is None:
+            pipe.hdel(self.key("config"), "capacity_override_bytes")
+        else:
+            pipe.hset(self.key("config"), "capacity_override_bytes", capacity_bytes)
+        pipe.delete(self.key("planning_blocked"))  # the waiting trials may fit now
+        pipe.execute()
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
         """Set the teams' fair-share weights (a team not named weighs 1); they count from the next survey."""
