@@ -1,4 +1,5 @@
-"""Leaderboard pages: pick a dataset and a metric; see the team's board and the cross-team board."""
+"""Leaderboard pages: pick a dataset and a metric; see the team's board (a page at a time) and the cross-team
+board."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from django.shortcuts import redirect, render
 from webapp.datasets.http import team_required
 from webapp.datasets.selectors import dataset_get
 from webapp.leaderboards import selectors
+from webapp.paging import page_get
 
 
 @team_required
@@ -23,11 +25,13 @@ def leaderboard_index(request: HttpRequest) -> HttpResponse:
 def leaderboard(request: HttpRequest, dataset_id: int) -> HttpResponse:
     dataset = dataset_get(team=request.team, dataset_id=dataset_id)
     metric = selectors.metric_get(request.GET.get("metric"))
+    page = page_get(selectors.team_ranked(team=request.team, dataset=dataset, metric=metric), request.GET.get("page"))
     return render(request, "leaderboards/leaderboard.html", {
         "dataset": dataset,
         "datasets": selectors.board_datasets(team=request.team),
         "metric": metric,
         "metrics": selectors.METRICS.values(),
-        "team_rows": selectors.team_board(team=request.team, dataset=dataset, metric=metric),
+        "page": page,
+        "team_rows": selectors.board_rows(page, metric=metric, first_rank=page.start_index()),
         "cross_rows": selectors.cross_team_board(dataset=dataset, metric=metric),
     })

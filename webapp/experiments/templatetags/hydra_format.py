@@ -49,3 +49,12 @@ def model_label(model: dict[str, Any]) -> str:
     if kind == "checkpoint":
         return f"Pretrained checkpoint: {model.get('checkpoint_name')}"
     return f"Pretrained: {model.get('pretrained_dir')}"
+
+
+@register.simple_tag(takes_context=True)
+def page_query(context: template.Context, number: int) -> str:
+    """The query string of the page `number` of a paginated list, keeping the request's other parameters
+    (the leaderboard's metric, the lab queue's host)."""
+    query = context["request"].GET.copy()
+    query["page"] = str(number)
+    return "?" + query.urlencode()
