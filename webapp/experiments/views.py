@@ -26,6 +26,7 @@ from webapp.experiments.search_space import CHECKPOINT_KEY, KINDS, MODEL_KEY, PA
 from webapp.experiments.trial_data import experiment_tokens
 from webapp.ids import parse_id
 from webapp.labqueue.selectors import trial_end_estimates
+from webapp.paging import page_get
 
 DEFAULT_ROWS = [
     {"name": "lr", "kind": "categorical", "values": "0.001, 0.003"},
@@ -43,8 +44,10 @@ def _statuses_synced(request: HttpRequest) -> None:
 @team_required
 def experiment_list(request: HttpRequest) -> HttpResponse:
     _statuses_synced(request)  # statuses as the scheduler has them, whether or not the ingest runs
+    page = page_get(selectors.experiment_list(team=request.team), request.GET.get("page"))
+    counts = selectors.experiment_trial_counts(experiments=page)
     return render(request, "experiments/experiment_list.html", {
-        "experiments": selectors.experiment_list(team=request.team),
+        "page": page, "experiments": [{"experiment": e, "trials": counts[e.pk]} for e in page],
         "datasets": dataset_list(team=request.team)[:1],
     })
 
@@ -143,7 +146,8 @@ def experiment_preview(request: HttpRequest, preview_id: int) -> HttpResponse:
 def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = selectors.experiment_get(team=request.team, experiment_id=experiment_id)
     _statuses_synced(request)
-    listed = list(selectors.experiment_trials(experiment=experiment))
+    page = page_get(selectors.experiment_trials(experiment=experiment), request.GET.get("page"))
+    listed = list(page)
     etas = _etas(listed)
     trials = [
         {"trial": t, "actions": selectors.trial_actions(t), "plan": selectors.plan_summary(t.plan),
@@ -151,7 +155,8 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
         for t in listed
     ]
     return render(request, "experiments/experiment_detail.html", {
-        "experiment": experiment, "trials": trials, "state": selectors.experiment_state(experiment=experiment),
+        "experiment": experiment, "trials": trials, "page": page,
+        "state": selectors.experiment_state(experiment=experiment),
         "can_change": selectors.experiment_can_change(user=request.user, experiment=experiment),
         "space_yaml": yaml.safe_dump(experiment.search_space, sort_keys=False),
         "tokens": experiment_tokens(experiment=experiment),
@@ -222,16 +227,19 @@ def trial_detail(request: HttpRequest, trial_id: int) -> HttpResponse:
     return _trial_page(request, trial)
 
 
-def _etas(trials: list[Trial]) -> dict[int, float]:
-    """Seconds until each running or queued trial is expected to end, by trial id, as the lab queue estimates
-    it (`webapp.labqueue`); none when no trial is active, the scheduler cannot be reached or no device serves."""
+def _etas(trials: list[Trial]) -> dict[int, dict[str, object]]:
+    """When each running or queued trial is expected to end, by trial id, as the lab queue estimates it
+    (`webapp.labqueue`): ``seconds`` from now, and ``at_least`` when the estimate left trials out, so it may
+    end later. None when no trial is active, the scheduler cannot be reached or no device serves."""
     active = {t.queue_id: t.pk for t in trials if t.is_active and t.queue_id}
     if not active:
         return {}
-    ends: dict[str, float] = {}
+    etas: dict[str, dict[str, object]] = {}
     for host in {t.queue_host for t in trials if t.is_active and t.queue_id}:  # each host's queue estimates its own
-        ends |= trial_end_estimates(host_id=host) or {}
-    return {pk: ends[queue_id] for queue_id, pk in active.items() if queue_id in ends}
+        ends = trial_end_estimates(host_id=host)
+        if ends is not None:
+            etas |= {queue_id: {"seconds": s, "at_least": ends.at_least} for queue_id, s in ends.seconds.items()}
+    return {pk: etas[queue_id] for queue_id, pk in active.items() if queue_id in etas}
 
 
 def _trial_page(request: HttpRequest, trial: Trial, *, form: GenerationForm | None = None,

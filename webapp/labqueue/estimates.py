@@ -16,7 +16,9 @@ A waiting trial is labelled with the reason it waits, the first that applies:
 - ``no_device``: no device serves the host now;
 - ``fair_share``: before it starts, other teams' trials take most of the device time (their turn);
 - ``team_order``: its own team's higher-priority or longer trials go first (Sharded-LRTF);
-- ``next``: it takes a device at the next unit boundary.
+- ``next``: it takes a device at the next unit boundary;
+- ``later``: it is runnable but past the trials the replay takes (`MAX_REPLAY_TRIALS`), so it starts after
+  them and has no estimate.
 """
 
 from __future__ import annotations
@@ -31,10 +33,17 @@ from webapp.queue_client import TrialLoad, TrialRecord, timetable
 # out. Loops survey before every unit and at least every few seconds when idle.
 DEVICE_SEEN_S = 60.0
 # The most units the replay schedules, and the most units x trials it weighs (each claim looks at every
-# trial): a host's trials may have millions of units left, so longer workloads are replayed in chunks of
-# several units each (the same time in all), which keeps a page within a few hundred milliseconds.
+# trial, a few microseconds each): a host's trials may have millions of units left, so longer workloads are
+# replayed in chunks of several units each (the same time in all), which keeps the replay within about
+# 50 ms on one CPU core.
 MAX_REPLAY_UNITS = 4000
-MAX_REPLAY_WORK = 200_000
+MAX_REPLAY_WORK = 12_000
+# The most trials the replay schedules. Every trial takes at least one claim and every claim looks at every
+# trial, so replaying all of a thousand trials would cost a million looks; past this many, the replay takes
+# the trials the scheduling rule reaches first (`scheduling_order`) and leaves the rest out: they are listed
+# after them without an estimate, and the ends estimated are then lower bounds (the trials left out would
+# share the devices too). A page of the lab queue's waiting list fits within it.
+MAX_REPLAY_TRIALS = 60
 
 QUOTA_PREFIX = "Waits for a place"
 MEMORY_PREFIX = "Waits for host memory"
@@ -49,6 +58,7 @@ REASONS = {
     "fair_share": "Fair share: another team's turn",
     "team_order": "Behind its team's longer or higher-priority trials",
     "next": "Next",
+    "later": "After the trials estimated",
 }
 
 
@@ -91,6 +101,13 @@ class Estimate:
     devices: list[Device]
     waiting: list[Waiting]
     timings: dict[str, Timing]  # trial id -> start and end, for every running or runnable trial replayed
+    replayed: int = 0  # running or runnable trials the replay scheduled
+    left_out: int = 0  # running or runnable trials past `MAX_REPLAY_TRIALS`, not replayed
+
+    @property
+    def ends_at_least(self) -> bool:
+        """Whether the ends estimated are lower bounds: trials left out of the replay would share the devices."""
+        return self.left_out > 0
 
     def end_s(self, trial_id: str) -> float | None:
         """Seconds from now until the trial is expected to end; None when unknown."""
@@ -137,6 +154,32 @@ def loads_of(records: Iterable[TrialRecord], max_units: int = MAX_REPLAY_UNITS,
     return loads
 
 
+def scheduling_order(records: Iterable[TrialRecord], weights: Mapping[str, float]) -> list[TrialRecord]:
+    """The running and runnable trials in about the order the scheduling rule first runs them, without
+    replaying it: the running ones, then the runnable ones of each team (highest priority, then longest
+    remaining time first, as Sharded-LRTF takes them), the teams taking turns in proportion to their weights
+    (ties to the smaller name, as `fair_share.team_turn` breaks them). Linear in the trials (times the teams)."""
+    replayable = [r for r in records if _replayable(r)]
+    running = sorted((r for r in replayable if r.state == "running"), key=_longest_first)
+    by_team: dict[str, list[TrialRecord]] = {}
+    for r in sorted((r for r in replayable if r.state != "running"), key=_longest_first):
+        by_team.setdefault(r.team, []).append(r)
+    taken = {team: 0 for team in by_team}
+    order = list(running)
+    while by_team:
+        team = min(by_team, key=lambda t: (taken[t] / max(weights.get(t, 1.0), 1e-9), t))
+        order.append(by_team[team][taken[team]])
+        taken[team] += 1
+        if taken[team] == len(by_team[team]):
+            del by_team[team]
+    return order
+
+
+def _longest_first(record: TrialRecord) -> tuple[int, float, float, str]:
+    return (-record.priority, -(record.remaining_units or 0) * (record.unit_s or 0.0), record.submitted,
+            record.trial_id)
+
+
 def replay(loads: Sequence[TrialLoad], devices: Sequence[str],
            weights: Mapping[str, float]) -> tuple[dict[str, Timing], dict[str, tuple[float, float, float]]]:
     """Replay the scheduling rule; returns each trial's timing and, for each trial, the device time taken
@@ -164,20 +207,26 @@ def replay(loads: Sequence[TrialLoad], devices: Sequence[str],
 
 
 def estimate(records: Sequence[TrialRecord], devices: Mapping[str, Mapping[str, str]],
-             weights: Mapping[str, float], now: float) -> Estimate:
+             weights: Mapping[str, float], now: float, max_trials: int = MAX_REPLAY_TRIALS) -> Estimate:
     """The host's devices with what each runs now, its waiting trials in the order they are expected to run
-    with why each waits, and every running or runnable trial's expected start and end (seconds from `now`)."""
+    with why each waits, and the expected start and end (seconds from `now`) of every running or runnable
+    trial replayed: all of them, or the first `max_trials` in `scheduling_order` when there are more."""
     serving = devices_serving(devices, now)
-    timings, before = replay(loads_of(records), serving, weights)
+    order = scheduling_order(records, weights)
+    replayed, left_out = order[:max_trials], order[max_trials:]
+    later = {r.trial_id: rank for rank, r in enumerate(left_out)}
+    timings, before = replay(loads_of(replayed), serving, weights)
     leased = {r.device: r for r in records if r.device and (r.state == "running"
                                                               or (r.state == "planning" and r.admitted))}
     rows = [Device(name, _online(info, now), _seen_ago(info, now), leased.get(name))
             for name, info in sorted(devices.items())]
-    waiting = [_waiting(r, timings.get(r.trial_id), before.get(r.trial_id), bool(serving))
+    waiting = [_waiting(r, timings.get(r.trial_id), before.get(r.trial_id), bool(serving),
+                        after=len(replayed) if r.trial_id in later else 0)
                for r in records if r.state in WAITING_STATES and not (r.state == "planning" and r.admitted)]
     waiting.sort(key=lambda w: (ORDER[w.record.state], w.timing.start_s if w.timing else math.inf,
-                                _planning_rank(w.reason), w.record.submitted, w.record.trial_id))
-    return Estimate(devices=rows, waiting=waiting, timings=timings)
+                                later.get(w.record.trial_id, -1), _planning_rank(w.reason), w.record.submitted,
+                                w.record.trial_id))
+    return Estimate(devices=rows, waiting=waiting, timings=timings, replayed=len(replayed), left_out=len(left_out))
 
 
 def _seen_ago(info: Mapping[str, str], now: float) -> float | None:
@@ -191,7 +240,8 @@ def _planning_rank(reason: str) -> int:
 
 
 def _waiting(record: TrialRecord, timing: Timing | None, before: tuple[float, float, float] | None,
-             serving: bool) -> Waiting:
+             serving: bool, *, after: int = 0) -> Waiting:
+    """Why `record` waits; `after`: the number of trials replayed ahead of it when it was left out (else 0)."""
     if record.state == "planning":
         if record.message.startswith(QUOTA_PREFIX):
             return Waiting(record, "quota", record.message)
@@ -202,6 +252,9 @@ def _waiting(record: TrialRecord, timing: Timing | None, before: tuple[float, fl
     if record.state == "paused":
         return Waiting(record, "paused", "Paused by its team: it keeps its place on the host and waits for a "
                                          "resume.")
+    if serving and after:
+        return Waiting(record, "later", f"Runs after the {after} trials the scheduling rule reaches first: the "
+                                        "estimate replays those only, so its start is not estimated.")
     if not serving or timing is None:
         return Waiting(record, "no_device", "No device worker serves this host now: it starts when one does.")
     if timing.start_s <= 0 or before is None:

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.core.paginator import Page
 from django.db.models import F, FloatField, Sum, Value
 from django.db.models.functions import Greatest, Least
 
@@ -18,6 +19,7 @@ from webapp import queue_client
 from webapp.accounts.models import Team
 from webapp.experiments.models import Trial
 from webapp.labqueue.estimates import Estimate, Timing, estimate
+from webapp.paging import page_get
 from webapp.queue_client import TrialRecord
 from webapp.telemetry.models import UnitSpan
 
@@ -58,9 +60,24 @@ class WaitingRow:
 
 @dataclass(frozen=True)
 class LabQueue:
+    """The devices, one page of the waiting trials (`waiting`, of `page`), and how much of the queue the
+    estimate replayed: `replayed` running or runnable trials, `left_out` more past `MAX_REPLAY_TRIALS`."""
+
     devices: list[DeviceRow]
     waiting: list[WaitingRow]
     running: int
+    page: Page
+    replayed: int = 0
+    left_out: int = 0
+
+
+@dataclass(frozen=True)
+class Ends:
+    """Seconds from now until each running or runnable trial the estimate replayed is expected to end, by
+    queue id; `at_least`: the estimate left trials out (`Estimate.ends_at_least`), so each end may come later."""
+
+    seconds: dict[str, float]
+    at_least: bool
 
 
 def host_estimate(*, host_id: str | None = None, now: float | None = None) -> Estimate:
@@ -70,28 +87,32 @@ def host_estimate(*, host_id: str | None = None, now: float | None = None) -> Es
     return estimate(held.trials, held.devices, held.weights, time.time() if now is None else now)
 
 
-def trial_end_estimates(*, host_id: str | None = None, now: float | None = None) -> dict[str, float] | None:
-    """Seconds from now until each running or runnable trial of `host_id` (default: this host) is expected to
-    end, by queue id; None when the scheduler cannot be reached."""
+def trial_end_estimates(*, host_id: str | None = None, now: float | None = None) -> Ends | None:
+    """When each running or runnable trial of `host_id` (default: this host) is expected to end; None when the
+    scheduler cannot be reached."""
     try:
         found = host_estimate(host_id=host_id, now=now)
     except queue_client.SchedulerUnavailable:
         return None
-    return {trial_id: timing.end_s for trial_id, timing in found.timings.items()}
+    return Ends({trial_id: timing.end_s for trial_id, timing in found.timings.items()}, found.ends_at_least)
 
 
-def lab_queue(*, team: Team | None, host_id: str | None = None, now: float | None = None) -> LabQueue:
-    """The devices and waiting trials of `host_id` (default: this host) as `team`'s member sees them. Raises
+def lab_queue(*, team: Team | None, host_id: str | None = None, now: float | None = None,
+              page: object = None) -> LabQueue:
+    """The devices and the waiting trials of `host_id` (default: this host) as `team`'s member sees them, the
+    waiting ones a page at a time (`page`, a query string's value: the first by default). Raises
     SchedulerUnavailable."""
     found = host_estimate(host_id=host_id, now=now)
-    records = [d.trial for d in found.devices if d.trial is not None] + [w.record for w in found.waiting]
+    shown = page_get(found.waiting, page)
+    records = [d.trial for d in found.devices if d.trial is not None] + [w.record for w in shown]
     refs = _refs(records, team)
     devices = [DeviceRow(d.name, d.online, d.seen_s_ago, d.trial.state if d.trial else "",
                          refs[d.trial.trial_id] if d.trial else None,
                          found.end_s(d.trial.trial_id) if d.trial else None) for d in found.devices]
     waiting = [WaitingRow(position, refs[w.record.trial_id], w.record.state, w.reason, w.label, w.detail, w.timing)
-               for position, w in enumerate(found.waiting, start=1)]
-    return LabQueue(devices=devices, waiting=waiting, running=sum(1 for d in found.devices if d.trial))
+               for position, w in enumerate(shown, start=shown.start_index())]
+    return LabQueue(devices=devices, waiting=waiting, running=sum(1 for d in found.devices if d.trial), page=shown,
+                    replayed=found.replayed, left_out=found.left_out)
 
 
 def _refs(records: list[TrialRecord], team: Team | None) -> dict[str, TrialRef]:

@@ -33,7 +33,7 @@ def lab_queue(request: HttpRequest) -> HttpResponse:
         host = request.GET.get("host") or host
         if host not in hosts:  # only a host of this lab: anything else is refused, not looked up
             raise Http404("No such host in this lab.")
-        queue, down = selectors.lab_queue(team=team, host_id=host, now=now), ""
+        queue, down = selectors.lab_queue(team=team, host_id=host, now=now, page=request.GET.get("page")), ""
     except queue_client.SchedulerUnavailable:
         hosts, queue, down = [host], None, SCHEDULER_DOWN
     shares = selectors.team_shares(host=host, now=now)

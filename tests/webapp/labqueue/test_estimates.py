@@ -1,18 +1,20 @@
-"""The estimate's pure parts: long workloads replayed in chunks, and devices that no longer serve the host."""
+"""The estimate's pure parts: long workloads replayed in chunks, many trials replayed only as far as the
+scheduling rule first reaches, and devices that no longer serve the host."""
 
 from __future__ import annotations
 
-from webapp.labqueue.estimates import estimate, loads_of
+from webapp.labqueue.estimates import MAX_REPLAY_TRIALS, estimate, loads_of, scheduling_order
 from worker.contract import TrialRecord
 
 NOW = 1_000_000.0
 
 
 def record(trial_id: str, *, state: str = "runnable", units: int = 10, unit_s: float = 1.0, team: str = "1",
-           device: str = "") -> TrialRecord:
+           device: str = "", priority: int = 1) -> TrialRecord:
     return TrialRecord(trial_id=trial_id, state=state, message="", control="", device=device, last_device="",
                        remaining_units=units, unit_s=unit_s, remaining_s=units * unit_s, units_done=0, requeues=0,
-                       replans=0, submitted=0.0, updated=0.0, export_dir="", job={}, plan=None, team=team)
+                       replans=0, submitted=0.0, updated=0.0, export_dir="", job={}, plan=None, team=team,
+                       priority=priority)
 
 
 def test_long_workloads_are_replayed_in_chunks_that_keep_each_trials_time() -> None:
@@ -40,3 +42,41 @@ def test_a_trial_that_takes_a_device_at_the_next_boundary_is_next() -> None:
     [waiting] = found.waiting
     assert (waiting.reason, waiting.timing.start_s, waiting.timing.end_s) == ("next", 0.0, 2.0)
     assert found.end_s("a") == 4.0
+
+
+def test_the_scheduling_order_takes_running_trials_then_each_teams_first_in_turn_by_weight() -> None:
+    records = [record("a1", units=5), record("a2", units=9), record("a3", units=1, priority=2),
+               record("a4", state="running", device="cpu0", units=2), record("b1", team="2", units=3),
+               record("b2", team="2", units=4), record("p", state="paused"), record("q", state="planning", units=0)]
+    order = [r.trial_id for r in scheduling_order(records, {"1": 2.0, "2": 1.0})]
+    # team 1 weighs twice team 2: it takes two turns to team 2's one (ties to the smaller name); in a team the
+    # higher priority, then the longer remaining time first
+    assert order == ["a4", "a3", "b2", "a2", "a1", "b1"]
+
+
+def test_past_the_replay_limit_the_trials_reached_first_keep_their_starts_and_the_rest_wait_after_them() -> None:
+    devices = {"cpu0": {"epoch": "1", "stop": "0", "seen": str(NOW)}}
+    records = [record(name, units=units) for name, units in [("e", 2), ("a", 10), ("d", 4), ("b", 8), ("c", 6)]]
+    whole = estimate(records, devices, {}, NOW)
+    cut = estimate(records, devices, {}, NOW, max_trials=3)
+    assert (whole.replayed, whole.left_out, whole.ends_at_least) == (5, 0, False)
+    assert (cut.replayed, cut.left_out, cut.ends_at_least) == (3, 2, True)
+    assert [(w.record.trial_id, w.reason) for w in cut.waiting] == [
+        ("a", "next"), ("b", "team_order"), ("c", "team_order"), ("d", "later"), ("e", "later")]
+    assert cut.waiting[3].detail.startswith("Runs after the 3 trials the scheduling rule reaches first")
+    # the shorter trials left out start only once the longer ones are down to their length (Sharded-LRTF)...
+    for name in "abc":
+        assert cut.timings[name].start_s == whole.timings[name].start_s
+    # ...and then share the device: without them, the ends are earlier than they will be
+    assert all(cut.timings[name].end_s <= whole.timings[name].end_s for name in "abc")
+    assert [w.timing for w in cut.waiting[3:]] == [None, None]
+
+
+def test_a_thousand_trials_are_replayed_no_further_than_the_limit() -> None:
+    devices = {name: {"epoch": "1", "stop": "0", "seen": str(NOW)} for name in ("cpu0", "cpu1")}
+    records = [record(str(n), units=100 + n, team=str(n % 3)) for n in range(1000)]
+    found = estimate(records, devices, {}, NOW)
+    assert (found.replayed, found.left_out) == (MAX_REPLAY_TRIALS, 1000 - MAX_REPLAY_TRIALS)
+    assert len(found.timings) == MAX_REPLAY_TRIALS and len(found.waiting) == 1000
+    assert [w.reason for w in found.waiting[MAX_REPLAY_TRIALS:]] == ["later"] * (1000 - MAX_REPLAY_TRIALS)
+    assert set(found.timings) == {r.trial_id for r in scheduling_order(records, {})[:MAX_REPLAY_TRIALS]}
