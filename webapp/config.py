@@ -26,6 +26,10 @@ DEV_SECRET_KEY = "hydra-dev-only-insecure-secret-key"
 # Trial.step and Trial.total_steps are PostgreSQL integer columns: no trial may be longer.
 STEPS_CEILING = 2**31 - 1
 HSTS_SECONDS_DEFAULT = 365 * 24 * 3600
+TELEMETRY_KEEP_DAYS_DEFAULT = 14
+# The lab queue page shares out the last week's device time from the stored unit spans: telemetry younger than
+# that is never compacted.
+TELEMETRY_KEEP_DAYS_MINIMUM = 7
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +55,7 @@ class Config:
     csrf_trusted_origins: list[str]
     https: bool
     hsts_seconds: int
+    telemetry_keep_days: int | None  # None: telemetry is kept at full detail forever
     worker: worker_config.WorkerConfig
 
 
@@ -118,6 +123,21 @@ def caps_config(environ: Mapping[str, str]) -> Caps:
     )
 
 
+def telemetry_keep_days(environ: Mapping[str, str]) -> int | None:
+    """`HYDRA_TELEMETRY_KEEP_DAYS`: after how many days an ended trial's telemetry is compacted to what the
+    dashboards draw of it (`webapp.telemetry.compaction`); 0 or ``off`` keeps every row forever."""
+    name = "HYDRA_TELEMETRY_KEEP_DAYS"
+    raw = environ.get(name, "").strip()
+    if raw.lower() in {"0", "off"}:
+        return None
+    days = envint(environ, name, TELEMETRY_KEEP_DAYS_DEFAULT, minimum=0)
+    if days < TELEMETRY_KEEP_DAYS_MINIMUM:
+        raise ConfigError(
+            f"{name}={days} is too short; keep telemetry at least {TELEMETRY_KEEP_DAYS_MINIMUM} days (the lab "
+            "queue page shares out the last week's device time from it), or 0/off to keep it all.")
+    return days
+
+
 def load(environ: Mapping[str, str]) -> Config:
     """Turn an environment mapping into a `Config`; raise ImproperlyConfigured on any bad value."""
     try:
@@ -149,5 +169,6 @@ def _load(environ: Mapping[str, str]) -> Config:
         csrf_trusted_origins=envlist(environ, "CSRF_TRUSTED_ORIGINS", []),
         https=https,
         hsts_seconds=hsts_seconds,
+        telemetry_keep_days=telemetry_keep_days(environ),
         worker=worker,
     )
