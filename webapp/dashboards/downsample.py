@@ -6,12 +6,13 @@ ascending order, so the caller can pick any parallel columns (step, tokens, time
 - `lttb` (largest-triangle-three-buckets, Steinarsson 2013) keeps the point of each bucket that spans the
   largest triangle with its neighbours: the best visual fidelity for a smooth learning curve.
 - `minmax` keeps each bucket's lowest and highest point: no spike or dip is ever lost, which is what a
-  utilization or memory trace needs (a memory peak must stay visible against the budget).
+  utilization or memory trace needs (a memory peak must stay visible against the budget). Its buckets are
+  given by the caller (time buckets of a device trace), so that the choice is stable as points are removed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 
 def lttb(xs: Sequence[float], ys: Sequence[float], threshold: int) -> list[int]:
@@ -52,27 +53,31 @@ def lttb(xs: Sequence[float], ys: Sequence[float], threshold: int) -> list[int]:
     return kept
 
 
-def minmax(ys: Sequence[float], buckets: int) -> list[int]:
-    """Indices of the first and last point and of each bucket's minimum and maximum, ascending.
+def minmax(buckets: Sequence[Hashable], *series: Sequence[float]) -> list[int]:
+    """Indices of the first and last point and of each bucket's lowest and highest point in every series,
+    ascending.
 
-    The points are cut into `buckets` buckets of (nearly) equal count; a bucket whose minimum and maximum
-    are the same point keeps it once, so the result has at most ``2 * buckets + 2`` indices. A series that
-    short already is returned whole. Ties keep the earliest point. Raises ValueError for `buckets` < 1.
+    ``buckets[i]`` names the bucket of point i; a bucket's points need not be adjacent. Ties keep the
+    earliest point. What a bucket keeps depends on that bucket's points only, never on how many other points
+    there are, so removing points that were not kept changes nothing that is: for every S' with
+    ``minmax(S) <= S' <= S``, ``minmax(S')`` keeps exactly the same points (the telemetry compaction deletes
+    old device samples by this). Raises ValueError when a series differs from `buckets` in length.
     """
-    if buckets < 1:
-        raise ValueError(f"buckets={buckets} must be at least 1.")
-    n = len(ys)
-    if n <= 2 * buckets + 2:
-        return list(range(n))
+    n = len(buckets)
+    for column in series:
+        if len(column) != n:
+            raise ValueError(f"buckets has {n} points but a series has {len(column)}.")
+    if n == 0:
+        return []
     kept = {0, n - 1}
-    for b in range(buckets):
-        start = b * n // buckets
-        end = (b + 1) * n // buckets
-        low = high = start
-        for j in range(start + 1, end):
-            if ys[j] < ys[low]:
-                low = j
-            if ys[j] > ys[high]:
-                high = j
-        kept.update((low, high))
+    for column in series:
+        low: dict[Hashable, int] = {}
+        high: dict[Hashable, int] = {}
+        for i, bucket in enumerate(buckets):
+            if bucket not in low or column[i] < column[low[bucket]]:
+                low[bucket] = i
+            if bucket not in high or column[i] > column[high[bucket]]:
+                high[bucket] = i
+        kept.update(low.values())
+        kept.update(high.values())
     return sorted(kept)

@@ -7,12 +7,13 @@ ingest, `webapp.telemetry.levels`) and then to the exact point budget here (`dow
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Max, Min, Q
+from django.db.models import Max, Min, Q, QuerySet
 
 from webapp.dashboards.downsample import lttb, minmax
 from webapp.experiments.models import Experiment, Trial
@@ -25,7 +26,7 @@ TRAIN_POINTS = 400  # per trial per poll: 50 trials x 400 points x 4 columns sta
 READ_FACTOR = 4
 EVAL_POINTS = 200
 SPAN_LIMIT = 2000  # the most recent units drawn on the timeline; older ones are summarized by utilization
-SAMPLE_BUCKETS = 300  # per device: min/max per bucket keeps every peak visible
+SAMPLE_BUCKETS = 300  # time buckets per device: min/max per bucket keeps every peak visible
 
 
 @dataclass(frozen=True)
@@ -187,12 +188,17 @@ def _current_attempts(trials: list[TrialInfo]) -> Q:
     return clause
 
 
+def curve_level(steps: int) -> int:
+    """The level of detail a learning curve of `steps` steps is read at: the finest whose representatives fit
+    the read budget. An ended trial's curve is only ever read at this level and coarser ones."""
+    return levels.level_for(max(steps, 1), READ_FACTOR * TRAIN_POINTS)
+
+
 def _level_filter(trials: list[TrialInfo]) -> Q:
     """Per trial (current attempt), the finest level of detail whose representatives fit the read budget."""
     clause = Q(pk__in=[])
     for trial in trials:
-        level = levels.level_for(max(trial.step, 1), READ_FACTOR * TRAIN_POINTS)
-        clause |= Q(trial_id=trial.id, attempt=trial.attempt, level__gte=level)
+        clause |= Q(trial_id=trial.id, attempt=trial.attempt, level__gte=curve_level(trial.step))
     return clause
 
 
@@ -230,9 +236,8 @@ def devices(*, experiment: Experiment, trials: list[TrialInfo], after: int | Non
     )
     rows.reverse()
     cursor = rows[-1][0] if rows else (after or 0)
-    first = UnitSpan.objects.filter(trial_id__in=ids).order_by("start").values_list("start", flat=True).first()
-    origin = experiment.launched.timestamp() if experiment.launched else first
-    lanes = _lanes(UnitSpan.objects.filter(trial_id__in=ids).values_list("host", "device").distinct())
+    origin = experiment_origin(experiment=experiment, trials=trials)
+    lanes = device_lanes(trials)
     span_rows = [
         SpanRow(trial=trial, lane=lanes[(host, device)], phase=phase, shard=shard, step=step, start=start, end=end,
                 peak_bytes=peak)
@@ -242,6 +247,20 @@ def devices(*, experiment: Experiment, trials: list[TrialInfo], after: int | Non
     samples = _samples(lanes, since, run_windows(trials))
     last_sample = max((s.time[-1] for s in samples.values() if s.time), default=since)
     return Devices(spans=span_rows, samples=samples, origin=origin, cursor=cursor, sample_after=last_sample)
+
+
+def experiment_origin(*, experiment: Experiment, trials: Sequence[TrialInfo]) -> float | None:
+    """Where the devices page's time axis starts: the experiment's launch, else its trials' first unit."""
+    if experiment.launched:
+        return experiment.launched.timestamp()
+    return (UnitSpan.objects.filter(trial_id__in=[t.id for t in trials]).order_by("start")
+            .values_list("start", flat=True).first())
+
+
+def device_lanes(trials: Sequence[TrialInfo]) -> dict[tuple[str, str], str]:
+    """A lane name per (host, device) that any of `trials` ran a unit on."""
+    return _lanes(UnitSpan.objects.filter(trial_id__in=[t.id for t in trials]).values_list("host", "device")
+                  .distinct())
 
 
 def _lanes(pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
@@ -278,16 +297,8 @@ def _samples(lanes: dict[tuple[str, str], str], since: float,
              windows: Sequence[tuple[float, float | None]]) -> dict[str, SampleSeries]:
     if not lanes or not windows:
         return {}
-    where = Q(pk__in=[])
-    for host, device in lanes:
-        where |= Q(host=host, device=device)
-    during = Q(pk__in=[])
-    for start, end in windows:
-        during |= Q(time__gte=start) if end is None else Q(time__gte=start, time__lte=end)
-    rows = (
-        DeviceSample.objects.filter(where, during, time__gt=since).order_by("time")
-        .values_list("host", "device", "time", "utilization", "memory_used", "memory_total")
-    )
+    rows = sample_rows(lanes, since, windows).values_list("host", "device", "time", "utilization", "memory_used",
+                                                          "memory_total")
     raw: dict[str, SampleSeries] = defaultdict(SampleSeries)
     for host, device, time, utilization, used, total in rows:
         series = raw[lanes[(host, device)]]
@@ -297,11 +308,46 @@ def _samples(lanes: dict[tuple[str, str], str], since: float,
         series.memory_total = total
     thinned: dict[str, SampleSeries] = {}
     for lane, series in sorted(raw.items()):
-        # A point is kept if it is a bucket's extreme in utilization or in memory.
-        keep = sorted(set(minmax(series.utilization, SAMPLE_BUCKETS)) | set(minmax(series.memory_used, SAMPLE_BUCKETS)))
+        keep = sample_thin(series.time, series.utilization, series.memory_used, windows)
         thinned[lane] = SampleSeries(time=[series.time[i] for i in keep],
                                      utilization=[series.utilization[i] for i in keep],
                                      memory_used=[series.memory_used[i] for i in keep],
                                      memory_total=series.memory_total)
     return thinned
 
+
+def sample_rows(lanes: Iterable[tuple[str, str]], since: float,
+                windows: Sequence[tuple[float, float | None]]) -> QuerySet[DeviceSample]:
+    """The samples the devices page draws from: of the `lanes`' devices, after `since`, inside `windows`, in
+    time order (ties by id, so that every read orders them alike)."""
+    where = Q(pk__in=[])
+    for host, device in lanes:
+        where |= Q(host=host, device=device)
+    during = Q(pk__in=[])
+    for start, end in windows:
+        during |= Q(time__gte=start) if end is None else Q(time__gte=start, time__lte=end)
+    return DeviceSample.objects.filter(where, during, time__gt=since).order_by("time", "pk")
+
+
+def sample_thin(times: Sequence[float], utilization: Sequence[float], memory_used: Sequence[float],
+                windows: Sequence[tuple[float, float | None]]) -> list[int]:
+    """Indices of one device's samples (inside `windows`, in time order) that the page draws: the first, the
+    last, and the lowest and highest utilization and memory of each time bucket (`sample_buckets`), so that
+    no peak is lost. The buckets depend on the windows only, so that once an experiment has ended the same
+    samples are drawn whatever others are removed (`downsample.minmax`)."""
+    return minmax(sample_buckets(times, windows), utilization, memory_used)
+
+
+def sample_buckets(times: Sequence[float], windows: Sequence[tuple[float, float | None]]) -> list[tuple[int, int]]:
+    """Per time, its bucket: the windows' running time is cut into `SAMPLE_BUCKETS` buckets of one width,
+    numbered from each window's start. A window still open ends at the last of `times`."""
+    if not times:
+        return []
+    starts = [start for start, _ in windows]
+    running = sum((times[-1] if end is None else end) - start for start, end in windows)
+    width = running / SAMPLE_BUCKETS if running > 0 else 1.0
+    buckets: list[tuple[int, int]] = []
+    for time in times:
+        window = max(bisect_right(starts, time) - 1, 0)
+        buckets.append((window, int((time - starts[window]) // width)))
+    return buckets

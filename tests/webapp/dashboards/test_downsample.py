@@ -37,20 +37,38 @@ def test_lttb_of_a_straight_line_takes_each_buckets_first_point():
 def test_minmax_keeps_the_extremes_of_every_bucket():
     ys = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]
     # Buckets [3 1 4 1] [5 9 2 6] [5 3 5 8]: mins at 1, 6, 9; maxes at 2, 5, 11; plus both ends.
-    assert minmax(ys, 3) == [0, 1, 2, 5, 6, 9, 11]
+    assert minmax([0] * 4 + [1] * 4 + [2] * 4, ys) == [0, 1, 2, 5, 6, 9, 11]
+
+
+def test_minmax_keeps_the_extremes_of_every_series():
+    utilization = [0.1, 0.9, 0.5, 0.5, 0.2, 0.3]
+    memory = [5, 5, 5, 7, 5, 1]
+    assert minmax([0, 0, 0, 0, 0, 0], utilization, memory) == [0, 1, 3, 5]
 
 
 def test_minmax_keeps_a_flat_bucket_once():
-    assert minmax([1.0] * 12, 2) == [0, 6, 11]
+    assert minmax([0] * 6 + [1] * 6, [1.0] * 12) == [0, 6, 11]
 
 
-def test_minmax_returns_a_short_series_whole():
-    assert minmax([1, 2, 3], 1) == [0, 1, 2]
+def test_minmax_returns_nothing_of_nothing():
+    assert minmax([], []) == []
 
 
-def test_minmax_rejects_no_buckets():
-    with pytest.raises(ValueError, match="buckets=0"):
-        minmax([1, 2, 3], 0)
+def test_minmax_rejects_a_series_of_another_length():
+    with pytest.raises(ValueError, match="a series has 2"):
+        minmax([0, 0, 1], [1, 2])
+
+
+def test_minmax_keeps_the_same_points_once_others_are_removed():
+    ys = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
+    buckets = [i // 5 for i in range(len(ys))]
+    kept = minmax(buckets, ys)
+    assert kept == [0, 1, 4, 5, 6, 10, 12, 15]  # ties (9 at 12 and 14) keep the earliest
+    not_kept = [i for i in range(len(ys)) if i not in kept]
+    for removed in ([], not_kept[:1], not_kept[1::2], not_kept):
+        left = [i for i in range(len(ys)) if i not in removed]
+        again = minmax([buckets[i] for i in left], [ys[i] for i in left])
+        assert [left[i] for i in again] == kept
 
 
 def test_representatives_are_each_buckets_first_last_lowest_and_highest():
