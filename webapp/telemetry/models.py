@@ -87,7 +87,9 @@ class DeviceSample(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["host", "entry_id"], name="unique_device_sample")]
-        indexes = [models.Index(fields=["time"], name="device_sample_time")]
+        # The devices page and the compaction read one device's samples over a time range.
+        indexes = [models.Index(fields=["time"], name="device_sample_time"),
+                   models.Index(fields=["host", "device", "time"], name="device_sample_lane_time")]
 
     def __str__(self) -> str:
         return f"{self.host}/{self.device} at {self.time:.0f}: {self.utilization:.0%}"
@@ -106,3 +108,30 @@ class StreamCursor(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host}:{self.stream} @ {self.cursor}"
+
+
+class SampleLane(models.Model):
+    """A device that reported samples (noted at ingest), and the time before which its samples are compacted
+    (`webapp.telemetry.compaction`): the compaction goes on from there, never over a time range twice."""
+
+    host = models.CharField(max_length=64)
+    device = models.CharField(max_length=32)
+    compacted_before = models.FloatField(default=0.0, help_text="Epoch seconds.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["host", "device"], name="unique_sample_lane")]
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.device} compacted before {self.compacted_before:.0f}"
+
+
+class CompactedTrial(models.Model):
+    """A trial whose telemetry of attempt ``attempt`` is compacted, so that later compactions pass it by. A
+    retry starts a new attempt, which is compacted in its turn once it has ended long enough."""
+
+    trial = models.OneToOneField(Trial, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    attempt = models.PositiveIntegerField()
+    compacted = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"trial {self.trial_id} attempt {self.attempt} compacted"
