@@ -4,7 +4,10 @@ web worker's pending work again where its message never left or was lost (`webap
 
 The reconciler has one owner: an ingest reconciles only while it holds the host's ``reconciler`` role
 (`queue_client.role_take`), renewed at every pass; a second ingest of the same host drains telemetry but
-leaves the reconciling to the first, and takes it over once the first stops renewing (`ROLE_TTL_S`)."""
+leaves the reconciling to the first, and takes it over once the first stops renewing (`ROLE_TTL_S`).
+
+Every pass may also compact old telemetry (`webapp.telemetry.compaction.Schedule`: at most every ten minutes
+and two seconds at a time, while ``HYDRA_TELEMETRY_KEEP_DAYS`` is not off)."""
 
 from __future__ import annotations
 
@@ -17,10 +20,12 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import DatabaseError
 
 from webapp.background.reconcile import web_work_reconcile
 from webapp.experiments.reconcile import trial_hosts, trials_reconcile
 from webapp.queue_client import SchedulerUnavailable, heartbeat_set, hosts_known, role_take
+from webapp.telemetry.compaction import Schedule
 from webapp.telemetry.services import telemetry_ingest
 
 ROLE_TTL_S = 10.0  # an ingest that stopped renewing the reconciler role loses it after this long
@@ -44,6 +49,7 @@ class Command(BaseCommand):
         given = hosts
         owner = f"ingest@{socket.gethostname()}:{os.getpid()}"
         stop = threading.Event()
+        compaction = Schedule()
         if not once:
             # A process manager stops us with SIGTERM: finish the current batch, whose transaction is atomic.
             signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -71,5 +77,12 @@ class Command(BaseCommand):
                     continue
                 if any(read.values()):
                     self.stdout.write(f"hydra_ingest {host}: " + ", ".join(f"{k} {v}" for k, v in read.items()))
+            try:
+                compacted = compaction.run_if_due()
+            except DatabaseError as error:  # the ingest goes on; the next compaction starts where this one stopped
+                self.stderr.write(f"hydra_ingest: telemetry compaction failed ({error})")
+            else:
+                if compacted and (compacted.trials or compacted.samples):
+                    self.stdout.write(f"hydra_ingest: {compacted}")
             if once or stop.wait(interval):
                 break
