@@ -64,6 +64,8 @@ class Experiment(models.Model):
 
     class Meta:
         ordering = ["-created", "-pk"]
+        # The experiment list reads a team's experiments newest first, a page at a time.
+        indexes = [models.Index(fields=["team", "-created", "-id"], name="experiment_team_newest")]
 
     def __str__(self) -> str:
         return self.name
@@ -120,7 +122,9 @@ class Trial(models.Model):
     class Meta:
         ordering = ["experiment", "number"]
         constraints = [models.UniqueConstraint(fields=["experiment", "number"], name="unique_trial_number")]
-        indexes = [models.Index(fields=["best_val_ppl", "finished"])]
+        # Leaderboards rank trials by either metric, ties to the earlier finish.
+        indexes = [models.Index(fields=["best_val_ppl", "finished"]),
+                   models.Index(fields=["best_val_loss", "finished"], name="trial_best_val_loss")]
 
     def __str__(self) -> str:
         return f"{self.experiment.name} #{self.number}"
