@@ -54,7 +54,8 @@ def test_it_scores_runnable_trials_by_remaining_time(shard_queue: ShardQueue) ->
     runnable(shard_queue, "short", units=2, unit_s=1.0)
     runnable(shard_queue, "long", units=5, unit_s=1.0)
     assert [c.trial_id for c in survey(shard_queue).candidates] == ["long", "short"]
-    assert shard_queue.client.zscore(shard_queue.key("runnable::1"), "long") == 5.0  # team "", priority normal
+    # Team "", priority normal; scored by minus the remaining seconds, so the longest comes first in ZRANGE.
+    assert shard_queue.client.zscore(shard_queue.key("runnable::1"), "long") == -5.0
 
 
 def test_it_claims_a_trial_once(shard_queue: ShardQueue) -> None:

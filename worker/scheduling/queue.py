@@ -10,7 +10,13 @@ readable with redis-cli::
                                         remaining_units, unit_s, units_done, requeues, replans, message,
                                         plan, submitted, updated, active
     hydra:<host>:planning        LIST   trial ids waiting to be planned (LPUSH in, RPOP out: FIFO)
-    hydra:<host>:runnable        ZSET   trial id -> remaining seconds          what Sharded-LRTF picks from
+    hydra:<host>:runnable:<team>:<priority>
+                                 ZSET   trial id -> minus its remaining seconds  what Sharded-LRTF picks from
+    hydra:<host>:runnable:<team>:<priority>:device:<name>, ...:base:<key>
+                                 ZSET   the same, of the trials last run on a device / next reading a base
+    hydra:<host>:held:<device>   SET    trials the device may hold the activations of (checked on survey)
+    hydra:<host>:planners        HASH   device -> the trial it took to plan (one plans while others train)
+    hydra:<host>:planning_teams  HASH   team -> its trials waiting to be planned
     hydra:<host>:leases          ZSET   trial id -> lease expiry (ms)          planning or running trials
     hydra:<host>:seq             STRING lease token counter (never below Redis's clock in ms times 1000)
     hydra:<host>:wake            LIST   wake-up tokens for idle devices (capped)
@@ -63,7 +69,7 @@ from worker.contract import (
 from worker.scheduling.fair_share import PRIORITIES, USAGE_HALF_LIFE_S
 from worker.scheduling.keys import EVENTS_MAXLEN, HOSTS_KEY, host_prefix
 from worker.scheduling.placement import HostLoad
-from worker.scheduling.policy import BaseShard, Candidate, Shares, remaining_seconds
+from worker.scheduling.policy import TIE_TOLERANCE, BaseShard, Candidate, Shares, remaining_seconds
 
 __all__ = ["InvalidTransition", "Lease", "LeaseLost", "PlanJob", "QueueError", "ShardQueue", "Survey",
            "TrialExists", "TrialNotFound", "TrialRecord"]
@@ -72,9 +78,12 @@ DEFAULT_LEASE_MS = 10_000
 TRIAL_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TEAM_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{0,64}$")  # '' is the team of trials submitted without one
 PLANNING_SCAN = 256  # trials waiting to be planned that one claim considers for admission, oldest first
-# Candidates read per survey. Only the head of the runnable set matters to the policy; ties deeper than
-# this are broken by id alone.
-SURVEY_LIMIT = 64
+# What a survey reads of each team's runnable set (see `_SURVEY`): its longest trials that no other device
+# holds, and of one shared base's trials the longest that the affinity rule may look at. Both are bounds that
+# keep a survey's cost flat however many trials are runnable; the policy's choice over them is its choice over
+# the whole set, except that a base's trials beyond the first SURVEY_BASE_WALK are not tried for affinity.
+SURVEY_HEAD = 4
+SURVEY_BASE_WALK = 16
 
 
 # Shared Lua prelude: key names, the Redis clock, leases and the state-change event. The Python constants
@@ -157,10 +166,31 @@ local function charge(id)
   set_usage(team, usage_of(team) + tonumber(t[2] or '0'))
   redis.call('HSET', key('served'), team, now_ms())
 end
--- The runnable set a trial belongs in: one per team and priority, scored by remaining seconds.
-local function runnable_key(id)
-  local t = redis.call('HMGET', tkey(id), 'team', 'priority')
-  return key('runnable:' .. (t[1] or '') .. ':' .. (t[2] or '1'))
+-- The runnable sets a trial is in while runnable: its team and priority's, scored by minus its remaining
+-- seconds, so that ZRANGE lists the longest first and, among equal times, the smallest id first (the
+-- policy's order); and beside it two small views of the same trials for the policy's affinity, per device
+-- the trials whose last unit ran there, and per shared base the trials whose next unit reads its layers.
+-- The fields they are keyed by (last_device, next_base) change only while a trial is out of them (leased).
+local function runnable_keys(id)
+  local t = redis.call('HMGET', tkey(id), 'team', 'priority', 'last_device', 'next_base')
+  local set = key('runnable:' .. (t[1] or '') .. ':' .. (t[2] or '1'))
+  local by_device, by_base
+  if t[3] and t[3] ~= '' then by_device = set .. ':device:' .. t[3] end
+  if t[4] and t[4] ~= '' then by_base = set .. ':base:' .. string.match(t[4], '^(.*):%d+:%d+$') end
+  return set, by_device, by_base
+end
+local function runnable_add(id, score)
+  local set, by_device, by_base = runnable_keys(id)
+  redis.call('ZADD', set, score, id)
+  if by_device then redis.call('ZADD', by_device, score, id) end
+  if by_base then redis.call('ZADD', by_base, score, id) end
+end
+-- 1 if `id` was runnable (and is no longer), else 0.
+local function runnable_remove(id)
+  local set, by_device, by_base = runnable_keys(id)
+  if by_device then redis.call('ZREM', by_device, id) end
+  if by_base then redis.call('ZREM', by_base, id) end
+  return redis.call('ZREM', set, id)
 end
 -- The bytes of the host tier trials' stores may take (0: no limit): what an administrator set for the host,
 -- else what its workers found when they started.
@@ -201,6 +231,40 @@ end
 local function plannable()
   if redis.call('EXISTS', key('planning_blocked')) == 1 then return 0 end
   return redis.call('LLEN', key('planning'))
+end
+-- Whether a device other than `device` is planning a trial now: then `device` goes on training rather than
+-- plan too, so that planning many trials takes one device from training at a time (`planners`: device ->
+-- the trial it last took to plan; an entry whose trial is planned or whose lease lapsed is dropped here).
+local function planning_elsewhere(device)
+  local planners = redis.call('HGETALL', key('planners'))
+  for i = 1, #planners, 2 do
+    local other, id = planners[i], planners[i + 1]
+    local t = redis.call('HMGET', tkey(id), 'state', 'device', 'lease')
+    if t[1] ~= 'planning' or t[2] ~= other or not t[3] then
+      redis.call('HDEL', key('planners'), other)
+    elseif other ~= device then
+      return true
+    end
+  end
+  return false
+end
+-- The list of trials waiting to be planned, oldest at its right end, and per team how many wait (so that an
+-- admission scan knows the least share among the waiting teams before it reads them all).
+local function planning_add(id, oldest)
+  redis.call(oldest and 'RPUSH' or 'LPUSH', key('planning'), id)
+  redis.call('HINCRBY', key('planning_teams'), redis.call('HGET', tkey(id), 'team') or '', 1)
+  redis.call('DEL', key('planning_blocked'))
+end
+-- 1 if `id` was waiting to be planned (and is no longer), else 0.
+local function planning_remove(id)
+  local removed = redis.call('LREM', key('planning'), 0, id)
+  if removed > 0 then
+    local team = redis.call('HGET', tkey(id), 'team') or ''
+    if redis.call('HINCRBY', key('planning_teams'), team, -1) <= 0 then
+      redis.call('HDEL', key('planning_teams'), team)
+    end
+  end
+  return removed
 end
 local function admit(id)
   if redis.call('HEXISTS', key('admitted'), id) == 1 then return end
@@ -246,7 +310,7 @@ local function wake()
 end
 local function make_runnable(id, quiet, message)
   local remaining = redis.call('HMGET', tkey(id), 'remaining_units', 'unit_s')
-  redis.call('ZADD', runnable_key(id), tonumber(remaining[1]) * tonumber(remaining[2]), id)
+  runnable_add(id, -(tonumber(remaining[1]) * tonumber(remaining[2])))
   set_state(id, 'runnable', message, quiet)
   wake()
 end
@@ -290,8 +354,7 @@ local now = now_ms() / 1000
 redis.call('HSET', tkey(id), 'job', job, 'export_dir', export_dir, 'submitted', now, 'units_done', 0,
            'requeues', 0, 'team', team, 'priority', priority, 'host_bytes', host_bytes)
 redis.call('ZADD', key('trials'), now, id)
-redis.call('LPUSH', key('planning'), id)
-redis.call('DEL', key('planning_blocked'))
+planning_add(id, false)
 set_state(id, 'planning')
 wake()
 return 'ok'
@@ -299,11 +362,17 @@ return 'ok'
 
 # Check that the calling device loop is still the device's current one (its worker did not restart or
 # stop), requeue expired leases, then report how many trials wait to be planned, one ended trial whose
-# state the caller must free, and the head of the runnable set with each trial's last device, units done and
-# the device holding its activations (its last device, until held_until).
-# It returns a flat array, laid out in its comments; `_survey_from` is its one reader.
-_SURVEY = _script("limit device epoch", """
-limit = tonumber(limit)
+# state the caller must free, and the candidates the policy needs to decide as it would over every runnable
+# trial, each with its last device, units done and the device holding its activations (its last device,
+# until held_until). What it reads does not grow with the runnable trials (see `_survey_from` for the layout):
+# - the trials this device holds (`held:<device>`, of any team): the policy runs one of them first;
+# - per team with work, in its highest priority with runnable trials: the head of its set, up to `head`
+#   trials no other device holds (held ones go out too, marked, but there are at most as many as devices);
+# - and, of those within the tie tolerance of the longest, the affinity views: the longest whose last unit
+#   ran on this device, and the longest (of the first `base_walk`) whose next unit reads base layers that
+#   overlap `holding`, the layers the device holds (policy.BaseShard's text, or '').
+_SURVEY = _script("head base_walk device epoch holding", """
+head, base_walk = tonumber(head), tonumber(base_walk)
 local dkey = key('device:' .. device)
 local loop = redis.call('HMGET', dkey, 'epoch', 'stop')
 -- A device Redis lost (emptied): the loop asking is its current one; it goes on and says so.
@@ -321,17 +390,16 @@ for _, id in ipairs(expired) do
   redis.call('HINCRBY', tkey(id), 'requeues', 1)
   local state = redis.call('HGET', tkey(id), 'state')
   if state == 'planning' then
-    redis.call('RPUSH', key('planning'), id)
-    redis.call('DEL', key('planning_blocked'))
+    planning_add(id, true)
     wake()
   elseif state == 'running' then
     after_unit(id, false, 'lease of ' .. redis.call('HGET', tkey(id), 'device') .. ' expired; the unit runs again')
   end
 end
 -- Else {1, planning, reap, teams, then per team with work: team, usage, weight, served (ms, '' if never),
--- then per candidate, each team's highest priority with runnable trials, longest first: id, remaining_s,
--- last_device, units_done, held_by, next_base, team, priority}: planning counts the trials waiting to be
--- planned; '' stands for no trial to reap, no last device, no holder, no base layers read by the next unit.
+-- then per candidate: id, remaining_s, last_device, units_done, held_by, next_base, team, priority}: planning
+-- counts the trials waiting to be planned; '' stands for no trial to reap, no last device, no holder, no base
+-- layers read by the next unit.
 local teams = redis.call('SMEMBERS', key('teams'))
 local out = {1, plannable(), redis.call('RPOP', key('reap')) or '', #teams}
 for _, team in ipairs(teams) do
@@ -340,41 +408,103 @@ for _, team in ipairs(teams) do
   table.insert(out, tostring(weight_of(team)))
   table.insert(out, redis.call('HGET', key('served'), team) or '')
 end
+local seen = {}
+-- Add a candidate once, from its runnable set's score (minus its remaining seconds); returns its remaining
+-- seconds and its holder ('' when none).
+local function candidate(id, score, team, priority)
+  local remaining = tonumber(score)
+  remaining = remaining == 0 and 0 or -remaining
+  local extra = redis.call('HMGET', tkey(id), 'last_device', 'units_done', 'held_until', 'next_base')
+  local held_by = (tonumber(extra[3] or '0') > now_ms()) and extra[1] or ''
+  if not seen[id] then
+    seen[id] = true
+    for _, value in ipairs({id, string.format('%.17g', remaining), extra[1] or '', extra[2] or '0', held_by,
+                            extra[4] or '', team, priority}) do
+      table.insert(out, value)
+    end
+  end
+  return remaining, held_by, extra[4] or ''
+end
+local held = key('held:' .. device)
+for _, id in ipairs(redis.call('SMEMBERS', held)) do
+  local t = redis.call('HMGET', tkey(id), 'state', 'last_device', 'held_until', 'team', 'priority')
+  if t[2] ~= device or tonumber(t[3] or '0') <= now_ms() or (t[1] ~= 'runnable' and t[1] ~= 'running') then
+    redis.call('SREM', held, id)
+  elseif t[1] == 'runnable' then
+    local priority = t[5] or '1'
+    local score = redis.call('ZSCORE', key('runnable:' .. (t[4] or '') .. ':' .. priority), id)
+    if score then candidate(id, score, t[4] or '', priority) end
+  end
+end
+local held_first, held_stop
+if holding ~= '' then
+  held_first, held_stop = string.match(holding, ':(%d+):(%d+)$')
+  held_first, held_stop = tonumber(held_first), tonumber(held_stop)
+end
 for _, team in ipairs(teams) do
   for priority = 2, 0, -1 do
-    local head = redis.call('ZREVRANGE', key('runnable:' .. team .. ':' .. priority), 0, limit - 1, 'WITHSCORES')
-    for i = 1, #head, 2 do
-      local id = head[i]
-      local extra = redis.call('HMGET', tkey(id), 'last_device', 'units_done', 'held_until', 'next_base')
-      table.insert(out, id)
-      table.insert(out, head[i + 1])
-      table.insert(out, extra[1] or '')
-      table.insert(out, extra[2] or '0')
-      table.insert(out, (tonumber(extra[3] or '0') > now_ms()) and extra[1] or '')
-      table.insert(out, extra[4] or '')
-      table.insert(out, team)
-      table.insert(out, priority)
+    local set = key('runnable:' .. team .. ':' .. priority)
+    local longest, found, offset, any = nil, 0, 0, false
+    while found < head do
+      local chunk = redis.call('ZRANGE', set, offset, offset + head - 1, 'WITHSCORES')
+      if #chunk == 0 then break end
+      any = true
+      for i = 1, #chunk, 2 do
+        local remaining, held_by = candidate(chunk[i], chunk[i + 1], team, priority)
+        if held_by == '' or held_by == device then
+          found = found + 1
+          longest = longest or remaining
+        end
+      end
+      offset = offset + head
     end
-    if #head > 0 then break end
+    if longest then
+      local floor = longest * (1 - TIE_TOLERANCE)
+      local mine = redis.call('ZRANGE', set .. ':device:' .. device, 0, 0, 'WITHSCORES')
+      if #mine > 0 and -tonumber(mine[2]) >= floor then candidate(mine[1], mine[2], team, priority) end
+      if held_first then
+        local base = string.match(holding, '^(.*):%d+:%d+$')
+        local walk = redis.call('ZRANGE', set .. ':base:' .. base, 0, base_walk - 1, 'WITHSCORES')
+        for i = 1, #walk, 2 do
+          if -tonumber(walk[i + 1]) < floor then break end
+          local first, stop = string.match(redis.call('HGET', tkey(walk[i]), 'next_base') or '', ':(%d+):(%d+)$')
+          if first and tonumber(first) < held_stop and held_first < tonumber(stop) then
+            local _, held_by = candidate(walk[i], walk[i + 1], team, priority)
+            if held_by == '' or held_by == device then break end
+          end
+        end
+      end
+    end
+    if any then break end
   end
 end
 return out
-""")
+""".replace("TIE_TOLERANCE", repr(TIE_TOLERANCE)))
 
-# Returns {id, token, lease_ms, job}, or nil when no trial waits to be planned.
+# Returns {id, token, lease_ms, job}, or nil when no trial waits to be planned, or when `idle` is '0' (the
+# device has units to run) and another device is planning: planning takes one device at a time from training.
 # Of the oldest `PLANNING_SCAN` trials waiting to be planned, the admissible ones (see admissible) go in
 # fair-share order of their teams, the oldest first within a team; the others keep waiting, with the reason
 # in their message. A trial whose state alone exceeds the host tier fails, saying so.
-_CLAIM_PLAN = _script("device", """
+_CLAIM_PLAN = _script("device idle", """
+if idle ~= '1' and planning_elsewhere(device) then return false end
 local waiting = redis.call('LRANGE', key('planning'), -PLANNING_SCAN, -1)
 local capacity = capacity_of_host()
+-- No waiting trial can come before one of a team with the least share among the waiting teams, and ties go
+-- to the oldest: the scan ends at the first such trial it can admit (at once when nothing is over a quota).
+local least
+local waiting_teams = redis.call('HGETALL', key('planning_teams'))
+for i = 1, #waiting_teams, 2 do
+  local share = usage_of(waiting_teams[i]) / weight_of(waiting_teams[i])
+  if not least or share < least then least = share end
+end
 local best, best_share
 for i = #waiting, 1, -1 do
   local id = waiting[i]
   local t = redis.call('HMGET', tkey(id), 'team', 'host_bytes')
   local bytes = tonumber(t[2] or '0')
   if capacity > 0 and bytes > capacity then
-    redis.call('LREM', key('planning'), 1, id)
+    planning_remove(id)
     set_state(id, 'failed', string.format('Its state needs %.0f MB on the host tier, which holds %.0f MB on ' ..
                                           'this host: lower the model size or batch.', bytes / 1e6, capacity / 1e6))
   else
@@ -383,6 +513,7 @@ for i = #waiting, 1, -1 do
       local team = t[1] or ''
       local share = usage_of(team) / weight_of(team)
       if not best or share < best_share then best, best_share = id, share end
+      if least and best_share <= least then break end
     else
       redis.call('HSET', tkey(id), 'message', why)
     end
@@ -392,10 +523,11 @@ if not best then
   redis.call('SET', key('planning_blocked'), '1')
   return false
 end
-redis.call('LREM', key('planning'), 1, best)
+planning_remove(best)
 admit(best)
 redis.call('HSET', tkey(best), 'message', '')
 local token, ms = grant_lease(best, device)
+redis.call('HSET', key('planners'), device, best)
 return {best, token, ms, redis.call('HGET', tkey(best), 'job')}
 """.replace("PLANNING_SCAN", str(PLANNING_SCAN)))
 
@@ -410,7 +542,7 @@ return after_unit(id, false)
 # Returns {token, lease_ms, units_done, job, export_dir, remaining_units, unit_s}, or nil when the trial is
 # not runnable (another device took it first).
 _CLAIM = _script("id device", """
-if redis.call('ZREM', runnable_key(id), id) == 0 then return false end
+if runnable_remove(id) == 0 then return false end
 local token, ms = grant_lease(id, device)
 charge(id)
 set_state(id, 'running', nil, redis.call('HGET', tkey(id), 'active') == '1')
@@ -436,8 +568,10 @@ redis.call('HSET', tkey(id), 'remaining_units', remaining_units, 'unit_s', unit_
            'next_base', next_base)
 if hold_ms > 0 then
   redis.call('HSET', tkey(id), 'held_until', now_ms() + hold_ms)
+  redis.call('SADD', key('held:' .. device), id)
 else
   redis.call('HDEL', tkey(id), 'held_until')
+  redis.call('SREM', key('held:' .. device), id)
 end
 if remaining_units == 0 then
   redis.call('HDEL', tkey(id), 'control')
@@ -445,9 +579,10 @@ if remaining_units == 0 then
   return 'finished'
 end
 -- The device holds the trial and its loop `epoch` goes on: it runs the next unit too (the policy's choice,
--- see policy.py), so lease it at once, unless a pause or cancel waits or a trial waits to be planned.
+-- see policy.py), so lease it at once, unless a pause or cancel waits, or a trial waits to be planned and
+-- no other device is planning (this one would leave training to plan).
 if hold_ms > 0 and epoch ~= '' and not redis.call('HGET', tkey(id), 'control')
-    and plannable() == 0 then
+    and (plannable() == 0 or planning_elsewhere(device)) then
   local loop = redis.call('HMGET', key('device:' .. device), 'epoch', 'stop')
   if loop[1] == epoch and loop[2] ~= '1' then
     local next_token, ms = grant_lease(id, device)
@@ -482,7 +617,7 @@ _PAUSE = _script("id", """
 local state = redis.call('HGET', tkey(id), 'state')
 if not state then return 'missing' end
 if state == 'runnable' then
-  redis.call('ZREM', runnable_key(id), id)
+  runnable_remove(id)
   set_state(id, 'paused')
 elseif state == 'running' or state == 'planning' then
   redis.call('HSET', tkey(id), 'control', 'pause')
@@ -509,9 +644,9 @@ _CANCEL = _script("id", """
 local state = redis.call('HGET', tkey(id), 'state')
 if not state then return 'missing' end
 if state == 'runnable' or state == 'paused' then
-  redis.call('ZREM', runnable_key(id), id)
+  runnable_remove(id)
   set_state(id, 'cancelled')
-elseif state == 'planning' and redis.call('LREM', key('planning'), 0, id) > 0 then
+elseif state == 'planning' and planning_remove(id) > 0 then
   set_state(id, 'cancelled')
 elseif state == 'running' or state == 'planning' then
   redis.call('HSET', tkey(id), 'control', 'cancel')
@@ -519,6 +654,28 @@ elseif state ~= 'cancelled' then
   return 'invalid:' .. state
 end
 return redis.call('HGET', tkey(id), 'state')
+""")
+
+# Runnable sets written before they were scored by minus the remaining time and had their affinity views
+# are rewritten, and the waiting teams counted, once per host (a worker of this version starting on a Redis
+# that older workers filled).
+_UPGRADE = _script("", """
+if redis.call('GET', key('layout')) == '2' then return 0 end
+local moved = 0
+for _, id in ipairs(redis.call('ZRANGE', key('trials'), 0, -1)) do
+  if redis.call('HGET', tkey(id), 'state') == 'runnable' then
+    local remaining = redis.call('HMGET', tkey(id), 'remaining_units', 'unit_s')
+    runnable_remove(id)
+    runnable_add(id, -(tonumber(remaining[1]) * tonumber(remaining[2])))
+    moved = moved + 1
+  end
+end
+redis.call('DEL', key('planning_teams'))
+for _, id in ipairs(redis.call('LRANGE', key('planning'), 0, -1)) do
+  redis.call('HINCRBY', key('planning_teams'), redis.call('HGET', tkey(id), 'team') or '', 1)
+end
+redis.call('SET', key('layout'), '2')
+return moved
 """)
 
 # Read only: {teams, then per team with work: team, usage, weight, served (ms, '' if never)}.
@@ -537,6 +694,7 @@ return out
 _SCRIPTS = {
     "submit": _SUBMIT,
     "shares": _SHARES,
+    "upgrade": _UPGRADE,
     "survey": _SURVEY,
     "claim_plan": _CLAIM_PLAN,
     "plan_done": _PLAN_DONE,
@@ -777,6 +935,7 @@ class ShardQueue:
     def register_host(self) -> None:
         """Say that this host has device workers (they call it when they start), so the web app places trials
         on it (`worker.scheduling.placement`)."""
+        self._run("upgrade")
         seconds, micros = self.client.time()
         self.client.zadd(HOSTS_KEY, {self.host_id: seconds * 1000 + micros // 1000})
 
@@ -810,21 +969,25 @@ class ShardQueue:
             for key in sorted(self.client.scan_iter(match=prefix + "*", count=1000))
         }
 
-    def survey(self, device: str, epoch: str) -> Survey:
-        """Requeue expired leases, then list trials to plan and the head of the runnable set.
+    def survey(self, device: str, epoch: str, *, holding: BaseShard | None = None) -> Survey:
+        """Requeue expired leases, then list trials to plan and the candidates the policy picks from:
+        the trials `device` holds, each team's longest, and those it has affinity with (its last device,
+        or base layers overlapping `holding`, the shared base layers the device holds now).
 
         A device loop calls it before each claim; the returned `alive` tells it whether to go on.
         """
-        return _survey_from(self._run("survey", **_survey_args(device, epoch)))
+        return _survey_from(self._run("survey", **_survey_args(device, epoch, holding)))
 
-    def claim_plan(self, device: str) -> PlanJob | None:
-        """Take a trial waiting to be planned that can be admitted, with a lease; None when there is none.
+    def claim_plan(self, device: str, *, idle: bool = True) -> PlanJob | None:
+        """Take a trial waiting to be planned that can be admitted, with a lease; None when there is none,
+        or when the device is not `idle` (it has units it could run) and another device is planning: then it
+        trains, so that many trials waiting to be planned take one device at a time from training.
 
         Admission: the trial's team is under its quota (`set_quotas`) and the host tier has room for its
         `host_bytes` (`configure(capacity_bytes=)`). Of the admissible trials, the team whose turn it is by
         fair share goes first, its oldest trial first. The others wait, their record's message saying why.
         """
-        raw = self._run("claim_plan", device=device)
+        raw = self._run("claim_plan", device=device, idle="1" if idle else "0")
         if raw is None:
             return None
         trial_id, token, lease_ms, job = raw
@@ -890,18 +1053,19 @@ class ShardQueue:
     def complete_then_survey(
         self, lease: Lease, epoch: str, *, remaining_units: int, unit_s: float, message: str = "",
         steps_done: int | None = None, hold_s: float = 0.0, next_base: BaseShard | None = None,
-        also: Callable[[redis.client.Pipeline], None] | None = None,
+        holding: BaseShard | None = None, also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> tuple[str, Survey, Lease | None]:
         """`complete`, then `survey` for the same device, in one round trip: what a device loop does between
         two units. Returns the trial's state, the survey, and the lease on the trial's next unit if this
         device holds the trial (`hold_s` > 0) and goes on with it: then the trial stays running (no claim
         is needed; the policy picks a held trial first anyway), unless a pause or cancel is pending, a trial
-        waits to be planned, or the device's loop `epoch` is no longer current. Raises LeaseLost (the
-        survey was made, but the loop may as well make another)."""
+        waits to be planned and no other device is planning, or the device's loop `epoch` is no longer
+        current. `holding`: the shared base layers the unit read, which the device holds after it (for the
+        survey). Raises LeaseLost (the survey was made, but the loop may as well make another)."""
         outcome, raw = self._run_all(also, [
             ("complete", _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch=epoch,
                                         next_base=next_base)),
-            ("survey", _survey_args(lease.device, epoch)),
+            ("survey", _survey_args(lease.device, epoch, holding)),
         ])
         if isinstance(outcome, list):
             token, lease_ms = outcome
@@ -1030,9 +1194,10 @@ def _shares_from(flat: list[Any], teams: int) -> Shares:
     return shares
 
 
-def _survey_args(device: str, epoch: str) -> dict[str, object]:
-    """The survey script's arguments for the loop `epoch` of `device`."""
-    return {"limit": SURVEY_LIMIT, "device": device, "epoch": epoch}
+def _survey_args(device: str, epoch: str, holding: BaseShard | None = None) -> dict[str, object]:
+    """The survey script's arguments for the loop `epoch` of `device`, which holds base layers `holding`."""
+    return {"head": SURVEY_HEAD, "base_walk": SURVEY_BASE_WALK, "device": device, "epoch": epoch,
+            "holding": "" if holding is None else str(holding)}
 
 
 def _complete_args(
