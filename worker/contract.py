@@ -99,12 +99,13 @@ class EngineJob:
 
 @dataclass(frozen=True, kw_only=True)
 class SyntheticJob:
-    """`units` units that sleep `unit_ms` each and train nothing; unit `fail_at_unit` raises (which fails
-    the trial as a crashing engine unit would)."""
+    """`units` units that sleep `unit_ms` each and train nothing; planning sleeps `plan_ms`; unit
+    `fail_at_unit` raises (which fails the trial as a crashing engine unit would)."""
 
     units: int
     unit_ms: float = 0.0
     fail_at_unit: int | None = None
+    plan_ms: float = 0.0
 
     kind = "synthetic"
 
@@ -113,11 +114,14 @@ class SyntheticJob:
             raise JobError(f"a synthetic job needs at least one unit; got units={self.units!r}.")
         if not isinstance(self.unit_ms, int | float) or self.unit_ms < 0:
             raise JobError(f"unit_ms={self.unit_ms!r} must be a number of milliseconds, not negative.")
+        if not isinstance(self.plan_ms, int | float) or self.plan_ms < 0:
+            raise JobError(f"plan_ms={self.plan_ms!r} must be a number of milliseconds, not negative.")
         if self.fail_at_unit is not None and not isinstance(self.fail_at_unit, int):
             raise JobError(f"fail_at_unit={self.fail_at_unit!r} must be a unit number or null.")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "units": self.units, "unit_ms": self.unit_ms, "fail_at_unit": self.fail_at_unit}
+        return {"kind": self.kind, "units": self.units, "unit_ms": self.unit_ms, "fail_at_unit": self.fail_at_unit,
+                "plan_ms": self.plan_ms}
 
 
 Job = EngineJob | SyntheticJob
@@ -135,7 +139,7 @@ def job_from_dict(raw: Mapping[str, Any]) -> Job:
                              checkpoint_minutes=raw.get("checkpoint_minutes", DEFAULT_CHECKPOINT_MINUTES))
         if kind == SyntheticJob.kind:
             return SyntheticJob(units=raw["units"], unit_ms=raw.get("unit_ms", 0.0),
-                                fail_at_unit=raw.get("fail_at_unit"))
+                                fail_at_unit=raw.get("fail_at_unit"), plan_ms=raw.get("plan_ms", 0.0))
     except KeyError as error:
         raise JobError(f"{kind} job lacks {error}.") from error
     except (TypeError, ValueError, SpecError) as error:

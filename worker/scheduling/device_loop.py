@@ -7,7 +7,9 @@ leases, read candidates); then a claim of the trial the policy picked. While the
 unit at once, as the policy would pick it anyway, and the claim is skipped: 6 units in 7 on a 4-shard
 trial. On a CPU device, where Redis takes its turns on the cores that compute, each round trip saved is
 time for the units. Planning a trial is work of the same kind: it needs the device, so a free device plans
-waiting trials before it runs units.
+waiting trials before it runs units, but only one device at a time leaves training for it: while another
+device plans, one with units to run runs them (an idle one plans too). So a sweep of hundreds of trials
+arriving at once is planned by one device while the others go on training.
 
 While a unit runs, the loop already knows which trial it will most likely take next (the policy applied to
 the survey, with the current trial's remaining time reduced by one unit) and hands that guess to the
@@ -171,7 +173,8 @@ class DeviceLoop:
     def turn(self) -> bool:
         """Plan one trial, run one unit, or wait a little for work. False when the loop must end."""
         self._report_checkpoints()
-        survey, self._survey = self._survey or self.queue.survey(self.device, self.config.epoch), None
+        survey = self._survey or self.queue.survey(self.device, self.config.epoch, holding=self._holding)
+        self._survey = None
         if not survey.alive:
             return False
         if survey.reap is not None:
@@ -180,12 +183,12 @@ class DeviceLoop:
             lease, self._next = self._next, None
             self._run_unit(lease, self._next_guess(survey, lease))
             return True
+        choice = pick(survey.candidates, self.device, self._holding, survey.shares)
         if survey.planning:
-            job = self.queue.claim_plan(self.device)
+            job = self.queue.claim_plan(self.device, idle=choice is None)
             if job is not None:
                 self._plan(job)
                 return True
-        choice = pick(survey.candidates, self.device, self._holding, survey.shares)
         if choice is None:
             self.queue.wait_for_work(self.config.idle_wait_s)
             return True
@@ -302,7 +305,7 @@ class DeviceLoop:
         try:
             _, self._survey, self._next = self.queue.complete_then_survey(
                 lease, self.config.epoch, remaining_units=done.remaining_units, unit_s=unit_s, message=done.message,
-                steps_done=done.step + 1, next_base=done.next_base,
+                steps_done=done.step + 1, next_base=done.next_base, holding=done.base,
                 hold_s=HOLD_UNITS * unit_s if done.keeps_activations else 0.0,
                 also=lambda pipe: telemetry.add_all(pipe, self.queue.host_id, span=span, steps=done.steps,
                                                     evals=done.evals),

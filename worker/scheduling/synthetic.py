@@ -21,6 +21,8 @@ class SyntheticRunner:
     """Runs synthetic trials. Their only state is the queue's count of units done."""
 
     def plan(self, *, trial_id: str, job: SyntheticJob) -> Planned:
+        if job.plan_ms:
+            time.sleep(job.plan_ms / 1000)
         return Planned(remaining_units=job.units, unit_s=max(job.unit_ms / 1000, 1e-6),
                        plan={"kind": "synthetic", "units": job.units})
 
