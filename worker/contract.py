@@ -160,9 +160,10 @@ class TrialState(StrEnum):
     FINISHED = "finished"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    PRUNED = "pruned"  # stopped by the experiment's pruner at an evaluation, its state and export kept
 
 
-ENDED = frozenset({TrialState.FINISHED, TrialState.FAILED, TrialState.CANCELLED})
+ENDED = frozenset({TrialState.FINISHED, TrialState.FAILED, TrialState.CANCELLED, TrialState.PRUNED})
 # A device may be working on a trial in these states (planning it, or running its unit): a pause or cancel
 # waits in the trial's ``control`` field and applies when that work ends, at a unit boundary.
 IN_FLIGHT = frozenset({TrialState.PLANNING, TrialState.RUNNING})
@@ -192,6 +193,7 @@ class UnitEnd(StrEnum):
     PLANNED = "planned"  # planning succeeded
     DONE = "done"  # a unit completed and more remain
     LAST = "last"  # the trial's last unit completed
+    PRUNED = "pruned"  # the unit's evaluation fell behind the experiment's other trials: the pruner stopped it
     REPLANNED = "replanned"  # the unit ran out of device memory and the trial was re-planned
     FAILED = "failed"  # planning or the unit raised
     LEASE_EXPIRED = "lease_expired"  # the device went silent; the same work runs again
@@ -201,8 +203,8 @@ class UnitEnd(StrEnum):
 # PAUSED or CANCELLED (`after_unit`); FINISHED and FAILED drop it.
 UNIT_TRANSITIONS: Mapping[TrialState, Mapping[UnitEnd, TrialState]] = {
     S.PLANNING: {UnitEnd.PLANNED: S.RUNNABLE, UnitEnd.FAILED: S.FAILED, UnitEnd.LEASE_EXPIRED: S.PLANNING},
-    S.RUNNING: {UnitEnd.DONE: S.RUNNABLE, UnitEnd.LAST: S.FINISHED, UnitEnd.REPLANNED: S.RUNNABLE,
-                UnitEnd.FAILED: S.FAILED, UnitEnd.LEASE_EXPIRED: S.RUNNABLE},
+    S.RUNNING: {UnitEnd.DONE: S.RUNNABLE, UnitEnd.LAST: S.FINISHED, UnitEnd.PRUNED: S.PRUNED,
+                UnitEnd.REPLANNED: S.RUNNABLE, UnitEnd.FAILED: S.FAILED, UnitEnd.LEASE_EXPIRED: S.RUNNABLE},
 }
 del S
 

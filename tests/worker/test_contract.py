@@ -78,6 +78,8 @@ class Driver:
             self.queue.complete(lease, remaining_units=2, unit_s=0.01)
         elif how == UnitEnd.LAST:
             self.queue.complete(lease, remaining_units=0, unit_s=0.01)
+        elif how == UnitEnd.PRUNED:
+            self.queue.complete(lease, remaining_units=0, unit_s=0.01, pruned=True)
         elif how == UnitEnd.REPLANNED:
             self.queue.replan(lease, remaining_units=4, unit_s=0.01, plan={}, message="smaller shards")
         elif how == UnitEnd.FAILED:
@@ -111,6 +113,10 @@ def _situations() -> dict[str, tuple[TrialState, Callable[[Driver], None]]]:
         d.running()
         d.end(UnitEnd.LAST)
 
+    def pruned(d: Driver) -> None:
+        d.running()
+        d.end(UnitEnd.PRUNED)
+
     def failed(d: Driver) -> None:
         d.running()
         d.end(UnitEnd.FAILED)
@@ -126,6 +132,7 @@ def _situations() -> dict[str, tuple[TrialState, Callable[[Driver], None]]]:
         "running a unit": (S.RUNNING, Driver.running),
         "paused": (S.PAUSED, paused),
         "finished": (S.FINISHED, finished),
+        "pruned": (S.PRUNED, pruned),
         "failed": (S.FAILED, failed),
         "cancelled": (S.CANCELLED, cancelled),
     }
@@ -191,6 +198,7 @@ def test_the_ui_offers_the_controls_that_change_something() -> None:
     assert offered == {
         S.PLANNING: ["pause", "cancel"], S.RUNNABLE: ["pause", "cancel"], S.RUNNING: ["pause", "cancel"],
         S.PAUSED: ["resume", "cancel"], S.FINISHED: [], S.FAILED: [], S.CANCELLED: [],
+        S.PRUNED: [],
     }
 
 

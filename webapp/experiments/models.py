@@ -57,6 +57,16 @@ class Experiment(models.Model):
     priority = models.CharField(
         max_length=8, choices=Priority.choices, default=Priority.NORMAL,
         help_text="Orders this team's trials on the devices (high first); other teams' shares are not affected.")
+    pruner = models.JSONField(
+        null=True, blank=True,
+        help_text='Stops trials that fall behind at their evaluations: {"kind": "asha"|"hyperband"|"median", ...} '
+                  "(see webapp.experiments.pruning); null: trials run their whole budget.")
+    holdout_bytes = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="The final evaluation of every trial covers this many bytes of the dataset's validation text; "
+                  "null: all of it.")
+    tags = models.JSONField(default=list, blank=True, help_text="Short labels the team searches and filters by.")
+    notes = models.TextField(blank=True, help_text="Free text: what the experiment is for, what was learnt.")
     cloned_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created = models.DateTimeField(auto_now_add=True)
@@ -81,6 +91,7 @@ class Trial(models.Model):
         FINISHED = "finished", "Finished"
         FAILED = "failed", "Failed"
         CANCELLED = "cancelled", "Cancelled"
+        PRUNED = "pruned", "Pruned"
 
     # The scheduler's states (`worker.contract.TrialState`) plus "new", a trial not launched yet.
     ENDED = tuple(map(Status, [state for state in TrialState if state in CONTRACT_ENDED]))
@@ -107,6 +118,21 @@ class Trial(models.Model):
     remaining_s = models.FloatField(null=True, blank=True, help_text="The scheduler's remaining-time estimate.")
     best_val_loss = models.FloatField(null=True, blank=True)
     best_val_ppl = models.FloatField(null=True, blank=True)
+    rung = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="The pruner's last rung the trial reached (where it stopped, if pruned).")
+    final_bpb = models.FloatField(
+        null=True, blank=True, db_index=True,
+        help_text="Validation bits per byte of the final evaluation, on the experiment's declared held-out text.")
+    final_loss = models.FloatField(null=True, blank=True, help_text="Its loss per token (nats).")
+    final_ppl = models.FloatField(null=True, blank=True, help_text="Its perplexity per token.")
+    final_step = models.PositiveIntegerField(null=True, blank=True, help_text="Steps trained at the final evaluation.")
+    final_eval_bytes = models.BigIntegerField(
+        null=True, blank=True, help_text="UTF-8 bytes of the validation text the final evaluation's tokens cover.")
+    continued = models.JSONField(
+        default=list, blank=True,
+        help_text="Segments of steps added after the trial ended: [{steps, lr, warmup_steps, decay, at}].")
+    tags = models.JSONField(default=list, blank=True, help_text="Short labels the team searches and filters by.")
+    notes = models.TextField(blank=True, help_text="Free text about this trial.")
     message = models.TextField(blank=True, help_text="Why the trial failed, for the UI.")
     plan = models.JSONField(null=True, blank=True, help_text="Memory plan: an estimate, then the measured one.")
     spec = models.JSONField(null=True, blank=True, help_text="The engine TrialSpec (as a dict) sent at launch.")

@@ -292,7 +292,7 @@ local function set_state(id, state, message, quiet, steps_done)
   local is = state == 'runnable' or state == 'running'
   if was ~= is then team_work(id, is) end
   redis.call('HSET', tkey(id), 'state', state, 'message', message or '', 'updated', now_ms() / 1000)
-  if state == 'finished' or state == 'cancelled' or state == 'failed' then unadmit(id) end
+  if state == 'finished' or state == 'pruned' or state == 'cancelled' or state == 'failed' then unadmit(id) end
   -- No unit of it will run again (a retry is a new trial): the next survey on this host frees its state.
   if state == 'cancelled' or state == 'failed' then redis.call('LPUSH', key('reap'), id) end
   if quiet then return end
@@ -560,7 +560,7 @@ return 1
 # trial's activations that long; `epoch` is its loop's, or '' when the caller does not go on with a held
 # trial; `next_base` the shared base layers the trial's next unit reads (policy.BaseShard's text, or '').
 # Returns the trial's state, 'lost', or {token, lease_ms} of the next unit when the device goes on.
-_COMPLETE = _script("id token remaining_units unit_s device message steps_done hold_ms epoch next_base", """
+_COMPLETE = _script("id token remaining_units unit_s device message steps_done hold_ms epoch next_base ended", """
 remaining_units, hold_ms = tonumber(remaining_units), tonumber(hold_ms)
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HINCRBY', tkey(id), 'units_done', 1)
@@ -575,8 +575,8 @@ else
 end
 if remaining_units == 0 then
   redis.call('HDEL', tkey(id), 'control')
-  set_state(id, 'finished', message, false, steps_done ~= '' and steps_done or nil)
-  return 'finished'
+  set_state(id, ended, message, false, steps_done ~= '' and steps_done or nil)
+  return ended
 end
 -- The device holds the trial and its loop `epoch` goes on: it runs the next unit too (the policy's choice,
 -- see policy.py), so lease it at once, unless a pause or cancel waits, or a trial waits to be planned and
@@ -1033,7 +1033,7 @@ class ShardQueue:
     def complete(
         self, lease: Lease, *, remaining_units: int, unit_s: float, message: str = "",
         steps_done: int | None = None, hold_s: float = 0.0, next_base: BaseShard | None = None,
-        also: Callable[[redis.client.Pipeline], None] | None = None,
+        pruned: bool = False, also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> str:
         """End a unit: the trial finishes (0 units left), or becomes runnable, paused or cancelled.
 
@@ -1042,18 +1042,20 @@ class ShardQueue:
         event. `hold_s` > 0
         says this device keeps activations of the trial for that long (surveys report it as `held_by`).
         `next_base`: the shared base layers the trial's next unit reads (surveys report it, for the policy's
-        base affinity). `also` queues commands to send in the same round trip (telemetry). Raises LeaseLost
-        when the lease expired meanwhile (the unit is being re-run elsewhere).
+        base affinity). `pruned`: with 0 units left, the experiment's pruner stopped the trial (it ends
+        'pruned', not 'finished'). `also` queues commands to send in the same round trip (telemetry). Raises
+        LeaseLost when the lease expired meanwhile (the unit is being re-run elsewhere).
         """
         args = _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch="",
-                              next_base=next_base)
+                              next_base=next_base, pruned=pruned)
         outcome: str = self._run_with(also, "complete", **args)
         return self._check_lease(outcome, lease.trial_id)
 
     def complete_then_survey(
         self, lease: Lease, epoch: str, *, remaining_units: int, unit_s: float, message: str = "",
         steps_done: int | None = None, hold_s: float = 0.0, next_base: BaseShard | None = None,
-        holding: BaseShard | None = None, also: Callable[[redis.client.Pipeline], None] | None = None,
+        holding: BaseShard | None = None, pruned: bool = False,
+        also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> tuple[str, Survey, Lease | None]:
         """`complete`, then `survey` for the same device, in one round trip: what a device loop does between
         two units. Returns the trial's state, the survey, and the lease on the trial's next unit if this
@@ -1064,7 +1066,7 @@ class ShardQueue:
         survey). Raises LeaseLost (the survey was made, but the loop may as well make another)."""
         outcome, raw = self._run_all(also, [
             ("complete", _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch=epoch,
-                                        next_base=next_base)),
+                                        next_base=next_base, pruned=pruned)),
             ("survey", _survey_args(lease.device, epoch, holding)),
         ])
         if isinstance(outcome, list):
@@ -1202,10 +1204,11 @@ def _survey_args(device: str, epoch: str, holding: BaseShard | None = None) -> d
 
 def _complete_args(
     lease: Lease, remaining_units: int, unit_s: float, message: str, steps_done: int | None, hold_s: float, *,
-    epoch: str, next_base: BaseShard | None = None,
+    epoch: str, next_base: BaseShard | None = None, pruned: bool = False,
 ) -> dict[str, object]:
     """The complete script's arguments; `epoch` is the device loop's that goes on with a held trial, or ''."""
     return {"id": lease.trial_id, "token": lease.token, "remaining_units": remaining_units,
             "unit_s": repr(unit_s), "device": lease.device, "message": message,
             "steps_done": "" if steps_done is None else int(steps_done), "hold_ms": int(hold_s * 1000),
-            "epoch": epoch, "next_base": "" if next_base is None else str(next_base)}
+            "epoch": epoch, "next_base": "" if next_base is None else str(next_base),
+            "ended": "pruned" if pruned else "finished"}
