@@ -35,9 +35,9 @@ DEVICE_SEEN_S = 60.0
 # The most units the replay schedules, and the most units x trials it weighs (each claim looks at every
 # trial, a few microseconds each): a host's trials may have millions of units left, so longer workloads are
 # replayed in chunks of several units each (the same time in all), which keeps the replay within about
-# 50 ms on one CPU core.
+# 30 ms on one CPU core.
 MAX_REPLAY_UNITS = 4000
-MAX_REPLAY_WORK = 12_000
+MAX_REPLAY_WORK = 8000
 # The most trials the replay schedules. Every trial takes at least one claim and every claim looks at every
 # trial, so replaying all of a thousand trials would cost a million looks; past this many, the replay takes
 # the trials the scheduling rule reaches first (`scheduling_order`) and leaves the rest out: they are listed
@@ -207,26 +207,31 @@ def replay(loads: Sequence[TrialLoad], devices: Sequence[str],
 
 
 def estimate(records: Sequence[TrialRecord], devices: Mapping[str, Mapping[str, str]],
-             weights: Mapping[str, float], now: float, max_trials: int = MAX_REPLAY_TRIALS) -> Estimate:
+             weights: Mapping[str, float], now: float, max_trials: int = MAX_REPLAY_TRIALS, *,
+             waiting: bool = True) -> Estimate:
     """The host's devices with what each runs now, its waiting trials in the order they are expected to run
-    with why each waits, and the expected start and end (seconds from `now`) of every running or runnable
-    trial replayed: all of them, or the first `max_trials` in `scheduling_order` when there are more."""
+    with why each waits (none when not `waiting`: a page that shows only ends), and the expected start and end
+    (seconds from `now`) of every running or runnable trial replayed: all of them, or the first `max_trials`
+    in `scheduling_order` when there are more."""
     serving = devices_serving(devices, now)
     order = scheduling_order(records, weights)
     replayed, left_out = order[:max_trials], order[max_trials:]
     later = {r.trial_id: rank for rank, r in enumerate(left_out)}
     timings, before = replay(loads_of(replayed), serving, weights)
+    if not waiting:
+        return Estimate(devices=[], waiting=[], timings=timings, replayed=len(replayed), left_out=len(left_out))
     leased = {r.device: r for r in records if r.device and (r.state == "running"
                                                               or (r.state == "planning" and r.admitted))}
     rows = [Device(name, _online(info, now), _seen_ago(info, now), leased.get(name))
             for name, info in sorted(devices.items())]
-    waiting = [_waiting(r, timings.get(r.trial_id), before.get(r.trial_id), bool(serving),
-                        after=len(replayed) if r.trial_id in later else 0)
-               for r in records if r.state in WAITING_STATES and not (r.state == "planning" and r.admitted)]
-    waiting.sort(key=lambda w: (ORDER[w.record.state], w.timing.start_s if w.timing else math.inf,
-                                later.get(w.record.trial_id, -1), _planning_rank(w.reason), w.record.submitted,
-                                w.record.trial_id))
-    return Estimate(devices=rows, waiting=waiting, timings=timings, replayed=len(replayed), left_out=len(left_out))
+    rows_waiting = [_waiting(r, timings.get(r.trial_id), before.get(r.trial_id), bool(serving),
+                             after=len(replayed) if r.trial_id in later else 0)
+                    for r in records if r.state in WAITING_STATES and not (r.state == "planning" and r.admitted)]
+    rows_waiting.sort(key=lambda w: (ORDER[w.record.state], w.timing.start_s if w.timing else math.inf,
+                                     later.get(w.record.trial_id, -1), _planning_rank(w.reason), w.record.submitted,
+                                     w.record.trial_id))
+    return Estimate(devices=rows, waiting=rows_waiting, timings=timings, replayed=len(replayed),
+                    left_out=len(left_out))
 
 
 def _seen_ago(info: Mapping[str, str], now: float) -> float | None:

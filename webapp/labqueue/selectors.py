@@ -80,18 +80,18 @@ class Ends:
     at_least: bool
 
 
-def host_estimate(*, host_id: str | None = None, now: float | None = None) -> Estimate:
-    """The queue of `host_id` (default: this host), estimated (`webapp.labqueue.estimates`). Raises
-    SchedulerUnavailable (Redis down)."""
+def host_estimate(*, host_id: str | None = None, now: float | None = None, waiting: bool = True) -> Estimate:
+    """The queue of `host_id` (default: this host), estimated (`webapp.labqueue.estimates`; without the
+    devices and waiting trials unless `waiting`). Raises SchedulerUnavailable (Redis down)."""
     held = queue_client.host_queue_read(host_id=host_id)
-    return estimate(held.trials, held.devices, held.weights, time.time() if now is None else now)
+    return estimate(held.trials, held.devices, held.weights, time.time() if now is None else now, waiting=waiting)
 
 
 def trial_end_estimates(*, host_id: str | None = None, now: float | None = None) -> Ends | None:
     """When each running or runnable trial of `host_id` (default: this host) is expected to end; None when the
     scheduler cannot be reached."""
     try:
-        found = host_estimate(host_id=host_id, now=now)
+        found = host_estimate(host_id=host_id, now=now, waiting=False)
     except queue_client.SchedulerUnavailable:
         return None
     return Ends({trial_id: timing.end_s for trial_id, timing in found.timings.items()}, found.ends_at_least)

@@ -70,6 +70,8 @@ def test_past_the_replay_limit_the_trials_reached_first_keep_their_starts_and_th
     # ...and then share the device: without them, the ends are earlier than they will be
     assert all(cut.timings[name].end_s <= whole.timings[name].end_s for name in "abc")
     assert [w.timing for w in cut.waiting[3:]] == [None, None]
+    ends_only = estimate(records, devices, {}, NOW, max_trials=3, waiting=False)  # what a trial list asks
+    assert (ends_only.timings, ends_only.waiting, ends_only.ends_at_least) == (cut.timings, [], True)
 
 
 def test_a_thousand_trials_are_replayed_no_further_than_the_limit() -> None:
