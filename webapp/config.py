@@ -17,6 +17,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from webapp.experiments.search_space import MAX_TRIALS
+from webapp.notifications.config import NotifyConfig, notify_config
 from worker import config as worker_config
 from worker.config import BASE_DIR, ConfigError, envbool, envint, envlist, envpath
 
@@ -56,6 +57,7 @@ class Config:
     https: bool
     hsts_seconds: int
     telemetry_keep_days: int | None  # None: telemetry is kept at full detail forever
+    notify: NotifyConfig  # webhook allowlist, retries, e-mail (`webapp.notifications.config`)
     worker: worker_config.WorkerConfig
 
 
@@ -157,18 +159,20 @@ def _load(environ: Mapping[str, str]) -> Config:
         raise ConfigError("SECRET_KEY is shorter than 32 characters; use a long random value.")
     worker = worker_config.load(environ)
     https, hsts_seconds = https_config(environ, debug)
+    hosts, origins = allowed_hosts(environ, debug), envlist(environ, "CSRF_TRUSTED_ORIGINS", [])
     return Config(
         debug=debug,
         secret_key=secret_key,
-        allowed_hosts=allowed_hosts(environ, debug),
+        allowed_hosts=hosts,
         database=database_config(environ, worker.data_dir),
         data_dir=worker.data_dir,
         models_root=envpath(environ, "HYDRA_MODELS_ROOT", worker.data_dir / "models"),
         max_upload_bytes=envint(environ, "HYDRA_MAX_UPLOAD_MB", 50, minimum=1) * 1024 * 1024,
         caps=caps_config(environ),
-        csrf_trusted_origins=envlist(environ, "CSRF_TRUSTED_ORIGINS", []),
+        csrf_trusted_origins=origins,
         https=https,
         hsts_seconds=hsts_seconds,
         telemetry_keep_days=telemetry_keep_days(environ),
+        notify=notify_config(environ, debug=debug, allowed_hosts=hosts, csrf_trusted_origins=origins),
         worker=worker,
     )

@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "webapp.dashboards",
     "webapp.catalog",
     "webapp.background",
+    "webapp.notifications",
     "axes",
 ]
 
@@ -141,6 +142,18 @@ FILE_UPLOAD_HANDLERS = [
     "django.core.files.uploadhandler.MemoryFileUploadHandler",
     "django.core.files.uploadhandler.TemporaryFileUploadHandler",
 ]
+
+# E-mail (team notifications): the console backend in development (`make run` prints each message), SMTP from
+# the environment otherwise (`webapp.notifications.config`). The web worker sends it, never a request.
+EMAIL_BACKEND = HYDRA.notify.email.backend
+EMAIL_HOST = HYDRA.notify.email.host
+EMAIL_PORT = HYDRA.notify.email.port
+EMAIL_HOST_USER = HYDRA.notify.email.user
+EMAIL_HOST_PASSWORD = HYDRA.notify.email.password
+EMAIL_USE_TLS = HYDRA.notify.email.use_tls
+EMAIL_USE_SSL = HYDRA.notify.email.use_ssl
+EMAIL_TIMEOUT = 10  # seconds: a mail server that never answers holds a web worker's slot no longer
+DEFAULT_FROM_EMAIL = SERVER_EMAIL = HYDRA.notify.email.from_address
 
 LOGGING = {
     "version": 1,

@@ -16,10 +16,13 @@ from webapp.experiments.archives import BUILD_TASK
 from webapp.experiments.generations import GENERATE_TASK
 from webapp.experiments.models import ExperimentPreview, Generation, TrialArchive
 from webapp.experiments.previews import PLAN_TASK
+from webapp.notifications.models import Delivery
+from webapp.notifications.notices import DELIVER_TASK
 
 WORK: tuple[tuple[type[WebWork], str], ...] = (
     (Dataset, TOKENIZE_TASK), (DatasetTokens, TOKENS_TASK), (TrialArchive, BUILD_TASK),
-    (ExperimentPreview, PLAN_TASK), (Generation, GENERATE_TASK), (Checkpoint, IMPORT_TASK))
+    (ExperimentPreview, PLAN_TASK), (Generation, GENERATE_TASK), (Checkpoint, IMPORT_TASK),
+    (Delivery, DELIVER_TASK))  # a notification's retries too: their resend_at is when each is due
 
 
 class WebWorkReconciled(NamedTuple):

@@ -25,6 +25,7 @@ from django.utils import timezone
 from webapp import queue_client
 from webapp.experiments.launching import experiment_extend_tpe
 from webapp.experiments.models import Experiment, Trial
+from webapp.notifications import notices
 from webapp.telemetry.models import StreamCursor
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ def trial_event_apply(
         trial.save()
         if status in Trial.ENDED and trial.experiment.strategy == Experiment.Strategy.TPE:
             experiment_extend_tpe(experiment=trial.experiment)
+        notices.trial_ended(trial=trial)  # the team's e-mails and webhooks, sent once this commits
     return True
 
 
