@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import dj_database_url
@@ -140,6 +141,15 @@ def telemetry_keep_days(environ: Mapping[str, str]) -> int | None:
     return days
 
 
+def notify(environ: Mapping[str, str], **known: Any) -> NotifyConfig:
+    """Webhook allowlist, retries, public address and e-mail (`webapp.notifications.config`, which names the
+    variable of any bad value)."""
+    try:
+        return notify_config(environ, **known)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
 def load(environ: Mapping[str, str]) -> Config:
     """Turn an environment mapping into a `Config`; raise ImproperlyConfigured on any bad value."""
     try:
@@ -173,6 +183,6 @@ def _load(environ: Mapping[str, str]) -> Config:
         https=https,
         hsts_seconds=hsts_seconds,
         telemetry_keep_days=telemetry_keep_days(environ),
-        notify=notify_config(environ, debug=debug, allowed_hosts=hosts, csrf_trusted_origins=origins),
+        notify=notify(environ, debug=debug, allowed_hosts=hosts, csrf_trusted_origins=origins),
         worker=worker,
     )

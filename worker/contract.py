@@ -70,12 +70,17 @@ class EngineJob:
     ``resume`` marks a trial submitted again after the queue lost it (Redis emptied): it trained before, so
     its state must be found (its spill store, else its last checkpoint), never made afresh.
 
+    ``continue_from``: the queue id of an ended trial whose last checkpoint this one starts from, to train the
+    segment its spec adds (its last ``trial.continuations``); planning makes the trial's store from that
+    checkpoint, with the cursor at the added steps' first unit.
+
     ``checkpoint_minutes``: how often the trial's state is copied to disk as a durable checkpoint (and when it
     ends); 0 turns checkpoints off."""
 
     trial: TrialSpec
     budget: Budget = "explicit"
     resume: bool = False
+    continue_from: str | None = None
     checkpoint_minutes: float = DEFAULT_CHECKPOINT_MINUTES
 
     kind = "engine"
@@ -91,9 +96,14 @@ class EngineJob:
                            f"checkpoints) to {MAX_CHECKPOINT_MINUTES:.0f}.")
         if not isinstance(self.resume, bool):
             raise JobError(f"engine job resume={self.resume!r} must be true or false.")
+        if self.continue_from is not None and (not isinstance(self.continue_from, str) or not self.continue_from
+                                               or not self.trial.continuations):
+            raise JobError(f"engine job continue_from={self.continue_from!r} needs the id of the ended trial and a "
+                           "trial spec that adds steps to it (continuations).")
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "trial": self.trial.to_dict(), "budget": self.budget,
+                **({"continue_from": self.continue_from} if self.continue_from is not None else {}),
                 "checkpoint_minutes": self.checkpoint_minutes, **({"resume": True} if self.resume else {})}
 
 
@@ -135,7 +145,7 @@ def job_from_dict(raw: Mapping[str, Any]) -> Job:
     try:
         if kind == EngineJob.kind:
             return EngineJob(trial=TrialSpec.from_dict(dict(raw["trial"])), budget=raw.get("budget", "explicit"),
-                             resume=raw.get("resume", False),
+                             resume=raw.get("resume", False), continue_from=raw.get("continue_from"),
                              checkpoint_minutes=raw.get("checkpoint_minutes", DEFAULT_CHECKPOINT_MINUTES))
         if kind == SyntheticJob.kind:
             return SyntheticJob(units=raw["units"], unit_ms=raw.get("unit_ms", 0.0),

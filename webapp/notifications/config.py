@@ -10,6 +10,9 @@
 - ``EMAIL_BACKEND`` (``console``, ``smtp`` or a dotted path; ``console`` by default in development, ``smtp``
   otherwise), ``EMAIL_HOST``, ``EMAIL_PORT``, ``EMAIL_HOST_USER``, ``EMAIL_HOST_PASSWORD``, ``EMAIL_USE_TLS``,
   ``EMAIL_USE_SSL`` and ``DEFAULT_FROM_EMAIL``: Django's e-mail settings.
+
+Pure and free of the workers' code: a bad value raises ValueError naming the variable, which `webapp.config`
+turns into its start-up error. Booleans take the words the other settings take (1/0, true/false, yes/no, on/off).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from webapp.notifications.allowlist import Allowlist, allowlist_parse
-from worker.config import ConfigError, envbool, envint
 
+TRUE_WORDS = {"1", "true", "yes", "on"}
+FALSE_WORDS = {"0", "false", "no", "off", ""}
 RETRY_SECONDS_DEFAULT = (10.0, 60.0, 300.0, 1800.0, 7200.0)
 MAX_RETRIES = 20
 EMAIL_BACKENDS = {
@@ -66,7 +70,7 @@ def webhook_allowlist(environ: Mapping[str, str]) -> Allowlist:
     try:
         return allowlist_parse(environ.get(name, ""))
     except ValueError as error:
-        raise ConfigError(f"{name}: {error}; give host names and IP networks, comma-separated "
+        raise ValueError(f"{name}: {error}; give host names and IP networks, comma-separated "
                           "(e.g. hooks.example.org,10.0.0.0/8).") from None
 
 
@@ -80,9 +84,9 @@ def retry_seconds(environ: Mapping[str, str]) -> tuple[float, ...]:
     try:
         waits = tuple(float(item) for item in raw.split(","))
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a comma-separated list of seconds (e.g. 10,60,300).") from None
+        raise ValueError(f"{name}={raw!r} is not a comma-separated list of seconds (e.g. 10,60,300).") from None
     if len(waits) > MAX_RETRIES or any(not math.isfinite(wait) or wait < 0 for wait in waits):
-        raise ConfigError(f"{name}={raw!r}: give at most {MAX_RETRIES} waits, each 0 s or more.")
+        raise ValueError(f"{name}={raw!r}: give at most {MAX_RETRIES} waits, each 0 s or more.")
     return waits
 
 
@@ -93,7 +97,7 @@ def public_url(environ: Mapping[str, str], *, debug: bool, allowed_hosts: list[s
     if raw:
         parts = urlsplit(raw)
         if parts.scheme not in {"http", "https"} or not parts.netloc:
-            raise ConfigError(f"{name}={raw!r} must be an http:// or https:// address, e.g. https://hydra.lab.org.")
+            raise ValueError(f"{name}={raw!r} must be an http:// or https:// address, e.g. https://hydra.lab.org.")
         return raw.rstrip("/")
     if csrf_trusted_origins:
         return csrf_trusted_origins[0].rstrip("/")
@@ -107,17 +111,36 @@ def email_config(environ: Mapping[str, str], *, debug: bool) -> Email:
     raw = environ.get("EMAIL_BACKEND", "").strip() or ("console" if debug else "smtp")
     backend = EMAIL_BACKENDS.get(raw.lower(), raw)
     if "." not in backend:
-        raise ConfigError(f"EMAIL_BACKEND={raw!r}: use console, smtp or a dotted path to an e-mail backend.")
-    use_tls = envbool(environ, "EMAIL_USE_TLS", default=False)
-    use_ssl = envbool(environ, "EMAIL_USE_SSL", default=False)
+        raise ValueError(f"EMAIL_BACKEND={raw!r}: use console, smtp or a dotted path to an e-mail backend.")
+    use_tls = _bool(environ, "EMAIL_USE_TLS", default=False)
+    use_ssl = _bool(environ, "EMAIL_USE_SSL", default=False)
     if use_tls and use_ssl:
-        raise ConfigError("EMAIL_USE_TLS and EMAIL_USE_SSL are both on; choose one (STARTTLS or implicit TLS).")
-    port = envint(environ, "EMAIL_PORT", 465 if use_ssl else (587 if use_tls else 25), minimum=1)
+        raise ValueError("EMAIL_USE_TLS and EMAIL_USE_SSL are both on; choose one (STARTTLS or implicit TLS).")
+    port = _int(environ, "EMAIL_PORT", 465 if use_ssl else (587 if use_tls else 25), minimum=1)
     if port > 65535:
-        raise ConfigError(f"EMAIL_PORT={port} is not a port number.")
+        raise ValueError(f"EMAIL_PORT={port} is not a port number.")
     return Email(
         backend=backend, host=environ.get("EMAIL_HOST", "").strip() or "localhost", port=port,
         user=environ.get("EMAIL_HOST_USER", ""), password=environ.get("EMAIL_HOST_PASSWORD", ""),
         use_tls=use_tls, use_ssl=use_ssl,
         from_address=environ.get("DEFAULT_FROM_EMAIL", "").strip() or "hydra@localhost",
     )
+
+
+def _bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    word = raw.strip().lower()
+    if word not in TRUE_WORDS | FALSE_WORDS:
+        raise ValueError(f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off.")
+    return word in TRUE_WORDS
+
+
+def _int(environ: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isascii() or not raw.isdigit() or int(raw) < minimum:
+        raise ValueError(f"{name}={raw!r} is not a whole number of at least {minimum}.")
+    return int(raw)

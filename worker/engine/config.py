@@ -109,6 +109,30 @@ class ScheduleSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ContinuationSpec:
+    """Steps added to a trial after it ended: ``steps`` more optimizer steps from step ``after`` (the steps it
+    had trained: all of its schedule, or fewer if it stopped early or was pruned), at peak learning rate
+    ``lr`` with its own warm-up and decay over its own ``steps`` (:func:`worker.engine.schedule.step_lr`)."""
+
+    after: int
+    steps: int
+    lr: float
+    warmup_steps: int = 0
+    decay: Literal["constant", "linear", "cosine"] = "cosine"
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise SpecError(f"a continuation adds at least one step, got {self.steps}")
+        if not self.lr > 0:
+            raise SpecError(f"a continuation's learning rate must be positive, got {self.lr}")
+        if not 0 <= self.warmup_steps <= self.steps:
+            raise SpecError(f"a continuation's warmup_steps must be from 0 to its {self.steps} steps, "
+                            f"got {self.warmup_steps}")
+        if self.decay not in ("constant", "linear", "cosine"):
+            raise SpecError(f"decay {self.decay!r} is not constant, linear or cosine")
+
+
+@dataclass(frozen=True, kw_only=True)
 class DataSpec:
     """Packed token blocks: ``tokens_path`` is a 1-D ``.npy`` of token ids (see :mod:`worker.engine.data`).
 
@@ -137,6 +161,9 @@ class TrialSpec:
     ``lora``: train LoRA adapters on the pretrained model instead of all its weights (``None``: full training).
     ``early_stop_patience``: end the trial after that many evaluations in a row without a lower validation
     loss than the best so far (its weights are those of the last step; ``None`` trains every step).
+    ``continuations``: segments of steps added after the trial ended, in order (see :class:`ContinuationSpec`);
+    the trial trains ``total_steps``, each segment under its own learning-rate schedule, and every segment's
+    last step evaluates (or, without evaluations, applies its update at once) as the last step of a trial does.
     """
 
     model: ModelSpec = field(default_factory=ModelSpec)
@@ -154,6 +181,7 @@ class TrialSpec:
     activations: Literal["auto", "recompute"] = "auto"
     early_stop_patience: int | None = None
     lora: LoraSpec | None = None
+    continuations: tuple[ContinuationSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if self.lora is not None and self.model.pretrained_dir is None:
@@ -169,13 +197,29 @@ class TrialSpec:
         if self.early_stop_patience is not None and (self.early_stop_patience < 1 or not self.eval_every):
             raise SpecError(f"early_stop_patience={self.early_stop_patience} needs to be at least 1 and "
                             f"evaluations to count (eval_every={self.eval_every})")
+        start, length = 0, self.steps
+        for added in self.continuations:
+            if not start < added.after <= start + length:
+                raise SpecError(f"a continuation after step {added.after} must start after the previous segment's "
+                                f"first step {start} and by its end {start + length}")
+            start, length = added.after, added.steps
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps of the whole trial, added segments included."""
+        if not self.continuations:
+            return self.steps
+        return self.continuations[-1].after + self.continuations[-1].steps
 
     @property
     def micro_batch_size(self) -> int:
         return self.batch_size // self.micro_batches
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        raw = dataclasses.asdict(self)
+        if not self.continuations:  # the form of a trial never continued stays what it always was
+            del raw["continuations"]
+        return raw
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrialSpec:
@@ -185,8 +229,10 @@ class TrialSpec:
         lora = raw.pop("lora", None)
         if lora is not None:
             lora = LoraSpec(**lora | {"target_modules": tuple(lora["target_modules"])})
+        continuations = tuple(ContinuationSpec(**added) for added in raw.pop("continuations", ()))
         return cls(
             lora=lora,
+            continuations=continuations,
             model=ModelSpec(**raw.pop("model")),
             data=DataSpec(**raw.pop("data")),
             optimizer=OptimizerSpec(**optimizer),

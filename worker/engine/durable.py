@@ -27,17 +27,20 @@ snapshot and is not copied yet.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from worker.engine.errors import SpillStoreError
+from worker.engine.config import TrialSpec
+from worker.engine.errors import SpecError, SpillStoreError
 from worker.engine.schedule import Timetable
 from worker.engine.spill_store import MANIFEST, SpillStore
 from worker.engine.trial_state import TrialState
@@ -70,10 +73,9 @@ def steps_done(manifest: dict[str, Any]) -> tuple[int, int]:
     """(optimizer steps whose backward completed, cursor) of the trial state in ``manifest``."""
     state = TrialState.from_manifest(manifest)
     spec = state.spec
-    timetable = Timetable(shards=len(state.plan.shards), steps=spec.steps, micro_batches=spec.micro_batches,
-                          eval_every=spec.eval_every, eval_batches=spec.eval_batches)
+    timetable = Timetable.of(spec, shards=len(state.plan.shards))
     if state.cursor >= len(timetable):  # finished (an early stop jumps here from its last evaluation)
-        return (timetable[state.last_unit].step + 1 if state.last_unit >= 0 else spec.steps), state.cursor
+        return (timetable[state.last_unit].step + 1 if state.last_unit >= 0 else spec.total_steps), state.cursor
     unit = timetable[state.cursor]
     return unit.step + (unit.phase in ("E", "S")), state.cursor
 
@@ -241,6 +243,58 @@ def restore_from_checkpoint(*, checkpoint_dir: Path, spill_dir: Path, trial_id: 
     info = latest(checkpoint_dir, trial_id)
     if info is None:
         return None
+    _restore(info, spill_dir=Path(spill_dir), trial_id=trial_id)
+    return info
+
+
+def continue_from_checkpoint(*, checkpoint_dir: Path, spill_dir: Path, source_id: str, trial_id: str,
+                             spec: TrialSpec) -> CheckpointInfo:
+    """Make trial ``trial_id``'s store from the last checkpoint of the ended trial ``source_id``, to train the
+    segment ``spec`` adds to it (its last continuation): the same state, with ``spec`` as its spec and the
+    cursor at the first unit of the added steps. ``source_id``'s checkpoint stays as it is.
+
+    Refuses with ``SpecError`` when ``spec`` is not the source's spec with one segment added after the steps
+    it trained, and with ``SpillStoreError`` when the source has no checkpoint or its checkpoint is not of
+    its end (or as :func:`restore_from_checkpoint`)."""
+    info = latest(checkpoint_dir, source_id)
+    if info is None:
+        raise SpillStoreError(f"trial {source_id} has no checkpoint to continue from")
+    _restore(info, spill_dir=Path(spill_dir), trial_id=trial_id,
+             edit=lambda manifest: _continued(manifest, source_id=source_id, trial_id=trial_id, spec=spec))
+    return info
+
+
+def _continued(manifest: dict[str, Any], *, source_id: str, trial_id: str, spec: TrialSpec) -> dict[str, Any]:
+    """``manifest`` of the ended trial ``source_id`` as trial ``trial_id``'s, about to train ``spec``'s last
+    segment."""
+    state = TrialState.from_manifest(manifest)
+    ended = state.spec
+    if not spec.continuations:
+        raise SpecError(f"trial {trial_id} continues trial {source_id} but adds no steps to it")
+    added = spec.continuations[-1]
+    # The spec the source trained: a device may have set its memory budget, which its plan was made for.
+    if dataclasses.replace(spec, continuations=spec.continuations[:-1], budget_bytes=ended.budget_bytes) != ended:
+        raise SpecError(f"trial {trial_id} is not trial {source_id} with steps added: their specs differ beyond the "
+                        "added segment")
+    before = Timetable.of(ended, shards=len(state.plan.shards))
+    if state.cursor < len(before):
+        raise SpillStoreError(f"the last checkpoint of trial {source_id} is of unit {state.cursor} of its "
+                              f"{len(before)}, not of its end: only an ended trial continues")
+    trained = before[state.last_unit].step + 1 if state.last_unit >= 0 else ended.total_steps
+    if added.after != trained:
+        raise SpecError(f"trial {source_id} trained {trained} steps: the added steps start there, not after "
+                        f"step {added.after}")
+    state.spec = dataclasses.replace(spec, budget_bytes=ended.budget_bytes)
+    state.trial_id = trial_id
+    state.cursor = Timetable.of(state.spec, shards=len(state.plan.shards)).step_offset(trained)
+    state.last_unit, state.last_metrics = -1, {}  # nothing of the new trial ran yet
+    state.early_stop.since = 0  # a trial that stopped early gets its patience again for the added steps
+    return {**manifest, **state.to_manifest()}
+
+
+def _restore(info: CheckpointInfo, *, spill_dir: Path, trial_id: str,
+             edit: Callable[[dict[str, Any]], dict[str, Any]] = lambda manifest: manifest) -> None:
+    """Copy checkpoint ``info`` into trial ``trial_id``'s store, its manifest through ``edit``."""
     root = Path(spill_dir) / trial_id
     if SpillStore.exists(root):
         raise SpillStoreError(f"trial {trial_id} has a spill store in {root}; restoring would overwrite it")
@@ -256,7 +310,7 @@ def restore_from_checkpoint(*, checkpoint_dir: Path, spill_dir: Path, trial_id: 
                                       f"its checkpoint.json says {size}")
         # Commits from here on use versions above every version the lost store used after the checkpoint, so
         # that no process that saw it can take a file of the new history for one of the same name it read.
-        manifest = json.loads((info.path / MANIFEST).read_text())
+        manifest = edit(json.loads((info.path / MANIFEST).read_text()))
         manifest["version"] = max(int(manifest["version"]), time.time_ns() // 1000)
         (staging / MANIFEST).write_text(json.dumps(manifest))
         shutil.rmtree(root, ignore_errors=True)  # a directory without a manifest is no store (e.g. its lock)
@@ -264,7 +318,6 @@ def restore_from_checkpoint(*, checkpoint_dir: Path, spill_dir: Path, trial_id: 
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return info
 
 
 def _copy_durably(source: Path, dest: Path) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from worker.engine.config import TrialSpec
-from worker.engine.schedule import lr_factor
+from worker.engine.schedule import step_lr
 from worker.engine.sizes import FP32, optimizer_slots
 from worker.engine.spill_store import SpillStore
 from worker.engine.transfer import Transfers
@@ -32,7 +32,7 @@ def step_shard(*, store: SpillStore, transfers: Transfers, spec: TrialSpec, shar
     taken before this one); stage the new parameters and optimizer state in ``store``. ``after_chunk`` is
     called after each chunk's update, before its state is written (a fault point)."""
     optim = spec.optimizer
-    lr = optim.lr * lr_factor(spec.schedule, step, spec.steps)
+    lr = step_lr(spec, step)
     clip = None
     if optim.clip_norm is not None:  # exactly torch.nn.utils.clip_grad_norm_'s arithmetic
         clip_coef = optim.clip_norm / (torch.tensor(total_norm, dtype=torch.float32) + 1e-6)

@@ -43,10 +43,8 @@ SHARD_STATE = ("p", "m", "v")  # per shard, what survives a step boundary
 def segment_start(timetable: Timetable, unit: UnitSpec) -> int:
     """The index of the first unit of ``unit``'s segment: its step's training, that step's evaluation,
     or the final updates."""
-    if unit.phase == "S":
-        return timetable.step_offset(timetable.steps)
     start = timetable.step_offset(unit.step)
-    return start + timetable.train_units_per_step if unit.phase == "E" else start
+    return start + timetable.train_units_per_step if unit.phase in ("E", "S") else start
 
 
 def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_bytes: int | None = None,
@@ -92,8 +90,7 @@ def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_
             store.write_stream(f"{kind}{shard.index}", _slices(paths, old_starts, session.layout.numel,
                                                                  start, stop))
     spec = session.spec
-    timetable = Timetable(shards=len(plan.shards), steps=spec.steps, micro_batches=spec.micro_batches,
-                          eval_every=spec.eval_every, eval_batches=spec.eval_batches)
+    timetable = Timetable.of(spec, shards=len(plan.shards))
     state.replan(plan, cursor=segment_start(timetable, unit))
     session.commit()
     return plan

@@ -9,6 +9,11 @@ forward + loss + backward; ``B`` reloads a shard, recomputes its forward from th
 and backpropagates. The optimizer step of a shard is applied lazily, the next time the shard is loaded
 (its first unit of the next step, or an eval unit), because global-norm clipping needs every shard's
 gradient norm first. If the trial ends without a final evaluation, ``S`` units apply the last step.
+
+A trial continued after it ended (``TrialSpec.continuations``) is one timetable of segments: each segment's
+last step ends as a trial's last step does (its evaluation, or its ``S`` units), so the timetable of a trial
+before a continuation is the start of the timetable after it, and the cursor it ended at is where the added
+steps begin.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from worker.engine.config import ScheduleSpec
+from worker.engine.config import ScheduleSpec, TrialSpec
 
 Phase = Literal["F", "FB", "B", "E", "S"]
 
@@ -42,6 +47,17 @@ def lr_factor(schedule: ScheduleSpec, step: int, total_steps: int) -> float:
     return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
+def step_lr(spec: TrialSpec, step: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based): the trial's ``optimizer.lr`` times
+    :func:`lr_factor` over its ``steps``, or, from an added segment's first step on, that segment's ``lr``
+    times its own warm-up and decay over its own steps, counted from its first step."""
+    for added in reversed(spec.continuations):
+        if step >= added.after:
+            schedule = ScheduleSpec(warmup_steps=added.warmup_steps, decay=added.decay)
+            return added.lr * lr_factor(schedule, step - added.after, added.steps)
+    return spec.optimizer.lr * lr_factor(spec.schedule, step, spec.steps)
+
+
 @dataclass(frozen=True, kw_only=True)
 class UnitSpec:
     """One unit of work: ``phase`` on ``shard`` for optimizer step ``step``.
@@ -59,13 +75,25 @@ class UnitSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class Timetable:
-    """The fixed unit sequence of a trial, addressable by index without materializing it."""
+    """The fixed unit sequence of a trial, addressable by index without materializing it.
+
+    ``ends``: the steps at which segments before the last one end (a continued trial's ``after`` values);
+    the last segment ends at ``steps``. A segment's last step evaluates (with ``eval_every`` > 0) or is
+    followed by one ``S`` unit per shard."""
 
     shards: int
     steps: int
     micro_batches: int
     eval_every: int
     eval_batches: int
+    ends: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, spec: TrialSpec, *, shards: int) -> Timetable:
+        """The timetable of ``spec`` (added segments included) under a plan of ``shards`` shards."""
+        return cls(shards=shards, steps=spec.total_steps, micro_batches=spec.micro_batches,
+                   eval_every=spec.eval_every, eval_batches=spec.eval_batches,
+                   ends=tuple(added.after for added in spec.continuations))
 
     @property
     def train_units_per_step(self) -> int:
@@ -75,18 +103,26 @@ class Timetable:
     def eval_units(self) -> int:
         return self.eval_batches * self.shards
 
-    def _evals_before(self, step: int) -> int:
-        return 0 if self.eval_every == 0 else min(step, self.steps - 1) // self.eval_every
+    def evaluates(self, step: int) -> bool:
+        """Whether an evaluation follows step ``step``'s training: every ``eval_every`` steps and at the end of
+        every segment."""
+        return self.eval_every > 0 and ((step + 1) % self.eval_every == 0 or self._ends_segment(step))
+
+    def _ends_segment(self, step: int) -> bool:
+        return step + 1 == self.steps or step + 1 in self.ends
 
     def step_offset(self, step: int) -> int:
-        """Index of the first unit of ``step`` (``step == steps`` gives the offset of the S units)."""
-        offset = step * self.train_units_per_step + self._evals_before(step) * self.eval_units
-        if step == self.steps and self.eval_every > 0:
-            offset += self.eval_units  # the last step always evaluates
-        return offset
+        """Index of the first unit of ``step``: the units of every earlier step (training, then its evaluation
+        or final updates); ``step == steps`` gives the timetable's length."""
+        offset = step * self.train_units_per_step
+        ends = sum(1 for end in (*self.ends, self.steps) if end <= step)
+        if self.eval_every > 0:
+            unaligned = sum(1 for end in (*self.ends, self.steps) if end <= step and end % self.eval_every)
+            return offset + (step // self.eval_every + unaligned) * self.eval_units
+        return offset + ends * self.shards
 
     def __len__(self) -> int:
-        return self.step_offset(self.steps) + (0 if self.eval_every > 0 else self.shards)
+        return self.step_offset(self.steps)
 
     def __iter__(self) -> Iterator[UnitSpec]:
         return (self[index] for index in range(len(self)))
@@ -94,7 +130,7 @@ class Timetable:
     def __getitem__(self, index: int) -> UnitSpec:
         if not 0 <= index < len(self):
             raise IndexError(index)
-        low, high = 0, self.steps  # find the last step whose offset is <= index
+        low, high = 0, self.steps - 1  # find the last step whose offset is <= index
         while low < high:
             mid = (low + high + 1) // 2
             if self.step_offset(mid) <= index:
@@ -102,11 +138,11 @@ class Timetable:
             else:
                 high = mid - 1
         step, local = low, index - self.step_offset(low)
-        if step == self.steps:
-            return UnitSpec(index=index, step=step - 1, micro_batch=0, phase="S", shard=local)
         if local >= self.train_units_per_step:
             batch, shard = divmod(local - self.train_units_per_step, self.shards)
-            return UnitSpec(index=index, step=step, micro_batch=batch, phase="E", shard=shard)
+            if self.eval_every > 0:
+                return UnitSpec(index=index, step=step, micro_batch=batch, phase="E", shard=shard)
+            return UnitSpec(index=index, step=step, micro_batch=0, phase="S", shard=shard)
         micro_batch, position = divmod(local, 2 * self.shards - 1)
         last = self.shards - 1
         if position < last:

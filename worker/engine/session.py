@@ -114,10 +114,7 @@ class TrialSession(ShardUnits):
         self.replans = self.state.replans
         self.plan = self.state.plan
         self.layout = Layout(self.stack, self.plan)
-        self.timetable = Timetable(
-            shards=len(self.plan.shards), steps=self.spec.steps, micro_batches=self.spec.micro_batches,
-            eval_every=self.spec.eval_every, eval_batches=self.spec.eval_batches,
-        )
+        self.timetable = Timetable.of(self.spec, shards=len(self.plan.shards))
         self._transfers.retain({})  # reads of the old plan's buffers will never be taken
         self._kept.clear()
 

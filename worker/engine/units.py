@@ -25,7 +25,7 @@ from worker.engine.layers import LayerStack, ParamRef
 from worker.engine.layout import Layout
 from worker.engine.partition import MemoryPlan
 from worker.engine.rng import rng_state, set_rng_state
-from worker.engine.schedule import UnitSpec, lr_factor
+from worker.engine.schedule import UnitSpec, step_lr
 from worker.engine.shared_base import BaseCache
 from worker.engine.sizes import FP32
 from worker.engine.spill_store import SpillStore
@@ -135,7 +135,7 @@ class ShardUnits:
             record.best, record.since = eval_loss, 0
         else:
             record.since += 1
-        return record.since >= patience and step < self.spec.steps - 1
+        return record.since >= patience and step < self.spec.total_steps - 1
 
     def _final_step(self, unit: UnitSpec) -> dict[str, Any]:
         """S: apply the last step's pending update (only when the trial ends without an evaluation)."""
@@ -266,7 +266,7 @@ class ShardUnits:
         self.state.mark_step_pending(unit.step, total_norm)
         return {
             "loss": loss,
-            "lr": self.spec.optimizer.lr * lr_factor(self.spec.schedule, unit.step, self.spec.steps),
+            "lr": step_lr(self.spec, unit.step),
             "grad_norm": total_norm,
             "tokens": (unit.step + 1) * self.spec.batch_size * self.spec.data.seq_len,
         }

@@ -49,7 +49,7 @@ import torch
 from worker.contract import EngineJob, LeaseLost
 from worker.engine import durable, shared_base
 from worker.engine.durable import CheckpointInfo, Snapshot
-from worker.engine.errors import BudgetError, SpillStoreError, StaleWriterError
+from worker.engine.errors import BudgetError, SpecError, SpillStoreError, StaleWriterError
 from worker.engine.faults import Fault
 from worker.engine.partition import AUTO_BUDGET_FRACTION, MemoryPlan
 from worker.engine.repartition import repartition
@@ -117,8 +117,11 @@ class EngineRunner:
                 return self._resumed(trial_id)
             log.warning("trial %s: its spill store holds another trial's state; deleting it", trial_id)
             self.discard(trial_id=trial_id)
+        if job.continue_from is not None and not (job.resume and self._has_checkpoint(trial_id)):
+            self._continue(trial_id, job)
+            return self._resumed(trial_id)
         if job.resume:
-            self._store_gone(trial_id)
+            self._store_gone(trial_id, job)
             return self._resumed(trial_id)
         trial = job.trial
         if job.budget == "auto":
@@ -149,14 +152,43 @@ class EngineRunner:
         return Planned(remaining_units=left, unit_s=first_unit_estimate(session.plan), plan=session.plan.to_dict(),
                        units_done=done)
 
-    def _store_gone(self, trial_id: str) -> CheckpointInfo:
-        """Bring back the store of a trial that trained before from its last checkpoint, or raise
-        WorkloadError saying why it cannot go on (the trial then fails, and the web app offers to retry it)."""
+    def _has_checkpoint(self, trial_id: str) -> bool:
+        return self.checkpoint_dir is not None and durable.latest(self.checkpoint_dir, trial_id) is not None
+
+    def _continue(self, trial_id: str, job: EngineJob) -> CheckpointInfo:
+        """Make the store of a trial that continues the ended trial `job.continue_from` from that trial's last
+        checkpoint (`worker.engine.durable.continue_from_checkpoint`), or raise WorkloadError saying why not."""
+        assert job.continue_from is not None
+        self._drop(trial_id)
+        shutil.rmtree(self.spill_dir / trial_id, ignore_errors=True)  # what a planning that died half-way left
+        if self.checkpoint_dir is None:
+            raise WorkloadError(f"trial {trial_id} continues trial {job.continue_from} from its checkpoint, and this "
+                                "worker keeps no checkpoints")
+        try:
+            info = durable.continue_from_checkpoint(checkpoint_dir=self.checkpoint_dir, spill_dir=self.spill_dir,
+                                                    source_id=job.continue_from, trial_id=trial_id, spec=job.trial)
+        except (SpecError, SpillStoreError) as error:
+            raise WorkloadError(f"trial {trial_id} cannot continue trial {job.continue_from}: {error}") from None
+        session = self._open(trial_id)
+        if session.state.base is not None:  # a LoRA trial: count it as a user of its shared base on this host
+            assert job.trial.model.pretrained_dir is not None, "a LoRA trial has one"
+            shared_base.reacquire(spill_dir=self.spill_dir, stack=session.stack, trial_id=trial_id,
+                                  pretrained_dir=Path(job.trial.model.pretrained_dir), key=session.state.base)
+        log.warning("trial %s continues trial %s from its checkpoint of step %d (%s)", trial_id, job.continue_from,
+                    info.step, info.path)
+        return info
+
+    def _store_gone(self, trial_id: str, job: EngineJob | None = None) -> CheckpointInfo:
+        """Bring back the store of a trial that trained before from its last checkpoint (a continuing trial
+        without one of its own: from the checkpoint it continues), or raise WorkloadError saying why it cannot
+        go on (the trial then fails, and the web app offers to retry it)."""
         self._drop(trial_id)
         info = None
         if self.checkpoint_dir is not None:
             info = durable.restore_from_checkpoint(checkpoint_dir=self.checkpoint_dir, spill_dir=self.spill_dir,
                                                    trial_id=trial_id)
+        if info is None and job is not None and job.continue_from is not None:
+            return self._continue(trial_id, job)
         if info is None:
             raise WorkloadError(f"the spill store of trial {trial_id} is gone (host restarted?) and it has no "
                                 "checkpoint")
@@ -178,14 +210,14 @@ class EngineRunner:
             if isinstance(error, StaleWriterError) or SpillStore.exists(self.spill_dir / trial_id):
                 raise
             log.warning("trial %s: its spill store vanished (%s: %s)", trial_id, type(error).__name__, error)
-        self._store_gone(trial_id)
+        self._store_gone(trial_id, job)
         return unit()
 
     def _run_unit(self, *, trial_id: str, job: EngineJob, next_trial: str | None, token: int,
                   remaining_units: int | None) -> UnitDone | Replanned:
         if not SpillStore.exists(self.spill_dir / trial_id):  # the host lost it (rebooted, /dev/shm wiped)
             self._drop(trial_id)
-            self._store_gone(trial_id)
+            self._store_gone(trial_id, job)
         session = self._open(trial_id)
         left = session.remaining_units()
         behind = left < remaining_units if remaining_units is not None else left == 0
@@ -321,6 +353,7 @@ class EngineRunner:
         snapshot's links hold each file until it is copied)."""
         session = self._open(trial_id)
         session.export(Path(export_dir))
+        end = len(session.timetable)
         self._drop(trial_id)
         held = None
         if self.checkpoint_dir is not None and job.checkpoint_minutes > 0:
@@ -330,6 +363,10 @@ class EngineRunner:
         shared_base.release_trial(spill_dir=self.spill_dir, trial_id=trial_id)
         if held is not None:
             self._write(held)
+        if job.continue_from is not None and self.checkpoint_dir is not None:
+            newest = durable.latest(self.checkpoint_dir, trial_id)
+            if newest is not None and newest.cursor >= end:  # the state it continued is superseded on disk
+                durable.delete_checkpoints(self.checkpoint_dir, job.continue_from)
 
     def discard(self, *, trial_id: str) -> None:
         """Delete the trial's spill store, if this host has one, and its checkpoints (it ended cancelled or

@@ -63,7 +63,7 @@ def receiver() -> Iterator[Receiver]:
     state: Receiver
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 -- http.server's name
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             state.received.append(Received(self.path, dict(self.headers.items()), body))
             if state.hang_s:

@@ -17,7 +17,7 @@ DEV = {"DEBUG": "1"}
 
 def _resolving(*addresses: str):
     """A resolver that answers `addresses` for any name, as DNS would."""
-    def resolve(host, port, type=0):  # noqa: A002 -- getaddrinfo's name
+    def resolve(host, port, type=0):
         return [(socket.AF_INET6 if ":" in a else socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port))
                 for a in addresses]
     return resolve
