@@ -10,5 +10,6 @@ urlpatterns = [
     path("", include("webapp.leaderboards.urls")),
     path("", include("webapp.catalog.urls")),
     path("", include("webapp.labqueue.urls")),
+    path("", include("webapp.notifications.urls")),
     path("dashboards/", include("webapp.dashboards.urls")),
 ]
