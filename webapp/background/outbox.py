@@ -47,6 +47,11 @@ def work_send(*, row: WebWork, task_name: str, now: datetime | None = None) -> b
     """Send `task_name` for `row` and record the send at `now` (default: now) on it, and in the database while
     the work is pending; returns whether Redis took the message. Never raises for Redis being down."""
     now = now or timezone.now()
+    pending = type(row).objects.filter(pk=row.pk, status=row.PENDING)
+    # Recorded before the send: once the message is in Redis its task may run at once and write these fields
+    # itself (a notification's delivery sets when its retry is due), which a later write would undo.
+    row.resend_at, row.send_error, row.send_attempts = now + RESEND_AFTER, "", row.send_attempts + 1
+    pending.update(send_attempts=F("send_attempts") + 1, resend_at=row.resend_at, send_error="")
     try:
         # A connection of its own to the Redis the settings name: a pooled one is stale after a Redis restart.
         with app.connection_for_write(url=settings.HYDRA.worker.redis_url) as connection:
@@ -55,11 +60,7 @@ def work_send(*, row: WebWork, task_name: str, now: datetime | None = None) -> b
     except OperationalError as error:
         log.warning("%s %s not sent to the web worker: %s", type(row).__name__, row.pk, error)
         row.resend_at, row.send_error = now, str(error) or type(error).__name__
-    else:
-        row.resend_at, row.send_error = now + RESEND_AFTER, ""
-    row.send_attempts += 1
-    type(row).objects.filter(pk=row.pk, status=row.PENDING).update(
-        send_attempts=F("send_attempts") + 1, resend_at=row.resend_at, send_error=row.send_error)
+        pending.update(resend_at=row.resend_at, send_error=row.send_error)
     return not row.send_error
 
 
