@@ -7,9 +7,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import threading
+import time
 
 import pytest
 from django.core import mail
+from django.db import connection, transaction
 
 from tests.webapp.notifications.conftest import notify_settings, trials_of
 from webapp.experiments import services
@@ -181,3 +184,28 @@ def test_a_failing_endpoint_is_retried_after_the_waits_then_given_up(
     delivery.refresh_from_db()
     assert (delivery.attempts, delivery.message, len(receiver.received)) == (3, "Answered HTTP 503: ok", 3)
     assert len({r.headers["X-Hydra-Delivery"] for r in receiver.received}) == 1  # one id for every try
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_last_trials_ending_at_once_end_the_experiment_once(
+        alice_team, alice_dataset, launched, loopback_allowed):
+    _notify(alice_team, emails=["ops@lab.example"])
+    first, second = trials_of(launched(alice_team, alice_dataset))
+    first_applied = threading.Event()
+
+    def end_first_and_commit_late() -> None:
+        try:
+            with transaction.atomic():  # as the ingest's pass does: its transaction is still open
+                trial_event_apply(trial_id=first.queue_id, status="finished")
+                first_applied.set()
+                time.sleep(0.5)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=end_first_and_commit_late)
+    thread.start()
+    assert first_applied.wait(10)
+    trial_event_apply(trial_id=second.queue_id, status="finished")  # waits for the first to commit, then sees it
+    thread.join()
+
+    assert [event for event, _ in _events(alice_team)] == ["experiment.ended"]
