@@ -92,7 +92,15 @@ def trial_sent_job(*, trial: Trial, resume: bool = False) -> queue_client.Engine
     is sent again after the queue lost it (`webapp.experiments.reconcile`)."""
     return queue_client.EngineJob(trial=queue_client.TrialSpec.from_dict(trial.spec),
                                   budget=_budget_mode(trial.experiment), resume=resume,
+                                  continue_from=_continued_from(trial),
                                   checkpoint_minutes=trial.experiment.checkpoint_minutes)
+
+
+def _continued_from(trial: Trial) -> str | None:
+    """The queue id whose last checkpoint the trial's current queue id continues (`webapp.experiments.continuing`),
+    or None when it trains from the start."""
+    last = trial.continued[-1] if trial.continued else None
+    return last["from"] if last is not None and last.get("queue_id") == trial.queue_id else None
 
 
 def trial_send(*, queue_id: str) -> bool:
@@ -169,7 +177,7 @@ def _data_ready(trial: Trial) -> bool:
         return False
     experiment = trial.experiment
     token_set = token_set_at(dataset=dataset, tokens_path=data["tokens_path"])
-    if experiment.budget_unit == Experiment.BudgetUnit.EPOCHS and token_set is not None:
+    if experiment.budget_unit == Experiment.BudgetUnit.EPOCHS and token_set is not None and not trial.continued:
         steps = total_steps(budget_unit=experiment.budget_unit, budget=experiment.budget,
                             batch_size=trial.spec["batch_size"], seq_len=data["seq_len"],
                             train_tokens=token_set.train_tokens)

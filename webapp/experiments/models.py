@@ -158,6 +158,17 @@ class Trial(models.Model):
     def attempt_queue_id(self, attempt: int) -> str:
         return str(self.pk) if attempt <= 1 else f"{self.pk}.{attempt}"
 
+    def queue_ids(self) -> list[str]:
+        """Every id the scheduler knew this trial by: one per attempt, and one per continuation sent
+        (`webapp.experiments.continuing`); each may have left a spill store, checkpoints and an archive."""
+        ids = [self.attempt_queue_id(n) for n in range(1, self.attempt + 1)]
+        return ids + [c["queue_id"] for c in self.continued if c.get("queue_id") and c["queue_id"] not in ids]
+
+    @property
+    def added_steps(self) -> int:
+        """Steps added by continuing the trial after it ended (a continuation sent again counts once)."""
+        return sum(steps for _, steps in {(c["after"], c["steps"]) for c in self.continued})
+
     @property
     def queue_host(self) -> str:
         """The host whose queue holds this attempt (this web app's own host until one is chosen)."""
@@ -178,17 +189,17 @@ class Trial(models.Model):
     @property
     def spill_dirs(self) -> list[Path]:
         """The spill stores of every attempt (the scheduler keeps one per queue id)."""
-        return [settings.HYDRA.worker.spill_dir / self.attempt_queue_id(n) for n in range(1, self.attempt + 1)]
+        return [settings.HYDRA.worker.spill_dir / queue_id for queue_id in self.queue_ids()]
 
     @property
     def archive_dirs(self) -> list[Path]:
         """Where the model downloads of every attempt are packed (`TrialArchive`)."""
-        return [archive_dir_for(self.attempt_queue_id(n)) for n in range(1, self.attempt + 1)]
+        return [archive_dir_for(queue_id) for queue_id in self.queue_ids()]
 
     @property
     def checkpoint_dirs(self) -> list[Path]:
         """The durable checkpoints of every attempt (`worker.engine.durable`, written by the workers)."""
-        return [settings.HYDRA.data_dir / "checkpoints" / self.attempt_queue_id(n) for n in range(1, self.attempt + 1)]
+        return [settings.HYDRA.data_dir / "checkpoints" / queue_id for queue_id in self.queue_ids()]
 
     def export_dir_for(self, queue_id: str) -> Path:
         """Where the worker writes this attempt's final model (``save_pretrained``)."""

@@ -20,6 +20,7 @@ from django.utils import timezone
 from webapp import queue_client
 from webapp.accounts.models import Team
 from webapp.accounts.roles import require_creator_or_owner
+from webapp.experiments import continuing
 from webapp.experiments.events import trial_event_apply, trial_events_sync_quietly
 from webapp.experiments.launching import memory_budget, trial_launch
 from webapp.experiments.models import Experiment, Trial
@@ -92,13 +93,17 @@ def experiment_launch(*, experiment: Experiment, actor: AbstractBaseUser) -> int
 
 
 def trial_retry(*, trial: Trial, actor: AbstractBaseUser) -> None:
-    """Run a failed or cancelled trial again from the start (a new attempt with its own spill store)."""
+    """Run a failed or cancelled trial again from the start (a new attempt with its own spill store); a failed
+    or cancelled continuation again from the checkpoint it continues (`webapp.experiments.continuing`)."""
     experiment_require_change(actor=actor, experiment=trial.experiment)
     if trial.status not in (Status.FAILED, Status.CANCELLED):
         raise ValidationError(f"Trial #{trial.number} is {trial.get_status_display().lower()}; only failed or "
                               "cancelled trials can be retried.")
     with transaction.atomic():
-        trial_launch(trial=trial)
+        if continuing.continuing(trial):
+            continuing.continue_again(trial)
+        else:
+            trial_launch(trial=trial)
 
 
 def experiment_retry_failed(*, experiment: Experiment, actor: AbstractBaseUser) -> int:
@@ -107,7 +112,10 @@ def experiment_retry_failed(*, experiment: Experiment, actor: AbstractBaseUser) 
     with transaction.atomic():
         trials = list(experiment.trials.select_for_update().filter(status=Status.FAILED))
         for trial in trials:
-            trial_launch(trial=trial)
+            if continuing.continuing(trial):
+                continuing.continue_again(trial)
+            else:
+                trial_launch(trial=trial)
     return len(trials)
 
 
@@ -177,7 +185,8 @@ def _trial_delete(*, trial: Trial) -> None:
         except queue_client.SchedulerError:  # unknown to the scheduler: nothing left to stop
             pass
     paths = [*trial.spill_dirs, *trial.archive_dirs, *trial.checkpoint_dirs,
-             *([trial.export_dir_for(trial.queue_id)] if trial.queue_id else [])]
+             *([trial.export_dir_for(trial.queue_id)] if trial.queue_id else []),
+             *(trial.export_dir_for(c["from"]) for c in trial.continued)]  # the models continued since
     with transaction.atomic():
         trial.delete()
         transaction.on_commit(lambda: [shutil.rmtree(path, ignore_errors=True) for path in paths])

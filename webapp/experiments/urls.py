@@ -16,6 +16,7 @@ urlpatterns = [
     path("trials/<id:trial_id>/export.tar.gz", views.trial_export, name="trial_export"),
     path("trials/<id:trial_id>/archive/", views.trial_archive, name="trial_archive"),
     path("trials/<id:trial_id>/generate/", views.trial_generate, name="trial_generate"),
+    path("trials/<id:trial_id>/continue/", views.trial_continue, name="trial_continue"),
     path("trials/<id:trial_id>/generations/<id:generation_id>/", views.trial_generation, name="trial_generation"),
     path("trials/<id:trial_id>/<slug:action>/", views.trial_action, name="trial_action"),
 ]

@@ -15,7 +15,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.datasets.http import form_add_errors, team_required
 from webapp.datasets.selectors import dataset_list
-from webapp.experiments import archives, generations, memory_preview, previews, selectors, services
+from webapp.experiments import archives, continuing, generations, memory_preview, previews, selectors, services
+from webapp.experiments.continue_form import ContinueForm
 from webapp.experiments.events import SCHEDULER_DOWN, trial_events_sync_quietly
 from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet, experiment_initial
 from webapp.experiments.generation_form import GenerationForm, generation_initial
@@ -243,10 +244,14 @@ def _etas(trials: list[Trial]) -> dict[int, dict[str, object]]:
 
 
 def _trial_page(request: HttpRequest, trial: Trial, *, form: GenerationForm | None = None,
-                status: int = 200) -> HttpResponse:
-    """The trial's page; `form` is the prompt box as posted (with its errors), else one with the last settings."""
+                continue_form: ContinueForm | None = None, status: int = 200) -> HttpResponse:
+    """The trial's page; `form` is the prompt box as posted (with its errors), else one with the last settings;
+    `continue_form` the continue form as posted, else one with the trial's learning rate."""
     _statuses_synced(request)
     trial.refresh_from_db()
+    if continue_form is None:
+        lr = (trial.continued[-1]["lr"] if trial.continued else (trial.spec or {}).get("optimizer", {}).get("lr"))
+        continue_form = ContinueForm(initial={"lr": lr})
     shown = list(generations.generation_list(trial=trial)[:generations.SHOWN])
     return render(request, "experiments/trial_detail.html", {
         "trial": trial, "experiment": trial.experiment, "actions": selectors.trial_actions(trial),
@@ -258,7 +263,26 @@ def _trial_page(request: HttpRequest, trial: Trial, *, form: GenerationForm | No
         "generations": shown, "generating": any(g.status == g.Status.PENDING for g in shown),
         "generation_unavailable": generations.generation_unavailable(trial),
         "generation_form": form or GenerationForm(initial=generation_initial(shown[0] if shown else None)),
+        "continue_form": continue_form, "continue_blocker": continuing.continue_blocker(trial),
+        "kept_state": continuing.kept_state(trial) if trial.status in Trial.ENDED else None,
     }, status=status)
+
+
+@team_required
+@require_POST
+def trial_continue(request: HttpRequest, trial_id: int) -> HttpResponse:
+    """Continue a finished or pruned trial for the posted steps from its last checkpoint (`continuing`)."""
+    trial = selectors.trial_get(team=request.team, trial_id=trial_id)
+    form = ContinueForm(request.POST)
+    if form.is_valid():
+        try:
+            continuing.trial_continue(trial=trial, actor=request.user, **form.values())
+        except ValidationError as error:
+            form_add_errors(form, error)
+        else:
+            messages.success(request, f"Trial #{trial.number}: continuing for {form.values()['steps']} more steps.")
+            return redirect("trial_detail", trial_id=trial.pk)
+    return _trial_page(request, trial, continue_form=form, status=400)
 
 
 @team_required
