@@ -277,10 +277,11 @@ def _continued(manifest: dict[str, Any], *, source_id: str, trial_id: str, spec:
         raise SpecError(f"trial {trial_id} is not trial {source_id} with steps added: their specs differ beyond the "
                         "added segment")
     before = Timetable.of(ended, shards=len(state.plan.shards))
-    if state.cursor < len(before):
+    updates = {shard.optim_steps for shard in state.shards}
+    if state.cursor < len(before) or len(updates) != 1 or any(shard.pending for shard in state.shards):
         raise SpillStoreError(f"the last checkpoint of trial {source_id} is of unit {state.cursor} of its "
                               f"{len(before)}, not of its end: only an ended trial continues")
-    trained = before[state.last_unit].step + 1 if state.last_unit >= 0 else ended.total_steps
+    (trained,) = updates  # an ended trial applied every step's update, however its timetable ended
     if added.after != trained:
         raise SpecError(f"trial {source_id} trained {trained} steps: the added steps start there, not after "
                         f"step {added.after}")
