@@ -148,9 +148,11 @@ class Trial(models.Model):
     class Meta:
         ordering = ["experiment", "number"]
         constraints = [models.UniqueConstraint(fields=["experiment", "number"], name="unique_trial_number")]
-        # Leaderboards rank trials by either metric, ties to the earlier finish.
+        # Leaderboards rank trials by either metric, ties to the earlier finish; the experiment list asks
+        # whether an experiment has a trial in a status (its derived status) and counts them by status.
         indexes = [models.Index(fields=["best_val_ppl", "finished"]),
-                   models.Index(fields=["best_val_loss", "finished"], name="trial_best_val_loss")]
+                   models.Index(fields=["best_val_loss", "finished"], name="trial_best_val_loss"),
+                   models.Index(fields=["experiment", "status"], name="trial_experiment_status")]
 
     def __str__(self) -> str:
         return f"{self.experiment.name} #{self.number}"
@@ -328,3 +330,26 @@ class Generation(WebWork):
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0
+
+
+class SavedComparison(models.Model):
+    """A named set of the team's experiments whose learning curves are compared together, with the curves
+    page's settings (axis, metric, smoothing, log scale) it was saved with. Deleting an experiment takes it
+    out of the comparisons that named it; they open with the others."""
+
+    NAME_MAX_CHARS = 120
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="saved_comparisons")
+    name = models.CharField(max_length=NAME_MAX_CHARS)
+    experiments = models.ManyToManyField(Experiment, related_name="saved_comparisons")
+    view = models.JSONField(default=dict, blank=True,
+                            help_text="The curves page's settings: {x, metric, smooth, logy}, each optional.")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created", "-pk"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="unique_comparison_name")]
+
+    def __str__(self) -> str:
+        return self.name
