@@ -36,6 +36,7 @@ class Dataset(WebWork):
     CORPUS_FILE = "corpus.txt"
     TOKENIZER_FILE = "tokenizer.json"
     TOKENS_FILE = "tokens.npy"
+    TOKEN_BYTES_FILE = "token_bytes.npy"
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="datasets")
     name = models.CharField(max_length=120)
@@ -48,13 +49,22 @@ class Dataset(WebWork):
     message = models.TextField(blank=True, help_text="Why tokenizing failed, for the UI.")
     vocab_size = models.PositiveIntegerField(
         help_text="Tokens in the trained tokenizer's vocabulary (the size asked for, until it is trained).")
-    val_fraction = models.FloatField(help_text="Fraction of the token stream (its tail) held out for validation.")
+    val_fraction = models.FloatField(
+        help_text="Fraction of the corpus's UTF-8 bytes (its tail, from a line start) held out for validation.")
     n_bytes = models.BigIntegerField()
     n_tokens = models.BigIntegerField(default=0, help_text="0 until the corpus is tokenized.")
     fingerprint = models.CharField(
         max_length=64, db_index=True,
         help_text="sha256 of the corpus, vocabulary size and split: equal fingerprints are comparable results.",
     )
+    corpus_sha256 = models.CharField(
+        max_length=64, blank=True, db_index=True,
+        help_text="sha256 of the corpus alone: with the split, what the cross-team board matches on.")
+    val_offset = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="UTF-8 byte offset where the validation text begins (a line start), the same for every tokenizer; "
+                  "null until tokenized (and for datasets split by blocks of tokens).")
+    val_start = models.BigIntegerField(null=True, blank=True, help_text="Index of the validation text's first token.")
     storage_key = models.CharField(max_length=32, unique=True, editable=False)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created = models.DateTimeField(auto_now_add=True)
@@ -87,11 +97,24 @@ class Dataset(WebWork):
         return self.directory / self.CORPUS_FILE
 
     @property
+    def token_bytes_path(self) -> Path:
+        return self.directory / self.TOKEN_BYTES_FILE
+
+    @property
+    def val_bytes(self) -> int | None:
+        """UTF-8 bytes of the validation text (None: split by blocks of tokens)."""
+        return None if self.val_offset is None else self.n_bytes - self.val_offset
+
+    @property
     def train_tokens(self) -> int:
+        if self.val_start is not None:
+            return self.val_start
         return split_sizes(self.n_tokens, self.val_fraction)[0]
 
     @property
     def val_tokens(self) -> int:
+        if self.val_start is not None:
+            return self.n_tokens - self.val_start
         return split_sizes(self.n_tokens, self.val_fraction)[1]
 
 
@@ -117,6 +140,8 @@ class DatasetTokens(WebWork):
     message = models.TextField(blank=True, help_text="Why tokenizing failed, for the UI.")
     n_tokens = models.BigIntegerField(default=0, help_text="0 until the corpus is tokenized.")
     max_id = models.BigIntegerField(default=0, help_text="The largest token id: a model needs more embeddings.")
+    val_start = models.BigIntegerField(
+        null=True, blank=True, help_text="Index of the token where the dataset's validation text begins.")
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -135,5 +160,11 @@ class DatasetTokens(WebWork):
         return self.dataset.directory / f"tokens-{self.tokenizer_sha256[:32]}.npy"
 
     @property
+    def token_bytes_path(self) -> Path:
+        return self.dataset.directory / f"tokens-{self.tokenizer_sha256[:32]}.bytes.npy"
+
+    @property
     def train_tokens(self) -> int:
+        if self.val_start is not None:
+            return self.val_start
         return split_sizes(self.n_tokens, self.dataset.val_fraction)[0]

@@ -22,7 +22,7 @@ from webapp.accounts.models import Team
 from webapp.accounts.roles import require_creator_or_owner
 from webapp.background.outbox import work_enqueue
 from webapp.datasets.models import Dataset, DatasetTokens, datasets_root
-from webapp.datasets.tokenization import TokenizedCorpus, encode_corpus, tokenize_corpus
+from webapp.datasets.tokenization import TokenizedCorpus, encode_split, tokenize_corpus, validation_offset
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def dataset_create(
                 vocab_size=vocab_size, val_fraction=val_fraction, n_bytes=n_bytes,
                 fingerprint=dataset_fingerprint(corpus_sha256=digest, vocab_size=vocab_size,
                                                 val_fraction=val_fraction),
-                storage_key=key, created_by=user,
+                corpus_sha256=digest.hexdigest(), storage_key=key, created_by=user,
             )
             work_enqueue(row=dataset, task_name=TOKENIZE_TASK)
             return dataset
@@ -111,7 +111,12 @@ def dataset_tokenize(*, dataset_id: int) -> None:
         return
     pending = Dataset.objects.filter(pk=dataset_id, status=Dataset.Status.TOKENIZING)
     try:
-        corpus = tokenize_corpus(dataset.corpus_path.read_text(encoding="utf-8"), vocab_size=dataset.vocab_size)
+        text = dataset.corpus_path.read_text(encoding="utf-8")
+        try:
+            val_offset = validation_offset(text.encode("utf-8"), dataset.val_fraction)
+        except ValueError:
+            raise CorpusError("The corpus is too small to hold out a validation text. Upload a longer text.") from None
+        corpus = tokenize_corpus(text, vocab_size=dataset.vocab_size, val_offset=val_offset)
         if len(corpus.ids) < 2:
             raise CorpusError("The corpus is too small: it must give at least two tokens. Upload a longer text.")
         _write_tokenized(dataset, corpus)
@@ -124,16 +129,22 @@ def dataset_tokenize(*, dataset_id: int) -> None:
             f"Tokenizing failed ({type(error).__name__}: {error}). The corpus is kept; delete the dataset and "
             "upload it again, or ask an administrator to look at the web worker's log."))
         return
-    pending.update(status=Dataset.Status.READY, vocab_size=corpus.vocab_size, n_tokens=len(corpus.ids), message="")
+    pending.update(status=Dataset.Status.READY, vocab_size=corpus.vocab_size, n_tokens=len(corpus.ids), message="",
+                   val_offset=val_offset, val_start=corpus.val_start)
 
 
 def _write_tokenized(dataset: Dataset, corpus: TokenizedCorpus) -> None:
-    """Write tokenizer and token ids under temporary names, then rename them into place (none left behind)."""
-    partial = [dataset.directory / f".partial-{uuid.uuid4().hex}{suffix}" for suffix in (".json", ".npy")]
+    """Write tokenizer, token ids and bytes per token under temporary names, then rename them into place (none
+    left behind)."""
+    partial = [dataset.directory / f".partial-{uuid.uuid4().hex}{suffix}" for suffix in (".json", ".npy", ".npy")]
     try:
         corpus.tokenizer.save(str(partial[0]))
         with partial[1].open("wb") as out:
             np.save(out, corpus.ids)
+        if corpus.token_bytes is not None:
+            with partial[2].open("wb") as out:
+                np.save(out, corpus.token_bytes)
+            os.replace(partial[2], dataset.token_bytes_path)
         os.replace(partial[0], dataset.tokenizer_path)
         os.replace(partial[1], dataset.tokens_path)
     finally:
@@ -176,16 +187,26 @@ def dataset_tokens_build(*, tokens_id: int) -> None:
         except Exception as error:
             raise CorpusError(f"{tokens.model_name}'s tokenizer could not be read from {source} "
                               f"({type(error).__name__}: {str(error)[:200]}).") from None
-        ids = encode_corpus(tokens.dataset.corpus_path.read_text(encoding="utf-8"), tokenizer)
+        text = tokens.dataset.corpus_path.read_text(encoding="utf-8")
+        val_offset = tokens.dataset.val_offset
+        if val_offset is None:  # a dataset split by blocks of tokens: its split is the engine's block fraction
+            val_offset = validation_offset(text.encode("utf-8"), tokens.dataset.val_fraction)
+        split = encode_split(text, tokenizer, val_offset=val_offset)
+        ids = split.ids
         if len(ids) < 2:
             raise CorpusError("The corpus is too small: it must give at least two tokens.")
-        partial = tokens.dataset.directory / f".partial-{uuid.uuid4().hex}.npy"
+        partial = [tokens.dataset.directory / f".partial-{uuid.uuid4().hex}{suffix}" for suffix in (".npy", ".b.npy")]
         try:
-            with partial.open("wb") as out:
+            with partial[0].open("wb") as out:
                 np.save(out, ids)
-            os.replace(partial, tokens.path)
+            if split.token_bytes is not None:
+                with partial[1].open("wb") as out:
+                    np.save(out, split.token_bytes)
+                os.replace(partial[1], tokens.token_bytes_path)
+            os.replace(partial[0], tokens.path)
         finally:
-            partial.unlink(missing_ok=True)
+            for path in partial:
+                path.unlink(missing_ok=True)
     except CorpusError as error:
         pending.update(status=DatasetTokens.Status.FAILED, message=str(error))
         return
@@ -194,7 +215,8 @@ def dataset_tokens_build(*, tokens_id: int) -> None:
         pending.update(status=DatasetTokens.Status.FAILED, message=(
             f"Tokenizing with {tokens.model_name}'s tokenizer failed ({type(error).__name__}: {error})."))
         return
-    pending.update(status=DatasetTokens.Status.READY, n_tokens=len(ids), max_id=int(ids.max()), message="")
+    pending.update(status=DatasetTokens.Status.READY, n_tokens=len(ids), max_id=int(ids.max()), message="",
+                   val_start=split.val_start if tokens.dataset.val_offset is not None else None)
 
 
 def dataset_require_delete(*, actor: AbstractBaseUser, dataset: Dataset) -> None:
