@@ -136,15 +136,39 @@ class ContinuationSpec:
 class DataSpec:
     """Packed token blocks: ``tokens_path`` is a 1-D ``.npy`` of token ids (see :mod:`worker.engine.data`).
 
-    The last ``val_fraction`` of the blocks (at least one) is the validation split. ``tokenizer_dir`` is the
+    The validation split is the tokens from ``val_start`` on (the token where the dataset's held-out text
+    begins, the same text for every tokenizer), or, without ``val_start``, the last ``val_fraction`` of the
+    blocks (at least one). ``tokenizer_dir`` is the
     directory of the tokenizer that made the tokens (a bare ``tokenizer.json`` or a ``save_pretrained``
     tokenizer); the export copies it so that the exported directory loads with ``AutoTokenizer``.
+    ``token_bytes_path`` is a 1-D ``.npy`` as long as the tokens: the UTF-8 bytes of text each token covers,
+    so that evaluations report bits per byte. ``holdout_tokens`` (with ``val_start``) declares the held-out
+    set: the final evaluation covers exactly the tokens ``val_start .. val_start + holdout_tokens``.
     """
 
     tokens_path: str
     seq_len: int = 32
     val_fraction: float = 0.1
     tokenizer_dir: str | None = None
+    val_start: int | None = None
+    token_bytes_path: str | None = None
+    holdout_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.val_start is not None and self.val_start < 1:
+            raise SpecError(f"val_start must be a token index of at least 1, got {self.val_start}")
+        if self.holdout_tokens is not None and (self.val_start is None or self.holdout_tokens < 2):
+            raise SpecError(f"holdout_tokens={self.holdout_tokens} needs val_start and at least 2 tokens "
+                            "(a block's first token is not predicted)")
+
+    def final_eval_batches(self, micro_batch_size: int) -> int:
+        """Micro-batches of the final evaluation: the held-out tokens in blocks of ``seq_len``, at most
+        ``micro_batch_size`` blocks a batch, then a last, shorter block of the rest in a batch of its own (if
+        it predicts a token); 0 without ``holdout_tokens``."""
+        if self.holdout_tokens is None:
+            return 0
+        full, rest = divmod(self.holdout_tokens, self.seq_len)
+        return -(-full // micro_batch_size) + (rest >= 2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,6 +185,8 @@ class TrialSpec:
     ``lora``: train LoRA adapters on the pretrained model instead of all its weights (``None``: full training).
     ``early_stop_patience``: end the trial after that many evaluations in a row without a lower validation
     loss than the best so far (its weights are those of the last step; ``None`` trains every step).
+    With ``data.holdout_tokens`` a trial ends with a final evaluation on the whole declared held-out set
+    (:attr:`final_eval_batches` micro-batches), also when it stops early.
     ``continuations``: segments of steps added after the trial ended, in order (see :class:`ContinuationSpec`);
     the trial trains ``total_steps``, each segment under its own learning-rate schedule, and every segment's
     last step evaluates (or, without evaluations, applies its update at once) as the last step of a trial does.
@@ -214,6 +240,11 @@ class TrialSpec:
     @property
     def micro_batch_size(self) -> int:
         return self.batch_size // self.micro_batches
+
+    @property
+    def final_eval_batches(self) -> int:
+        """Micro-batches of the final evaluation (0: the trial has none; see :class:`DataSpec`)."""
+        return self.data.final_eval_batches(self.micro_batch_size)
 
     def to_dict(self) -> dict[str, Any]:
         raw = dataclasses.asdict(self)

@@ -29,7 +29,7 @@ from transformers.masking_utils import create_causal_mask
 from worker.engine import lora as lora_adapters
 from worker.engine.config import LoraSpec, ModelSpec
 from worker.engine.families import CAUSAL_LM_CLASSES, architecture_from_config, default_intermediate, read_config
-from worker.engine.rotary_layers import rotary_layers
+from worker.engine.rotary_layers import rotary_layers, summed_loss
 
 
 class GPT2Embedding(nn.Module):
@@ -70,10 +70,14 @@ class GPT2Head(nn.Module):
         super().__init__()
         self.ln_f, self.lm_head = ln_f, lm_head
         self.vocab_size = vocab_size
+        self.loss_sums: list[torch.Tensor] | None = None  # set by an evaluation that wants summed losses
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(self.ln_f(hidden))  # (B, T, V)
-        return ForCausalLMLoss(logits, labels, vocab_size=self.vocab_size)
+        loss = ForCausalLMLoss(logits, labels, vocab_size=self.vocab_size)
+        if self.loss_sums is not None:  # an evaluation: also the summed loss, for bits per byte
+            self.loss_sums.append(summed_loss(logits, labels, self.vocab_size))
+        return loss
 
 
 @dataclass(frozen=True)

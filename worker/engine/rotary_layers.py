@@ -23,6 +23,14 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 MaskFunction = Callable[..., Any]
 
 
+def summed_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The shifted cross-entropy of every predicted token, summed (nats): what ``ForCausalLMLoss`` averages,
+    from the same fp32 logits and labels (every token of a row but its first is predicted)."""
+    targets = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].reshape(-1)
+    return nn.functional.cross_entropy(logits.float().view(-1, vocab_size), targets.to(logits.device),
+                                       ignore_index=-100, reduction="sum")
+
+
 def mask_function(config: PretrainedConfig, layer_index: int) -> MaskFunction:
     """The mask the family's model gives decoder layer ``layer_index``: Qwen2/Qwen3 by the config's
     ``layer_types``, Mistral a sliding window for every layer when ``sliding_window`` is set, Llama causal."""
@@ -95,10 +103,14 @@ class NormHead(nn.Module):
         super().__init__()
         self.norm, self.lm_head = norm, lm_head
         self.vocab_size = vocab_size
+        self.loss_sums: list[torch.Tensor] | None = None  # set by an evaluation that wants summed losses
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(self.norm(hidden))  # (B, T, V)
-        return ForCausalLMLoss(logits, labels, vocab_size=self.vocab_size)
+        loss = ForCausalLMLoss(logits, labels, vocab_size=self.vocab_size)
+        if self.loss_sums is not None:  # an evaluation: also the summed loss, for bits per byte
+            self.loss_sums.append(summed_loss(logits, labels, self.vocab_size))
+        return loss
 
 
 def rotary_layers(model: nn.Module) -> tuple[list[nn.Module], list[str]]:

@@ -79,7 +79,8 @@ class Timetable:
 
     ``ends``: the steps at which segments before the last one end (a continued trial's ``after`` values);
     the last segment ends at ``steps``. A segment's last step evaluates (with ``eval_every`` > 0) or is
-    followed by one ``S`` unit per shard."""
+    followed by one ``S`` unit per shard. With ``final_eval_batches`` > 0 every segment ends with the final
+    evaluation instead, on that many batches (the whole held-out set), whatever ``eval_every``."""
 
     shards: int
     steps: int
@@ -87,13 +88,15 @@ class Timetable:
     eval_every: int
     eval_batches: int
     ends: tuple[int, ...] = ()
+    final_eval_batches: int = 0
 
     @classmethod
     def of(cls, spec: TrialSpec, *, shards: int) -> Timetable:
         """The timetable of ``spec`` (added segments included) under a plan of ``shards`` shards."""
         return cls(shards=shards, steps=spec.total_steps, micro_batches=spec.micro_batches,
                    eval_every=spec.eval_every, eval_batches=spec.eval_batches,
-                   ends=tuple(added.after for added in spec.continuations))
+                   ends=tuple(added.after for added in spec.continuations),
+                   final_eval_batches=spec.final_eval_batches)
 
     @property
     def train_units_per_step(self) -> int:
@@ -106,7 +109,20 @@ class Timetable:
     def evaluates(self, step: int) -> bool:
         """Whether an evaluation follows step ``step``'s training: every ``eval_every`` steps and at the end of
         every segment."""
-        return self.eval_every > 0 and ((step + 1) % self.eval_every == 0 or self._ends_segment(step))
+        if self._ends_segment(step):
+            return self.eval_every > 0 or self.final_eval_batches > 0
+        return self.eval_every > 0 and (step + 1) % self.eval_every == 0
+
+    def final_evaluation(self, step: int) -> bool:
+        """Whether the evaluation after step ``step`` is a final one, on the whole held-out set."""
+        return self.final_eval_batches > 0 and self._ends_segment(step)
+
+    @property
+    def final_eval_start(self) -> int:
+        """Where a trial that stops early goes on: its last segment's final evaluation, or the end."""
+        if not self.final_eval_batches:
+            return len(self)
+        return self.step_offset(self.steps - 1) + self.train_units_per_step
 
     def _ends_segment(self, step: int) -> bool:
         return step + 1 == self.steps or step + 1 in self.ends
@@ -116,6 +132,11 @@ class Timetable:
         or final updates); ``step == steps`` gives the timetable's length."""
         offset = step * self.train_units_per_step
         ends = sum(1 for end in (*self.ends, self.steps) if end <= step)
+        if self.final_eval_batches:  # evaluations every eval_every steps but at segment ends, then the finals
+            aligned = 0 if not self.eval_every else sum(
+                1 for end in (*self.ends, self.steps) if end <= step and not end % self.eval_every)
+            regular = 0 if not self.eval_every else step // self.eval_every - aligned
+            return offset + regular * self.eval_units + ends * self.final_eval_batches * self.shards
         if self.eval_every > 0:
             unaligned = sum(1 for end in (*self.ends, self.steps) if end <= step and end % self.eval_every)
             return offset + (step // self.eval_every + unaligned) * self.eval_units
@@ -140,7 +161,7 @@ class Timetable:
         step, local = low, index - self.step_offset(low)
         if local >= self.train_units_per_step:
             batch, shard = divmod(local - self.train_units_per_step, self.shards)
-            if self.eval_every > 0:
+            if self.eval_every > 0 or self.final_eval_batches:
                 return UnitSpec(index=index, step=step, micro_batch=batch, phase="E", shard=shard)
             return UnitSpec(index=index, step=step, micro_batch=0, phase="S", shard=shard)
         micro_batch, position = divmod(local, 2 * self.shards - 1)

@@ -67,6 +67,10 @@ class UnitResult:
     tokens: int | None = None
     eval_loss: float | None = None
     eval_ppl: float | None = None
+    eval_bpb: float | None = None  # bits per byte of the evaluation (None: the data has no token byte counts)
+    eval_tokens: int | None = None  # tokens the evaluation predicted
+    eval_bytes: int | None = None  # their UTF-8 bytes
+    final_step: int | None = None  # set on the final evaluation (on the held-out set): the steps trained
     stopped_early: bool = False
 
 
@@ -251,8 +255,9 @@ class TrialSession(ShardUnits):
                 raise torch.OutOfMemoryError(
                     f"fault injection: shard {unit.shard} plans a peak of {self.plan.unit_peak_bytes(unit.shard)} "
                     f"bytes, over the injected device memory of {limit} bytes")
-            # An early stop ends the timetable here: the evaluation has applied every pending update.
-            self.state.cursor = len(self.timetable) if metrics.get("stopped_early") else unit.index + 1
+            # An early stop ends the timetable here, or goes on to the final evaluation on the declared held-out
+            # set when the trial has one: the evaluation has applied every pending update.
+            self.state.cursor = self.timetable.final_eval_start if metrics.get("stopped_early") else unit.index + 1
             self.state.last_unit, self.state.last_metrics = unit.index, metrics
             self.reach("before-commit")
             self.commit()

@@ -54,17 +54,23 @@ class StepState:
 
 @dataclass
 class EvalState:
-    """Running sum of the evaluation in flight: the losses of the validation batches done so far."""
+    """Running sums of the evaluation in flight, over the validation batches done so far: their mean losses,
+    their summed token losses (nats), the tokens they predicted and those tokens' UTF-8 bytes."""
 
     loss_sum: float = 0.0
+    token_loss_sum: float = 0.0
+    tokens: int = 0
+    bytes: int = 0
 
 
 @dataclass
 class EarlyStop:
-    """The best validation loss so far and the number of evaluations since it."""
+    """The best validation loss so far and the number of evaluations since it; and, once the trial's stop
+    rule ended it at an evaluation (its experiment's pruner), why."""
 
     best: float | None = None
     since: int = 0
+    pruned: str | None = None
 
 
 @dataclass(kw_only=True)
@@ -145,8 +151,10 @@ class TrialState:
                                                           "total_norm": self.pending.total_norm},
             "step_state": {"loss_sum": self.step_state.loss_sum,
                            "norms": {str(shard): norms for shard, norms in self.step_state.norms.items()}},
-            "eval_state": {"loss_sum": self.eval_state.loss_sum},
-            "early_stop": {"best": self.early_stop.best, "since": self.early_stop.since},
+            "eval_state": {"loss_sum": self.eval_state.loss_sum, "token_loss_sum": self.eval_state.token_loss_sum,
+                           "tokens": self.eval_state.tokens, "bytes": self.eval_state.bytes},
+            "early_stop": {"best": self.early_stop.best, "since": self.early_stop.since,
+                           **({"pruned": self.early_stop.pruned} if self.early_stop.pruned is not None else {})},
             "replans": self.replans,
             "last_unit": self.last_unit,
             "last_metrics": self.last_metrics,
@@ -185,9 +193,10 @@ class TrialState:
                 **_keys(pending, "pending", required={"step", "total_norm"})),
             step_state=StepState(loss_sum=step_state["loss_sum"],
                                  norms={int(shard): norms for shard, norms in step_state["norms"].items()}),
-            eval_state=EvalState(**_keys(raw["eval_state"], "eval_state", required={"loss_sum"})),
+            eval_state=EvalState(**_keys(raw["eval_state"], "eval_state", required={"loss_sum"},
+                                         optional=frozenset({"token_loss_sum", "tokens", "bytes"}))),
             early_stop=EarlyStop() if early_stop is None else EarlyStop(
-                **_keys(early_stop, "early_stop", required={"best", "since"})),
+                **_keys(early_stop, "early_stop", required={"best", "since"}, optional=frozenset({"pruned"}))),
             replans=raw.get("replans", 0),
             last_unit=raw.get("last_unit", -1),
             last_metrics=raw.get("last_metrics", {}),

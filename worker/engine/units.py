@@ -25,7 +25,7 @@ from worker.engine.layers import LayerStack, ParamRef
 from worker.engine.layout import Layout
 from worker.engine.partition import MemoryPlan
 from worker.engine.rng import rng_state, set_rng_state
-from worker.engine.schedule import UnitSpec, step_lr
+from worker.engine.schedule import Timetable, UnitSpec, step_lr
 from worker.engine.shared_base import BaseCache
 from worker.engine.sizes import FP32
 from worker.engine.spill_store import SpillStore
@@ -43,6 +43,7 @@ class ShardUnits:
     spec: TrialSpec
     stack: LayerStack
     data: TokenBlocks
+    timetable: Timetable
     plan: MemoryPlan
     layout: Layout
     _transfers: Transfers
@@ -106,24 +107,52 @@ class ShardUnits:
         return self._finish_backward(unit, x, owned, lent)
 
     def _evaluate(self, unit: UnitSpec) -> dict[str, Any]:
-        """E: evaluation forward of one shard on one validation batch (dropout off, no graph)."""
+        """E: evaluation forward of one shard on one validation batch (dropout off, no graph).
+
+        A regular evaluation averages the mean losses of its ``eval_batches`` batches; the final one (see
+        :meth:`Timetable.final_evaluation`) covers the declared held-out tokens and reports their mean
+        loss per token. Both report bits per byte: the summed token losses over ln 2 and over the UTF-8 bytes of
+        the predicted tokens."""
         params = self._load_shard(unit.shard)
-        ids = self.data.eval_batch(batch=unit.micro_batch, batch_size=self.spec.micro_batch_size).to(self.device)
+        final = self.timetable.final_evaluation(unit.step)
+        size = self.spec.micro_batch_size
+        if final:
+            ids, n_bytes = self.data.final_batch(batch=unit.micro_batch, batch_size=size)
+        else:
+            ids = self.data.eval_batch(batch=unit.micro_batch, batch_size=size)
+            n_bytes = self.data.eval_bytes(batch=unit.micro_batch, batch_size=size)
+        ids = ids.to(self.device)
         x = ids if unit.shard == 0 else self._read_boundary(f"e{unit.shard - 1}", (*ids.shape, self._width))
         last = unit.shard == len(self.plan.shards) - 1
-        with torch.no_grad():
-            out = self._run_shard(unit.shard, params, x, ids if last else None, train=False)[0]
+        head = self.stack.layers[-1]
+        head.loss_sums = [] if last else None
+        try:
+            with torch.no_grad():
+                out = self._run_shard(unit.shard, params, x, ids if last else None, train=False)[0]
+            summed = head.loss_sums[0].item() if last else 0.0
+        finally:
+            head.loss_sums = None
         if not last:
             self.store.write(f"e{unit.shard}", out.float())
             return {}
         state = self.state.eval_state
         state.loss_sum += out.item()
-        if unit.micro_batch < self.spec.eval_batches - 1:
+        state.token_loss_sum += summed
+        state.tokens += ids.shape[0] * (ids.shape[1] - 1)
+        state.bytes += n_bytes or 0
+        if unit.micro_batch < (self.spec.final_eval_batches if final else self.spec.eval_batches) - 1:
             return {}
-        eval_loss = state.loss_sum / self.spec.eval_batches
+        eval_loss = state.token_loss_sum / state.tokens if final else state.loss_sum / self.spec.eval_batches
+        bpb = state.token_loss_sum / math.log(2) / state.bytes if self.data.token_bytes is not None else None
+        metrics: dict[str, Any] = {"eval_loss": eval_loss, "eval_ppl": math.exp(eval_loss), "eval_bpb": bpb,
+                                   "eval_tokens": state.tokens, "eval_bytes": state.bytes}
+        if final:  # after an early stop, the weights are those of the step that stopped it
+            pending = self.state.pending
+            metrics["final_step"] = pending.step + 1 if pending is not None else unit.step + 1
+        else:
+            metrics["stopped_early"] = self._no_longer_improving(unit.step, eval_loss)
         self.state.reset_eval()
-        return {"eval_loss": eval_loss, "eval_ppl": math.exp(eval_loss),
-                "stopped_early": self._no_longer_improving(unit.step, eval_loss)}
+        return metrics
 
     def _no_longer_improving(self, step: int, eval_loss: float) -> bool:
         """Count evaluations without a new best loss; True when the trial should stop early after ``step``."""
