@@ -54,8 +54,10 @@ def initial_weights(spec: TrialSpec, root: Path) -> Path:
     return root / "init"
 
 
-def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU) -> Reference:
-    """Train `spec` from the weights in `init_dir` with plain PyTorch; its losses, evaluations and final weights."""
+def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU, *,
+                   steps_run: int | None = None) -> Reference:
+    """Train `spec` from the weights in `init_dir` with plain PyTorch; its losses, evaluations and final weights.
+    `steps_run`: stop after that many of its steps (a trial ended early), the schedule still the spec's."""
     assert spec.schedule.decay == "cosine", "the reference implements the cosine schedule only"
     if spec.lora is None:
         model = AutoModelForCausalLM.from_pretrained(init_dir, local_files_only=True).to(device).train()
@@ -81,7 +83,7 @@ def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU) 
     data = TokenBlocks(spec.data, vocab_size=model.config.vocab_size)
     torch.manual_seed(spec.seed)
     losses, eval_losses = [], []
-    for step in range(spec.steps):
+    for step in range(spec.steps if steps_run is None else steps_run):
         batch = data.train_batch(seed=spec.seed, step=step, batch_size=spec.batch_size).to(device)
         total = 0.0
         for micro_batch in batch.chunk(spec.micro_batches):
@@ -106,10 +108,10 @@ def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU) 
     return Reference(losses, eval_losses, {k: v.detach().clone() for k, v in model.named_parameters()})
 
 
-def plain_reference(spec: TrialSpec, root: Path) -> Reference:
+def plain_reference(spec: TrialSpec, root: Path, *, steps_run: int | None = None) -> Reference:
     """`plain_training` of `spec` from the engine's initial weights, on one CPU thread (files under `root`)."""
     with one_thread():
-        return plain_training(initial_weights(spec, root), spec)
+        return plain_training(initial_weights(spec, root), spec, steps_run=steps_run)
 
 
 def exported_weights(directory: Path) -> dict[str, torch.Tensor]:

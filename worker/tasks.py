@@ -62,7 +62,8 @@ def device_loop(epoch: str) -> None:
         "engine": EngineRunner(spill_dir=settings.spill_dir, device=torch_device(kind),
                                prefetch=kind == "cuda" or torch.get_num_threads() > 1,
                                checkpoint_dir=settings.data_dir / "checkpoints",
-                               fault_oom_above_bytes=settings.fault_oom_above_bytes, fault=settings.fault),
+                               fault_oom_above_bytes=settings.fault_oom_above_bytes, fault=settings.fault,
+                               studies=queue.client),
         "synthetic": SyntheticRunner(),
     }
     name = f"{kind}{index}"

@@ -151,6 +151,13 @@ def learning_curves(curves: Curves, *, x: XAxis = "step", metric: Metric = "loss
                        "x": p["eval_x"], "y": p["eval_y"], "showlegend": False, "marker": {"size": 6},
                        "line": {"color": colour(index), "dash": "dot"},
                        "meta": {"trial": trial.id, "role": "eval"}, **common})
+        if trial.status == "pruned" and p["eval_x"]:  # where the pruner stopped it: its last evaluation
+            where = f"pruned at rung {trial.rung}" if trial.rung is not None else "pruned"
+            traces.append({"type": "scatter", "mode": "markers+text", "name": f"{label} {where}",
+                           "x": p["eval_x"][-1:], "y": p["eval_y"][-1:], "text": [where], "textposition": "top center",
+                           "showlegend": False, "marker": {"symbol": "x", "size": 11, "color": colour(index)},
+                           "meta": {"trial": trial.id, "role": "pruned"}, "legendgroup": str(trial.id),
+                           "hovertemplate": f"<b>{label}</b> {where}<extra></extra>"})
     y_title = "loss (nats/token)" if metric == "loss" else "perplexity"
     return {
         "data": traces,

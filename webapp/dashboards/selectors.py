@@ -44,6 +44,7 @@ class TrialInfo:
     launched: float | None  # the experiment's launch (epoch seconds): wall time is measured from it
     started: float | None = None  # when the trial began running, and ended (epoch seconds)
     finished: float | None = None
+    rung: int | None = None  # the pruner's rung where a pruned trial stopped
 
     @property
     def label(self) -> str:
@@ -118,7 +119,7 @@ def trial_infos(trials: Iterable[Trial]) -> list[TrialInfo]:
                   best_val_ppl=t.best_val_ppl,
                   launched=t.experiment.launched.timestamp() if t.experiment.launched else None,
                   started=t.started.timestamp() if t.started else None,
-                  finished=t.finished.timestamp() if t.finished else None)
+                  finished=t.finished.timestamp() if t.finished else None, rung=t.rung)
         for t in trials
     ]
 

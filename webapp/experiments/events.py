@@ -43,11 +43,13 @@ def trial_event_apply(
     best_val_loss: float | None = None,
     plan: dict[str, Any] | None = None,
     export_path: str | None = None,
+    rung: int | None = None,
 ) -> bool:
     """Apply what the scheduler reports about the trial it knows as `trial_id` (its queue id).
 
     Any subset of fields may be given. ``best_val_loss`` only ever improves (its perplexity is derived);
-    ``plan`` replaces the pre-launch estimate with the measured plan; a finished trial without
+    ``plan`` replaces the pre-launch estimate with the measured plan; ``rung`` is the pruner's rung where a
+    pruned trial stopped; a finished or pruned trial without
     ``export_path`` gets the export directory its launch named, if the model is there. Returns whether
     anything was recorded. When a TPE trial ends, TPE is asked for the next one.
     """
@@ -74,9 +76,11 @@ def trial_event_apply(
             trial.best_val_ppl = math.exp(min(best_val_loss, 700.0))
         if plan is not None:
             trial.plan = plan | {"source": "measured"}
+        if rung is not None:
+            trial.rung = rung
         if export_path is not None:
             trial.export_path = export_path
-        elif status == Status.FINISHED and not trial.export_path:
+        elif status in (Status.FINISHED, Status.PRUNED) and not trial.export_path:
             # The scheduler exports a trial before it reports it finished, into the directory its launch named.
             exported = trial.export_dir_for(trial.queue_id)
             if exported.is_dir():
@@ -130,4 +134,4 @@ def _apply(event: queue_client.TrialEvent, host: str) -> None:
         record = queue_client.trial_record(trial_id=event.trial_id, host_id=host)
         plan = record.plan if record is not None else None
     trial_event_apply(trial_id=event.trial_id, status=event.state, message=event.message or None, plan=plan,
-                      step=event.steps_done)
+                      step=event.steps_done, rung=event.rung)

@@ -22,6 +22,7 @@ from webapp.datasets.models import Dataset
 from webapp.experiments.model_shapes import FAMILY_LABELS, PRESETS, ModelChoiceError, model_from_spec, model_shape
 from webapp.experiments.models import Experiment
 from webapp.experiments.planning import CapError, ExperimentDraft, check_caps
+from webapp.experiments.pruning import pruner_spec
 from webapp.experiments.search_space import (
     KINDS,
     MAX_TRIALS,
@@ -31,6 +32,7 @@ from webapp.experiments.search_space import (
     checkpoint_minutes_of_text,
     load_spec_text,
     parse_search_space,
+    pruner_of_text,
     space_from_rows,
 )
 
@@ -124,6 +126,28 @@ class ExperimentForm(forms.Form):
                   "costs at most this much of its work; 0 turns checkpoints off (empty: 30).",
     )
 
+    pruner = forms.ChoiceField(
+        choices=[("none", "None: every trial trains its whole budget"),
+                 ("asha", "ASHA (asynchronous successive halving)"), ("hyperband", "Hyperband"),
+                 ("median", "Median rule")],
+        initial="none", required=False,
+        help_text="Stops trials that fall behind at their evaluations; the devices they free go to the others.")
+    pruner_min_resource = forms.IntegerField(
+        min_value=1, max_value=10_000_000, required=False, label="First rung (steps)",
+        help_text="ASHA and Hyperband: the step of the first rung (empty: the evaluation interval).")
+    pruner_reduction_factor = forms.IntegerField(
+        min_value=2, max_value=100, initial=3, required=False, label="Reduction factor",
+        help_text="Each rung is this many times further, and the best 1/factor of the trials there go on.")
+    pruner_min_early_stopping_rate = forms.IntegerField(
+        min_value=0, max_value=20, initial=0, required=False, label="Minimum early-stopping rate",
+        help_text="ASHA: skip this many rungs before the first (brackets, in Hyperband's terms).")
+    pruner_n_startup_trials = forms.IntegerField(
+        min_value=0, max_value=10_000, initial=5, required=False, label="Finished trials before pruning",
+        help_text="Median rule: prune nothing until this many trials finished.")
+    pruner_n_warmup_steps = forms.IntegerField(
+        min_value=0, max_value=10_000_000, initial=0, required=False, label="Warm-up steps",
+        help_text="Median rule: a trial is not pruned before this step.")
+
     priority = forms.ChoiceField(
         choices=Experiment.Priority.choices, initial=Experiment.Priority.NORMAL, required=False,
         help_text="Orders your team's trials on the devices (high first); other teams keep their share.")
@@ -176,6 +200,32 @@ class ExperimentForm(forms.Form):
                 return value
         return 30
 
+    def _pruner(self, cleaned: dict[str, Any]) -> dict[str, Any] | None:
+        """The pasted text's ``pruner``, else the fields' (None: no pruning); adds a field error when invalid."""
+        text = (cleaned.get("space_text") or "").strip()
+        try:
+            if text:
+                named, raw = pruner_of_text(text)
+                if named:
+                    return pruner_spec(raw)
+            kind = cleaned.get("pruner") or "none"
+            if kind == "none":
+                return None
+            fields = {"kind": kind,
+                      "min_resource": cleaned.get("pruner_min_resource") or cleaned.get("eval_every") or 1,
+                      "reduction_factor": cleaned.get("pruner_reduction_factor") or 3}
+            if kind == "asha":
+                fields["min_early_stopping_rate"] = cleaned.get("pruner_min_early_stopping_rate") or 0
+            if kind == "median":
+                fields["n_startup_trials"] = cleaned.get("pruner_n_startup_trials")
+                fields["n_warmup_steps"] = cleaned.get("pruner_n_warmup_steps") or 0
+                if fields["n_startup_trials"] is None:
+                    fields["n_startup_trials"] = 5
+            return pruner_spec(fields, field="pruner")
+        except SearchSpaceError as error:
+            self.add_error(error.field if error.field in self.fields else "space_text", str(error))
+            return None
+
     def _model_error_field(self, field: str) -> str | None:
         """Where a model's error shows: its field, or the pasted text when that named the model."""
         if getattr(self, "pasted_model", None) is not None and field in MODEL_FIELDS:
@@ -217,6 +267,7 @@ class ExperimentForm(forms.Form):
                 self.add_error("memory_budget_mib", "Give the budget in MiB, or choose auto.")
             else:
                 budget = cleaned["memory_budget_mib"] * 1024 * 1024
+        pruner = self._pruner(cleaned)
         if not self.errors and model is not None and shape is not None and space is not None:
             draft = ExperimentDraft(
                 name=cleaned["name"].strip(), dataset=cleaned["dataset"], model=model, shape=shape, space=space,
@@ -224,7 +275,7 @@ class ExperimentForm(forms.Form):
                 budget=cleaned["budget"], eval_every=cleaned["eval_every"], seed=cleaned["seed"],
                 memory_budget_bytes=budget, early_stop_patience=cleaned.get("early_stop_patience"),
                 checkpoint_minutes=self._checkpoint_minutes(cleaned),
-                priority=cleaned.get("priority") or Experiment.Priority.NORMAL,
+                priority=cleaned.get("priority") or Experiment.Priority.NORMAL, pruner=pruner,
             )
             try:
                 check_caps(draft, caps=settings.HYDRA.caps)
@@ -294,6 +345,8 @@ def experiment_initial(experiment: Experiment) -> tuple[dict[str, Any], list[dic
         "early_stop_patience": experiment.early_stop_patience,
         "checkpoint_minutes": experiment.checkpoint_minutes,
         "priority": experiment.priority,
+        **({f"pruner_{k}" if k != "kind" else "pruner": v for k, v in experiment.pruner.items()}
+           if experiment.pruner else {}),
     }
     initial.update({k: v for k, v in model.items() if k not in ("kind", "checkpoint_name")})
     return initial, rows_from_space(parse_search_space(experiment.search_space))

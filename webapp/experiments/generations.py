@@ -55,7 +55,7 @@ class Settings:
 
 def generation_unavailable(trial: Trial) -> str:
     """Why `trial` cannot generate text, for its page; empty when it can."""
-    if trial.status != Trial.Status.FINISHED:
+    if trial.status not in (Trial.Status.FINISHED, Trial.Status.PRUNED):
         return (f"Text generation needs a finished trial with an exported model; trial #{trial.number} is "
                 f"{trial.get_status_display().lower()}.")
     if trial_model_dir(trial) is None:

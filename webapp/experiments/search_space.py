@@ -38,6 +38,7 @@ QUOTE_CHARS = 40  # the most of a user's value that an error message repeats
 MAX_NODES = 1000  # YAML nodes in a pasted space: a dozen parameters with their ranges and values fit easily
 MAX_DEPTH = 4  # space -> parameter -> field -> list of values
 MODEL_KEY = "model"  # pasted text may name the experiment's model beside the parameters
+PRUNER_KEY = "pruner"  # ... which pruner stops its trials that fall behind
 CHECKPOINT_KEY = "checkpoint_minutes"  # ... and how often its trials take durable checkpoints
 MAX_CHECKPOINT_MINUTES = 7 * 24 * 60
 
@@ -337,11 +338,21 @@ def load_spec_text(text: str) -> tuple[object | None, SearchSpace]:
     """Pasted YAML or JSON that may also name the model under the key ``model`` (see
     `model_shapes.model_from_spec`): that entry, unchecked (None without one), and the search space."""
     raw = _load_text(text)
-    if isinstance(raw, Mapping) and (MODEL_KEY in raw or CHECKPOINT_KEY in raw):
+    if isinstance(raw, Mapping) and (MODEL_KEY in raw or CHECKPOINT_KEY in raw or PRUNER_KEY in raw):
         raw = dict(raw)
         raw.pop(CHECKPOINT_KEY, None)  # read by `checkpoint_minutes_of_text`
+        raw.pop(PRUNER_KEY, None)  # read by `pruner_of_text`
         return raw.pop(MODEL_KEY, None), parse_search_space(raw)
     return None, parse_search_space(raw)
+
+
+def pruner_of_text(text: str) -> tuple[bool, object]:
+    """Whether pasted YAML or JSON names a ``pruner``, and its entry, unchecked (see
+    `webapp.experiments.pruning.pruner_spec`)."""
+    raw = _load_text(text)
+    if not isinstance(raw, Mapping) or PRUNER_KEY not in raw:
+        return False, None
+    return True, raw[PRUNER_KEY]
 
 
 def checkpoint_minutes_of_text(text: str) -> int | None:

@@ -38,6 +38,8 @@ def experiment_trial_counts(*, experiments: Iterable[Experiment]) -> dict[int, d
             row["active"] += n
         elif status in (Trial.Status.FINISHED, Trial.Status.FAILED):
             row[status] += n
+        elif status == Trial.Status.PRUNED:  # ended at an evaluation by the pruner, its model exported
+            row["finished"] += n
     return counts
 
 
@@ -74,7 +76,7 @@ def experiment_state(*, experiment: Experiment) -> dict[str, Any]:
         word = "running"
     elif counts.get(Trial.Status.NEW):
         word = "partly launched"
-    elif counts.get(Trial.Status.FINISHED) == sum(counts.values()):
+    elif counts.get(Trial.Status.FINISHED, 0) + counts.get(Trial.Status.PRUNED, 0) == sum(counts.values()):
         word = "finished"
     else:
         word = "stopped"

@@ -305,7 +305,8 @@ class DeviceLoop:
         try:
             _, self._survey, self._next = self.queue.complete_then_survey(
                 lease, self.config.epoch, remaining_units=done.remaining_units, unit_s=unit_s, message=done.message,
-                steps_done=done.step + 1, next_base=done.next_base, holding=done.base,
+                steps_done=done.step + 1, next_base=done.next_base, holding=done.base, pruned=done.pruned,
+                rung=done.rung,
                 hold_s=HOLD_UNITS * unit_s if done.keeps_activations else 0.0,
                 also=lambda pipe: telemetry.add_all(pipe, self.queue.host_id, span=span, steps=done.steps,
                                                     evals=done.evals),

@@ -286,7 +286,7 @@ local function unadmit(id)
 end
 -- Every change is published on the events stream except the runnable <-> running flips between the units of
 -- a trial that keeps training: those happen per unit and say nothing new ('active' marks such a trial).
-local function set_state(id, state, message, quiet, steps_done)
+local function set_state(id, state, message, quiet, steps_done, rung)
   local before = redis.call('HGET', tkey(id), 'state')
   local was = before == 'runnable' or before == 'running'
   local is = state == 'runnable' or state == 'running'
@@ -299,6 +299,9 @@ local function set_state(id, state, message, quiet, steps_done)
   local fields = {'trial', id, 'state', state, 'message', message or ''}
   if steps_done then
     fields[#fields + 1], fields[#fields + 2] = 'steps_done', steps_done
+  end
+  if rung then
+    fields[#fields + 1], fields[#fields + 2] = 'rung', rung
   end
   redis.call('XADD', key('events'), 'MAXLEN', '~', EVENTS_MAXLEN, '*', unpack(fields))
   if state == 'running' then redis.call('HSET', tkey(id), 'active', '1')
@@ -560,7 +563,8 @@ return 1
 # trial's activations that long; `epoch` is its loop's, or '' when the caller does not go on with a held
 # trial; `next_base` the shared base layers the trial's next unit reads (policy.BaseShard's text, or '').
 # Returns the trial's state, 'lost', or {token, lease_ms} of the next unit when the device goes on.
-_COMPLETE = _script("id token remaining_units unit_s device message steps_done hold_ms epoch next_base ended", """
+_COMPLETE = _script("id token remaining_units unit_s device message steps_done hold_ms epoch next_base ended rung",
+                    """
 remaining_units, hold_ms = tonumber(remaining_units), tonumber(hold_ms)
 if release(id, token) == 'lost' then return 'lost' end
 redis.call('HINCRBY', tkey(id), 'units_done', 1)
@@ -575,7 +579,7 @@ else
 end
 if remaining_units == 0 then
   redis.call('HDEL', tkey(id), 'control')
-  set_state(id, ended, message, false, steps_done ~= '' and steps_done or nil)
+  set_state(id, ended, message, false, steps_done ~= '' and steps_done or nil, rung ~= '' and rung or nil)
   return ended
 end
 -- The device holds the trial and its loop `epoch` goes on: it runs the next unit too (the policy's choice,
@@ -1033,28 +1037,28 @@ class ShardQueue:
     def complete(
         self, lease: Lease, *, remaining_units: int, unit_s: float, message: str = "",
         steps_done: int | None = None, hold_s: float = 0.0, next_base: BaseShard | None = None,
-        pruned: bool = False, also: Callable[[redis.client.Pipeline], None] | None = None,
+        pruned: bool = False, rung: int | None = None, also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> str:
         """End a unit: the trial finishes (0 units left), or becomes runnable, paused or cancelled.
 
         `unit_s` is the trial's new unit-time estimate; `message` and `steps_done` (the training steps the
         trial has taken, so a reader of the events need not wait for its metrics) go with the finished
-        event. `hold_s` > 0
-        says this device keeps activations of the trial for that long (surveys report it as `held_by`).
-        `next_base`: the shared base layers the trial's next unit reads (surveys report it, for the policy's
-        base affinity). `pruned`: with 0 units left, the experiment's pruner stopped the trial (it ends
-        'pruned', not 'finished'). `also` queues commands to send in the same round trip (telemetry). Raises
+        event. `hold_s` > 0 says this device keeps activations of the trial for that long (surveys report
+        it as `held_by`). `next_base`: the shared base layers the trial's next unit reads (surveys report
+        it, for the policy's base affinity). `pruned`: with 0 units left, the experiment's pruner stopped
+        the trial (it ends 'pruned', not 'finished'), and `rung` is the pruner's rung it reached (both go
+        with the ended event). `also` queues commands to send in the same round trip (telemetry). Raises
         LeaseLost when the lease expired meanwhile (the unit is being re-run elsewhere).
         """
         args = _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch="",
-                              next_base=next_base, pruned=pruned)
+                              next_base=next_base, pruned=pruned, rung=rung)
         outcome: str = self._run_with(also, "complete", **args)
         return self._check_lease(outcome, lease.trial_id)
 
     def complete_then_survey(
         self, lease: Lease, epoch: str, *, remaining_units: int, unit_s: float, message: str = "",
         steps_done: int | None = None, hold_s: float = 0.0, next_base: BaseShard | None = None,
-        holding: BaseShard | None = None, pruned: bool = False,
+        holding: BaseShard | None = None, pruned: bool = False, rung: int | None = None,
         also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> tuple[str, Survey, Lease | None]:
         """`complete`, then `survey` for the same device, in one round trip: what a device loop does between
@@ -1066,7 +1070,7 @@ class ShardQueue:
         survey). Raises LeaseLost (the survey was made, but the loop may as well make another)."""
         outcome, raw = self._run_all(also, [
             ("complete", _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch=epoch,
-                                        next_base=next_base, pruned=pruned)),
+                                        next_base=next_base, pruned=pruned, rung=rung)),
             ("survey", _survey_args(lease.device, epoch, holding)),
         ])
         if isinstance(outcome, list):
@@ -1204,11 +1208,11 @@ def _survey_args(device: str, epoch: str, holding: BaseShard | None = None) -> d
 
 def _complete_args(
     lease: Lease, remaining_units: int, unit_s: float, message: str, steps_done: int | None, hold_s: float, *,
-    epoch: str, next_base: BaseShard | None = None, pruned: bool = False,
+    epoch: str, next_base: BaseShard | None = None, pruned: bool = False, rung: int | None = None,
 ) -> dict[str, object]:
     """The complete script's arguments; `epoch` is the device loop's that goes on with a held trial, or ''."""
     return {"id": lease.trial_id, "token": lease.token, "remaining_units": remaining_units,
             "unit_s": repr(unit_s), "device": lease.device, "message": message,
             "steps_done": "" if steps_done is None else int(steps_done), "hold_ms": int(hold_s * 1000),
             "epoch": epoch, "next_base": "" if next_base is None else str(next_base),
-            "ended": "pruned" if pruned else "finished"}
+            "ended": "pruned" if pruned else "finished", "rung": "" if rung is None else int(rung)}

@@ -48,6 +48,8 @@ class UnitDone:
     keeps_activations: bool = False  # this process kept activations that a later unit of the trial uses
     base: BaseShard | None = None  # the shared base layers the unit read: the device holds them now
     next_base: BaseShard | None = None  # those the trial's next unit reads (for the policy's base affinity)
+    pruned: bool = False  # with no unit left: the experiment's pruner stopped the trial at this evaluation
+    rung: int | None = None  # the pruner's rung the trial reached at this unit's evaluation
 
 
 @dataclass(frozen=True)
