@@ -23,6 +23,7 @@ The small state next to them (cursor, per-shard flags, running sums) is a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +73,7 @@ class UnitResult:
     eval_bytes: int | None = None  # their UTF-8 bytes
     final_step: int | None = None  # set on the final evaluation (on the held-out set): the steps trained
     stopped_early: bool = False
+    pruned: str | None = None  # why the trial's stop rule ended it at this evaluation (then stopped_early too)
 
 
 class TrialSession(ShardUnits):
@@ -107,6 +109,10 @@ class TrialSession(ShardUnits):
         # Fault injection at named points of a unit, for crash, fencing and out-of-memory tests (see
         # worker.engine.faults); None (always, in production) turns it off.
         self.fault: Fault | None = None
+        # Asked after an evaluation that leaves steps to train, with the steps done and the validation loss:
+        # a reason to end the trial there (its experiment's pruner stopped it), or None to go on. The scheduler
+        # sets it for a trial of a study (worker.scheduling.pruning); None trains every step.
+        self.stop_rule: Callable[[int, float], str | None] | None = None
         self._unit_index = self.state.cursor  # the unit the fault points belong to
         store.before_stage = self._before_stage
         # Staging buffers hold one optimizer-state chunk; whole shards stream through them chunk by chunk.
@@ -250,6 +256,12 @@ class TrialSession(ShardUnits):
         try:
             with caller_rng_kept(self.device):
                 metrics = run(unit)
+            if (self.stop_rule is not None and metrics.get("eval_loss") is not None
+                    and not metrics.get("stopped_early") and unit.step < self.spec.steps - 1):
+                self.state.early_stop.pruned = self.stop_rule(unit.step + 1, metrics["eval_loss"])
+                metrics["stopped_early"] = self.state.early_stop.pruned is not None
+            if self.state.early_stop.pruned is not None:  # this unit and the final evaluation's after it
+                metrics["pruned"] = self.state.early_stop.pruned
             limit = self.fault_oom_above_bytes
             if limit is not None and self.plan.unit_peak_bytes(unit.shard) > limit:
                 raise torch.OutOfMemoryError(
