@@ -17,6 +17,8 @@ server loads it without the web app.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -62,6 +64,73 @@ DEFAULT_CHECKPOINT_MINUTES = 30.0
 MAX_CHECKPOINT_MINUTES = 7 * 24 * 60.0
 
 
+PRUNER_KINDS = ("asha", "hyperband", "median")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrunerSpec:
+    """How an experiment stops trials that fall behind, in Optuna's terms (`worker.scheduling.pruning`).
+
+    ``asha``: asynchronous successive halving (``optuna.pruners.SuccessiveHalvingPruner``): at each rung, the
+    ``min_resource`` x ``reduction_factor`` ** (``min_early_stopping_rate`` + rung)-th step, a trial goes on
+    only if its validation loss is in the best 1 / ``reduction_factor`` of the trials that reached the rung
+    so far. ``hyperband``: several such brackets of different early-stopping rates (``HyperbandPruner``, up
+    to ``max_resource`` steps, the trials' length). ``median``: a trial stops when its loss is worse than the
+    median of the finished trials' at the same step (``MedianPruner``), after ``n_startup_trials`` finished
+    and ``n_warmup_steps`` of its own. Resources are optimizer steps; decisions are taken at evaluations."""
+
+    kind: str
+    min_resource: int = 1
+    reduction_factor: int = 3
+    min_early_stopping_rate: int = 0
+    max_resource: int | None = None
+    n_startup_trials: int = 5
+    n_warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in PRUNER_KINDS:
+            raise JobError(f"pruner kind {self.kind!r} is unknown; use one of {', '.join(PRUNER_KINDS)}.")
+        for name in ("min_resource", "reduction_factor", "min_early_stopping_rate", "n_startup_trials",
+                     "n_warmup_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise JobError(f"pruner {name}={value!r} must be a whole number, not negative.")
+        if self.min_resource < 1:
+            raise JobError(f"pruner min_resource={self.min_resource} must be at least 1 step.")
+        if self.reduction_factor < 2:
+            raise JobError(f"pruner reduction_factor={self.reduction_factor} must be at least 2.")
+        if self.max_resource is not None and (not isinstance(self.max_resource, int) or
+                                              self.max_resource < self.min_resource):
+            raise JobError(f"pruner max_resource={self.max_resource!r} must be a number of steps of at least "
+                           f"min_resource ({self.min_resource}).")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruningJob:
+    """The trial is number ``trial_number`` of the study ``study`` (its experiment), which ``pruner`` prunes:
+    each of its evaluations is reported to the study, and it ends *pruned* when the pruner says so."""
+
+    study: str
+    trial_number: int
+    pruner: PrunerSpec
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.study, str) or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,100}", self.study):
+            raise JobError(f"pruning study {self.study!r} must be 1 to 100 letters, digits or _.:-")
+        if isinstance(self.trial_number, bool) or not isinstance(self.trial_number, int) or self.trial_number < 1:
+            raise JobError(f"pruning trial_number={self.trial_number!r} must be a trial number from 1.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"study": self.study, "trial_number": self.trial_number, "pruner": self.pruner.to_dict()}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> PruningJob:
+        return cls(study=raw["study"], trial_number=raw["trial_number"], pruner=PrunerSpec(**raw["pruner"]))
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineJob:
     """Train `trial` with the engine. With ``budget="auto"`` the device that plans the trial replaces
@@ -75,13 +144,17 @@ class EngineJob:
     checkpoint, with the cursor at the added steps' first unit.
 
     ``checkpoint_minutes``: how often the trial's state is copied to disk as a durable checkpoint (and when it
-    ends); 0 turns checkpoints off."""
+    ends); 0 turns checkpoints off.
+
+    ``pruning``: the trial is one of a study whose pruner may stop it at an evaluation (None: it trains its
+    whole budget)."""
 
     trial: TrialSpec
     budget: Budget = "explicit"
     resume: bool = False
     continue_from: str | None = None
     checkpoint_minutes: float = DEFAULT_CHECKPOINT_MINUTES
+    pruning: PruningJob | None = None
 
     kind = "engine"
 
@@ -104,7 +177,8 @@ class EngineJob:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "trial": self.trial.to_dict(), "budget": self.budget,
                 **({"continue_from": self.continue_from} if self.continue_from is not None else {}),
-                "checkpoint_minutes": self.checkpoint_minutes, **({"resume": True} if self.resume else {})}
+                "checkpoint_minutes": self.checkpoint_minutes, **({"resume": True} if self.resume else {}),
+                **({"pruning": self.pruning.to_dict()} if self.pruning is not None else {})}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,7 +220,8 @@ def job_from_dict(raw: Mapping[str, Any]) -> Job:
         if kind == EngineJob.kind:
             return EngineJob(trial=TrialSpec.from_dict(dict(raw["trial"])), budget=raw.get("budget", "explicit"),
                              resume=raw.get("resume", False), continue_from=raw.get("continue_from"),
-                             checkpoint_minutes=raw.get("checkpoint_minutes", DEFAULT_CHECKPOINT_MINUTES))
+                             checkpoint_minutes=raw.get("checkpoint_minutes", DEFAULT_CHECKPOINT_MINUTES),
+                             pruning=PruningJob.from_dict(raw["pruning"]) if raw.get("pruning") else None)
         if kind == SyntheticJob.kind:
             return SyntheticJob(units=raw["units"], unit_ms=raw.get("unit_ms", 0.0),
                                 fail_at_unit=raw.get("fail_at_unit"), plan_ms=raw.get("plan_ms", 0.0))
@@ -281,6 +356,7 @@ class TrialEvent:
     state: TrialState
     message: str
     steps_done: int | None = None
+    rung: int | None = None  # of a pruned trial: the pruner's rung where it stopped
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any]) -> TrialEvent:
@@ -289,7 +365,8 @@ class TrialEvent:
         try:
             state = TrialState(entry["state"])
             steps_done = int(entry["steps_done"]) if entry.get("steps_done") not in (None, "") else None
+            rung = int(entry["rung"]) if entry.get("rung") not in (None, "") else None
         except (KeyError, ValueError) as error:
             raise ValueError(f"event {entry.get('id')!r} is not valid: {error}") from None
         return cls(entry_id=str(entry.get("id", "")), trial_id=str(entry["trial"]), state=state,
-                   message=str(entry.get("message") or ""), steps_done=steps_done)
+                   message=str(entry.get("message") or ""), steps_done=steps_done, rung=rung)
