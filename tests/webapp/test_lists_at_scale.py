@@ -63,7 +63,8 @@ def add_trials(experiments: list[Experiment], *, trials_each: int, first: int = 
     trials = Trial.objects.bulk_create([
         Trial(experiment=e, number=number, params={"lr": 1e-3 * number}, status=STATUSES[number % len(STATUSES)],
               attempt=1, total_steps=100, step=number % 100, best_val_loss=2.0 + 1 / number,
-              best_val_ppl=math.exp(2.0 + 1 / number), finished=timezone.now())
+              best_val_ppl=math.exp(2.0 + 1 / number), final_loss=2.0 + 1 / number,
+              final_ppl=math.exp(2.0 + 1 / number), final_bpb=(2.0 + 1 / number) / math.log(2), finished=timezone.now())
         for e in experiments for number in range(first, first + trials_each)
     ])
     for trial in trials:

@@ -27,7 +27,14 @@ from webapp.experiments.model_shapes import ModelChoiceError, model_shape
 from webapp.experiments.models import Experiment, Trial
 from webapp.experiments.planning import hyperparameters, total_steps, trial_plan, trial_spec
 from webapp.experiments.search_space import parse_search_space
-from webapp.experiments.trial_data import data_waiting, token_set_at, train_tokens, trial_data, trial_data_request
+from webapp.experiments.trial_data import (
+    data_waiting,
+    heldout_data,
+    token_set_at,
+    train_tokens,
+    trial_data,
+    trial_data_request,
+)
 from webapp.experiments.trial_generation import TPE_FIRST_WAVE, Outcome, next_tpe_trials
 
 log = logging.getLogger(__name__)
@@ -80,6 +87,7 @@ def trial_launch(*, trial: Trial) -> None:
     trial.message = "" if job is not None else refusal
     trial.step, trial.remaining_s, trial.started, trial.finished = 0, None, None, None
     trial.best_val_loss = trial.best_val_ppl = None
+    trial.final_bpb = trial.final_loss = trial.final_ppl = trial.final_step = trial.final_eval_bytes = None
     trial.checkpoint_step, trial.checkpoint_at = None, None  # an attempt's checkpoints are its own
     trial.save()
     if job is not None:
@@ -184,6 +192,10 @@ def _data_ready(trial: Trial) -> bool:
         if steps != trial.total_steps:
             trial.total_steps, trial.spec = steps, {**trial.spec, "steps": steps}
             trial.save(update_fields=["total_steps", "spec", "updated"])
+    held_out = heldout_data(dataset=dataset, token_set=token_set, holdout_bytes=experiment.holdout_bytes)
+    if any(trial.spec["data"].get(key) != value for key, value in held_out.items()):  # the final evaluation's set
+        trial.spec = {**trial.spec, "data": {**trial.spec["data"], **held_out}}
+        trial.save(update_fields=["spec", "updated"])
     return True
 
 

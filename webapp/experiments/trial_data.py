@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from django.conf import settings
 
 from webapp.datasets.models import Dataset, DatasetTokens
@@ -50,6 +51,25 @@ def train_tokens(*, shape: ModelShape, dataset: Dataset) -> int:
     (an estimate until then; the send recomputes the steps with the real count)."""
     token_set = trial_data(shape=shape, dataset=dataset).token_set
     return token_set.train_tokens if token_set is not None and token_set.is_ready else dataset.train_tokens
+
+
+def heldout_data(*, dataset: Dataset, token_set: DatasetTokens | None, holdout_bytes: int | None) -> dict[str, object]:
+    """The engine's held-out fields of a trial's data (``DataSpec.val_start``, ``token_bytes_path``,
+    ``holdout_tokens``) for the dataset's own ids or `token_set`'s: the tokens from the validation text's first
+    to its end, or to the last whose bytes fit in the first `holdout_bytes` bytes of it. Empty for a dataset
+    split by blocks of tokens (tokenized before the split was defined on the text)."""
+    val_start = dataset.val_start if token_set is None else token_set.val_start
+    if dataset.val_offset is None or val_start is None:
+        return {}
+    n_tokens = dataset.n_tokens if token_set is None else token_set.n_tokens
+    bytes_path = dataset.token_bytes_path if token_set is None else token_set.token_bytes_path
+    has_bytes = bytes_path.exists()
+    holdout_tokens = n_tokens - val_start
+    if holdout_bytes is not None and has_bytes:
+        covered = np.cumsum(np.load(bytes_path, mmap_mode="r")[val_start:], dtype=np.int64)
+        holdout_tokens = int(np.searchsorted(covered, holdout_bytes, side="right"))
+    return {"val_start": val_start, "token_bytes_path": str(bytes_path) if has_bytes else None,
+            "holdout_tokens": max(2, min(holdout_tokens, n_tokens - val_start))}
 
 
 def check_ids(*, shape: ModelShape, dataset: Dataset, field: str) -> None:

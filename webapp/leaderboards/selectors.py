@@ -1,9 +1,13 @@
 """Leaderboards: trials ranked per dataset and metric, within a team and across teams.
 
-Lower is better for every metric. Ties go to the trial that finished first, then the older trial. Across
-teams, datasets compare when their fingerprints match (same corpus, vocabulary and split; the built-in
-sample corpus is the common case), and a team sees other teams' names, metrics and parameters only: never
-their datasets, experiments or models.
+Every metric is the trial's final evaluation, on the dataset's declared held-out text (the whole validation
+split, or the first bytes of it an experiment stated; a board shows one declaration at a time), not the best
+of its evaluations. Bits per byte ranks by default: it compares across tokenizers, models and sequence
+lengths; the per-token loss and perplexity stand beside it. Lower is better for every metric. Ties go to the
+trial that finished first, then the older trial; trials without a final figure are not ranked. Across teams,
+datasets compare when their corpus and validation split match (the same text held out, whatever the
+vocabulary), and a team sees other teams' names, metrics and parameters only: never their datasets,
+experiments or models.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import F, QuerySet, Window
+from django.db.models import F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 
 from webapp.accounts.models import Team
@@ -30,16 +34,62 @@ class Metric:
 METRICS: dict[str, Metric] = {
     m.key: m
     for m in [
-        Metric("val_ppl", "best_val_ppl", "Validation perplexity"),
-        Metric("val_loss", "best_val_loss", "Validation loss"),
+        Metric("bpb", "final_bpb", "Validation bits per byte"),
+        Metric("val_ppl", "final_ppl", "Validation perplexity per token"),
+        Metric("val_loss", "final_loss", "Validation loss per token"),
     ]
 }
-DEFAULT_METRIC = "val_ppl"
+DEFAULT_METRIC = "bpb"
 
 
 def metric_get(key: str | None) -> Metric:
-    """The metric called `key`, or the default (validation perplexity) for a missing or unknown key."""
+    """The metric called `key`, or the default (validation bits per byte) for a missing or unknown key."""
     return METRICS.get(key or DEFAULT_METRIC, METRICS[DEFAULT_METRIC])
+
+
+def holdout_get(raw: str | None) -> int | None:
+    """The declared held-out size a board shows (bytes), from its query; None (the default): the whole split."""
+    return int(raw) if raw and raw.isdigit() and int(raw) > 0 else None
+
+
+def _declared(holdout_bytes: int | None) -> Q:
+    if holdout_bytes is None:
+        return Q(experiment__holdout_bytes__isnull=True)
+    return Q(experiment__holdout_bytes=holdout_bytes)
+
+
+def _comparable(dataset: Dataset) -> Q:
+    """Datasets whose held-out text is `dataset`'s: the same corpus split at the same byte (any tokenizer); a
+    dataset split by blocks of tokens compares by its fingerprint (corpus, vocabulary and split) only."""
+    if dataset.corpus_sha256 and dataset.val_offset is not None:
+        return Q(experiment__dataset__corpus_sha256=dataset.corpus_sha256,
+                 experiment__dataset__val_offset=dataset.val_offset)
+    return Q(experiment__dataset__fingerprint=dataset.fingerprint)
+
+
+def measured_on(*, dataset: Dataset, holdout_bytes: int | None) -> str:
+    """What a board's figures were measured on, in words."""
+    split = (f"validation split, corpus sha256 {dataset.corpus_sha256[:12]}"
+             if dataset.corpus_sha256 else f"validation split, fingerprint {dataset.fingerprint[:12]}")
+    if dataset.val_bytes is None:
+        return f"the last {dataset.val_fraction:.0%} of {dataset.name}'s token blocks ({split})"
+    if holdout_bytes is not None and holdout_bytes < dataset.val_bytes:
+        return f"the first {_size(holdout_bytes)} of the last {_size(dataset.val_bytes)} of {dataset.name} ({split})"
+    return f"the last {_size(dataset.val_bytes)} of {dataset.name} ({split})"
+
+
+def _size(n_bytes: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.3g} {unit}"
+    return f"{n_bytes} bytes"
+
+
+def holdout_choices(*, dataset: Dataset) -> list[int | None]:
+    """The held-out declarations of the experiments on `dataset` with a final figure (None: the whole split)."""
+    declared = (Trial.objects.filter(experiment__dataset=dataset, final_bpb__isnull=False)
+                .values_list("experiment__holdout_bytes", flat=True).distinct())
+    return sorted(set(declared), key=lambda size: (size is not None, size or 0))
 
 
 def _ranked(trials: QuerySet[Trial], metric: Metric) -> QuerySet[Trial]:
@@ -49,9 +99,11 @@ def _ranked(trials: QuerySet[Trial], metric: Metric) -> QuerySet[Trial]:
     )
 
 
-def team_ranked(*, team: Team, dataset: Dataset, metric: Metric) -> QuerySet[Trial]:
-    """Every trial of `team` on `dataset` with a value for `metric`, best first, with its experiment."""
-    trials = Trial.objects.filter(experiment__team=team, experiment__dataset=dataset).select_related("experiment")
+def team_ranked(*, team: Team, dataset: Dataset, metric: Metric, holdout_bytes: int | None = None) -> QuerySet[Trial]:
+    """Every trial of `team` on `dataset` with a final value for `metric` on the held-out set `holdout_bytes`
+    declares, best first, with its experiment."""
+    trials = (Trial.objects.filter(_declared(holdout_bytes), experiment__team=team, experiment__dataset=dataset)
+              .select_related("experiment"))
     return _ranked(trials, metric)
 
 
@@ -60,6 +112,7 @@ def board_rows(trials: Iterable[Trial], *, metric: Metric, first_rank: int = 1) 
     return [
         {
             "rank": rank, "value": getattr(t, metric.field), "trial_id": t.pk, "number": t.number,
+            "bpb": t.final_bpb, "ppl": t.final_ppl, "step": t.final_step,
             "experiment_id": t.experiment_id, "experiment": t.experiment.name, "params": t.params,
             "status": t.get_status_display(), "finished": t.finished,
         }
@@ -67,12 +120,14 @@ def board_rows(trials: Iterable[Trial], *, metric: Metric, first_rank: int = 1) 
     ]
 
 
-def team_board(*, team: Team, dataset: Dataset, metric: Metric, limit: int = 200) -> list[dict[str, Any]]:
+def team_board(*, team: Team, dataset: Dataset, metric: Metric, limit: int = 200,
+               holdout_bytes: int | None = None) -> list[dict[str, Any]]:
     """The best `limit` trials of `team` on `dataset` with a value for `metric`, best first."""
-    return board_rows(team_ranked(team=team, dataset=dataset, metric=metric)[:limit], metric=metric)
+    return board_rows(team_ranked(team=team, dataset=dataset, metric=metric, holdout_bytes=holdout_bytes)[:limit],
+                      metric=metric)
 
 
-def cross_team_board(*, dataset: Dataset, metric: Metric) -> list[dict[str, Any]]:
+def cross_team_board(*, dataset: Dataset, metric: Metric, holdout_bytes: int | None = None) -> list[dict[str, Any]]:
     """The best trial of every team on datasets comparable to `dataset`, best team first.
 
     Rows carry only the team's name, the value, the parameters and when it finished. The database picks each
@@ -81,15 +136,17 @@ def cross_team_board(*, dataset: Dataset, metric: Metric) -> list[dict[str, Any]
     """
     order = [F(metric.field).asc(), F("finished").asc(nulls_last=True), F("pk").asc()]
     best = (
-        _ranked(Trial.objects.filter(experiment__dataset__fingerprint=dataset.fingerprint), metric)
+        _ranked(Trial.objects.filter(_comparable(dataset), _declared(holdout_bytes)), metric)
         .annotate(team_rank=Window(RowNumber(), partition_by=[F("experiment__team_id")], order_by=order))
         .filter(team_rank=1)
         .select_related("experiment__team")
-        .only("pk", "params", "finished", metric.field, "experiment__team__name", "experiment__team_id")
+        .only("pk", "params", "finished", "final_bpb", "final_ppl", metric.field, "experiment__team__name",
+              "experiment__team_id")
     )
     return [
         {"rank": rank, "team": trial.experiment.team.name, "team_id": trial.experiment.team_id,
-         "value": getattr(trial, metric.field), "params": trial.params, "finished": trial.finished}
+         "value": getattr(trial, metric.field), "bpb": trial.final_bpb, "ppl": trial.final_ppl,
+         "params": trial.params, "finished": trial.finished}
         for rank, trial in enumerate(best, start=1)
     ]
 

@@ -25,13 +25,18 @@ def leaderboard_index(request: HttpRequest) -> HttpResponse:
 def leaderboard(request: HttpRequest, dataset_id: int) -> HttpResponse:
     dataset = dataset_get(team=request.team, dataset_id=dataset_id)
     metric = selectors.metric_get(request.GET.get("metric"))
-    page = page_get(selectors.team_ranked(team=request.team, dataset=dataset, metric=metric), request.GET.get("page"))
+    holdout = selectors.holdout_get(request.GET.get("holdout"))
+    page = page_get(selectors.team_ranked(team=request.team, dataset=dataset, metric=metric, holdout_bytes=holdout),
+                    request.GET.get("page"))
     return render(request, "leaderboards/leaderboard.html", {
         "dataset": dataset,
         "datasets": selectors.board_datasets(team=request.team),
         "metric": metric,
         "metrics": selectors.METRICS.values(),
+        "holdout": holdout,
+        "holdouts": [h for h in selectors.holdout_choices(dataset=dataset) if h != holdout],
+        "measured_on": selectors.measured_on(dataset=dataset, holdout_bytes=holdout),
         "page": page,
         "team_rows": selectors.board_rows(page, metric=metric, first_rank=page.start_index()),
-        "cross_rows": selectors.cross_team_board(dataset=dataset, metric=metric),
+        "cross_rows": selectors.cross_team_board(dataset=dataset, metric=metric, holdout_bytes=holdout),
     })

@@ -39,6 +39,7 @@ class EvalMetric(models.Model):
     step = models.PositiveIntegerField()
     loss = models.FloatField()
     perplexity = models.FloatField()
+    bpb = models.FloatField(null=True, blank=True, help_text="Bits per byte of the text the evaluation covered.")
     time = models.FloatField(help_text="When the evaluation ended (epoch seconds).")
 
     class Meta:

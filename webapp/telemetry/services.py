@@ -116,16 +116,30 @@ def _store_evals(host_id: str, entries: list[Entry]) -> None:
     attempts = _attempts(entries)
     rows = [
         EvalMetric(trial_id=attempts[e["trial"]].trial_id, attempt=attempts[e["trial"]].attempt, step=e["step"],
-                   loss=e["loss"], perplexity=e["perplexity"], time=e["time"])
+                   loss=e["loss"], perplexity=e["perplexity"], bpb=_bpb(e), time=e["time"])
         for e in entries if e["trial"] in attempts
     ]
     EvalMetric.objects.bulk_create(rows, ignore_conflicts=True)
+    for e in entries:  # the final evaluation, on the declared held-out set: the trial's figures (the last wins)
+        if e.get("final") and e["trial"] in attempts:
+            trial_id, attempt = attempts[e["trial"]]
+            done = e["step"] + 1
+            Trial.objects.filter(Q(final_step__isnull=True) | Q(final_step__lte=done), pk=trial_id,
+                                 attempt=attempt).update(final_bpb=_bpb(e), final_loss=e["loss"],
+                                                         final_ppl=e["perplexity"], final_step=done,
+                                                         final_eval_bytes=e.get("bytes") or None)
     for trial_id, attempt in {(row.trial_id, row.attempt) for row in rows}:
         best = min((row for row in rows if row.trial_id == trial_id), key=lambda row: row.loss)
         # Only ever an improvement, whatever order batches arrive in.
         Trial.objects.filter(Q(best_val_loss__isnull=True) | Q(best_val_loss__gt=best.loss),
                              pk=trial_id, attempt=attempt).update(best_val_loss=best.loss,
                                                                   best_val_ppl=best.perplexity)
+
+
+def _bpb(entry: Entry) -> float | None:
+    """An evaluation's bits per byte; None for one without byte counts (-1 in the stream) or an older entry."""
+    bpb = entry.get("bpb", -1.0)
+    return None if bpb < 0 else bpb
 
 
 def _store_spans(host_id: str, entries: list[Entry]) -> None:

@@ -450,8 +450,10 @@ def unit_done(trial_id: str, result: UnitResult, remaining_units: int, *, keeps:
         if result.loss is not None else []
     )
     evals = (
-        [EvalMetrics(trial=trial_id, step=unit.step, loss=result.eval_loss, perplexity=result.eval_ppl or 0.0,
-                     time=now)]
+        [EvalMetrics(trial=trial_id, step=unit.step if result.final_step is None else result.final_step - 1,
+                     loss=result.eval_loss, perplexity=result.eval_ppl or 0.0, time=now,
+                     bpb=-1.0 if result.eval_bpb is None else result.eval_bpb, tokens=result.eval_tokens or 0,
+                     bytes=result.eval_bytes or 0, final=int(result.final_step is not None))]
         if result.eval_loss is not None else []
     )
     return UnitDone(

@@ -5,7 +5,9 @@ Streams of a host (``XRANGE hydra:<host>:spans - +`` shows them):
     hydra:<host>:spans     one entry per unit: trial, device, unit, step, micro_batch, phase, shard,
                            start, end (epoch seconds), bytes_moved, peak_bytes, pid
     hydra:<host>:steps     one entry per optimizer step: trial, step, loss, lr, tokens, time
-    hydra:<host>:evals     one entry per evaluation: trial, step, loss, perplexity, time
+    hydra:<host>:evals     one entry per evaluation: trial, step, loss, perplexity, time, bpb (bits per
+                           byte, -1: unknown), tokens and bytes it covered, final (1: the final evaluation
+                           on the declared held-out set, its step the steps trained)
     hydra:<host>:samples   one entry per device per second: device, time, utilization (0..1),
                            memory_used, memory_total (bytes)
     hydra:<host>:checkpoints  one entry per durable checkpoint written: trial, step, time (when its
@@ -43,7 +45,8 @@ FIELD_TYPES: dict[str, dict[str, Callable[[str], object]]] = {
         "bytes_moved": int, "peak_bytes": int, "pid": int,
     },
     "steps": {"step": int, "loss": float, "lr": float, "tokens": int, "time": float},
-    "evals": {"step": int, "loss": float, "perplexity": float, "time": float},
+    "evals": {"step": int, "loss": float, "perplexity": float, "time": float, "bpb": float, "tokens": int,
+              "bytes": int, "final": int},
     "samples": {"time": float, "utilization": float, "memory_used": int, "memory_total": int},
     "checkpoints": {"step": int, "time": float, "bytes": int},
     "events": {},
@@ -88,6 +91,10 @@ class EvalMetrics:
     loss: float
     perplexity: float
     time: float
+    bpb: float = -1.0  # Redis streams hold no None: -1 for an evaluation without byte counts
+    tokens: int = 0
+    bytes: int = 0
+    final: int = 0
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,9 @@ def finish(trial, *, loss, minutes_ago):
     import math
 
     trial.status = "finished"
-    trial.best_val_loss = loss
-    trial.best_val_ppl = math.exp(loss)
+    trial.best_val_loss = trial.final_loss = loss
+    trial.best_val_ppl = trial.final_ppl = math.exp(loss)
+    trial.final_bpb = loss / math.log(2) / 4
     trial.finished = timezone.now() - timedelta(minutes=minutes_ago)
     trial.save()
 
@@ -49,7 +50,7 @@ def test_it_ranks_the_teams_trials_best_first_with_ties_to_the_earlier_finish(al
 def test_it_ranks_each_teams_best_across_teams(boards):
     rows = cross_team_board(dataset=boards["alice_data"], metric=METRICS["val_loss"])
     assert [(r["team"], r["value"]) for r in rows] == [("Bob lab", 1.5), ("Alice lab", 2.0)]
-    assert set(rows[0]) == {"rank", "team", "team_id", "value", "params", "finished"}
+    assert set(rows[0]) == {"rank", "team", "team_id", "value", "bpb", "ppl", "params", "finished"}
 
 
 def test_it_leaves_out_unfinished_trials_and_other_corpora(alice_team, boards):
@@ -75,7 +76,8 @@ def test_it_requires_login(client, boards):
         assert client.get(url)["Location"].startswith(reverse("login"))
 
 
-def test_it_switches_metric_and_falls_back_to_perplexity(alice_client, boards):
+def test_it_switches_metric_and_falls_back_to_bits_per_byte(alice_client, boards):
     url = reverse("leaderboard", args=[boards["alice_data"].pk])
-    assert "Validation loss" in alice_client.get(url + "?metric=val_loss").content.decode()
-    assert alice_client.get(url + "?metric=bogus").status_code == 200
+    assert "Validation loss per token" in alice_client.get(url + "?metric=val_loss").content.decode()
+    fallback = alice_client.get(url + "?metric=bogus")
+    assert fallback.status_code == 200 and "Validation bits per byte" in fallback.content.decode()
