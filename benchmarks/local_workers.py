@@ -17,6 +17,7 @@ from types import TracebackType
 
 import redis
 
+from worker.contract import ENDED
 from worker.devices import Device
 from worker.launch import worker_command
 from worker.processes import stop_processes
@@ -104,7 +105,7 @@ class LocalWorkers:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted(self.root.glob("*.log")))
 
     def wait_until_ended(self, trial_ids: Sequence[str], *, timeout_s: float) -> None:
-        """Block until every trial is finished, failed or cancelled; raise RuntimeError on a timeout.
+        """Block until every trial ended (finished, pruned, failed or cancelled); raise RuntimeError on a timeout.
 
         Woken by the host's events stream rather than by polling, which would take CPU from the devices.
         """
@@ -113,7 +114,7 @@ class LocalWorkers:
         cursor = last[0][0] if last else "0-0"
         while True:
             states = {t: self.queue.trial(t).state for t in trial_ids}
-            if all(s in {"finished", "failed", "cancelled"} for s in states.values()):
+            if all(s in ENDED for s in states.values()):
                 return
             left = deadline - time.monotonic()
             if left <= 0:
