@@ -16,10 +16,23 @@ from django.views.decorators.http import require_http_methods, require_POST
 from webapp.datasets.http import form_add_errors, team_required
 from webapp.datasets.selectors import dataset_list
 from webapp.experiments import archives, continuing, generations, memory_preview, previews, selectors, services
+from webapp.experiments.comparisons import comparison_list
 from webapp.experiments.continue_form import ContinueForm
 from webapp.experiments.events import SCHEDULER_DOWN, trial_events_sync_quietly
 from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet, experiment_initial
 from webapp.experiments.generation_form import GenerationForm, generation_initial
+from webapp.experiments.listing import (
+    EXPERIMENT_SORTS,
+    EXPERIMENT_STATUSES,
+    TRIAL_SORTS,
+    ExperimentListQuery,
+    experiment_list_choices,
+    experiments_listed,
+    model_key,
+    model_short_label,
+    trial_sort,
+    trials_sorted,
+)
 from webapp.experiments.model_shapes import model_to_spec
 from webapp.experiments.models import Experiment, ExperimentPreview, Trial
 from webapp.experiments.planning import ExperimentDraft, TrialDraft
@@ -45,11 +58,16 @@ def _statuses_synced(request: HttpRequest) -> None:
 @team_required
 def experiment_list(request: HttpRequest) -> HttpResponse:
     _statuses_synced(request)  # statuses as the scheduler has them, whether or not the ingest runs
-    page = page_get(selectors.experiment_list(team=request.team), request.GET.get("page"))
+    query = ExperimentListQuery.from_get(request.GET)  # search, filters and sort; kept by the page links
+    page = page_get(experiments_listed(selectors.experiment_list(team=request.team), query), request.GET.get("page"))
     counts = selectors.experiment_trial_counts(experiments=page)
     return render(request, "experiments/experiment_list.html", {
-        "page": page, "experiments": [{"experiment": e, "trials": counts[e.pk]} for e in page],
-        "datasets": dataset_list(team=request.team)[:1],
+        "page": page, "experiments": [
+            {"experiment": e, "trials": counts[e.pk], "status": EXPERIMENT_STATUSES[e.status][0],
+             "model": model_short_label(model_key(e.model))} for e in page],
+        "datasets": list(dataset_list(team=request.team).order_by("name").values_list("pk", "name")),
+        "query": query, "choices": experiment_list_choices(team=request.team), "statuses": EXPERIMENT_STATUSES,
+        "sorts": EXPERIMENT_SORTS, "comparisons": comparison_list(team=request.team)[:5],
     })
 
 
@@ -147,7 +165,8 @@ def experiment_preview(request: HttpRequest, preview_id: int) -> HttpResponse:
 def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiment = selectors.experiment_get(team=request.team, experiment_id=experiment_id)
     _statuses_synced(request)
-    page = page_get(selectors.experiment_trials(experiment=experiment), request.GET.get("page"))
+    sort = trial_sort(request.GET)  # number, best value or status; kept by the page links
+    page = page_get(trials_sorted(selectors.experiment_trials(experiment=experiment), sort), request.GET.get("page"))
     listed = list(page)
     etas = _etas(listed)
     trials = [
@@ -156,7 +175,7 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
         for t in listed
     ]
     return render(request, "experiments/experiment_detail.html", {
-        "experiment": experiment, "trials": trials, "page": page,
+        "experiment": experiment, "trials": trials, "page": page, "sort": sort, "sorts": TRIAL_SORTS,
         "state": selectors.experiment_state(experiment=experiment),
         "can_change": selectors.experiment_can_change(user=request.user, experiment=experiment),
         "space_yaml": yaml.safe_dump(experiment.search_space, sort_keys=False),
