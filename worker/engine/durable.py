@@ -74,8 +74,8 @@ def steps_done(manifest: dict[str, Any]) -> tuple[int, int]:
     state = TrialState.from_manifest(manifest)
     spec = state.spec
     timetable = Timetable.of(spec, shards=len(state.plan.shards))
-    if state.cursor >= len(timetable):  # finished (an early stop jumps here from its last evaluation)
-        return (timetable[state.last_unit].step + 1 if state.last_unit >= 0 else spec.total_steps), state.cursor
+    if state.cursor >= len(timetable):  # finished (an early stop jumps here): every update it took is applied
+        return max(shard.optim_steps for shard in state.shards), state.cursor
     unit = timetable[state.cursor]
     return unit.step + (unit.phase in ("E", "S")), state.cursor
 
