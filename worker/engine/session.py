@@ -257,7 +257,7 @@ class TrialSession(ShardUnits):
             with caller_rng_kept(self.device):
                 metrics = run(unit)
             if (self.stop_rule is not None and metrics.get("eval_loss") is not None
-                    and not metrics.get("stopped_early") and unit.step < self.spec.steps - 1):
+                    and not metrics.get("stopped_early") and unit.step < self.spec.total_steps - 1):
                 self.state.early_stop.pruned = self.stop_rule(unit.step + 1, metrics["eval_loss"])
                 metrics["stopped_early"] = self.state.early_stop.pruned is not None
             if self.state.early_stop.pruned is not None:  # this unit and the final evaluation's after it
