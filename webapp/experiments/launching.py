@@ -26,6 +26,7 @@ from webapp.experiments.memory_preview import auto_budget_bytes
 from webapp.experiments.model_shapes import ModelChoiceError, model_shape
 from webapp.experiments.models import Experiment, Trial
 from webapp.experiments.planning import hyperparameters, total_steps, trial_plan, trial_spec
+from webapp.experiments.pruning import trial_pruning
 from webapp.experiments.search_space import parse_search_space
 from webapp.experiments.trial_data import (
     data_waiting,
@@ -61,7 +62,8 @@ def trial_job(*, trial: Trial) -> queue_client.EngineJob:
                       eval_every=experiment.eval_every, seed=experiment.seed, budget_bytes=budget,
                       early_stop_patience=experiment.early_stop_patience)
     return queue_client.EngineJob(trial=spec, budget=_budget_mode(experiment),
-                                  checkpoint_minutes=experiment.checkpoint_minutes)
+                                  checkpoint_minutes=experiment.checkpoint_minutes,
+                                  pruning=trial_pruning(trial=trial))
 
 
 def _budget_mode(experiment: Experiment) -> queue_client.Budget:
@@ -97,11 +99,15 @@ def trial_launch(*, trial: Trial) -> None:
 
 def trial_sent_job(*, trial: Trial, resume: bool = False) -> queue_client.EngineJob:
     """The job the queue holds for `trial`'s current attempt, from the spec its launch stored; `resume` when it
-    is sent again after the queue lost it (`webapp.experiments.reconcile`)."""
+    is sent again after the queue lost it (`webapp.experiments.reconcile`). A continued trial trains its added
+    steps without the experiment's pruner: continuing it was someone's decision, which a rung reached long ago
+    should not undo."""
+    continue_from = _continued_from(trial)
     return queue_client.EngineJob(trial=queue_client.TrialSpec.from_dict(trial.spec),
                                   budget=_budget_mode(trial.experiment), resume=resume,
-                                  continue_from=_continued_from(trial),
-                                  checkpoint_minutes=trial.experiment.checkpoint_minutes)
+                                  continue_from=continue_from,
+                                  checkpoint_minutes=trial.experiment.checkpoint_minutes,
+                                  pruning=trial_pruning(trial=trial) if continue_from is None else None)
 
 
 def _continued_from(trial: Trial) -> str | None:
