@@ -15,7 +15,16 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.datasets.http import form_add_errors, team_required
 from webapp.datasets.selectors import dataset_list
-from webapp.experiments import archives, continuing, generations, memory_preview, previews, selectors, services
+from webapp.experiments import (
+    archives,
+    continuing,
+    generations,
+    memory_preview,
+    previews,
+    pruning,
+    selectors,
+    services,
+)
 from webapp.experiments.comparisons import comparison_list
 from webapp.experiments.continue_form import ContinueForm
 from webapp.experiments.events import SCHEDULER_DOWN, trial_events_sync_quietly
@@ -180,6 +189,7 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
         "can_change": selectors.experiment_can_change(user=request.user, experiment=experiment),
         "space_yaml": yaml.safe_dump(experiment.search_space, sort_keys=False),
         "tokens": experiment_tokens(experiment=experiment),
+        "pruner_text": pruning.describe(experiment.pruner),
     })
 
 

@@ -44,6 +44,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import redis
 import torch
 
 from worker.contract import EngineJob, LeaseLost
@@ -55,6 +56,7 @@ from worker.engine.partition import AUTO_BUDGET_FRACTION, MemoryPlan
 from worker.engine.repartition import repartition
 from worker.engine.session import TrialSession, UnitResult, trial_create
 from worker.engine.spill_store import SpillStore
+from worker.scheduling import pruning
 from worker.scheduling.policy import BaseShard
 from worker.scheduling.runner import Planned, Replanned, UnitDone, WorkloadError
 from worker.scheduling.telemetry import CheckpointMetrics, EvalMetrics, StepMetrics
@@ -85,17 +87,19 @@ class EngineRunner:
 
     def __init__(self, *, spill_dir: Path, device: torch.device, prefetch: bool = True,
                  checkpoint_dir: Path | None = None, fault_oom_above_bytes: int | None = None,
-                 fault: Fault | None = None) -> None:
+                 fault: Fault | None = None, studies: redis.Redis | None = None) -> None:
         """`prefetch`: load the next unit's shard in the background (the double buffer); off where there is
         nothing to overlap with, as on a CPU device of one core. `checkpoint_dir`: where durable checkpoints
         go (None: none are taken or restored). `fault_oom_above_bytes` and `fault` are fault injection for
-        tests (see `TrialSession.fault_oom_above_bytes` and `TrialSession.fault`)."""
+        tests (see `TrialSession.fault_oom_above_bytes` and `TrialSession.fault`). `studies`: the Redis holding
+        the pruners' studies (`worker.scheduling.pruning`); a job with pruning needs it."""
         self.spill_dir = spill_dir
         self.device = device
         self.prefetch = prefetch
         self.checkpoint_dir = checkpoint_dir
         self.fault_oom_above_bytes = fault_oom_above_bytes
         self.fault = fault
+        self.studies = studies
         self._sessions: OrderedDict[str, TrialSession] = OrderedDict()
         self._checkpointed: dict[str, float] = {}  # trial -> time of its last checkpoint known here (or start)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hydra-checkpoint")
@@ -128,6 +132,8 @@ class EngineRunner:
             trial = dataclasses.replace(trial, budget_bytes=device_budget_bytes(self.device, trial.budget_bytes))
         # A planning attempt that died half-way left a partial store; planning owns the directory.
         shutil.rmtree(self.spill_dir / trial_id, ignore_errors=True)
+        if job.pruning is not None:  # trained afresh (a retry): what the study held of it is no longer so
+            pruning.restart(self._studies(), job.pruning)
         plan = trial_create(spec=trial, spill_dir=self.spill_dir, trial_id=trial_id, device=self.device)
         session = self._open(trial_id)
         return Planned(remaining_units=session.remaining_units(), unit_s=first_unit_estimate(plan),
@@ -225,6 +231,7 @@ class EngineRunner:
             return self._committed_unreported(trial_id, session, token)
         if not self.prefetch:
             next_trial = None
+        session.stop_rule = None if job.pruning is None else functools.partial(self._ask_pruner, trial_id, job)
         running = session.next_base_read()
         if next_trial == trial_id:
             cursor = session.cursor
@@ -242,11 +249,29 @@ class EngineRunner:
             left = session.remaining_units()
             if left:
                 self._checkpoint_if_due(trial_id, job)
+            rung = None
+            if job.pruning is not None and not left:
+                if result.pruned is None:
+                    pruning.finish(self._studies(), job.pruning, loss=result.eval_loss,
+                                   step=result.final_step if result.final_step is not None else result.unit.step + 1)
+                else:
+                    rung = pruning.rung_of(self._studies(), job.pruning)
             return unit_done(trial_id, result, left, keeps=session.keeps_activations(),
-                             base=_shard_of(running), next_base=_shard_of(session.next_base_read()))
+                             base=_shard_of(running), next_base=_shard_of(session.next_base_read()), rung=rung)
         # Outside the except block: its traceback holds the failed unit's frames and their device tensors.
         del session
         return self._replan(trial_id, reason, token)
+
+    def _studies(self) -> redis.Redis:
+        if self.studies is None:
+            raise WorkloadError("this worker was started without the Redis of the pruners' studies")
+        return self.studies
+
+    def _ask_pruner(self, trial_id: str, job: EngineJob, step: int, loss: float) -> str | None:
+        """The session's stop rule for a trial of a study: report the evaluation, end the trial if pruned."""
+        assert job.pruning is not None
+        verdict = pruning.report(self._studies(), job.pruning, step=step, loss=loss)
+        return verdict.reason if verdict.prune else None
 
     def _checkpoint_if_due(self, trial_id: str, job: EngineJob) -> None:
         """Snapshot the trial for a checkpoint written in the background if the job's interval has passed
@@ -440,8 +465,9 @@ def _shard_of(read: tuple[Path, int, int] | None) -> BaseShard | None:
 
 
 def unit_done(trial_id: str, result: UnitResult, remaining_units: int, *, keeps: bool = False,
-              base: BaseShard | None = None, next_base: BaseShard | None = None) -> UnitDone:
-    """Translate the engine's result of one unit into the scheduler's record."""
+              base: BaseShard | None = None, next_base: BaseShard | None = None, rung: int | None = None) -> UnitDone:
+    """Translate the engine's result of one unit into the scheduler's record. `rung`: the pruner's rung the
+    trial reached at this unit's evaluation."""
     unit = result.unit
     now = time.time()
     steps = (
@@ -460,7 +486,8 @@ def unit_done(trial_id: str, result: UnitResult, remaining_units: int, *, keeps:
         remaining_units=remaining_units, step=unit.step, micro_batch=unit.micro_batch, phase=unit.phase,
         shard=unit.shard, bytes_moved=result.bytes_read + result.bytes_written,
         peak_bytes=result.peak_device_bytes or 0, io_s=result.io_s, steps=steps, evals=evals, keeps_activations=keeps,
-        base=base, next_base=next_base,
-        message=(f"stopped early after step {unit.step + 1}: no lower validation loss in the last "
+        base=base, next_base=next_base, pruned=result.pruned is not None, rung=rung,
+        message=(result.pruned if result.pruned is not None else
+                 f"stopped early after step {unit.step + 1}: no lower validation loss in the last "
                  f"evaluations (patience)" if result.stopped_early else ""),
     )
