@@ -28,6 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from webapp import queue_client
+from webapp.accounts.roles import require_creator_or_owner
 from webapp.experiments.launching import trial_send
 from webapp.experiments.models import Trial
 
@@ -83,9 +84,9 @@ def trial_continue(*, trial: Trial, actor: AbstractBaseUser, steps: int, lr: flo
     """Train the finished or pruned `trial` for `steps` more steps from its last checkpoint, at peak learning
     rate `lr` with `warmup_steps` of warm-up and then `decay` over the added steps. Raises PermissionDenied
     unless `actor` may change its experiment; ValidationError saying why it cannot be continued."""
-    from webapp.experiments.services import experiment_require_change
-
-    experiment_require_change(actor=actor, experiment=trial.experiment)
+    experiment = trial.experiment
+    require_creator_or_owner(user=actor, team=experiment.team, created_by_id=experiment.created_by_id,
+                             what=f"experiment {experiment.name!r}")
     limit = settings.HYDRA.caps.steps_per_trial
     if not 1 <= steps <= limit:
         raise ValidationError(f"Add from 1 to {limit} steps.")
