@@ -42,7 +42,15 @@ import redis
 from worker.contract import Job
 from worker.scheduling import telemetry
 from worker.scheduling.fair_share import PRIORITIES
-from worker.scheduling.policy import HOLD_UNITS, BaseShard, Candidate, pick, remaining_seconds, unit_time_estimate
+from worker.scheduling.policy import (
+    HOLD_UNITS,
+    BaseShard,
+    Candidate,
+    pick,
+    ranked,
+    remaining_seconds,
+    unit_time_estimate,
+)
 from worker.scheduling.queue import Lease, LeaseLost, PlanJob, ShardQueue, Survey
 from worker.scheduling.runner import Replanned, TrialRunner, UnitDone
 from worker.scheduling.telemetry import Span
@@ -183,17 +191,17 @@ class DeviceLoop:
             lease, self._next = self._next, None
             self._run_unit(lease, self._next_guess(survey, lease))
             return True
-        choice = pick(survey.candidates, self.device, self._holding, survey.shares)
+        choices = ranked(survey.candidates, self.device, self._holding, survey.shares)
         if survey.planning:
-            job = self.queue.claim_plan(self.device, idle=choice is None)
+            job = self.queue.claim_plan(self.device, idle=not choices)
             if job is not None:
                 self._plan(job)
                 return True
-        if choice is None:
+        if not choices:
             self.queue.wait_for_work(self.config.idle_wait_s)
             return True
-        lease = self.queue.claim(choice.trial_id, self.device)
-        if lease is not None:  # None: another device claimed it first; survey again
+        lease = self.queue.claim_first([c.trial_id for c in choices], self.device)
+        if lease is not None:  # None: other devices claimed them all first; survey again
             self._run_unit(lease, self._next_guess(survey, lease))
         return True
 

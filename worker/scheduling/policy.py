@@ -148,6 +148,18 @@ def pick(candidates: Iterable[Candidate], device: str, holding: BaseShard | None
     return min(tied, key=lambda c: order_key(c, device, holding))
 
 
+def ranked(candidates: Iterable[Candidate], device: str, holding: BaseShard | None = None,
+           shares: Shares | None = None, *, limit: int = 3) -> list[Candidate]:
+    """`pick`'s first `limit` choices: what it picks, then what it would pick without that one, and so on.
+    A device claims the first of them still runnable (another device may have taken the first)."""
+    left = list(candidates)
+    order: list[Candidate] = []
+    while len(order) < limit and (choice := pick(left, device, holding, shares)) is not None:
+        order.append(choice)
+        left.remove(choice)
+    return order
+
+
 def remaining_seconds(remaining_units: int, unit_s: float) -> float:
     """A trial's remaining time: what the runnable queue is scored by."""
     return remaining_units * unit_s

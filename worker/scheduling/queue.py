@@ -50,7 +50,7 @@ import dataclasses
 import functools
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -544,13 +544,20 @@ return after_unit(id, false)
 
 # Returns {token, lease_ms, units_done, job, export_dir, remaining_units, unit_s}, or nil when the trial is
 # not runnable (another device took it first).
-_CLAIM = _script("id device", """
-if runnable_remove(id) == 0 then return false end
-local token, ms = grant_lease(id, device)
-charge(id)
-set_state(id, 'running', nil, redis.call('HGET', tkey(id), 'active') == '1')
-local t = redis.call('HMGET', tkey(id), 'units_done', 'job', 'export_dir', 'remaining_units', 'unit_s')
-return {token, ms, t[1], t[2], t[3], t[4], t[5]}
+# `ids`: trial ids separated by spaces, in the caller's order of preference: the first still runnable is
+# claimed. Returns {id, token, lease_ms, units_done, job, export_dir, remaining_units, unit_s}, or nil when none
+# is (other devices took them first).
+_CLAIM = _script("ids device", """
+for id in string.gmatch(ids, '%S+') do
+  if runnable_remove(id) == 1 then
+    local token, ms = grant_lease(id, device)
+    charge(id)
+    set_state(id, 'running', nil, redis.call('HGET', tkey(id), 'active') == '1')
+    local t = redis.call('HMGET', tkey(id), 'units_done', 'job', 'export_dir', 'remaining_units', 'unit_s')
+    return {id, token, ms, t[1], t[2], t[3], t[4], t[5]}
+  end
+end
+return false
 """)
 
 _RENEW = _script("id token", """
@@ -1014,10 +1021,19 @@ class ShardQueue:
 
     def claim(self, trial_id: str, device: str) -> Lease | None:
         """Claim the next unit of `trial_id` for `device`; None if another device took it first."""
-        raw = self._run("claim", id=trial_id, device=device)
+        return self.claim_first([trial_id], device)
+
+    def claim_first(self, trial_ids: Sequence[str], device: str) -> Lease | None:
+        """Claim the next unit of the first of `trial_ids` (the policy's choices, best first) that is still
+        runnable, in one round trip; None if other devices took them all. Devices that surveyed at the same
+        moment see the same best trial: the one that comes second takes the next best at once, rather than
+        surveying again."""
+        if not trial_ids or any(not TRIAL_ID_PATTERN.match(t) for t in trial_ids):
+            raise ValueError(f"claim needs trial ids; got {list(trial_ids)!r}")
+        raw = self._run("claim", ids=" ".join(trial_ids), device=device)
         if raw is None:
             return None
-        token, lease_ms, units_done, job, export_dir, remaining_units, unit_s = raw
+        trial_id, token, lease_ms, units_done, job, export_dir, remaining_units, unit_s = raw
         return Lease(
             trial_id=trial_id,
             token=token,
