@@ -43,13 +43,19 @@ def test_the_trials_wait_for_the_models_tokens_and_are_sent_once_they_are_ready(
 
     tokens = DatasetTokens.objects.get()
     dataset_tokens_build(tokens_id=tokens.pk)  # as the web worker does
+    tokens.refresh_from_db()
     assert trials_reconcile().submitted == [t.queue_id for t in trials]
     directory = checkpoint_dir(checkpoint)
     for trial in trials:
         trial.refresh_from_db()
         assert trial.submitted and trial.message == ""
-        assert trial.spec["data"] == {"tokens_path": str(tokens.path), "seq_len": 64, "val_fraction": 0.1,
-                                      "tokenizer_dir": str(directory)}
+        data = trial.spec["data"]
+        assert {k: data[k] for k in ("tokens_path", "seq_len", "val_fraction", "tokenizer_dir")} == {
+            "tokens_path": str(tokens.path), "seq_len": 64, "val_fraction": 0.1, "tokenizer_dir": str(directory)}
+        # The model's tokens split where the dataset's held-out text starts, and the final evaluation covers it.
+        assert data["val_start"] == tokens.val_start
+        assert data["holdout_tokens"] == len(np.load(tokens.path)) - tokens.val_start
+        assert data["token_bytes_path"].endswith(".bytes.npy")
         assert trial.spec["model"]["pretrained_dir"] == str(directory)
         assert scheduler.trial(trial.queue_id).job["trial"] == trial.spec
     ids = np.load(tokens.path)

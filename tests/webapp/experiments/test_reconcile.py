@@ -21,6 +21,7 @@ from webapp.experiments import events, services
 from webapp.experiments.launching import trial_send, trial_sent_job
 from webapp.experiments.models import Experiment, Trial
 from webapp.experiments.reconcile import Reconciled, trials_reconcile
+from webapp.experiments.trial_data import heldout_data, token_set_at
 from worker.contract import SyntheticJob
 
 pytestmark = pytest.mark.django_db
@@ -89,13 +90,18 @@ def test_a_submit_that_landed_before_the_crash_is_recorded_not_repeated(
         alice, alice_team, alice_dataset, scheduler, django_capture_on_commit_callbacks):
     experiment = _launched_without_send(alice, alice_team, alice_dataset, django_capture_on_commit_callbacks)
     trial = experiment.trials.get(number=1)
-    job = queue_client.EngineJob(trial=queue_client.TrialSpec.from_dict(trial.spec), budget="explicit")
+    # The job the launch's send made: the trial's spec with the held-out set the send declares in it.
+    data = trial.spec["data"]
+    held_out = heldout_data(dataset=alice_dataset, holdout_bytes=None,
+                            token_set=token_set_at(dataset=alice_dataset, tokens_path=data["tokens_path"]))
+    spec = {**trial.spec, "data": {**data, **held_out}}
+    job = queue_client.EngineJob(trial=queue_client.TrialSpec.from_dict(spec), budget="explicit")
     queue_client.trial_submit(trial_id=trial.queue_id, job=job, export_dir=str(trial.export_dir_for(trial.queue_id)))
 
     trials_reconcile()
 
     trial.refresh_from_db()
-    assert (trial.status, trial.submitted) == ("planning", True)
+    assert (trial.status, trial.submitted) == ("planning", True), trial.message
     assert _events_of(trial.queue_id) == ["planning"]
 
 
