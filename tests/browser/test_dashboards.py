@@ -8,7 +8,14 @@ import time
 import pytest
 
 from tests.conftest import PASSWORD
-from tests.webapp.telemetry.factories import make_experiment, write_event, write_sample, write_span, write_steps
+from tests.webapp.telemetry.factories import (
+    make_experiment,
+    write_event,
+    write_final_eval,
+    write_sample,
+    write_span,
+    write_steps,
+)
 from webapp.dashboards import views
 from webapp.experiments.models import Trial
 from webapp.telemetry.services import telemetry_ingest
@@ -82,8 +89,9 @@ def test_the_dashboards_draw_grow_and_stop_live(page, live_server, alice, alice_
     # Steps 0..34 are done.
     assert page.inner_text(f'#trial-table tr[data-trial="{trials[0].pk}"] [data-field="step"]') == "35 / 60"
 
-    # Every trial finishes: the table says so and polling stops.
-    for trial in trials:
+    # Every trial finishes, with its final evaluation on the held-out text: the table says so and polling stops.
+    for index, trial in enumerate(trials):
+        write_final_eval(redis_client, host_id, trial, step=34, loss=2.0 + index / 10, bpb=1.5 + index / 10)
         write_event(redis_client, host_id, trial, "finished")
     with db_lock:
         telemetry_ingest(host_id=host_id)

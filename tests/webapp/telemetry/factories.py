@@ -51,6 +51,17 @@ def write_steps(client: redis.Redis, host_id: str, trial: Trial, steps: range, *
     pipe.execute()
 
 
+def write_final_eval(client: redis.Redis, host_id: str, trial: Trial, *, step: int, loss: float, bpb: float,
+                     tokens: int = 4096, at: float | None = None) -> None:
+    """The final evaluation on the held-out text, as a worker reports it when the trial ends (`step`: the
+    last step trained)."""
+    pipe = client.pipeline()
+    telemetry.add(pipe, host_id, "evals", telemetry.EvalMetrics(
+        trial=trial.queue_id, step=step, loss=loss, perplexity=math.exp(loss), time=time.time() if at is None else at,
+        bpb=bpb, tokens=tokens, bytes=int(tokens * loss / math.log(2) / bpb), final=1))
+    pipe.execute()
+
+
 def write_span(client: redis.Redis, host_id: str, trial: Trial, *, device: str, unit: int, start: float,
                end: float, phase: str = "F", shard: int = 0) -> None:
     pipe = client.pipeline()
