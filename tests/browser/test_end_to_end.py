@@ -68,8 +68,8 @@ LOSSES_JS = """() => {
 # The experiment page's trial table, by trial id: status, steps done and best validation loss of each trial.
 TRIAL_ROWS_JS = """rows => Object.fromEntries(rows.map(r => [r.dataset.trial, {
     status: r.dataset.status,
-    step: parseInt(r.querySelector('td:nth-child(4)').innerText, 10),
-    best_val_loss: parseFloat(r.querySelector('td:nth-child(6)').innerText) || null,
+    step: parseInt(r.querySelector('td[data-field=step]').innerText, 10),
+    best_val_loss: parseFloat(r.querySelector('td[data-field=best_val_loss]').innerText) || null,
 }]))"""
 
 
@@ -295,11 +295,11 @@ def _wait_until_finished(page, stack: DevStack, experiment_id: int) -> None:
                          lambda now: all(row.status == "finished" for row in now.values()), FINISH_TIMEOUT_S)
     assert page.inner_text("h1 .badge").strip().lower() == "finished"
     for row in page.locator("#trial-table tbody tr[data-trial]").all():
-        assert row.locator("td").nth(3).inner_text() == f"{STEPS} / {STEPS}"
-        assert re.fullmatch(r"\d+\.\d{4}", row.locator("td").nth(5).inner_text())  # best validation loss
+        assert row.locator("td[data-field=step]").inner_text() == f"{STEPS} / {STEPS}"
+        assert re.fullmatch(r"\d+\.\d{4}", row.locator("td[data-field=best_val_loss]").inner_text())
         # The plan the device measured when it profiled the trial replaced the pre-launch estimate.
-        assert re.match(r"\d+ shards, peak ", row.locator("td").nth(7).inner_text()), row.inner_text()
-        assert "(est.)" not in row.locator("td").nth(7).inner_text()
+        assert re.match(r"\d+ shards, peak ", row.locator("td[data-field=plan]").inner_text()), row.inner_text()
+        assert "(est.)" not in row.locator("td[data-field=plan]").inner_text()
 
 
 def _see_losses_fall(page, *, vocab_size: int) -> tuple[dict[int, Row], dict[int, dict[str, list[float]]]]:

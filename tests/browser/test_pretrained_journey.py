@@ -108,9 +108,9 @@ def _wait_until_finished(page) -> None:
     tokens = page.inner_text("#dataset-tokens")
     assert "tokens from SmolLM2-135M-Instruct's tokenizer" in tokens, tokens
     for row in page.locator("#trial-table tbody tr[data-trial]").all():
-        assert row.locator("td").nth(3).inner_text() == f"{STEPS} / {STEPS}"
-        assert re.match(r"(\d+) shards, peak ", row.locator("td").nth(7).inner_text()), row.inner_text()
-        assert int(row.locator("td").nth(7).inner_text().split()[0]) >= 4, row.inner_text()
+        assert row.locator("td[data-field=step]").inner_text() == f"{STEPS} / {STEPS}"
+        assert re.match(r"(\d+) shards, peak ", row.locator("td[data-field=plan]").inner_text()), row.inner_text()
+        assert int(row.locator("td[data-field=plan]").inner_text().split()[0]) >= 4, row.inner_text()
 
 
 def _see_curves(page, screenshots_dir: Path) -> dict[int, dict[str, list[float]]]:
