@@ -17,6 +17,7 @@ from pathlib import Path
 from pydoc_data.topics import topics
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -24,7 +25,6 @@ from transformers import AutoModelForCausalLM
 
 from tests.browser.devstack import DevStack
 from worker.engine.config import DataSpec
-from worker.engine.data import TokenBlocks
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -358,20 +358,26 @@ def _download_the_best_model(page, rows: dict[int, Row], tmp_path: Path) -> tupl
 
 
 def _use_the_model(directory: Path, spec: dict[str, Any], *, final_val_loss: float) -> None:
-    """transformers loads the download; on the validation batches the engine evaluated it scores the loss
-    the page drew for the last evaluation (so it holds the trained weights), and it writes text that the
-    dataset's tokenizer decodes (the archive ships no tokenizer)."""
+    """transformers loads the download; on the held-out text the engine's final evaluation covered (every
+    validation token, in blocks of the sequence length and a last shorter one) it scores the per-token loss the
+    page drew for the last evaluation (so it holds the trained weights), and it writes text that the dataset's
+    tokenizer decodes (the archive ships no tokenizer)."""
     model = AutoModelForCausalLM.from_pretrained(directory).eval()
     data = DataSpec(**spec["data"])
     tokenizer = Tokenizer.from_file(str(Path(data.tokens_path).with_name("tokenizer.json")))
     assert model.config.vocab_size == tokenizer.get_vocab_size()
 
-    blocks = TokenBlocks(data, vocab_size=tokenizer.get_vocab_size())
-    micro_batch = spec["batch_size"] // spec["micro_batches"]
-    validation = torch.cat([blocks.eval_batch(batch=b, batch_size=micro_batch)
-                            for b in range(spec["eval_batches"])])  # (eval_batches * micro_batch, T)
+    held_out = torch.from_numpy(np.load(data.tokens_path)[data.val_start:data.val_start + data.holdout_tokens]
+                                .astype(np.int64))
+    summed, predicted = 0.0, 0
     with torch.no_grad():
-        loss = model(validation, labels=validation).loss.item()
+        for block in held_out.split(data.seq_len):
+            if len(block) < 2:
+                continue
+            logits = model(block[None]).logits[0, :-1]
+            summed += torch.nn.functional.cross_entropy(logits.float(), block[1:], reduction="sum").item()
+            predicted += len(block) - 1
+    loss = summed / predicted
     print(f"downloaded model: validation loss {loss:.5f}; the page's last evaluation {final_val_loss:.5f}")
     assert loss == pytest.approx(final_val_loss, abs=1e-3)
 
