@@ -33,6 +33,7 @@ SPACE = f"""lr: {{kind: categorical, values: [{", ".join(LEARNING_RATES)}]}}
 batch_size: {{kind: categorical, values: [1]}}
 seq_len: {{kind: categorical, values: [64]}}
 warmup_steps: {{kind: categorical, values: [0]}}
+holdout_bytes: 4096
 """
 IMPORT_TIMEOUT_MS = 240_000  # the package is installed (no pip); dequantizing its GGUF took 50-100 s on 2 busy cores
 FINISH_TIMEOUT_S = 480.0

@@ -30,6 +30,7 @@ from webapp.experiments.search_space import (
     SearchSpace,
     SearchSpaceError,
     checkpoint_minutes_of_text,
+    holdout_bytes_of_text,
     load_spec_text,
     parse_search_space,
     pruner_of_text,
@@ -147,6 +148,11 @@ class ExperimentForm(forms.Form):
     pruner_n_warmup_steps = forms.IntegerField(
         min_value=0, max_value=10_000_000, initial=0, required=False, label="Warm-up steps",
         help_text="Median rule: a trial is not pruned before this step.")
+
+    holdout_bytes = forms.IntegerField(
+        min_value=1, max_value=10**12, required=False, label="Final evaluation on (bytes)",
+        help_text="Every trial ends with an evaluation on the dataset's validation text: all of it (empty), or "
+                  "its first this many bytes. Trials of a dataset rank on the leaderboards by the same text.")
 
     priority = forms.ChoiceField(
         choices=Experiment.Priority.choices, initial=Experiment.Priority.NORMAL, required=False,
@@ -268,6 +274,12 @@ class ExperimentForm(forms.Form):
             else:
                 budget = cleaned["memory_budget_mib"] * 1024 * 1024
         pruner = self._pruner(cleaned)
+        holdout = cleaned.get("holdout_bytes")
+        if (cleaned.get("space_text") or "").strip():
+            try:
+                holdout = holdout_bytes_of_text(cleaned["space_text"]) or holdout
+            except SearchSpaceError as error:
+                self.add_error("space_text", str(error))
         if not self.errors and model is not None and shape is not None and space is not None:
             draft = ExperimentDraft(
                 name=cleaned["name"].strip(), dataset=cleaned["dataset"], model=model, shape=shape, space=space,
@@ -276,6 +288,7 @@ class ExperimentForm(forms.Form):
                 memory_budget_bytes=budget, early_stop_patience=cleaned.get("early_stop_patience"),
                 checkpoint_minutes=self._checkpoint_minutes(cleaned),
                 priority=cleaned.get("priority") or Experiment.Priority.NORMAL, pruner=pruner,
+                holdout_bytes=holdout,
             )
             try:
                 check_caps(draft, caps=settings.HYDRA.caps)
@@ -345,6 +358,7 @@ def experiment_initial(experiment: Experiment) -> tuple[dict[str, Any], list[dic
         "early_stop_patience": experiment.early_stop_patience,
         "checkpoint_minutes": experiment.checkpoint_minutes,
         "priority": experiment.priority,
+        "holdout_bytes": experiment.holdout_bytes,
         **({f"pruner_{k}" if k != "kind" else "pruner": v for k, v in experiment.pruner.items()}
            if experiment.pruner else {}),
     }

@@ -64,6 +64,7 @@ class ExperimentDraft:
     checkpoint_minutes: int = 30  # durable checkpoints of each trial (0: none)
     priority: str = "normal"  # among the team's trials on the devices
     pruner: dict[str, Any] | None = None  # `webapp.experiments.pruning.pruner_spec`; None: no pruning
+    holdout_bytes: int | None = None  # the final evaluation covers this much of the validation text; None: all
 
     def to_dict(self) -> dict[str, Any]:
         """The draft as JSON-able data, the dataset by id (`from_dict` reads it back)."""
@@ -73,6 +74,7 @@ class ExperimentDraft:
             "budget_unit": self.budget_unit, "budget": self.budget, "eval_every": self.eval_every, "seed": self.seed,
             "memory_budget_bytes": self.memory_budget_bytes, "early_stop_patience": self.early_stop_patience,
             "checkpoint_minutes": self.checkpoint_minutes, "priority": self.priority, "pruner": self.pruner,
+            "holdout_bytes": self.holdout_bytes,
         }
 
     @classmethod

@@ -39,6 +39,8 @@ MAX_NODES = 1000  # YAML nodes in a pasted space: a dozen parameters with their 
 MAX_DEPTH = 4  # space -> parameter -> field -> list of values
 MODEL_KEY = "model"  # pasted text may name the experiment's model beside the parameters
 PRUNER_KEY = "pruner"  # ... which pruner stops its trials that fall behind
+HOLDOUT_KEY = "holdout_bytes"  # ... and how much of the validation text every trial's final evaluation covers
+MAX_HOLDOUT_BYTES = 10**12
 CHECKPOINT_KEY = "checkpoint_minutes"  # ... and how often its trials take durable checkpoints
 MAX_CHECKPOINT_MINUTES = 7 * 24 * 60
 
@@ -338,8 +340,9 @@ def load_spec_text(text: str) -> tuple[object | None, SearchSpace]:
     """Pasted YAML or JSON that may also name the model under the key ``model`` (see
     `model_shapes.model_from_spec`): that entry, unchecked (None without one), and the search space."""
     raw = _load_text(text)
-    if isinstance(raw, Mapping) and (MODEL_KEY in raw or CHECKPOINT_KEY in raw or PRUNER_KEY in raw):
+    if isinstance(raw, Mapping) and any(key in raw for key in (MODEL_KEY, CHECKPOINT_KEY, PRUNER_KEY, HOLDOUT_KEY)):
         raw = dict(raw)
+        raw.pop(HOLDOUT_KEY, None)  # read by `holdout_bytes_of_text`
         raw.pop(CHECKPOINT_KEY, None)  # read by `checkpoint_minutes_of_text`
         raw.pop(PRUNER_KEY, None)  # read by `pruner_of_text`
         return raw.pop(MODEL_KEY, None), parse_search_space(raw)
@@ -353,6 +356,19 @@ def pruner_of_text(text: str) -> tuple[bool, object]:
     if not isinstance(raw, Mapping) or PRUNER_KEY not in raw:
         return False, None
     return True, raw[PRUNER_KEY]
+
+
+def holdout_bytes_of_text(text: str) -> int | None:
+    """The ``holdout_bytes`` pasted YAML or JSON sets (None when it sets none: the whole validation text); a
+    `SearchSpaceError` on the pasted text for anything but a whole number of bytes from 1."""
+    raw = _load_text(text)
+    if not isinstance(raw, Mapping) or HOLDOUT_KEY not in raw or raw[HOLDOUT_KEY] is None:
+        return None
+    value = raw[HOLDOUT_KEY]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_HOLDOUT_BYTES:
+        raise SearchSpaceError(f"{HOLDOUT_KEY}: {quote(value)} is not a whole number of bytes from 1 (empty: the "
+                               "whole validation text).", field="space_text")
+    return value
 
 
 def checkpoint_minutes_of_text(text: str) -> int | None:

@@ -61,6 +61,7 @@ def experiment_create(
             budget_unit=draft.budget_unit, budget=draft.budget, eval_every=draft.eval_every, seed=draft.seed,
             memory_budget_bytes=draft.memory_budget_bytes, early_stop_patience=draft.early_stop_patience,
             checkpoint_minutes=draft.checkpoint_minutes, priority=draft.priority, pruner=draft.pruner,
+            holdout_bytes=draft.holdout_bytes,
             cloned_from=cloned_from, created_by=user,
         )
         Trial.objects.bulk_create(

@@ -45,7 +45,7 @@ from webapp.experiments.listing import (
 from webapp.experiments.model_shapes import model_to_spec
 from webapp.experiments.models import Experiment, ExperimentPreview, Trial
 from webapp.experiments.planning import ExperimentDraft, TrialDraft
-from webapp.experiments.search_space import CHECKPOINT_KEY, KINDS, MODEL_KEY, PARAMETERS
+from webapp.experiments.search_space import CHECKPOINT_KEY, HOLDOUT_KEY, KINDS, MODEL_KEY, PARAMETERS, PRUNER_KEY
 from webapp.experiments.trial_data import experiment_tokens
 from webapp.ids import parse_id
 from webapp.labqueue.selectors import trial_end_estimates
@@ -241,6 +241,8 @@ def experiment_space(request: HttpRequest, experiment_id: int, fmt: str) -> Http
         raise Http404("Download the search space as .yaml or .json.")
     model = model_to_spec(experiment.model)
     spec = {**({MODEL_KEY: model} if model is not None else {}), CHECKPOINT_KEY: experiment.checkpoint_minutes,
+            **({PRUNER_KEY: experiment.pruner} if experiment.pruner else {}),
+            **({HOLDOUT_KEY: experiment.holdout_bytes} if experiment.holdout_bytes else {}),
             **experiment.search_space}
     if fmt == "yaml":
         body, content_type = yaml.safe_dump(spec, sort_keys=False), "application/yaml"

@@ -79,3 +79,24 @@ def test_a_pruned_trial_records_its_rung_and_its_curve_marks_where_it_stopped(al
                                                 perplexity=[49.4, 22.2])})
     marks = [t for t in learning_curves(curves)["data"] if t["meta"]["role"] == "pruned"]
     assert len(marks) == 1 and marks[0]["text"] == ["pruned at rung 1"] and marks[0]["y"] == [3.1]
+
+
+def test_the_final_evaluation_s_held_out_bytes_come_from_the_form_or_pasted_yaml_and_reach_each_trial(
+        alice_team, alice_dataset, alice_client):
+    form = bound(alice_team, post_data(alice_dataset, holdout_bytes=4096))
+    assert form.is_valid(), form.errors
+    assert form.cleaned_data["draft"].holdout_bytes == 4096
+    pasted = "lr: {kind: categorical, values: [0.001]}\nholdout_bytes: 2048\n"
+    form = bound(alice_team, post_data(alice_dataset, space_text=pasted))
+    assert form.is_valid() and form.cleaned_data["draft"].holdout_bytes == 2048
+    for bad in ("holdout_bytes: 0", "holdout_bytes: 1.5", "holdout_bytes: lots"):
+        form = bound(alice_team, post_data(alice_dataset, space_text=f"lr: {{values: [0.001]}}\n{bad}\n"))
+        assert not form.is_valid() and "holdout_bytes" in text(form.errors["space_text"]), bad
+    assert bound(alice_team, post_data(alice_dataset)).is_valid()  # empty: the whole validation text
+
+    experiment = make_experiment(alice_team, alice_dataset, holdout_bytes=4096)
+    assert experiment_initial(experiment)[0]["holdout_bytes"] == 4096
+    page = alice_client.get(f"/experiments/{experiment.pk}/").content.decode()
+    assert "the first 4096 bytes of the validation text" in page
+    download = alice_client.get(f"/experiments/{experiment.pk}/search-space.yaml").content.decode()
+    assert "holdout_bytes: 4096" in download
