@@ -24,9 +24,7 @@ import math
 import os
 import random
 import secrets
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -34,6 +32,8 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.gunicorn_server import free_port, serve
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 os.environ.setdefault("DEBUG", "1")
 os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(48))  # shared with the server: it reads our session
@@ -142,30 +142,6 @@ def _ingest(host_id: str) -> int:
             return total
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def serve(port: int) -> subprocess.Popen[bytes]:
-    """gunicorn serving the web app on `port` with production settings (DEBUG off, plain HTTP on loopback)."""
-    env = {**os.environ, "DEBUG": "0", "ALLOWED_HOSTS": "127.0.0.1", "HYDRA_HTTPS": "0"}
-    server = subprocess.Popen([sys.executable, "-m", "gunicorn", "webapp.wsgi", "--bind", f"127.0.0.1:{port}",
-                               "--workers", "1", "--log-level", "warning"], env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return server
-        except OSError:
-            if server.poll() is not None:
-                raise SystemExit(f"gunicorn exited with {server.returncode}") from None
-            time.sleep(0.2)
-    server.kill()
-    raise SystemExit("gunicorn did not start listening within 60 s")
-
-
 def timed(connection: http.client.HTTPConnection, cookie: str, url: str, params: dict[str, object],
           repeat: int) -> tuple[list[float], bytes]:
     """Milliseconds of `repeat` GETs of `url` on one kept-alive connection, and the last body."""
@@ -209,7 +185,7 @@ def main() -> None:
     built_s = time.perf_counter() - started
     print(f"wrote and ingested {args.trials} x {args.steps} steps ({ingested} entries) in {built_s:.1f} s",
           flush=True)
-    port = _free_port()
+    port = free_port()
     server = serve(port)
     try:
         session = Client()

@@ -31,9 +31,7 @@ import math
 import os
 import random
 import secrets
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -45,6 +43,8 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.gunicorn_server import free_port, serve  # noqa: E402 -- Django-free
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 os.environ.setdefault("DEBUG", "1")
 os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(48))  # shared with the server: it reads our session
@@ -236,30 +236,6 @@ def count_queries(lab: Lab) -> dict[str, int]:
     return counts
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def serve(port: int) -> subprocess.Popen[bytes]:
-    """gunicorn serving the web app on `port` with production settings (DEBUG off, plain HTTP on loopback)."""
-    env = {**os.environ, "DEBUG": "0", "ALLOWED_HOSTS": "127.0.0.1", "HYDRA_HTTPS": "0"}
-    server = subprocess.Popen([sys.executable, "-m", "gunicorn", "webapp.wsgi", "--bind", f"127.0.0.1:{port}",
-                               "--workers", "1", "--log-level", "warning"], env=env, cwd=ROOT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return server
-        except OSError:
-            if server.poll() is not None:
-                raise SystemExit(f"gunicorn exited with {server.returncode}") from None
-            time.sleep(0.2)
-    server.kill()
-    raise SystemExit("gunicorn did not start listening within 60 s")
-
-
 def timed(connection: http.client.HTTPConnection, cookie: str, path: str, repeat: int) -> list[float]:
     """Milliseconds of `repeat` GETs of `path`, one after another."""
     times = []
@@ -302,7 +278,7 @@ def measure(args: argparse.Namespace, host_id: str) -> dict[str, Any]:
     print(f"queries per page at {args.trials // 10} and {lab.trials} trials: "
           + ", ".join(f"{name} {small[name]} / {large[name]}" for name in small), flush=True)
 
-    port = _free_port()
+    port = free_port()
     server = serve(port)
     pages = {}
     try:
