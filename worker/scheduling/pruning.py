@@ -88,13 +88,11 @@ def report(client: redis.Redis, job: PruningJob, *, step: int, loss: float) -> V
                                          system_attrs=record["attrs"]))
         trial = study.get_trials(deepcopy=False)[job.trial_number - 1]
         prune = bool(study.pruner.prune(study, trial))
-        attrs = study._storage.get_trial(trial._trial_id).system_attrs  # the rungs the pruner noted
-        rungs = [int(name.removeprefix("completed_rung_")) for name in attrs if name.startswith("completed_rung_")]
-        mine["attrs"] = dict(attrs)
+        mine["attrs"] = dict(study._storage.get_trial(trial._trial_id).system_attrs)  # the rungs it noted
         if prune:
             mine["state"] = "pruned"
         client.hset(key, str(job.trial_number), json.dumps(mine))
-    rung = max(rungs) if rungs else None
+    rung = _top_rung(mine["attrs"])
     if not prune:
         return Verdict(False, rung)
     if job.pruner.kind == "median":
@@ -123,7 +121,11 @@ def finish(client: redis.Redis, job: PruningJob, *, step: int, loss: float | Non
 def rung_of(client: redis.Redis, job: PruningJob) -> int | None:
     """The last rung the trial reached, as the study recorded it (None: none, or the median rule)."""
     raw = client.hget(study_key(job.study), str(job.trial_number))
-    attrs = json.loads(raw)["attrs"] if raw else {}
+    return _top_rung(json.loads(raw)["attrs"] if raw else {})
+
+
+def _top_rung(attrs: dict[str, Any]) -> int | None:
+    """The highest rung successive halving noted as completed in a trial's system attributes."""
     rungs = [int(name.removeprefix("completed_rung_")) for name in attrs if name.startswith("completed_rung_")]
     return max(rungs) if rungs else None
 
