@@ -2,7 +2,7 @@
 
 Two trials keep both devices training; eight more arrive, each taking a while to plan. They are planned one
 after another, by one device at a time, while the other goes on training, instead of both devices stopping
-to plan.
+to plan. A device learns that another is planning from its survey, so it goes on training without asking.
 """
 
 from __future__ import annotations
@@ -12,10 +12,31 @@ import itertools
 import pytest
 
 from worker.contract import SyntheticJob
+from worker.scheduling.queue import ShardQueue
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+pytestmark = pytest.mark.timeout(120)
 
 
+def test_a_survey_says_whether_another_device_is_planning(shard_queue: ShardQueue) -> None:
+    for device in ("cpu0", "cpu1"):
+        shard_queue.device_start(device, "e1")
+    for trial_id in ("a", "b"):
+        shard_queue.submit(trial_id=trial_id, job=SyntheticJob(units=1), export_dir="")
+    job = shard_queue.claim_plan("cpu0")
+    assert job is not None
+
+    other, planner = shard_queue.survey("cpu1", "e1"), shard_queue.survey("cpu0", "e1")
+    assert (other.planning, other.planning_elsewhere) == (1, True)
+    assert (planner.planning, planner.planning_elsewhere) == (1, False)  # its own planning is not elsewhere
+    assert shard_queue.claim_plan("cpu1", idle=False) is None  # what the survey foretold
+
+    shard_queue.plan_done(job, remaining_units=1, unit_s=0.01, plan={})
+    after = shard_queue.survey("cpu1", "e1")
+    assert (after.planning, after.planning_elsewhere) == (1, False)
+    assert shard_queue.claim_plan("cpu1", idle=False) is not None
+
+
+@pytest.mark.slow
 def test_a_sweep_arriving_at_once_is_planned_by_one_device_while_the_other_trains(device_workers) -> None:
     workers = device_workers("cpu0", "cpu1")
     for trial_id in ("a", "b"):

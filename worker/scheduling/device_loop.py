@@ -192,7 +192,9 @@ class DeviceLoop:
             self._run_unit(lease, self._next_guess(survey, lease))
             return True
         choices = ranked(survey.candidates, self.device, self._holding, survey.shares)
-        if survey.planning:
+        # A device with units to run leaves them to plan only while no other device plans (see claim_plan);
+        # the survey says whether one does, which spares this device a round trip per unit meanwhile.
+        if survey.planning and not (choices and survey.planning_elsewhere):
             job = self.queue.claim_plan(self.device, idle=not choices)
             if job is not None:
                 self._plan(job)

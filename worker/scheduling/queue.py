@@ -408,12 +408,15 @@ for _, id in ipairs(expired) do
     after_unit(id, false, 'lease of ' .. redis.call('HGET', tkey(id), 'device') .. ' expired; the unit runs again')
   end
 end
--- Else {1, planning, reap, teams, then per team with work: team, usage, weight, served (ms, '' if never),
--- then per candidate: id, remaining_s, last_device, units_done, held_by, next_base, team, priority}: planning
--- counts the trials waiting to be planned; '' stands for no trial to reap, no last device, no holder, no base
--- layers read by the next unit.
+-- Else {1, planning, elsewhere, reap, teams, then per team with work: team, usage, weight, served (ms, '' if
+-- never), then per candidate: id, remaining_s, last_device, units_done, held_by, next_base, team, priority}:
+-- planning counts the trials waiting to be planned, elsewhere is 1 when another device is planning one (a
+-- device with units to run then runs them, without asking to plan); '' stands for no trial to reap, no last
+-- device, no holder, no base layers read by the next unit.
 local teams = redis.call('SMEMBERS', key('teams'))
-local out = {1, plannable(), redis.call('RPOP', key('reap')) or '', #teams}
+local planning = plannable()
+local out = {1, planning, (planning > 0 and planning_elsewhere(device)) and 1 or 0,
+             redis.call('RPOP', key('reap')) or '', #teams}
 for _, team in ipairs(teams) do
   table.insert(out, team)
   table.insert(out, tostring(usage_of(team)))
@@ -780,6 +783,7 @@ class Survey:
     units_done: dict[str, int]
     reap: str | None = None
     shares: Shares = dataclasses.field(default_factory=Shares)  # of the teams with work
+    planning_elsewhere: bool = False  # another device is planning a trial now
 
 
 class ShardQueue:
@@ -1220,14 +1224,14 @@ def _record(trial_id: str, fields: Mapping[str, str], admitted: bool = False) ->
 
 def _survey_from(raw: list[Any]) -> Survey:
     """The one reader of what the survey script returns, a flat array (see `_SURVEY`): ``[0]`` when the
-    device's loop must end, else ``[1, planning, reap, teams]``, four entries per team with work (``team,
-    usage, weight, served``) and eight per candidate: ``id, remaining_s, last_device, units_done, held_by,
+    device's loop must end, else ``[1, planning, elsewhere, reap, teams]``, four entries per team with work
+    (``team, usage, weight, served``) and eight per candidate: ``id, remaining_s, last_device, units_done, held_by,
     next_base, team, priority`` ('' for no trial to reap, no last device, no holder, no base layers, never
     served).
     """
     if not raw[0]:
         return Survey(alive=False, planning=0, candidates=[], units_done={})
-    _, planning, reap, teams, *flat = raw
+    _, planning, elsewhere, reap, teams, *flat = raw
     shares = _shares_from(flat, int(teams))
     candidates, units_done = [], {}
     for i in range(4 * int(teams), len(flat), 8):
@@ -1236,7 +1240,7 @@ def _survey_from(raw: list[Any]) -> Survey:
                                     BaseShard.parse(next_base), team, int(priority)))
         units_done[trial_id] = int(done)
     return Survey(alive=True, planning=int(planning), candidates=candidates, units_done=units_done,
-                  reap=reap or None, shares=shares)
+                  reap=reap or None, shares=shares, planning_elsewhere=bool(int(elsewhere)))
 
 
 def _shares_from(flat: list[Any], teams: int) -> Shares:
