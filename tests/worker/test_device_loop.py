@@ -95,3 +95,48 @@ def test_it_plans_runs_and_guesses_the_next_trial(shard_queue: ShardQueue) -> No
     shard_queue.device_stop("cpu0")
     assert loop.turn()  # acts on the survey made in the round trip of the last unit's completion, before the stop
     assert not loop.turn()
+
+
+class ArrivingRunner(SyntheticRunner):
+    """Runs units as SyntheticRunner does; during unit `at` of trial `during`, `arrive` changes the queue."""
+
+    def __init__(self, during: str, at: int, arrive: Callable[[], None]) -> None:
+        self.during, self.at, self.arrive = during, at, arrive
+        self.ran: list[str] = []
+
+    def run_unit(self, *, trial_id: str, job, units_done: int, next_trial: str | None, token: int,
+                 remaining_units: int | None = None):
+        self.ran.append(trial_id)
+        if (trial_id, units_done) == (self.during, self.at):
+            self.arrive()
+        return super().run_unit(trial_id=trial_id, job=job, units_done=units_done, next_trial=next_trial,
+                                token=token, remaining_units=remaining_units)
+
+
+def test_a_guess_the_policy_refuses_goes_back_and_the_policy_s_choice_runs(shard_queue: ShardQueue) -> None:
+    """The loop claims its guess of the next trial in the completion's round trip; a trial that became the
+    policy's choice meanwhile (here one of high priority, planned on another device) runs instead, and the
+    guessed trial loses nothing: every trial runs each of its units once."""
+    shard_queue.device_start("cpu0", "e1")
+    shard_queue.submit(trial_id="a", job=SyntheticJob(units=3), export_dir="")
+
+    def arrive() -> None:
+        shard_queue.submit(trial_id="urgent", job=SyntheticJob(units=2), export_dir="", priority="high")
+        job = shard_queue.claim_plan("cpu1")
+        shard_queue.plan_done(job, remaining_units=2, unit_s=1e-6, plan={})
+
+    runner = ArrivingRunner("a", 0, arrive)
+    loop = DeviceLoop(queue=shard_queue, runners={"synthetic": runner},
+                      config=DeviceLoopConfig(device="cpu0", epoch="e1", idle_wait_s=0.01))
+    try:
+        for _ in range(6):  # a's plan, then its first unit, urgent's two, a's last two
+            assert loop.turn()
+    finally:
+        loop.keeper.stop()
+    assert runner.ran == ["a", "urgent", "urgent", "a", "a"]
+    assert [shard_queue.trial(t).state for t in ("a", "urgent")] == ["finished", "finished"]
+    assert shard_queue.trial("a").units_done == 3
+    # a went back to the runnable set between its units as if never claimed: no event says it ran again.
+    states = [fields["state"] for _, fields in shard_queue.client.xrange(shard_queue.key("events"))
+              if fields["trial"] == "a"]
+    assert states == ["planning", "runnable", "running", "finished"]

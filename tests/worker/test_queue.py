@@ -197,6 +197,82 @@ def test_a_held_trial_goes_back_to_the_policy_when_the_loop_must_look_first(
     assert state == ("paused" if reason == "pause" else "runnable")
 
 
+def standing(queue: ShardQueue, trial_id: str) -> dict[str, object]:
+    """What a claim changes and a speculative claim given back must restore, apart from the lease token."""
+    record, client = queue.trial(trial_id), queue.client
+    fields = client.hgetall(queue.key(f"trial:{trial_id}"))
+    return {"state": record.state, "message": record.message, "device": fields.get("device"),
+            "active": fields.get("active"), "score": client.zscore(queue.key("runnable::1"), trial_id),
+            "leased": client.zscore(queue.key("leases"), trial_id) is not None,
+            "served": client.hgetall(queue.key("served")), "usage": queue.shares().usage.get("", 0.0),
+            "events": len(events(queue))}
+
+
+@pytest.mark.parametrize("active", [False, True])
+def test_a_survey_claims_the_guess_and_gives_it_back_as_it_was(shard_queue: ShardQueue, active: bool) -> None:
+    runnable(shard_queue, "t1", units=2)
+    runnable(shard_queue, "t2", units=3)
+    survey(shard_queue)
+    if active:  # t2 has run a unit: its claims publish nothing
+        shard_queue.complete(shard_queue.claim("t2", "cpu1"), remaining_units=3, unit_s=0.5)
+    lease = shard_queue.claim("t1", "cpu0")
+    before = standing(shard_queue, "t2")
+
+    state, seen, after = shard_queue.complete_then_survey(lease, "epoch-1", remaining_units=1, unit_s=0.5,
+                                                          claim=["t9", "t2", "t1"])
+    assert (state, after) == ("runnable", None)
+    # The survey was taken before its claim: t2 is a candidate, and the claim took it (t9 is no trial).
+    assert [c.trial_id for c in seen.candidates] == ["t2", "t1"]
+    assert seen.claimed is not None and (seen.claimed.trial_id, seen.claimed.units_done) == ("t2", int(active))
+    assert shard_queue.trial("t2").state == "running"
+    assert standing(shard_queue, "t2")["usage"] == pytest.approx(before["usage"] + 0.5, abs=1e-3)
+
+    # The policy chose otherwise: t2 goes back as it was (the policy's choice here is no trial at all).
+    assert shard_queue.unclaim_then_claim(seen.claimed, ["t9"]) is None
+    assert standing(shard_queue, "t2") == {
+        **before, "usage": pytest.approx(before["usage"], abs=1e-3),
+        # Its claim published 'running' unless it was between units; giving it back says 'runnable' again.
+        "events": before["events"] + (0 if active else 2)}
+    with pytest.raises(LeaseLost):
+        shard_queue.complete(seen.claimed, remaining_units=2, unit_s=0.5)  # its lease is gone
+
+
+def test_a_speculative_claim_given_back_honours_a_pause_asked_meanwhile(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1", units=2)
+    runnable(shard_queue, "t2", units=3)
+    survey(shard_queue)
+    _, seen, _ = shard_queue.complete_then_survey(shard_queue.claim("t1", "cpu0"), "epoch-1", remaining_units=1,
+                                                  unit_s=0.5, claim=["t2"])
+    assert shard_queue.pause("t2") == "running"  # in flight: the pause waits for the claim to end
+    taken = shard_queue.unclaim_then_claim(seen.claimed, ["t2", "t1"])  # the policy's choice, in the same trip
+    assert taken is not None and taken.trial_id == "t1"
+    assert shard_queue.trial("t2").state == "paused"
+    assert shard_queue.client.zscore(shard_queue.key("runnable::1"), "t2") is None
+
+
+@pytest.mark.parametrize("reason", ["planning", "stopped", "lost"])
+def test_a_survey_claims_nothing_when_the_device_is_to_plan_or_stop(shard_queue: ShardQueue, reason: str) -> None:
+    runnable(shard_queue, "t1", units=2)
+    runnable(shard_queue, "t2", units=3)
+    survey(shard_queue)
+    lease = shard_queue.claim("t1", "cpu0")
+    if reason == "planning":  # and no other device plans it: this one plans next
+        shard_queue.submit(trial_id="t3", job=SPEC, export_dir="")
+    elif reason == "stopped":
+        shard_queue.device_stop("cpu0")
+    else:  # the completion's lease expired and the unit went back: a claim it made is given back
+        shard_queue.advance_clock_for_tests(seconds=60)
+        survey(shard_queue, "cpu1")
+    if reason == "lost":
+        with pytest.raises(LeaseLost):
+            shard_queue.complete_then_survey(lease, "epoch-1", remaining_units=1, unit_s=0.5, claim=["t2"])
+    else:
+        _, seen, _ = shard_queue.complete_then_survey(lease, "epoch-1", remaining_units=1, unit_s=0.5,
+                                                      claim=["t2"])
+        assert seen.claimed is None and seen.alive == (reason != "stopped")
+    assert shard_queue.trial("t2").state == "runnable"
+
+
 def test_it_renews_a_lease(shard_queue: ShardQueue) -> None:
     shard_queue.configure(lease_s=LEASE_S)
     runnable(shard_queue, "t1")

@@ -5,11 +5,17 @@ pipeline completes the unit, writes its telemetry and makes the next turn's surv
 leases, read candidates); then a claim of the trial the policy picked. While the device holds the trial
 (its process keeps the activations of the micro-batch in flight), the completion leases the trial's next
 unit at once, as the policy would pick it anyway, and the claim is skipped: 6 units in 7 on a 4-shard
-trial. On a CPU device, where Redis takes its turns on the cores that compute, each round trip saved is
-time for the units. Planning a trial is work of the same kind: it needs the device, so a free device plans
-waiting trials before it runs units, but only one device at a time leaves training for it: while another
-device plans, one with units to run runs them (an idle one plans too). So a sweep of hundreds of trials
-arriving at once is planned by one device while the others go on training.
+trial. Otherwise the survey's script also claims the trial the loop guesses its policy will pick (the
+policy applied to the survey this unit was chosen from, with this trial as the unit left it): the policy,
+applied to the new survey, confirms the guess, and the unit needs no round trip of its own; or it refuses
+it, and one round trip gives the trial back as it was (`ShardQueue.unclaim_then_claim`) and claims the
+policy's choice, as the claim would have cost anyway. The choice is the policy's either way, made from the
+survey taken just before the guessed claim. On a CPU device, where Redis takes its turns on the cores that
+compute, each round trip saved is time for the units. Planning a trial is work of the same kind: it needs
+the device, so a free device plans waiting trials before it runs units, but only one device at a time
+leaves training for it: while another device plans, one with units to run runs them (an idle one plans
+too). So a sweep of hundreds of trials arriving at once is planned by one device while the others go on
+training.
 
 While a unit runs, the loop already knows which trial it will most likely take next (the policy applied to
 the survey, with the current trial's remaining time reduced by one unit) and hands that guess to the
@@ -46,7 +52,6 @@ from worker.scheduling.policy import (
     HOLD_UNITS,
     BaseShard,
     Candidate,
-    pick,
     ranked,
     remaining_seconds,
     unit_time_estimate,
@@ -189,9 +194,20 @@ class DeviceLoop:
             self._discard(survey.reap)
         if self._next is not None:
             lease, self._next = self._next, None
-            self._run_unit(lease, self._next_guess(survey, lease))
+            self._run_unit(lease, survey)
             return True
         choices = ranked(survey.candidates, self.device, self._holding, survey.shares)
+        if survey.claimed is not None:
+            # The survey's round trip claimed what this device guessed the policy would choose; the policy,
+            # now applied to that survey, confirms it, or it goes back as it was and the choice is claimed.
+            if choices and choices[0].trial_id == survey.claimed.trial_id:
+                self._run_unit(survey.claimed, survey)
+                return True
+            lease = self.queue.unclaim_then_claim(survey.claimed, [c.trial_id for c in choices])
+            if lease is not None:
+                self._run_unit(lease, survey)
+            if choices:
+                return True  # (None: other devices took them all; survey again)
         # A device with units to run leaves them to plan only while no other device plans (see claim_plan);
         # the survey says whether one does, which spares this device a round trip per unit meanwhile.
         if survey.planning and not (choices and survey.planning_elsewhere):
@@ -204,7 +220,7 @@ class DeviceLoop:
             return True
         lease = self.queue.claim_first([c.trial_id for c in choices], self.device)
         if lease is not None:  # None: other devices claimed them all first; survey again
-            self._run_unit(lease, self._next_guess(survey, lease))
+            self._run_unit(lease, survey)
         return True
 
     def _report_checkpoints(self) -> None:
@@ -252,19 +268,32 @@ class DeviceLoop:
         log.info("trial %s planned on %s: %d units, now %s", job.trial_id, self.device,
                  planned.remaining_units, state)
 
-    def _next_guess(self, survey: Survey, lease: Lease) -> str | None:
-        """The trial this device will most likely claim after this unit (this one comes back a unit shorter)."""
-        mine = next((c for c in survey.candidates if c.trial_id == lease.trial_id), None)
-        after = Candidate(lease.trial_id, remaining_seconds(lease.remaining_units - 1, lease.unit_s), self.device,
-                          team=mine.team if mine else "", priority=mine.priority if mine else PRIORITIES["normal"])
-        others = [c for c in survey.candidates if c.trial_id != lease.trial_id]
-        # After the unit the device holds the base layers it reads: the trial's next_base as last surveyed.
-        holding = next((c.next_base for c in survey.candidates if c.trial_id == lease.trial_id), self._holding)
-        guess = pick([*others, after] if lease.remaining_units > 1 else others, self.device, holding,
-                     survey.shares)
-        return None if guess is None else guess.trial_id
+    def _likely_next(self, survey: Survey, trial_id: str, remaining_units: int, unit_s: float,
+                     next_base: BaseShard | None, holding: BaseShard | None, limit: int) -> list[str]:
+        """The trials the policy will most likely choose, best first, once the unit of `trial_id` this device
+        runs has ended with `remaining_units` of `unit_s` left, its next unit reading `next_base`, the device
+        holding `holding`: the policy applied to `survey` with that trial so changed. A guess: other devices
+        change the queue meanwhile."""
+        mine = next((c for c in survey.candidates if c.trial_id == trial_id), None)
+        likely = [c for c in survey.candidates if c.trial_id != trial_id]
+        if remaining_units > 0:
+            likely.append(Candidate(trial_id, remaining_seconds(remaining_units, unit_s), self.device,
+                                    next_base=next_base, team=mine.team if mine else "",
+                                    priority=mine.priority if mine else PRIORITIES["normal"]))
+        return [c.trial_id for c in ranked(likely, self.device, holding, survey.shares, limit=limit)]
 
-    def _run_unit(self, lease: Lease, next_trial: str | None) -> None:
+    def _next_guess(self, survey: Survey, lease: Lease) -> str | None:
+        """The trial this device will most likely claim after this unit (this one comes back a unit shorter),
+        for the runner to start loading. After the unit the device holds the base layers it reads: the
+        trial's next_base as last surveyed."""
+        holding = next((c.next_base for c in survey.candidates if c.trial_id == lease.trial_id), self._holding)
+        guess = self._likely_next(survey, lease.trial_id, lease.remaining_units - 1, lease.unit_s, None, holding,
+                                  limit=1)
+        return guess[0] if guess else None
+
+    def _run_unit(self, lease: Lease, survey: Survey) -> None:
+        """Run the leased unit, chosen from `survey`, then record it (`_record`)."""
+        next_trial = self._next_guess(survey, lease)
         start = time.time()
         try:
             with self.keeper.holding(lambda: self.queue.renew(lease.trial_id, lease.token), lease.lease_s,
@@ -287,7 +316,7 @@ class DeviceLoop:
             self._replanned(lease, done, start, end)
         else:
             self._holding = done.base
-            self._record(lease, done, start, end)
+            self._record(lease, done, start, end, survey)
 
     def _replanned(self, lease: Lease, replanned: Replanned, start: float, end: float) -> None:
         span = self._trial_span(lease.trial_id, "replan", start, end)
@@ -306,17 +335,22 @@ class DeviceLoop:
         return Span(trial=trial_id, device=self.device, unit=-1, step=-1, micro_batch=0, phase=phase, shard=-1,
                     start=start, end=end, bytes_moved=0, peak_bytes=0, pid=self.pid)
 
-    def _record(self, lease: Lease, done: UnitDone, start: float, end: float) -> None:
-        """Complete the unit, write its telemetry and survey for the next turn, in one round trip."""
+    def _record(self, lease: Lease, done: UnitDone, start: float, end: float, survey: Survey) -> None:
+        """Complete the unit, write its telemetry and survey for the next turn, in one round trip. Unless the
+        device holds the trial (then its next unit is leased with the completion), the survey also claims
+        what the policy will most likely choose from it, by `survey` (the one this unit was chosen from) with
+        this trial as the unit left it."""
         span = Span(trial=lease.trial_id, device=self.device, unit=lease.units_done, step=done.step,
                     micro_batch=done.micro_batch, phase=done.phase, shard=done.shard, start=start, end=end,
                     bytes_moved=done.bytes_moved, peak_bytes=done.peak_bytes, pid=self.pid, io_s=done.io_s)
         unit_s = unit_time_estimate(lease.unit_s, end - start)
+        claim = [] if done.keeps_activations else self._likely_next(
+            survey, lease.trial_id, done.remaining_units, unit_s, done.next_base, done.base, limit=3)
         try:
             _, self._survey, self._next = self.queue.complete_then_survey(
                 lease, self.config.epoch, remaining_units=done.remaining_units, unit_s=unit_s, message=done.message,
                 steps_done=done.step + 1, next_base=done.next_base, holding=done.base, pruned=done.pruned,
-                rung=done.rung,
+                rung=done.rung, claim=claim,
                 hold_s=HOLD_UNITS * unit_s if done.keeps_activations else 0.0,
                 also=lambda pipe: telemetry.add_all(pipe, self.queue.host_id, span=span, steps=done.steps,
                                                     evals=done.evals),

@@ -8,7 +8,8 @@ readable with redis-cli::
     hydra:<host>:trial:<id>      HASH   state, job, export_dir, control, lease, device, last_device,
                                         held_until (ms: last_device keeps its activations until then),
                                         remaining_units, unit_s, units_done, requeues, replans, message,
-                                        plan, submitted, updated, active
+                                        plan, submitted, updated, active; undo_* (what a speculative
+                                        claim changed, for giving it back)
     hydra:<host>:planning        LIST   trial ids waiting to be planned (LPUSH in, RPOP out: FIFO)
     hydra:<host>:runnable:<team>:<priority>
                                  ZSET   trial id -> minus its remaining seconds  what Sharded-LRTF picks from
@@ -41,7 +42,9 @@ more. ARGV[1] is the key prefix, read by the prelude. Python passes the argument
 order is written once.
 
 The policy stays in Python (`worker.scheduling.policy`): `survey` reads the candidates, the caller picks,
-and `claim` takes that exact trial atomically, failing harmlessly if another device was faster.
+and `claim` takes that exact trial atomically, failing harmlessly if another device was faster. A device
+loop may ask its survey to claim its guess of that pick in the same script; the pick, made from the survey
+as taken before that claim, then confirms the claim or gives it back (`unclaim_then_claim`).
 """
 
 from __future__ import annotations
@@ -342,6 +345,27 @@ local function after_unit(id, quiet, message)
   make_runnable(id, quiet, message)
   return 'runnable'
 end
+-- Lease the next unit of the first of `ids` (trial ids separated by spaces, best first) that is runnable:
+-- {id, token, lease_ms, units_done, job, export_dir, remaining_units, unit_s}, or false when none is. A
+-- speculative claim, made in the same script as the survey the device's policy has not yet seen, keeps what
+-- it changes besides the lease (undo_* fields) for `_UNCLAIM`, should the policy choose another trial.
+local function claim_first(ids, device, speculative)
+  for id in string.gmatch(ids, '%S+') do
+    if runnable_remove(id) == 1 then
+      local t = redis.call('HMGET', tkey(id), 'team', 'device', 'message', 'active')
+      if speculative then
+        redis.call('HSET', tkey(id), 'undo_device', t[2] or '', 'undo_message', t[3] or '',
+                   'undo_active', t[4] or '', 'undo_served', redis.call('HGET', key('served'), t[1] or '') or '')
+      end
+      local token, ms = grant_lease(id, device)
+      charge(id)
+      set_state(id, 'running', nil, t[4] == '1')
+      local u = redis.call('HMGET', tkey(id), 'units_done', 'job', 'export_dir', 'remaining_units', 'unit_s')
+      return {id, token, ms, u[1], u[2], u[3], u[4], u[5]}
+    end
+  end
+  return false
+end
 """.replace("DEFAULT_LEASE_MS", str(DEFAULT_LEASE_MS)).replace(
     "HALF_LIFE_MS", str(int(USAGE_HALF_LIFE_S * 1000))).replace("EVENTS_MAXLEN", str(EVENTS_MAXLEN))
 
@@ -383,7 +407,10 @@ return 'ok'
 # - and, of those within the tie tolerance of the longest, the affinity views: the longest whose last unit
 #   ran on this device, and the longest (of the first `base_walk`) whose next unit reads base layers that
 #   overlap `holding`, the layers the device holds (policy.BaseShard's text, or '').
-_SURVEY = _script("head base_walk device epoch holding", """
+# Returns {survey, claimed}: `claim` names trials (best first, or ''), the device's guess of what its policy
+# will choose from this survey; unless the loop must end or the device is to plan next, the script leases the
+# first of them still runnable (a speculative claim, see claim_first) and `claimed` is that lease, else false.
+_SURVEY = _script("head base_walk device epoch holding claim", """
 head, base_walk = tonumber(head), tonumber(base_walk)
 local dkey = key('device:' .. device)
 local loop = redis.call('HMGET', dkey, 'epoch', 'stop')
@@ -393,7 +420,7 @@ if not loop[1] then
   loop = {epoch, '0'}
 end
 -- {0}: the loop must end.
-if loop[1] ~= epoch or loop[2] == '1' then return {0} end
+if loop[1] ~= epoch or loop[2] == '1' then return {{0}, false} end
 redis.call('HSET', dkey, 'seen', now_ms() / 1000)
 local expired = redis.call('ZRANGEBYSCORE', key('leases'), '-inf', now_ms())
 for _, id in ipairs(expired) do
@@ -493,7 +520,10 @@ for _, team in ipairs(teams) do
     if any then break end
   end
 end
-return out
+-- A device plans next when trials wait to be planned and no other device plans them (see claim_plan).
+local claimed = false
+if claim ~= '' and (planning == 0 or out[3] == 1) then claimed = claim_first(claim, device, true) end
+return {out, claimed}
 """.replace("TIE_TOLERANCE", repr(TIE_TOLERANCE)))
 
 # Returns {id, token, lease_ms, job}, or nil when no trial waits to be planned, or when `idle` is '0' (the
@@ -560,16 +590,24 @@ return after_unit(id, false)
 # claimed. Returns {id, token, lease_ms, units_done, job, export_dir, remaining_units, unit_s}, or nil when none
 # is (other devices took them first).
 _CLAIM = _script("ids device", """
-for id in string.gmatch(ids, '%S+') do
-  if runnable_remove(id) == 1 then
-    local token, ms = grant_lease(id, device)
-    charge(id)
-    set_state(id, 'running', nil, redis.call('HGET', tkey(id), 'active') == '1')
-    local t = redis.call('HMGET', tkey(id), 'units_done', 'job', 'export_dir', 'remaining_units', 'unit_s')
-    return {id, token, ms, t[1], t[2], t[3], t[4], t[5]}
-  end
-end
-return false
+return claim_first(ids, device, false)
+""")
+
+# A speculative claim (see claim_first) that the device's policy did not confirm: the lease ends, the team
+# gets back the unit time it was charged and its last service as it was, and the trial goes back as the end
+# of a unit would put it: runnable (with the state event it had, if the claim published one), or paused or
+# cancelled when that was asked meanwhile. Returns its state, or 'lost'.
+_UNCLAIM = _script("id token", """
+if release(id, token) == 'lost' then return 'lost' end
+local t = redis.call('HMGET', tkey(id), 'team', 'unit_s', 'undo_device', 'undo_message', 'undo_active',
+                     'undo_served')
+local team = t[1] or ''
+set_usage(team, math.max(0, usage_of(team) - tonumber(t[2] or '0')))
+if t[6] and t[6] ~= '' then redis.call('HSET', key('served'), team, t[6])
+else redis.call('HDEL', key('served'), team) end
+redis.call('HSET', tkey(id), 'device', t[3] or '')
+redis.call('HDEL', tkey(id), 'undo_device', 'undo_message', 'undo_active', 'undo_served')
+return after_unit(id, t[5] == '1', t[4] ~= '' and t[4] or nil)
 """)
 
 _RENEW = _script("id token", """
@@ -722,6 +760,7 @@ _SCRIPTS = {
     "claim_plan": _CLAIM_PLAN,
     "plan_done": _PLAN_DONE,
     "claim": _CLAIM,
+    "unclaim": _UNCLAIM,
     "renew": _RENEW,
     "complete": _COMPLETE,
     "replan": _REPLAN,
@@ -784,6 +823,9 @@ class Survey:
     reap: str | None = None
     shares: Shares = dataclasses.field(default_factory=Shares)  # of the teams with work
     planning_elsewhere: bool = False  # another device is planning a trial now
+    # The lease a speculative claim made with this survey took (see `complete_then_survey`), for the device's
+    # policy to confirm, or to give back with `unclaim_then_claim`.
+    claimed: Lease | None = None
 
 
 class ShardQueue:
@@ -1025,7 +1067,7 @@ class ShardQueue:
 
         A device loop calls it before each claim; the returned `alive` tells it whether to go on.
         """
-        return _survey_from(self._run("survey", **_survey_args(device, epoch, holding)))
+        return _survey_from(self._run("survey", **_survey_args(device, epoch, holding)), device)
 
     def claim_plan(self, device: str, *, idle: bool = True) -> PlanJob | None:
         """Take a trial waiting to be planned that can be admitted, with a lease; None when there is none,
@@ -1066,23 +1108,18 @@ class ShardQueue:
         runnable, in one round trip; None if other devices took them all. Devices that surveyed at the same
         moment see the same best trial: the one that comes second takes the next best at once, rather than
         surveying again."""
-        if not trial_ids or any(not TRIAL_ID_PATTERN.match(t) for t in trial_ids):
-            raise ValueError(f"claim needs trial ids; got {list(trial_ids)!r}")
-        raw = self._run("claim", ids=" ".join(trial_ids), device=device)
-        if raw is None:
-            return None
-        trial_id, token, lease_ms, units_done, job, export_dir, remaining_units, unit_s = raw
-        return Lease(
-            trial_id=trial_id,
-            token=token,
-            device=device,
-            lease_s=int(lease_ms) / 1000,
-            units_done=int(units_done),
-            remaining_units=int(remaining_units),
-            unit_s=float(unit_s),
-            job_data=json.loads(job),
-            export_dir=export_dir,
-        )
+        if not trial_ids:
+            raise ValueError("claim needs trial ids; got none")
+        return _lease_from(self._run("claim", ids=_claim_ids(trial_ids), device=device), device)
+
+    def unclaim_then_claim(self, claimed: Lease, trial_ids: Sequence[str]) -> Lease | None:
+        """Give back a speculative claim the policy did not confirm (the trial goes back as it was, see
+        `_UNCLAIM`), then `claim_first` of `trial_ids` (none: only give it back), in one round trip."""
+        calls: list[tuple[str, Mapping[str, object]]] = [("unclaim", {"id": claimed.trial_id, "token": claimed.token})]
+        if trial_ids:
+            calls.append(("claim", {"ids": _claim_ids(trial_ids), "device": claimed.device}))
+        replies = self._run_all(None, calls)
+        return _lease_from(replies[1], claimed.device) if trial_ids else None
 
     def renew(self, trial_id: str, token: str) -> bool:
         """Extend a lease by the host's lease length; False when it was already lost."""
@@ -1113,7 +1150,7 @@ class ShardQueue:
         self, lease: Lease, epoch: str, *, remaining_units: int, unit_s: float, message: str = "",
         steps_done: int | None = None, hold_s: float = 0.0, next_base: BaseShard | None = None,
         holding: BaseShard | None = None, pruned: bool = False, rung: int | None = None,
-        also: Callable[[redis.client.Pipeline], None] | None = None,
+        claim: Sequence[str] = (), also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> tuple[str, Survey, Lease | None]:
         """`complete`, then `survey` for the same device, in one round trip: what a device loop does between
         two units. Returns the trial's state, the survey, and the lease on the trial's next unit if this
@@ -1121,19 +1158,31 @@ class ShardQueue:
         is needed; the policy picks a held trial first anyway), unless a pause or cancel is pending, a trial
         waits to be planned and no other device is planning, or the device's loop `epoch` is no longer
         current. `holding`: the shared base layers the unit read, which the device holds after it (for the
-        survey). Raises LeaseLost (the survey was made, but the loop may as well make another)."""
+        survey).
+
+        `claim`: the device's guess of what its policy will choose from the survey, best first (see
+        `policy.ranked`). The survey's script then also claims the first of them still runnable, unless the
+        loop must end or the device is to plan next, and the survey carries that lease (`Survey.claimed`):
+        when the policy does choose it, the unit needs no round trip of its own to claim; otherwise the device
+        gives it back with `unclaim_then_claim`, in the round trip the claim would have taken anyway.
+
+        Raises LeaseLost (the survey was made, but the loop may as well make another; a lease its claim took
+        is given back first)."""
         outcome, raw = self._run_all(also, [
             ("complete", _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch=epoch,
                                         next_base=next_base, pruned=pruned, rung=rung)),
-            ("survey", _survey_args(lease.device, epoch, holding)),
+            ("survey", _survey_args(lease.device, epoch, holding, claim)),
         ])
+        survey = _survey_from(raw, lease.device)
         if isinstance(outcome, list):
             token, lease_ms = outcome
             after = dataclasses.replace(lease, token=token, lease_s=int(lease_ms) / 1000,
                                         units_done=lease.units_done + 1, remaining_units=remaining_units,
                                         unit_s=unit_s)
-            return "running", _survey_from(raw), after
-        return self._check_lease(outcome, lease.trial_id), _survey_from(raw), None
+            return "running", survey, after
+        if outcome == "lost" and survey.claimed is not None:
+            self.unclaim_then_claim(survey.claimed, [])
+        return self._check_lease(outcome, lease.trial_id), survey, None
 
     def replan(
         self, lease: Lease, *, remaining_units: int, unit_s: float, plan: Mapping[str, Any], message: str,
@@ -1222,13 +1271,32 @@ def _record(trial_id: str, fields: Mapping[str, str], admitted: bool = False) ->
     )
 
 
-def _survey_from(raw: list[Any]) -> Survey:
-    """The one reader of what the survey script returns, a flat array (see `_SURVEY`): ``[0]`` when the
-    device's loop must end, else ``[1, planning, elsewhere, reap, teams]``, four entries per team with work
-    (``team, usage, weight, served``) and eight per candidate: ``id, remaining_s, last_device, units_done, held_by,
-    next_base, team, priority`` ('' for no trial to reap, no last device, no holder, no base layers, never
-    served).
+def _claim_ids(trial_ids: Sequence[str]) -> str:
+    """Trial ids as a claim script takes them, separated by spaces."""
+    if any(not TRIAL_ID_PATTERN.match(t) for t in trial_ids):
+        raise ValueError(f"claim needs trial ids; got {list(trial_ids)!r}")
+    return " ".join(trial_ids)
+
+
+def _lease_from(raw: list[Any] | None, device: str) -> Lease | None:
+    """The lease a claim returns (``id, token, lease_ms, units_done, job, export_dir, remaining_units,
+    unit_s``), or None for none."""
+    if raw is None:
+        return None
+    trial_id, token, lease_ms, units_done, job, export_dir, remaining_units, unit_s = raw
+    return Lease(trial_id=trial_id, token=token, device=device, lease_s=int(lease_ms) / 1000,
+                 units_done=int(units_done), remaining_units=int(remaining_units), unit_s=float(unit_s),
+                 job_data=json.loads(job), export_dir=export_dir)
+
+
+def _survey_from(reply: list[Any], device: str) -> Survey:
+    """The one reader of what the survey script returns: the survey, a flat array (see `_SURVEY`), ``[0]`` when
+    the device's loop must end, else ``[1, planning, elsewhere, reap, teams]``, four entries per team with
+    work (``team, usage, weight, served``) and eight per candidate: ``id, remaining_s, last_device,
+    units_done, held_by, next_base, team, priority`` ('' for no trial to reap, no last device, no holder, no
+    base layers, never served); then the lease its speculative claim took for `device`, or nil.
     """
+    raw, claimed = reply
     if not raw[0]:
         return Survey(alive=False, planning=0, candidates=[], units_done={})
     _, planning, elsewhere, reap, teams, *flat = raw
@@ -1240,7 +1308,8 @@ def _survey_from(raw: list[Any]) -> Survey:
                                     BaseShard.parse(next_base), team, int(priority)))
         units_done[trial_id] = int(done)
     return Survey(alive=True, planning=int(planning), candidates=candidates, units_done=units_done,
-                  reap=reap or None, shares=shares, planning_elsewhere=bool(int(elsewhere)))
+                  reap=reap or None, shares=shares, planning_elsewhere=bool(int(elsewhere)),
+                  claimed=_lease_from(claimed, device))
 
 
 def _shares_from(flat: list[Any], teams: int) -> Shares:
@@ -1254,10 +1323,12 @@ def _shares_from(flat: list[Any], teams: int) -> Shares:
     return shares
 
 
-def _survey_args(device: str, epoch: str, holding: BaseShard | None = None) -> dict[str, object]:
-    """The survey script's arguments for the loop `epoch` of `device`, which holds base layers `holding`."""
+def _survey_args(device: str, epoch: str, holding: BaseShard | None = None,
+                 claim: Sequence[str] = ()) -> dict[str, object]:
+    """The survey script's arguments for the loop `epoch` of `device`, which holds base layers `holding`,
+    claiming the first still runnable of `claim` (none when empty)."""
     return {"head": SURVEY_HEAD, "base_walk": SURVEY_BASE_WALK, "device": device, "epoch": epoch,
-            "holding": "" if holding is None else str(holding)}
+            "holding": "" if holding is None else str(holding), "claim": _claim_ids(claim)}
 
 
 def _complete_args(
