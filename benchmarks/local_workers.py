@@ -11,7 +11,7 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -105,22 +105,30 @@ class LocalWorkers:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted(self.root.glob("*.log")))
 
     def wait_until_ended(self, trial_ids: Sequence[str], *, timeout_s: float) -> None:
-        """Block until every trial ended (finished, pruned, failed or cancelled); raise RuntimeError on a timeout.
+        """Block until every trial ended (finished, pruned, failed or cancelled); raise RuntimeError on a timeout."""
+        self.wait_for_states(trial_ids, ENDED, timeout_s=timeout_s)
 
-        Woken by the host's events stream rather than by polling, which would take CPU from the devices.
+    def wait_for_states(self, trial_ids: Sequence[str], wanted: Collection[str], *, timeout_s: float) -> None:
+        """Block until every trial is in one of the `wanted` states; raise RuntimeError on a timeout.
+
+        Follows the host's events stream, which says each trial's state as it changes: the states are read
+        once, then only events. Neither polling nor re-reading every trial at each event, which with a
+        thousand trials would take the CPU and Redis from the devices being measured.
         """
         deadline = time.monotonic() + timeout_s
         last = self.client.xrevrange(self.queue.key("events"), count=1)
         cursor = last[0][0] if last else "0-0"
-        while True:
-            states = {t: self.queue.trial(t).state for t in trial_ids}
-            if all(s in ENDED for s in states.values()):
-                return
+        states = self.queue.states()
+        if missing := set(trial_ids) - states.keys():
+            raise RuntimeError(f"no such trials on this host: {sorted(missing)}")
+        waiting = {t for t in trial_ids if states[t] not in wanted}
+        while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RuntimeError(f"trials not done after {timeout_s} s: {states}")
+                raise RuntimeError(f"{len(waiting)} trials not done after {timeout_s} s: {sorted(waiting)[:10]}")
             for _, entries in self.client.xread({self.queue.key("events"): cursor}, block=int(min(left, 1.0) * 1000)):
                 cursor = entries[-1][0]
+                waiting.difference_update(fields["trial"] for _, fields in entries if fields["state"] in wanted)
 
     def entries(self, stream: str) -> list[dict[str, object]]:
         """Every entry of one of the namespace's telemetry streams."""
