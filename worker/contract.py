@@ -49,6 +49,8 @@ class InvalidTransition(QueueError):
 class LeaseLost(QueueError):
     """The lease expired and the trial went back to the queue; this unit's result must not be recorded."""
 
+    survey: object = None  # the survey made in the same round trip, when one was (queue.complete_then_survey)
+
 
 class JobError(ValueError):
     """A job is malformed or impossible; the message says which field and why."""

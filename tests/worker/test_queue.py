@@ -250,7 +250,7 @@ def test_a_speculative_claim_given_back_honours_a_pause_asked_meanwhile(shard_qu
     assert shard_queue.client.zscore(shard_queue.key("runnable::1"), "t2") is None
 
 
-@pytest.mark.parametrize("reason", ["planning", "stopped", "lost"])
+@pytest.mark.parametrize("reason", ["planning", "stopped"])
 def test_a_survey_claims_nothing_when_the_device_is_to_plan_or_stop(shard_queue: ShardQueue, reason: str) -> None:
     runnable(shard_queue, "t1", units=2)
     runnable(shard_queue, "t2", units=3)
@@ -258,19 +258,48 @@ def test_a_survey_claims_nothing_when_the_device_is_to_plan_or_stop(shard_queue:
     lease = shard_queue.claim("t1", "cpu0")
     if reason == "planning":  # and no other device plans it: this one plans next
         shard_queue.submit(trial_id="t3", job=SPEC, export_dir="")
-    elif reason == "stopped":
-        shard_queue.device_stop("cpu0")
-    else:  # the completion's lease expired and the unit went back: a claim it made is given back
-        shard_queue.advance_clock_for_tests(seconds=60)
-        survey(shard_queue, "cpu1")
-    if reason == "lost":
-        with pytest.raises(LeaseLost):
-            shard_queue.complete_then_survey(lease, "epoch-1", remaining_units=1, unit_s=0.5, claim=["t2"])
     else:
-        _, seen, _ = shard_queue.complete_then_survey(lease, "epoch-1", remaining_units=1, unit_s=0.5,
-                                                      claim=["t2"])
-        assert seen.claimed is None and seen.alive == (reason != "stopped")
+        shard_queue.device_stop("cpu0")
+    _, seen, _ = shard_queue.complete_then_survey(lease, "epoch-1", remaining_units=1, unit_s=0.5, claim=["t2"])
+    assert (seen.claimed, seen.planned, seen.alive) == (None, None, reason != "stopped")
     assert shard_queue.trial("t2").state == "runnable"
+
+
+def test_a_completion_whose_lease_was_lost_still_hands_over_its_survey_and_claim(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1", units=2)
+    runnable(shard_queue, "t2", units=3)
+    survey(shard_queue)
+    lease = shard_queue.claim("t1", "cpu0")
+    shard_queue.advance_clock_for_tests(seconds=60)  # the lease expires; another device's survey requeues t1
+    survey(shard_queue, "cpu1")
+    with pytest.raises(LeaseLost) as lost:
+        shard_queue.complete_then_survey(lease, "epoch-1", remaining_units=1, unit_s=0.5, claim=["t2"])
+    assert lost.value.survey.claimed.trial_id == "t2"  # the loop goes on with it
+    assert shard_queue.trial("t2").state == "running"
+
+
+def test_a_survey_takes_a_trial_to_plan_when_its_device_is_to_plan_next(shard_queue: ShardQueue) -> None:
+    runnable(shard_queue, "t1", units=2)
+    for device in ("cpu0", "cpu1"):
+        shard_queue.device_start(device, "epoch-1")
+    shard_queue.submit(trial_id="t2", job=SPEC, export_dir="")
+    shard_queue.submit(trial_id="t3", job=SPEC, export_dir="")
+
+    seen = shard_queue.survey("cpu0", "epoch-1", plan=True)
+    assert seen.planned is not None and seen.planned.trial_id == "t2"  # the oldest, as claim_plan takes
+    assert seen.claimed is None and shard_queue.trial("t2").state == "planning"
+    # Another device with units to run goes on training meanwhile: its survey takes no trial to plan.
+    _, other, _ = shard_queue.complete_then_survey(shard_queue.claim("t1", "cpu1"), "epoch-1", remaining_units=1,
+                                                   unit_s=0.5, claim=["t1"], plan=True)
+    assert other.planned is None and other.planning_elsewhere
+    assert other.claimed is not None and other.claimed.trial_id == "t1"
+
+    # None to plan can be admitted: the survey says there is none to plan rather than asking again.
+    shard_queue.plan_done(seen.planned, remaining_units=1, unit_s=0.5, plan={})
+    shard_queue.set_quotas({"": 1})
+    blocked = shard_queue.survey("cpu0", "epoch-1", plan=True)
+    assert (blocked.planned, blocked.planning) == (None, 0)
+    assert shard_queue.trial("t3").state == "planning"
 
 
 def test_it_renews_a_lease(shard_queue: ShardQueue) -> None:

@@ -15,7 +15,7 @@ compute, each round trip saved is time for the units. Planning a trial is work o
 the device, so a free device plans waiting trials before it runs units, but only one device at a time
 leaves training for it: while another device plans, one with units to run runs them (an idle one plans
 too). So a sweep of hundreds of trials arriving at once is planned by one device while the others go on
-training.
+training. The device that is to plan next takes its trial in its survey's script.
 
 While a unit runs, the loop already knows which trial it will most likely take next (the policy applied to
 the survey, with the current trial's remaining time reduced by one unit) and hands that guess to the
@@ -52,6 +52,7 @@ from worker.scheduling.policy import (
     HOLD_UNITS,
     BaseShard,
     Candidate,
+    pick,
     ranked,
     remaining_seconds,
     unit_time_estimate,
@@ -186,7 +187,7 @@ class DeviceLoop:
     def turn(self) -> bool:
         """Plan one trial, run one unit, or wait a little for work. False when the loop must end."""
         self._report_checkpoints()
-        survey = self._survey or self.queue.survey(self.device, self.config.epoch, holding=self._holding)
+        survey = self._survey or self.queue.survey(self.device, self.config.epoch, holding=self._holding, plan=True)
         self._survey = None
         if not survey.alive:
             return False
@@ -196,13 +197,18 @@ class DeviceLoop:
             lease, self._next = self._next, None
             self._run_unit(lease, survey)
             return True
-        choices = ranked(survey.candidates, self.device, self._holding, survey.shares)
+        if survey.planned is not None:  # this device was to plan next, and its survey took the trial
+            self._plan(survey.planned)
+            return True
         if survey.claimed is not None:
             # The survey's round trip claimed what this device guessed the policy would choose; the policy,
             # now applied to that survey, confirms it, or it goes back as it was and the choice is claimed.
-            if choices and choices[0].trial_id == survey.claimed.trial_id:
+            first = pick(survey.candidates, self.device, self._holding, survey.shares)
+            if first is not None and first.trial_id == survey.claimed.trial_id:
                 self._run_unit(survey.claimed, survey)
                 return True
+        choices = ranked(survey.candidates, self.device, self._holding, survey.shares)
+        if survey.claimed is not None:
             lease = self.queue.unclaim_then_claim(survey.claimed, [c.trial_id for c in choices])
             if lease is not None:
                 self._run_unit(lease, survey)
@@ -350,13 +356,14 @@ class DeviceLoop:
             _, self._survey, self._next = self.queue.complete_then_survey(
                 lease, self.config.epoch, remaining_units=done.remaining_units, unit_s=unit_s, message=done.message,
                 steps_done=done.step + 1, next_base=done.next_base, holding=done.base, pruned=done.pruned,
-                rung=done.rung, claim=claim,
+                rung=done.rung, claim=claim, plan=not done.keeps_activations,
                 hold_s=HOLD_UNITS * unit_s if done.keeps_activations else 0.0,
                 also=lambda pipe: telemetry.add_all(pipe, self.queue.host_id, span=span, steps=done.steps,
                                                     evals=done.evals),
             )
-        except LeaseLost as error:
+        except LeaseLost as error:  # the unit is another device's now; what the survey saw and took still holds
             log.warning("%s", error)
+            self._survey = error.survey if isinstance(error.survey, Survey) else None
 
     def _fail(self, trial_id: str, token: str, where: str, error: Exception) -> None:
         log.exception("trial %s failed in %s on %s", trial_id, where, self.device)

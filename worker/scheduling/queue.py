@@ -366,8 +366,60 @@ local function claim_first(ids, device, speculative)
   end
   return false
 end
+-- Take a trial waiting to be planned, with a lease: {id, token, lease_ms, job}, or false when none waits, or
+-- when the device is not `idle` (it has units to run) and another device is planning: planning takes one
+-- device at a time from training. Of the oldest `PLANNING_SCAN` trials waiting to be planned, the admissible
+-- ones (see admissible) go in fair-share order of their teams, the oldest first within a team; the others
+-- keep waiting, with the reason in their message. A trial whose state alone exceeds the host tier fails,
+-- saying so.
+local function claim_plan(device, idle)
+  if not idle and planning_elsewhere(device) then return false end
+  local waiting = redis.call('LRANGE', key('planning'), -PLANNING_SCAN, -1)
+  local capacity = capacity_of_host()
+  -- No waiting trial can come before one of a team with the least share among the waiting teams, and ties go
+  -- to the oldest: the scan ends at the first such trial it can admit (at once when nothing is over a quota).
+  local least
+  local waiting_teams = redis.call('HGETALL', key('planning_teams'))
+  for i = 1, #waiting_teams, 2 do
+    local share = usage_of(waiting_teams[i]) / weight_of(waiting_teams[i])
+    if not least or share < least then least = share end
+  end
+  local best, best_share
+  for i = #waiting, 1, -1 do
+    local id = waiting[i]
+    local t = redis.call('HMGET', tkey(id), 'team', 'host_bytes')
+    local bytes = tonumber(t[2] or '0')
+    if capacity > 0 and bytes > capacity then
+      planning_remove(id)
+      set_state(id, 'failed', string.format('Its state needs %.0f MB on the host tier, which holds %.0f MB ' ..
+                                            'on this host: lower the model size or batch.', bytes / 1e6,
+                                            capacity / 1e6))
+    else
+      local ok, why = admissible(id)
+      if ok then
+        local team = t[1] or ''
+        local share = usage_of(team) / weight_of(team)
+        if not best or share < best_share then best, best_share = id, share end
+        if least and best_share <= least then break end
+      else
+        redis.call('HSET', tkey(id), 'message', why)
+      end
+    end
+  end
+  if not best then
+    redis.call('SET', key('planning_blocked'), '1')
+    return false
+  end
+  planning_remove(best)
+  admit(best)
+  redis.call('HSET', tkey(best), 'message', '')
+  local token, ms = grant_lease(best, device)
+  redis.call('HSET', key('planners'), device, best)
+  return {best, token, ms, redis.call('HGET', tkey(best), 'job')}
+end
 """.replace("DEFAULT_LEASE_MS", str(DEFAULT_LEASE_MS)).replace(
-    "HALF_LIFE_MS", str(int(USAGE_HALF_LIFE_S * 1000))).replace("EVENTS_MAXLEN", str(EVENTS_MAXLEN))
+    "HALF_LIFE_MS", str(int(USAGE_HALF_LIFE_S * 1000))).replace("EVENTS_MAXLEN", str(EVENTS_MAXLEN)).replace(
+    "PLANNING_SCAN", str(PLANNING_SCAN))
 
 
 class _Script(NamedTuple):
@@ -407,10 +459,12 @@ return 'ok'
 # - and, of those within the tie tolerance of the longest, the affinity views: the longest whose last unit
 #   ran on this device, and the longest (of the first `base_walk`) whose next unit reads base layers that
 #   overlap `holding`, the layers the device holds (policy.BaseShard's text, or '').
-# Returns {survey, claimed}: `claim` names trials (best first, or ''), the device's guess of what its policy
-# will choose from this survey; unless the loop must end or the device is to plan next, the script leases the
-# first of them still runnable (a speculative claim, see claim_first) and `claimed` is that lease, else false.
-_SURVEY = _script("head base_walk device epoch holding claim", """
+# Returns {survey, claimed, planned}. With `plan` '1', a device that is to plan next (trials wait to be
+# planned and no other device plans) takes one here (see claim_plan) and `planned` is that job. Else `claim`
+# names trials (best first, or ''), the device's guess of what its policy will choose from this survey: the
+# script leases the first of them still runnable (a speculative claim, see claim_first) and `claimed` is
+# that lease. Both are false when not taken, and when the loop must end.
+_SURVEY = _script("head base_walk device epoch holding claim plan", """
 head, base_walk = tonumber(head), tonumber(base_walk)
 local dkey = key('device:' .. device)
 local loop = redis.call('HMGET', dkey, 'epoch', 'stop')
@@ -420,7 +474,7 @@ if not loop[1] then
   loop = {epoch, '0'}
 end
 -- {0}: the loop must end.
-if loop[1] ~= epoch or loop[2] == '1' then return {{0}, false} end
+if loop[1] ~= epoch or loop[2] == '1' then return {{0}, false, false} end
 redis.call('HSET', dkey, 'seen', now_ms() / 1000)
 local expired = redis.call('ZRANGEBYSCORE', key('leases'), '-inf', now_ms())
 for _, id in ipairs(expired) do
@@ -521,60 +575,20 @@ for _, team in ipairs(teams) do
   end
 end
 -- A device plans next when trials wait to be planned and no other device plans them (see claim_plan).
-local claimed = false
-if claim ~= '' and (planning == 0 or out[3] == 1) then claimed = claim_first(claim, device, true) end
-return {out, claimed}
-""".replace("TIE_TOLERANCE", repr(TIE_TOLERANCE)))
-
-# Returns {id, token, lease_ms, job}, or nil when no trial waits to be planned, or when `idle` is '0' (the
-# device has units to run) and another device is planning: planning takes one device at a time from training.
-# Of the oldest `PLANNING_SCAN` trials waiting to be planned, the admissible ones (see admissible) go in
-# fair-share order of their teams, the oldest first within a team; the others keep waiting, with the reason
-# in their message. A trial whose state alone exceeds the host tier fails, saying so.
-_CLAIM_PLAN = _script("device idle", """
-if idle ~= '1' and planning_elsewhere(device) then return false end
-local waiting = redis.call('LRANGE', key('planning'), -PLANNING_SCAN, -1)
-local capacity = capacity_of_host()
--- No waiting trial can come before one of a team with the least share among the waiting teams, and ties go
--- to the oldest: the scan ends at the first such trial it can admit (at once when nothing is over a quota).
-local least
-local waiting_teams = redis.call('HGETALL', key('planning_teams'))
-for i = 1, #waiting_teams, 2 do
-  local share = usage_of(waiting_teams[i]) / weight_of(waiting_teams[i])
-  if not least or share < least then least = share end
-end
-local best, best_share
-for i = #waiting, 1, -1 do
-  local id = waiting[i]
-  local t = redis.call('HMGET', tkey(id), 'team', 'host_bytes')
-  local bytes = tonumber(t[2] or '0')
-  if capacity > 0 and bytes > capacity then
-    planning_remove(id)
-    set_state(id, 'failed', string.format('Its state needs %.0f MB on the host tier, which holds %.0f MB on ' ..
-                                          'this host: lower the model size or batch.', bytes / 1e6, capacity / 1e6))
-  else
-    local ok, why = admissible(id)
-    if ok then
-      local team = t[1] or ''
-      local share = usage_of(team) / weight_of(team)
-      if not best or share < best_share then best, best_share = id, share end
-      if least and best_share <= least then break end
-    else
-      redis.call('HSET', tkey(id), 'message', why)
-    end
+local claimed, planned = false, false
+if planning > 0 and out[3] == 0 then
+  if plan == '1' then
+    planned = claim_plan(device, false)
+    if not planned then out[2] = plannable() end  -- none could be admitted: none to plan
   end
 end
-if not best then
-  redis.call('SET', key('planning_blocked'), '1')
-  return false
-end
-planning_remove(best)
-admit(best)
-redis.call('HSET', tkey(best), 'message', '')
-local token, ms = grant_lease(best, device)
-redis.call('HSET', key('planners'), device, best)
-return {best, token, ms, redis.call('HGET', tkey(best), 'job')}
-""".replace("PLANNING_SCAN", str(PLANNING_SCAN)))
+if not planned and claim ~= '' and (out[2] == 0 or out[3] == 1) then claimed = claim_first(claim, device, true) end
+return {out, claimed, planned}
+""".replace("TIE_TOLERANCE", repr(TIE_TOLERANCE)))
+
+_CLAIM_PLAN = _script("device idle", """
+return claim_plan(device, idle == '1')
+""")
 
 # `units_done` > 0: the trial's state already held that many units (a resubmitted trial resumes from it).
 _PLAN_DONE = _script("id token remaining_units unit_s plan units_done", """
@@ -826,6 +840,7 @@ class Survey:
     # The lease a speculative claim made with this survey took (see `complete_then_survey`), for the device's
     # policy to confirm, or to give back with `unclaim_then_claim`.
     claimed: Lease | None = None
+    planned: PlanJob | None = None  # the trial a survey with `plan` took to plan (see `survey`)
 
 
 class ShardQueue:
@@ -1005,7 +1020,10 @@ class ShardQueue:
         return self._control("cancel", trial_id)
 
     def _control(self, action: str, trial_id: str) -> str:
-        outcome: str = self._run(action, id=trial_id)
+        return self._checked(action, trial_id, self._run(action, id=trial_id))
+
+    def _checked(self, action: str, trial_id: str, outcome: str) -> str:
+        """A control script's outcome, or the error it stands for."""
         if outcome == "missing":
             raise TrialNotFound(f"trial {trial_id!r} does not exist on host {self.host_id!r}.")
         if outcome.startswith("invalid:"):
@@ -1060,14 +1078,16 @@ class ShardQueue:
             for key in sorted(self.client.scan_iter(match=prefix + "*", count=1000))
         }
 
-    def survey(self, device: str, epoch: str, *, holding: BaseShard | None = None) -> Survey:
+    def survey(self, device: str, epoch: str, *, holding: BaseShard | None = None, plan: bool = False) -> Survey:
         """Requeue expired leases, then list trials to plan and the candidates the policy picks from:
         the trials `device` holds, each team's longest, and those it has affinity with (its last device,
         or base layers overlapping `holding`, the shared base layers the device holds now).
 
-        A device loop calls it before each claim; the returned `alive` tells it whether to go on.
+        A device loop calls it before each claim; the returned `alive` tells it whether to go on. With
+        `plan`, a device that is to plan next (trials wait to be planned and no other device plans them)
+        takes one in the same script, as `claim_plan` would (`Survey.planned`).
         """
-        return _survey_from(self._run("survey", **_survey_args(device, epoch, holding)), device)
+        return _survey_from(self._run("survey", **_survey_args(device, epoch, holding, plan=plan)), device)
 
     def claim_plan(self, device: str, *, idle: bool = True) -> PlanJob | None:
         """Take a trial waiting to be planned that can be admitted, with a lease; None when there is none,
@@ -1078,11 +1098,7 @@ class ShardQueue:
         `host_bytes` (`configure(capacity_bytes=)`). Of the admissible trials, the team whose turn it is by
         fair share goes first, its oldest trial first. The others wait, their record's message saying why.
         """
-        raw = self._run("claim_plan", device=device, idle="1" if idle else "0")
-        if raw is None:
-            return None
-        trial_id, token, lease_ms, job = raw
-        return PlanJob(trial_id, token, int(lease_ms) / 1000, json.loads(job))
+        return _plan_job_from(self._run("claim_plan", device=device, idle="1" if idle else "0"))
 
     def plan_done(
         self, job: PlanJob, *, remaining_units: int, unit_s: float, plan: Mapping[str, Any], units_done: int = 0,
@@ -1150,7 +1166,7 @@ class ShardQueue:
         self, lease: Lease, epoch: str, *, remaining_units: int, unit_s: float, message: str = "",
         steps_done: int | None = None, hold_s: float = 0.0, next_base: BaseShard | None = None,
         holding: BaseShard | None = None, pruned: bool = False, rung: int | None = None,
-        claim: Sequence[str] = (), also: Callable[[redis.client.Pipeline], None] | None = None,
+        claim: Sequence[str] = (), plan: bool = False, also: Callable[[redis.client.Pipeline], None] | None = None,
     ) -> tuple[str, Survey, Lease | None]:
         """`complete`, then `survey` for the same device, in one round trip: what a device loop does between
         two units. Returns the trial's state, the survey, and the lease on the trial's next unit if this
@@ -1164,14 +1180,15 @@ class ShardQueue:
         `policy.ranked`). The survey's script then also claims the first of them still runnable, unless the
         loop must end or the device is to plan next, and the survey carries that lease (`Survey.claimed`):
         when the policy does choose it, the unit needs no round trip of its own to claim; otherwise the device
-        gives it back with `unclaim_then_claim`, in the round trip the claim would have taken anyway.
+        gives it back with `unclaim_then_claim`, in the round trip the claim would have taken anyway. `plan`:
+        see `survey` (a device to plan next claims no unit).
 
-        Raises LeaseLost (the survey was made, but the loop may as well make another; a lease its claim took
-        is given back first)."""
+        Raises LeaseLost when the unit's lease was lost; the survey, made all the same, goes with it
+        (``LeaseLost.survey``), with what it claimed."""
         outcome, raw = self._run_all(also, [
             ("complete", _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch=epoch,
                                         next_base=next_base, pruned=pruned, rung=rung)),
-            ("survey", _survey_args(lease.device, epoch, holding, claim)),
+            ("survey", _survey_args(lease.device, epoch, holding, claim, plan)),
         ])
         survey = _survey_from(raw, lease.device)
         if isinstance(outcome, list):
@@ -1180,9 +1197,11 @@ class ShardQueue:
                                         units_done=lease.units_done + 1, remaining_units=remaining_units,
                                         unit_s=unit_s)
             return "running", survey, after
-        if outcome == "lost" and survey.claimed is not None:
-            self.unclaim_then_claim(survey.claimed, [])
-        return self._check_lease(outcome, lease.trial_id), survey, None
+        try:
+            return self._check_lease(outcome, lease.trial_id), survey, None
+        except LeaseLost as lost:
+            lost.survey = survey
+            raise
 
     def replan(
         self, lease: Lease, *, remaining_units: int, unit_s: float, plan: Mapping[str, Any], message: str,
@@ -1289,14 +1308,23 @@ def _lease_from(raw: list[Any] | None, device: str) -> Lease | None:
                  job_data=json.loads(job), export_dir=export_dir)
 
 
+def _plan_job_from(raw: list[Any] | None) -> PlanJob | None:
+    """The job a claim of a trial to plan returns (``id, token, lease_ms, job``), or None for none."""
+    if raw is None:
+        return None
+    trial_id, token, lease_ms, job = raw
+    return PlanJob(trial_id, token, int(lease_ms) / 1000, json.loads(job))
+
+
 def _survey_from(reply: list[Any], device: str) -> Survey:
     """The one reader of what the survey script returns: the survey, a flat array (see `_SURVEY`), ``[0]`` when
     the device's loop must end, else ``[1, planning, elsewhere, reap, teams]``, four entries per team with
     work (``team, usage, weight, served``) and eight per candidate: ``id, remaining_s, last_device,
     units_done, held_by, next_base, team, priority`` ('' for no trial to reap, no last device, no holder, no
-    base layers, never served); then the lease its speculative claim took for `device`, or nil.
+    base layers, never served); then the lease its speculative claim took for `device`, and the trial it
+    took to plan, or nil for each.
     """
-    raw, claimed = reply
+    raw, claimed, planned = reply
     if not raw[0]:
         return Survey(alive=False, planning=0, candidates=[], units_done={})
     _, planning, elsewhere, reap, teams, *flat = raw
@@ -1309,7 +1337,7 @@ def _survey_from(reply: list[Any], device: str) -> Survey:
         units_done[trial_id] = int(done)
     return Survey(alive=True, planning=int(planning), candidates=candidates, units_done=units_done,
                   reap=reap or None, shares=shares, planning_elsewhere=bool(int(elsewhere)),
-                  claimed=_lease_from(claimed, device))
+                  claimed=_lease_from(claimed, device), planned=_plan_job_from(planned))
 
 
 def _shares_from(flat: list[Any], teams: int) -> Shares:
@@ -1323,12 +1351,13 @@ def _shares_from(flat: list[Any], teams: int) -> Shares:
     return shares
 
 
-def _survey_args(device: str, epoch: str, holding: BaseShard | None = None,
-                 claim: Sequence[str] = ()) -> dict[str, object]:
+def _survey_args(device: str, epoch: str, holding: BaseShard | None = None, claim: Sequence[str] = (),
+                 plan: bool = False) -> dict[str, object]:
     """The survey script's arguments for the loop `epoch` of `device`, which holds base layers `holding`,
-    claiming the first still runnable of `claim` (none when empty)."""
+    claiming the first still runnable of `claim` (none when empty), or with `plan` a trial to plan."""
     return {"head": SURVEY_HEAD, "base_walk": SURVEY_BASE_WALK, "device": device, "epoch": epoch,
-            "holding": "" if holding is None else str(holding), "claim": _claim_ids(claim)}
+            "holding": "" if holding is None else str(holding), "claim": _claim_ids(claim),
+            "plan": "1" if plan else "0"}
 
 
 def _complete_args(
