@@ -336,6 +336,20 @@ def test_it_pauses_and_resumes_a_runnable_trial_at_once(shard_queue: ShardQueue)
     assert [c.trial_id for c in survey(shard_queue).candidates] == ["t1"]
 
 
+def test_a_sweep_submitted_paused_is_planned_then_released_at_once(shard_queue: ShardQueue) -> None:
+    for trial_id in ("t1", "t2", "t3"):
+        shard_queue.submit(trial_id=trial_id, job=SPEC, export_dir="", paused=True)
+    for _ in range(3):
+        job = shard_queue.claim_plan("cpu0")
+        assert shard_queue.plan_done(job, remaining_units=2, unit_s=0.5, plan={}) == "paused"
+    assert survey(shard_queue).candidates == [] and shard_queue.states() == dict.fromkeys(("t1", "t2", "t3"),
+                                                                                            "paused")
+    assert shard_queue.resume_all(["t1", "t2", "t3"]) == ["runnable"] * 3
+    assert {c.trial_id for c in survey(shard_queue).candidates} == {"t1", "t2", "t3"}
+    with pytest.raises(TrialNotFound):
+        shard_queue.resume_all(["t1", "t9"])
+
+
 def test_it_pauses_a_running_trial_at_the_end_of_its_unit(shard_queue: ShardQueue) -> None:
     runnable(shard_queue, "t1")
     lease = shard_queue.claim("t1", "cpu0")

@@ -436,11 +436,13 @@ def _script(names: str, body: str) -> _Script:
     argv = ", ".join(f"ARGV[{index}]" for index in range(2, len(args) + 2))
     return _Script(args, f"{_PRELUDE}local {', '.join(args)} = {argv}\n{body}")
 
-_SUBMIT = _script("id job export_dir team priority host_bytes", """
+# `paused` '1': the trial is planned, then waits paused (a pause asked at once, as `pause` would ask it).
+_SUBMIT = _script("id job export_dir team priority host_bytes paused", """
 if redis.call('EXISTS', tkey(id)) == 1 then return 'exists' end
 local now = now_ms() / 1000
 redis.call('HSET', tkey(id), 'job', job, 'export_dir', export_dir, 'submitted', now, 'units_done', 0,
            'requeues', 0, 'team', team, 'priority', priority, 'host_bytes', host_bytes)
+if paused == '1' then redis.call('HSET', tkey(id), 'control', 'pause') end
 redis.call('ZADD', key('trials'), now, id)
 planning_add(id, false)
 set_state(id, 'planning')
@@ -990,11 +992,13 @@ class ShardQueue:
     # Submitting and controlling trials -----------------------------------------------------------------
 
     def submit(self, *, trial_id: str, job: Job, export_dir: str, team: str = "", priority: str = "normal",
-               host_bytes: int = 0) -> None:
+               host_bytes: int = 0, paused: bool = False) -> None:
         """Add a trial in state planning; a device worker will plan it once it is admitted. `team` shares
         the devices with the other teams by fair share; `priority` (low, normal, high) orders the team's own
         trials; `host_bytes` is what its spill store will take on the host tier (0: unknown, counted as
-        nothing), which admission checks against the host's capacity. Raises TrialExists, ValueError."""
+        nothing), which admission checks against the host's capacity. `paused`: once planned, the trial
+        waits paused until resumed (see `resume_all`, for a sweep released at once). Raises TrialExists,
+        ValueError."""
         if not isinstance(host_bytes, int) or host_bytes < 0:
             raise ValueError(f"host_bytes={host_bytes!r} must be a whole number of bytes, 0 or more.")
         if not TRIAL_ID_PATTERN.match(trial_id):
@@ -1004,7 +1008,7 @@ class ShardQueue:
         if priority not in PRIORITIES:
             raise ValueError(f"priority {priority!r} must be one of {', '.join(PRIORITIES)}.")
         if self._run("submit", id=trial_id, job=json.dumps(job.to_dict()), export_dir=export_dir, team=team,
-                     priority=PRIORITIES[priority], host_bytes=host_bytes) == "exists":
+                     priority=PRIORITIES[priority], host_bytes=host_bytes, paused="1" if paused else "0") == "exists":
             raise TrialExists(f"trial {trial_id!r} already exists on host {self.host_id!r}.")
 
     def pause(self, trial_id: str) -> str:
@@ -1018,6 +1022,14 @@ class ShardQueue:
     def cancel(self, trial_id: str) -> str:
         """Cancel now if not in flight, else when its unit ends. Returns the state now."""
         return self._control("cancel", trial_id)
+
+    def resume_all(self, trial_ids: Sequence[str]) -> list[str]:
+        """`resume` each of `trial_ids`, in one round trip: a sweep held back as a whole goes to the devices at
+        once. Their states; raises as `resume` does for the first that could not be resumed (the others are
+        resumed all the same)."""
+        outcomes: list[str] = self._run_all(None, [("resume", {"id": trial_id}) for trial_id in trial_ids])
+        return [self._checked("resume", trial_id, outcome) for trial_id, outcome in zip(trial_ids, outcomes,
+                                                                                       strict=True)]
 
     def _control(self, action: str, trial_id: str) -> str:
         return self._checked(action, trial_id, self._run(action, id=trial_id))
