@@ -27,6 +27,7 @@ from worker.scheduling.queue import ShardQueue
 
 STOP_GRACE_S = 15.0
 START_TIMEOUT_S = 120.0
+READ_PERIOD_S = 0.1  # how often a wait reads the events stream
 
 
 class LocalWorkers:
@@ -112,8 +113,8 @@ class LocalWorkers:
         """Block until every trial is in one of the `wanted` states; raise RuntimeError on a timeout.
 
         Follows the host's events stream, which says each trial's state as it changes: the states are read
-        once, then only events. Neither polling nor re-reading every trial at each event, which with a
-        thousand trials would take the CPU and Redis from the devices being measured.
+        once, then only events, at most ten times a second. Re-reading every trial at each event, or waking
+        at each of a thousand trials' events, would take the CPU and Redis from the devices being measured.
         """
         deadline = time.monotonic() + timeout_s
         last = self.client.xrevrange(self.queue.key("events"), count=1)
@@ -129,6 +130,7 @@ class LocalWorkers:
             for _, entries in self.client.xread({self.queue.key("events"): cursor}, block=int(min(left, 1.0) * 1000)):
                 cursor = entries[-1][0]
                 waiting.difference_update(fields["trial"] for _, fields in entries if fields["state"] in wanted)
+            time.sleep(min(READ_PERIOD_S, max(0.0, deadline - time.monotonic())))
 
     def entries(self, stream: str) -> list[dict[str, object]]:
         """Every entry of one of the namespace's telemetry streams."""
