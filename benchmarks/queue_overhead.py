@@ -18,6 +18,11 @@ The same 2,000 units (`--units` in all) are run twice in this script: as `--tria
 trials, the baseline; the unit cycle must not grow with the number of trials in the queue. Defaults: 2
 devices, 1,000 trials of 2 units; ``--quick``: 400 units as 100 trials of 4.
 
+``--in-process`` runs one device loop in this process instead, against the same Redis, with every trial
+planned first: the cycle without a second device or Celery around it, and what it costs in CPU, the loop's
+(``loop_cpu_ms``) and Redis's (``redis_cpu_ms``, from its ``INFO cpu``, so nothing else may use that Redis
+meanwhile) per unit. It shows where the time goes on a host of few cores, where the two share them.
+
 The last line is one JSON object: ``{"trials", "units", "p50_ms", "p99_ms", "plan_p50_ms",
 "beside_planning_p50_ms", "baseline_p50_ms", "ratio", "target_met"}``. Target: ratio (p50 against the
 4-trial p50) at most 1.2, both p50 under 1 ms.
@@ -32,7 +37,10 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
+
+import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -40,6 +48,9 @@ from benchmarks.local_workers import LocalWorkers
 from worker import config
 from worker.contract import SyntheticJob
 from worker.devices import Device
+from worker.scheduling.device_loop import DeviceLoop, DeviceLoopConfig
+from worker.scheduling.queue import ShardQueue
+from worker.scheduling.synthetic import SyntheticRunner
 
 TARGET_P50_MS = 1.0
 TARGET_RATIO = 1.2
@@ -93,14 +104,62 @@ def measure(devices: list[Device], trials: int, units: int) -> dict[str, float]:
             "beside_planning_p50_ms": round(percentile(beside, 0.5), 3) if beside else None}
 
 
+def measure_in_process(trials: int, units: int) -> dict[str, float]:
+    """Run `units` empty units as `trials` trials on one device loop in this process: per-turn p50 and p99,
+    and the loop's and Redis's CPU per unit."""
+    client = redis.Redis.from_url(config.current().redis_url, decode_responses=True)
+    queue = ShardQueue(client, f"bench-{uuid.uuid4().hex[:10]}")
+    queue.device_start("cpu0", "bench")
+    loop = DeviceLoop(queue=queue, runners={"synthetic": SyntheticRunner()},
+                      config=DeviceLoopConfig(device="cpu0", epoch="bench", idle_wait_s=0.01))
+    try:
+        trial_ids = [f"q{i}" for i in range(trials)]
+        for trial_id in trial_ids:
+            queue.submit(trial_id=trial_id, job=SyntheticJob(units=max(1, units // trials)), export_dir="",
+                         paused=True)
+        while "planning" in queue.states().values():
+            loop.turn()
+        queue.resume_all(trial_ids)
+        turns: list[float] = []
+        cpu, redis_cpu = time.process_time(), _redis_cpu_s(client)
+        while len(turns) < units - trials:  # each trial's last unit is not followed by one of its own
+            start = time.perf_counter()
+            loop.turn()
+            turns.append((time.perf_counter() - start) * 1000)
+        cpu, redis_cpu = time.process_time() - cpu, _redis_cpu_s(client) - redis_cpu
+    finally:
+        loop.keeper.stop()
+        keys = list(client.scan_iter(match=f"*{queue.host_id}*", count=1000))
+        if keys:
+            client.delete(*keys)
+    print(f"in process, trials {trials}: turn p50 {percentile(turns, 0.5):.3f} ms, loop CPU "
+          f"{cpu / len(turns) * 1000:.3f} ms, Redis CPU {redis_cpu / len(turns) * 1000:.3f} ms per unit")
+    return {"units": len(turns), "p50_ms": percentile(turns, 0.5), "p99_ms": percentile(turns, 0.99),
+            "loop_cpu_ms": cpu / len(turns) * 1000, "redis_cpu_ms": redis_cpu / len(turns) * 1000}
+
+
+def _redis_cpu_s(client: redis.Redis) -> float:
+    stats = client.info("cpu")
+    return float(stats["used_cpu_user"]) + float(stats["used_cpu_sys"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=2, help="CPU device workers (default 2)")
     parser.add_argument("--trials", type=int, default=1000, help="synthetic trials (default 1000)")
     parser.add_argument("--units", type=int, default=2000, help="empty units in all (default 2000)")
     parser.add_argument("--quick", action="store_true", help="400 units as 100 trials")
+    parser.add_argument("--in-process", action="store_true", help="one device loop in this process, with CPU")
     args = parser.parse_args()
     trials, units = (100, 400) if args.quick else (args.trials, args.units)
+    if args.in_process:
+        many, baseline = measure_in_process(trials, units), measure_in_process(BASELINE_TRIALS, units)
+        ratio = many["p50_ms"] / baseline["p50_ms"]
+        print(json.dumps({"trials": trials, **{key: round(value, 3) for key, value in many.items()},
+                          **{f"baseline_{key}": round(value, 3) for key, value in baseline.items() if key != "units"},
+                          "ratio": round(ratio, 3), "target_met": ratio <= TARGET_RATIO
+                          and max(many["p50_ms"], baseline["p50_ms"]) < TARGET_P50_MS}))
+        return
 
     devices = [Device("cpu", i, 1) for i in range(args.devices)]
     many = measure(devices, trials, units)
