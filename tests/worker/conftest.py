@@ -11,17 +11,20 @@ import pytest
 import redis
 
 from tests.worker.device_workers import DeviceWorkers
+from worker.scheduling.keys import HOSTS_KEY
 from worker.scheduling.queue import ShardQueue
 
 
 @pytest.fixture
 def host_id(redis_client: redis.Redis) -> Iterator[str]:
-    """A host name no other test uses; every key and Celery queue named after it is deleted afterwards."""
+    """A host name no other test uses; every key and Celery queue named after it is deleted afterwards, and the
+    host leaves the lab's registry, where its workers put it."""
     host = f"test-{uuid.uuid4().hex[:10]}"
     yield host
     keys = list(redis_client.scan_iter(match=f"*{host}*", count=1000))
     if keys:
         redis_client.delete(*keys)
+    redis_client.zrem(HOSTS_KEY, host)
 
 
 @pytest.fixture
