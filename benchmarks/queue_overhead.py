@@ -108,7 +108,7 @@ def measure_in_process(trials: int, units: int) -> dict[str, float]:
     """Run `units` empty units as `trials` trials on one device loop in this process: per-turn p50 and p99,
     and the loop's and Redis's CPU per unit."""
     client = redis.Redis.from_url(config.current().redis_url, decode_responses=True)
-    queue = ShardQueue(client, f"bench-{uuid.uuid4().hex[:10]}", own_connections=True)
+    queue = ShardQueue(client, f"bench-{uuid.uuid4().hex[:10]}")
     queue.device_start("cpu0", "bench")
     loop = DeviceLoop(queue=queue, runners={"synthetic": SyntheticRunner()},
                       config=DeviceLoopConfig(device="cpu0", epoch="bench", idle_wait_s=0.01))

@@ -30,10 +30,9 @@ def _client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, decode_responses=True)
 
 
-def host_queue(config: WorkerConfig, host_id: str | None = None, *, own_connections: bool = False) -> ShardQueue:
-    """The shard queue of `host_id` (default: the config's host) in the configured Redis; `own_connections`:
-    see `ShardQueue` (a device loop's queue)."""
-    return ShardQueue(_client(config.redis_url), host_id or config.host_id, own_connections=own_connections)
+def host_queue(config: WorkerConfig, host_id: str | None = None) -> ShardQueue:
+    """The shard queue of `host_id` (default: the config's host) in the configured Redis."""
+    return ShardQueue(_client(config.redis_url), host_id or config.host_id)
 
 
 def trial_submit(

@@ -54,7 +54,7 @@ def device_loop(epoch: str) -> None:
     kind, index = bound
     if kind == "cpu" and hasattr(os, "sched_setaffinity"):  # Linux; elsewhere the thread budget alone binds
         os.sched_setaffinity(0, cpu_cores(index, torch.get_num_threads(), sorted(os.sched_getaffinity(0))))
-    queue = host_queue(config.current(), own_connections=True)
+    queue = host_queue(config.current())
     settings = config.current()
     settings.spill_dir.mkdir(parents=True, exist_ok=True)
     runners = {

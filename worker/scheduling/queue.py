@@ -53,7 +53,6 @@ import dataclasses
 import functools
 import json
 import re
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -857,14 +856,11 @@ class ShardQueue:
     `client` must decode responses (``decode_responses=True``).
     """
 
-    def __init__(self, client: redis.Redis, host_id: str, *, own_connections: bool = False) -> None:
+    def __init__(self, client: redis.Redis, host_id: str) -> None:
         self.client = client
         self.host_id = host_id
         self.prefix = host_prefix(host_id)
         self._scripts = {name: client.register_script(script.source) for name, script in _SCRIPTS.items()}
-        # A device loop's queue keeps a connection of its own per thread (the loop's and its lease keeper's),
-        # sparing each round trip the pool's checkout, which polls the socket first.
-        self._own = threading.local() if own_connections else None
 
     def key(self, name: str) -> str:
         """The full Redis key of `name` (``trials``, ``runnable``, ``trial:<id>``...)."""
@@ -906,32 +902,24 @@ class ShardQueue:
 
     def _round_trip(self, commands: Sequence[Sequence[object]]) -> list[Any]:
         """Send `commands` on one pooled connection in one round trip and return their replies; an error reply
-        is raised once every reply is read, so the connection stays in step for its next user.
+        is raised once every reply is read, so the connection stays in step for its next user. A connection
+        Redis dropped is reconnected and the round trip tried again, by the client's retry policy, as
+        redis-py does for its own pipelines.
 
         Written out rather than through a redis-py pipeline or Script call: a device loop makes one or two
         of these per unit, and those wrappers (their hooks, option handling and reply callbacks) cost about
         a third as much again as the round trip itself on a loaded CPU host.
         """
         pool = self.client.connection_pool
-        own = self._own
-        connection = pool.get_connection() if own is None else getattr(own, "connection", None)
-        if connection is None:
-            connection = own.connection = pool.make_connection()
+        connection = pool.get_connection()
         try:
-            connection.send_packed_command(_pack(connection, commands))
-            replies: list[Any] = []
-            error: redis.ResponseError | None = None
-            for _ in commands:
-                try:
-                    replies.append(connection.read_response())
-                except redis.ResponseError as reply:
-                    replies.append(reply)
-                    error = error or reply
+            replies = connection.retry.call_with_retry(lambda: _send_and_read(connection, commands),
+                                                       lambda _: connection.disconnect())
         finally:
-            if own is None:
-                pool.release(connection)
-        if error is not None:
-            raise error
+            pool.release(connection)
+        for reply in replies:
+            if isinstance(reply, redis.ResponseError):
+                raise reply
         return replies
 
     # Configuration --------------------------------------------------------------------------------------
@@ -1313,6 +1301,18 @@ def _record(trial_id: str, fields: Mapping[str, str], admitted: bool = False) ->
         host_bytes=int(fields.get("host_bytes", 0)),
         admitted=admitted,
     )
+
+
+def _send_and_read(connection: redis.connection.AbstractConnection, commands: Sequence[Sequence[object]]) -> list[Any]:
+    """Send `commands` at once, then read a reply for each; an error reply takes its place in the list."""
+    connection.send_packed_command(_pack(connection, commands))
+    replies: list[Any] = []
+    for _ in commands:
+        try:
+            replies.append(connection.read_response())
+        except redis.ResponseError as reply:
+            replies.append(reply)
+    return replies
 
 
 def _pack(connection: redis.connection.AbstractConnection, commands: Sequence[Sequence[object]]) -> list[bytes]:
