@@ -874,7 +874,7 @@ class ShardQueue:
         return [self.prefix, *(args[arg] for arg in names)]
 
     def _run(self, name: str, **args: object) -> Any:
-        return self._run_all(None, [(name, args)])[0]
+        return self._run_with(None, name, **args)
 
     def _run_with(self, also: Callable[[redis.client.Pipeline], None] | None, name: str, **args: object) -> Any:
         """Run a script after the commands `also` queues (telemetry), in one round trip."""
@@ -908,7 +908,7 @@ class ShardQueue:
 
         Written out rather than through a redis-py pipeline or Script call: a device loop makes one or two
         of these per unit, and those wrappers (their hooks, option handling and reply callbacks) cost about
-        a third as much again as the round trip itself on a loaded CPU host.
+        a quarter as much again as the round trip itself on a loaded CPU host.
         """
         pool = self.client.connection_pool
         connection = pool.get_connection()
