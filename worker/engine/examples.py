@@ -1,0 +1,213 @@
+"""Instruction and chat examples -> rows of token ids with their labels and positions, packed or one per row.
+
+A tokenized example set is three arrays in one directory: ``ids.npy`` (int32, every example's tokens one
+after another), ``marks.npy`` (uint8, each token's :mod:`~worker.engine.chat` mark) and ``starts.npy``
+(int64, where each example begins, and the end: N + 1 entries). Examples longer than the trial's sequence
+length are dropped, never cut (a cut answer teaches the model to stop mid-sentence), and counted.
+
+A row holds one example (``packing`` off) or as many whole examples as fit, in the seeded order (``packing``
+on). Positions restart at 0 on each example's first token: the attention of the model's own mask functions
+keeps to each example when positions restart (``transformers.masking_utils`` reads packed rows from
+``position_ids``), and rotary or learned position embeddings see the numbers they would see unpacked. An
+example's first token is never a label (unpacked, nothing precedes it), so packing changes which examples
+share a row, not what any example's loss is. Padding fills each row's end; its labels are -100 and its
+positions go on from the last example's.
+
+Like :class:`~worker.engine.data.TokenBlocks`, every batch is a pure function of (examples, seed, step): no
+torch RNG is consumed, and any process can rebuild any micro-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from worker.engine.chat import LossOn, trained
+from worker.engine.errors import SpecError
+
+IGNORE = -100  # the label of a token the loss skips (PyTorch's and transformers' ignore_index)
+PAD_ID = 0
+
+
+@dataclass(frozen=True)
+class ExampleSet:
+    """Tokenized examples: example ``k`` is ``ids[starts[k]:starts[k + 1]]``."""
+
+    ids: np.ndarray  # (N_tokens,) int32
+    marks: np.ndarray  # (N_tokens,) uint8
+    starts: np.ndarray  # (N_examples + 1,) int64
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.starts)
+
+    @classmethod
+    def from_examples(cls, examples: list[tuple[np.ndarray, np.ndarray]]) -> ExampleSet:
+        """From a list of (ids, marks) pairs, one per example."""
+        lengths = [len(ids) for ids, _ in examples]
+        starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+        ids = np.concatenate([ids for ids, _ in examples]).astype(np.int32) if examples else np.zeros(0, np.int32)
+        marks = np.concatenate([m for _, m in examples]).astype(np.uint8) if examples else np.zeros(0, np.uint8)
+        return cls(ids=ids, marks=marks, starts=starts)
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in ("ids", "marks", "starts"):
+            np.save(directory / f"{name}.npy", getattr(self, name))
+
+    @classmethod
+    def load(cls, directory: Path) -> ExampleSet:
+        """Raises SpecError when the arrays do not describe one example set."""
+        arrays = {name: np.load(directory / f"{name}.npy", mmap_mode="r") for name in ("ids", "marks", "starts")}
+        ids, marks, starts = arrays["ids"], arrays["marks"], arrays["starts"]
+        if len(ids) != len(marks) or len(starts) < 1 or starts[0] != 0 or starts[-1] != len(ids):
+            raise SpecError(f"{directory} holds {len(ids)} token ids, {len(marks)} marks and example starts "
+                            f"{int(starts[0]) if len(starts) else None}..{int(starts[-1]) if len(starts) else None}:"
+                            " they do not describe one example set")
+        if np.any(np.diff(starts) < 1):
+            raise SpecError(f"{directory} has an empty example")
+        return cls(ids=ids, marks=marks, starts=starts)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Rows of a batch: (B, T) int64 tensors."""
+
+    ids: torch.Tensor  # token ids, PAD_ID after the last example
+    labels: torch.Tensor  # the token where the loss covers it, else IGNORE
+    position_ids: torch.Tensor  # from 0 at each example's first token
+
+    def chunk(self, n: int) -> list[Batch]:
+        """The batch as `n` micro-batches of equal rows."""
+        return [Batch(ids=i, labels=lab, position_ids=p) for i, lab, p in
+                zip(self.ids.chunk(n), self.labels.chunk(n), self.position_ids.chunk(n), strict=True)]
+
+
+Row = tuple[int, ...]  # the examples of one row, in order
+
+
+def pack(lengths: np.ndarray, order: np.ndarray, seq_len: int) -> list[Row]:
+    """Examples in `order` filled into rows of at most `seq_len` tokens: each row takes the next examples
+    while they fit, and an example that does not fit starts the next row (so the order is kept, and rows
+    are a pure function of the order)."""
+    rows: list[Row] = []
+    current: list[int] = []
+    used = 0
+    for example in order.tolist():
+        length = int(lengths[example])
+        if current and used + length > seq_len:
+            rows.append(tuple(current))
+            current, used = [], 0
+        current.append(example)
+        used += length
+    if current:
+        rows.append(tuple(current))
+    return rows
+
+
+class ExampleRows:
+    """A trial's view of an example set: the examples that fit ``seq_len``, split into train (the first
+    ``n_train`` examples of the set) and validation (the rest), laid out into rows.
+
+    ``dropped`` counts the examples left out for being longer than ``seq_len`` (train, validation)."""
+
+    def __init__(self, examples: ExampleSet, *, n_train: int, seq_len: int, packing: bool,
+                 loss_on: LossOn | str) -> None:
+        if not 0 < n_train < len(examples):
+            raise SpecError(f"{len(examples)} examples cannot split into {n_train} for training and the rest for "
+                            "validation: both need at least one")
+        self.examples, self.seq_len, self.packing, self.loss_on = examples, seq_len, packing, LossOn(loss_on)
+        fits = examples.lengths <= seq_len
+        indices = np.arange(len(examples))
+        self.train_examples = indices[:n_train][fits[:n_train]]
+        self.val_examples = indices[n_train:][fits[n_train:]]
+        self.dropped = (int((~fits[:n_train]).sum()), int((~fits[n_train:]).sum()))
+        for split, kept in (("training", self.train_examples), ("validation", self.val_examples)):
+            if len(kept) == 0:
+                raise SpecError(f"no {split} example fits a sequence of {seq_len} tokens (the shortest has "
+                                f"{int(examples.lengths.min())}); raise max_seq_len")
+        self._trained = trained(np.asarray(examples.marks), self.loss_on)
+        self._epochs: dict[tuple[int, int], list[Row]] = {}  # (seed, epoch) -> rows, the last two laid out
+        self._epoch_sizes: dict[tuple[int, int], int] = {}  # (seed, epoch) -> rows, every epoch laid out once
+
+    # -- layout ----------------------------------------------------------------------------------------
+
+    def _layout(self, examples: np.ndarray) -> list[Row]:
+        if self.packing:
+            return pack(self.examples.lengths, examples, self.seq_len)
+        return [(int(k),) for k in examples]
+
+    def epoch_rows(self, *, seed: int, epoch: int) -> list[Row]:
+        """Epoch `epoch`'s training rows: the training examples in a seeded order, laid out."""
+        key = (seed, epoch)
+        if key not in self._epochs:
+            order = self.train_examples[np.random.default_rng([seed, epoch]).permutation(len(self.train_examples))]
+            if len(self._epochs) >= 2:  # a step's rows span at most two epochs; older ones are not read again
+                self._epochs.pop(next(iter(self._epochs)))
+            self._epochs[key] = self._layout(order)
+            self._epoch_sizes[key] = len(self._epochs[key])
+        return self._epochs[key]
+
+    def _epoch_size(self, *, seed: int, epoch: int) -> int:
+        if (seed, epoch) not in self._epoch_sizes:
+            self.epoch_rows(seed=seed, epoch=epoch)
+        return self._epoch_sizes[(seed, epoch)]
+
+    @cached_property
+    def val_rows(self) -> list[Row]:
+        """The validation examples in their order, laid out (the same rows for every evaluation)."""
+        return self._layout(self.val_examples)
+
+    def row_tensors(self, rows: list[Row]) -> Batch:
+        """`rows` as a batch of (len(rows), seq_len) tensors."""
+        ids = np.full((len(rows), self.seq_len), PAD_ID, dtype=np.int64)
+        labels = np.full((len(rows), self.seq_len), IGNORE, dtype=np.int64)
+        positions = np.tile(np.arange(self.seq_len, dtype=np.int64), (len(rows), 1))
+        starts = self.examples.starts
+        for r, row in enumerate(rows):
+            at = 0
+            for example in row:
+                begin, end = int(starts[example]), int(starts[example + 1])
+                n = end - begin
+                tokens = np.asarray(self.examples.ids[begin:end], dtype=np.int64)
+                ids[r, at: at + n] = tokens
+                labels[r, at: at + n] = np.where(self._trained[begin:end], tokens, IGNORE)
+                labels[r, at] = IGNORE  # an example's first token is predicted from nothing of its own
+                positions[r, at:] = np.arange(self.seq_len - at)
+                at += n
+        return Batch(ids=torch.from_numpy(ids), labels=torch.from_numpy(labels),
+                     position_ids=torch.from_numpy(positions))
+
+    # -- batches ---------------------------------------------------------------------------------------
+
+    def train_rows(self, *, seed: int, step: int, batch_size: int) -> list[Row]:
+        """The rows of training step `step`: epochs of seeded orders, one after another."""
+        epoch, position = 0, step * batch_size
+        while position >= (size := self._epoch_size(seed=seed, epoch=epoch)):
+            position -= size
+            epoch += 1
+        rows: list[Row] = []
+        while len(rows) < batch_size:
+            rows.extend(self.epoch_rows(seed=seed, epoch=epoch)[position: position + batch_size - len(rows)])
+            epoch, position = epoch + 1, 0
+        return rows
+
+    def train_batch(self, *, seed: int, step: int, batch_size: int) -> Batch:
+        return self.row_tensors(self.train_rows(seed=seed, step=step, batch_size=batch_size))
+
+    def eval_batch(self, *, batch: int, batch_size: int) -> Batch:
+        """Validation batch number `batch` (wrapping around the validation rows)."""
+        rows = self.val_rows
+        return self.row_tensors([rows[k % len(rows)] for k in range(batch * batch_size, (batch + 1) * batch_size)])
+
+    def efficiency(self, rows: list[Row]) -> float:
+        """The share of `rows`' token slots that hold an example's token, not padding."""
+        lengths = self.examples.lengths
+        return sum(int(lengths[k]) for row in rows for k in row) / (len(rows) * self.seq_len)
