@@ -32,6 +32,8 @@ TELEMETRY_KEEP_DAYS_DEFAULT = 14
 # The lab queue page shares out the last week's device time from the stored unit spans: telemetry younger than
 # that is never compacted.
 TELEMETRY_KEEP_DAYS_MINIMUM = 7
+LOGIN_FAILURES_PER_USER_DEFAULT = 5
+LOGIN_FAILURES_PER_ADDRESS_DEFAULT = 50
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +44,15 @@ class Caps:
     steps_per_trial: int
     tokens_per_trial: int
     trials_per_experiment: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoginThrottle:
+    """How many wrong passwords within the cool-off lock a login (`webapp.accounts.login_throttle`)."""
+
+    failures_per_user: int  # for one username from one client address: locks that pair
+    failures_per_address: int  # for any usernames from one client address: locks that address
+    trusted_proxy_count: int  # proxies in front of the server that append to X-Forwarded-For; 0: none
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +69,7 @@ class Config:
     https: bool
     hsts_seconds: int
     telemetry_keep_days: int | None  # None: telemetry is kept at full detail forever
+    login_throttle: LoginThrottle
     notify: NotifyConfig  # webhook allowlist, retries, e-mail (`webapp.notifications.config`)
     worker: worker_config.WorkerConfig
 
@@ -141,6 +153,25 @@ def telemetry_keep_days(environ: Mapping[str, str]) -> int | None:
     return days
 
 
+def login_throttle(environ: Mapping[str, str]) -> LoginThrottle:
+    """`HYDRA_LOGIN_FAILURES_PER_USER` (5) and `HYDRA_LOGIN_FAILURES_PER_ADDRESS` (50): wrong passwords within
+    the cool-off that lock one username from one client address, and every username from that address.
+    `HYDRA_TRUSTED_PROXY_COUNT` (0): how many proxies stand in front of the server, each appending the address
+    it saw to X-Forwarded-For; with 0 the client's address is the connection's (REMOTE_ADDR)."""
+    per_user = envint(environ, "HYDRA_LOGIN_FAILURES_PER_USER", LOGIN_FAILURES_PER_USER_DEFAULT, minimum=1)
+    per_address = envint(environ, "HYDRA_LOGIN_FAILURES_PER_ADDRESS", LOGIN_FAILURES_PER_ADDRESS_DEFAULT,
+                         minimum=1)
+    if per_address < per_user:
+        raise ConfigError(
+            f"HYDRA_LOGIN_FAILURES_PER_ADDRESS={per_address} is below HYDRA_LOGIN_FAILURES_PER_USER={per_user}; "
+            "an address must be allowed at least one username's failures.")
+    return LoginThrottle(
+        failures_per_user=per_user,
+        failures_per_address=per_address,
+        trusted_proxy_count=envint(environ, "HYDRA_TRUSTED_PROXY_COUNT", 0, minimum=0),
+    )
+
+
 def notify(environ: Mapping[str, str], **known: Any) -> NotifyConfig:
     """Webhook allowlist, retries, public address and e-mail (`webapp.notifications.config`, which names the
     variable of any bad value)."""
@@ -183,6 +214,7 @@ def _load(environ: Mapping[str, str]) -> Config:
         https=https,
         hsts_seconds=hsts_seconds,
         telemetry_keep_days=telemetry_keep_days(environ),
+        login_throttle=login_throttle(environ),
         notify=notify(environ, debug=debug, allowed_hosts=hosts, csrf_trusted_origins=origins),
         worker=worker,
     )

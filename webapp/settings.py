@@ -80,18 +80,23 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",  # refuses a locked-out login before the password is checked
     "django.contrib.auth.backends.ModelBackend",
 ]
-# Login throttling (the login page and the admin's): after AXES_FAILURE_LIMIT wrong passwords for a username,
-# that username cannot log in for AXES_COOLOFF_TIME. Counting by username, not by address, keeps working
-# behind a proxy where every request comes from the proxy's address. Administrators unlock early with
-# `manage.py axes_reset_username <name>` (or `axes_reset` for everyone) or in the admin's "Access attempts".
-AXES_FAILURE_LIMIT = 5
+# Login throttling (the login page and the admin's; `webapp.accounts.login_throttle`): within AXES_COOLOFF_TIME,
+# AXES_FAILURE_LIMIT wrong passwords for one username from one client address lock that username from that
+# address, and LOGIN_FAILURES_PER_ADDRESS for any usernames lock that address for everyone. Guesses from
+# elsewhere therefore never lock out the real user. A lab behind one NAT address keeps working: a colleague's
+# typos lock only their own username, and the address's limit is far above a lab's typos. Behind the TLS proxy
+# every connection comes from the proxy: it sets X-Forwarded-For and HYDRA_TRUSTED_PROXY_COUNT says how many
+# proxies append to it, or else the whole site counts as one address. Administrators unlock early with
+# `manage.py axes_reset_username <name>`, `axes_reset_ip <address>` or `axes_reset`, or in the admin's "Access
+# attempts".
+AXES_HANDLER = "webapp.accounts.login_throttle.PairAndAddressHandler"
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]  # the handler's order: pair, address
+AXES_FAILURE_LIMIT = HYDRA.login_throttle.failures_per_user
+LOGIN_FAILURES_PER_ADDRESS = HYDRA.login_throttle.failures_per_address
+AXES_CLIENT_IP_CALLABLE = "webapp.accounts.login_throttle.client_address"
+TRUSTED_PROXY_COUNT = HYDRA.login_throttle.trusted_proxy_count
 AXES_COOLOFF_TIME = timedelta(minutes=15)
-AXES_LOCKOUT_PARAMETERS = ["username"]
-# axes.W006 asks for a lockout by address as well. Rotating user agents or cookies does not get around a
-# lockout by username, while one by address would lock out everyone behind the lab's NAT or the TLS proxy
-# after a few typos.
-SILENCED_SYSTEM_CHECKS = ["axes.W006"]
-AXES_RESET_ON_SUCCESS = True
+AXES_RESET_ON_SUCCESS = True  # the pair's failures only (the handler)
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 
 LOGIN_URL = "login"

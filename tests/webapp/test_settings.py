@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from webapp.config import load
+from webapp.config import LoginThrottle, load
 
 DEV = {"DEBUG": "1"}
 
@@ -48,6 +48,12 @@ def test_it_starts_with_no_environment_in_debug():
         ({**DEV, "HYDRA_HTTPS": "1", "HYDRA_HSTS_SECONDS": "a year"}, "HYDRA_HSTS_SECONDS"),
         ({**DEV, "HYDRA_HTTPS": "1", "HYDRA_HSTS_SECONDS": "-1"}, "HYDRA_HSTS_SECONDS"),
         ({**DEV, "HYDRA_HSTS_SECONDS": "3600"}, "HYDRA_HSTS_SECONDS"),
+        ({**DEV, "HYDRA_LOGIN_FAILURES_PER_USER": "five"}, "HYDRA_LOGIN_FAILURES_PER_USER"),
+        ({**DEV, "HYDRA_LOGIN_FAILURES_PER_USER": "0"}, "HYDRA_LOGIN_FAILURES_PER_USER"),
+        ({**DEV, "HYDRA_LOGIN_FAILURES_PER_ADDRESS": "0"}, "HYDRA_LOGIN_FAILURES_PER_ADDRESS"),
+        ({**DEV, "HYDRA_LOGIN_FAILURES_PER_ADDRESS": "4"}, "HYDRA_LOGIN_FAILURES_PER_ADDRESS=4 is below"),
+        ({**DEV, "HYDRA_TRUSTED_PROXY_COUNT": "-1"}, "HYDRA_TRUSTED_PROXY_COUNT"),
+        ({**DEV, "HYDRA_TRUSTED_PROXY_COUNT": "nginx"}, "HYDRA_TRUSTED_PROXY_COUNT"),
     ],
 )
 def test_it_names_the_bad_variable(environ, named):
@@ -85,6 +91,14 @@ def test_it_serves_production_over_https_with_hsts_and_development_over_http():
     plain = load({**production, "HYDRA_HTTPS": "off"})
     assert (plain.https, plain.hsts_seconds) == (False, 0)
     assert (load(DEV).https, load(DEV).hsts_seconds) == (False, 0)
+
+
+def test_it_throttles_logins_per_username_and_address_and_per_address():
+    assert load(DEV).login_throttle == LoginThrottle(failures_per_user=5, failures_per_address=50,
+                                                     trusted_proxy_count=0)
+    lab = load({**DEV, "HYDRA_LOGIN_FAILURES_PER_USER": "10", "HYDRA_LOGIN_FAILURES_PER_ADDRESS": "200",
+                "HYDRA_TRUSTED_PROXY_COUNT": "1"})
+    assert lab.login_throttle == LoginThrottle(failures_per_user=10, failures_per_address=200, trusted_proxy_count=1)
 
 
 def test_it_stops_manage_py_with_the_message():
