@@ -49,19 +49,27 @@ class DevStack:
         self.process: subprocess.Popen[bytes] | None = None
         self.seen: dict[int, psutil.Process] = {}  # every descendant met, kept to check none outlives a stop
 
-    def start(self) -> None:
-        """Start the stack and wait until the web server answers and a worker per device is online."""
-        # A fresh SQLite database in the data folder, whatever database the test session itself uses.
+    def environment(self) -> dict[str, str]:
+        """The stack's environment: a fresh SQLite database in the data folder, whatever database the test
+        session itself uses."""
         env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}
-        env |= {
+        return env | {
             "HYDRA_DATA_DIR": str(self.data_dir), "HYDRA_SPILL_DIR": str(self.root / "spill"),
             "HYDRA_HOST_ID": self.host_id, "HYDRA_DEVICES": self.devices, "REDIS_URL": self.redis_url,
             "DEBUG": "1",
         }
+
+    def manage(self, *args: str) -> None:
+        """Run ``manage.py`` on the stack's database, as its administrator would."""
+        subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, env=self.environment(),
+                       check=True)
+
+    def start(self) -> None:
+        """Start the stack and wait until the web server answers and a worker per device is online."""
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, str(ROOT / "scripts" / "devstack.py"), "run", "--port", str(self.port)],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=ROOT, env=self.environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         expected = int(self.devices.split(":")[1])
         deadline = time.monotonic() + START_TIMEOUT_S

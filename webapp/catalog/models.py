@@ -3,6 +3,12 @@
 A row is ``importing`` while the web worker checks the directory (or imports a GGUF file into it), then
 ``ready`` with every figure written in the same update, or ``failed`` with ``message`` saying why; no figure of
 a checkpoint that is not ready is shown or used. Experiments use ready checkpoints only (`ready_checkpoints`).
+
+Every signed-in user reads the catalog; changing it takes `MANAGE_PERMISSION` (or staff), since adding to it
+runs a check, a GGUF import or a ``pip install`` in the web worker and removing from it fails the experiments that
+wait on the checkpoint. It is a permission of its own rather than the admin's ``add_checkpoint``: that one also
+opens the admin's form that writes a row past the web worker's checks, and removing would then take
+``delete_checkpoint`` too; one role, one permission, granted in the admin to a user or to a group.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from django.conf import settings
 from django.db import models
 
 from webapp.background.models import WebWork
+
+MANAGE_PERMISSION = "catalog.manage_catalog"
 
 
 class Checkpoint(WebWork):
@@ -51,6 +59,7 @@ class Checkpoint(WebWork):
 
     class Meta:
         ordering = ["name"]
+        permissions = [("manage_catalog", "Can add to and remove from the model catalog")]
 
     def __str__(self) -> str:
         return self.name

@@ -1,4 +1,5 @@
-"""Reads about the catalog. It is lab-wide: every signed-in user sees every checkpoint."""
+"""Reads about the catalog. It is lab-wide: every signed-in user sees every checkpoint; staff and catalog
+managers (`MANAGE_PERMISSION`) change it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
-from webapp.catalog.models import Checkpoint
+from webapp.catalog.models import MANAGE_PERMISSION, Checkpoint
 from webapp.catalog.paths import inside_root
 
 
@@ -37,9 +38,22 @@ def checkpoint_dir(checkpoint: Checkpoint) -> Path:
     return directory
 
 
+def catalog_can_add(*, user: AbstractBaseUser) -> bool:
+    """Whether `user` may add to the catalog: staff, superusers, and users holding `MANAGE_PERMISSION`
+    (themselves or through a group)."""
+    return bool(user.is_authenticated and (_is_staff(user) or user.has_perm(MANAGE_PERMISSION)))
+
+
 def checkpoint_can_remove(*, user: AbstractBaseUser, checkpoint: Checkpoint) -> bool:
-    """Who registered a checkpoint, and staff, may remove it from the catalog; nobody while it is importing
-    (the web worker is writing its directory)."""
+    """Staff remove any checkpoint; a catalog manager removes the ones they added, while they still hold the
+    permission (a manager cannot take away what the others added and experiments may use); nobody removes one
+    while it is importing (the web worker is writing its directory)."""
     if checkpoint.status == Checkpoint.Status.IMPORTING or not user.is_authenticated:
         return False
-    return bool(user.is_staff) or (checkpoint.created_by_id is not None and checkpoint.created_by_id == user.pk)
+    if _is_staff(user):
+        return True
+    return checkpoint.created_by_id is not None and checkpoint.created_by_id == user.pk and catalog_can_add(user=user)
+
+
+def _is_staff(user: AbstractBaseUser) -> bool:
+    return bool(user.is_staff or user.is_superuser)

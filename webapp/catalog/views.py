@@ -1,12 +1,14 @@
 """Catalog pages: the list with sizes and fits and the forms that add to it, a checkpoint's page (refreshing
-while the web worker imports it), and removal. Every page needs a signed-in user; none needs a team."""
+while the web worker imports it), and removal. Every page needs a signed-in user; none needs a team. Adding and
+removing take a catalog manager or staff: the list shows its forms to them only, and the views that change the
+catalog answer anyone else with the 403 page, before reading the form."""
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
@@ -24,6 +26,7 @@ def _list_page(request: HttpRequest, *, register: RegisterForm | None = None, gg
     rows = [(c, sizing.fits(c, devices) if c.is_ready else []) for c in checkpoints]
     return render(request, "catalog/checkpoint_list.html", {
         "rows": rows, "devices": devices, "models_root": settings.HYDRA.models_root,
+        "can_add": selectors.catalog_can_add(user=request.user),
         "register_form": register or RegisterForm(), "gguf_form": gguf or GgufForm(), "smollm2_error": smollm2_error,
         "smollm2_name": services.SMOLLM2_NAME,
     }, status=status)
@@ -43,6 +46,7 @@ def _added(request: HttpRequest, checkpoint: Checkpoint, what: str) -> HttpRespo
 @login_required
 @require_POST
 def catalog_register(request: HttpRequest) -> HttpResponse:
+    services.catalog_check_can_add(actor=request.user)
     form = RegisterForm(request.POST)
     if form.is_valid():
         try:
@@ -58,6 +62,7 @@ def catalog_register(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def catalog_import_gguf(request: HttpRequest) -> HttpResponse:
+    services.catalog_check_can_add(actor=request.user)
     form = GgufForm(request.POST)
     if form.is_valid():
         try:
@@ -105,8 +110,7 @@ def checkpoint_remove(request: HttpRequest, checkpoint_id: int) -> HttpResponse:
     if checkpoint.status == Checkpoint.Status.IMPORTING:
         messages.error(request, f"{checkpoint.name} is being imported; remove it once it is ready or failed.")
         return redirect("checkpoint_detail", checkpoint_id=checkpoint.pk)
-    if not selectors.checkpoint_can_remove(user=request.user, checkpoint=checkpoint):
-        raise PermissionDenied("Only who added a checkpoint, and staff, can remove it from the catalog.")
+    services.checkpoint_check_can_remove(actor=request.user, checkpoint=checkpoint)
     return render(request, "catalog/checkpoint_confirm_remove.html", {"checkpoint": checkpoint})
 
 

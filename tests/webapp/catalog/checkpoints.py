@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from django.contrib.auth.models import AbstractBaseUser, Permission
+
 TEXT = "The quick brown fox jumps over the lazy dog. A hydra has many heads, and each head trains a model.\n" * 20
 
 
@@ -23,3 +25,10 @@ def tiny_llama(directory: Path, *, vocab: int = 320) -> Path:
     train_tokenizer(corpus, 300).save(str(directory / "tokenizer.json"))
     corpus.unlink()
     return directory
+
+
+def catalog_manager(user: AbstractBaseUser) -> AbstractBaseUser:
+    """`user`, granted the permission to add to the catalog and remove what they added, as an administrator
+    would. Call it before anything asks this user object about permissions: Django caches them on it."""
+    user.user_permissions.add(Permission.objects.get(content_type__app_label="catalog", codename="manage_catalog"))
+    return user

@@ -17,7 +17,7 @@ import pytest
 from django.core.cache import cache
 from django.urls import reverse
 
-from tests.webapp.catalog.checkpoints import tiny_llama
+from tests.webapp.catalog.checkpoints import catalog_manager, tiny_llama
 from tests.webapp.experiments.conftest import alice_dataset  # noqa: F401 -- a fixture
 from tests.webapp.experiments.test_forms import bound, post_data, text
 from webapp.catalog.models import Checkpoint
@@ -58,8 +58,9 @@ def _answered(cpu_worker) -> None:
 
 
 @pytest.mark.django_db
-def test_the_page_says_a_checkpoint_is_resident_on_the_cpu_device_that_answered(cpu_worker, alice_client,
+def test_the_page_says_a_checkpoint_is_resident_on_the_cpu_device_that_answered(cpu_worker, alice, alice_client,
                                                                                   models_root):
+    catalog_manager(alice)
     tiny_llama(models_root / "tiny")
     alice_client.post(reverse("catalog_register"), {"name": "Tiny", "path": "tiny"})
     checkpoint_import(checkpoint_id=Checkpoint.objects.get().pk)

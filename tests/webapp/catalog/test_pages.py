@@ -17,7 +17,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from tests.webapp.catalog.checkpoints import tiny_llama
+from tests.webapp.catalog.checkpoints import catalog_manager, tiny_llama
 from tests.webapp.web_worker import CLOSED_PORT_URL, redis_at
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.selectors import ready_checkpoints
@@ -29,6 +29,12 @@ def lonely_host(settings) -> None:
     """A host id no device worker serves, so that the page's device list is this test's alone."""
     settings.HYDRA = dataclasses.replace(settings.HYDRA, worker=dataclasses.replace(
         settings.HYDRA.worker, host_id=f"test-catalog-{uuid.uuid4().hex[:8]}"))
+
+
+@pytest.fixture(autouse=True)
+def alice_manages_the_catalog(alice) -> None:
+    """Alice adds to the catalog in these tests; Bob is a plain member."""
+    catalog_manager(alice)
 
 
 @pytest.mark.django_db
@@ -98,7 +104,7 @@ def test_a_directory_that_fails_its_checks_shows_why_and_can_be_removed(alice_cl
     page = alice_client.get(reverse("checkpoint_detail", args=[checkpoint.pk])).content.decode()
     assert 'data-status="failed"' in page and "config.json" in page
     assert not ready_checkpoints().exists()
-    # Only who added it (or staff) removes it; the directory stays.
+    # Only the catalog manager who added it (or staff) removes it; the directory stays.
     assert bob_client.post(reverse("checkpoint_remove", args=[checkpoint.pk])).status_code == 403
     response = alice_client.post(reverse("checkpoint_remove", args=[checkpoint.pk]))
     assert response.status_code == 302 and not Checkpoint.objects.exists()

@@ -8,6 +8,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from tests.webapp.catalog.checkpoints import catalog_manager
 from webapp.catalog.models import Checkpoint
 
 
@@ -20,7 +21,7 @@ def test_the_web_worker_fails_a_directory_without_a_checkpoint_and_the_page_says
     (models_root / "notes").mkdir()
     (models_root / "notes" / "config.json").write_text('{"model_type": "bert", "architectures": ["BertModel"]}')
     client = Client()
-    client.force_login(alice)
+    client.force_login(catalog_manager(alice))
     response = client.post(reverse("catalog_register"), {"name": "Notes", "path": "notes"})
     assert response.status_code == 302
     web_worker.wait(lambda: _settled("Notes"), 60, "the checkpoint's checks")
@@ -32,7 +33,7 @@ def test_the_web_worker_fails_a_directory_without_a_checkpoint_and_the_page_says
 def test_a_file_that_is_not_gguf_fails_its_import_and_leaves_nothing(alice, models_root, web_worker):
     (models_root / "fake.gguf").write_bytes(b"not a model at all\n" * 10)
     client = Client()
-    client.force_login(alice)
+    client.force_login(catalog_manager(alice))
     response = client.post(reverse("catalog_import_gguf"), {"gguf_file": "fake.gguf"})
     assert response.status_code == 302
     checkpoint = Checkpoint.objects.get()
@@ -46,7 +47,7 @@ def test_a_file_that_is_not_gguf_fails_its_import_and_leaves_nothing(alice, mode
 @pytest.mark.slow
 def test_smollm2_is_imported_by_the_web_worker_and_listed_with_its_figures(alice, models_root, web_worker):
     client = Client()
-    client.force_login(alice)
+    client.force_login(catalog_manager(alice))
     response = client.post(reverse("catalog_add_smollm2"))
     assert response.status_code == 302
     seen = set()

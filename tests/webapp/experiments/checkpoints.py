@@ -10,7 +10,7 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
-from tests.webapp.catalog.checkpoints import TEXT, tiny_llama
+from tests.webapp.catalog.checkpoints import TEXT, catalog_manager, tiny_llama
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.services import checkpoint_register
 from webapp.catalog.work import checkpoint_import
@@ -18,10 +18,11 @@ from webapp.datasets.tokenization import train_tokenizer
 
 
 def ready_checkpoint(user: AbstractBaseUser, name: str = "tiny llama") -> Checkpoint:
-    """A ready catalog checkpoint: a 2-layer Llama (64 positions, 320 embeddings, a 300-token tokenizer)."""
+    """A ready catalog checkpoint: a 2-layer Llama (64 positions, 320 embeddings, a 300-token tokenizer),
+    added by `user`, made a catalog manager to add it."""
     relative = name.replace(" ", "-")
     tiny_llama(Path(settings.HYDRA.models_root) / relative)
-    checkpoint = checkpoint_register(actor=user, name=name, path=relative)
+    checkpoint = checkpoint_register(actor=catalog_manager(user), name=name, path=relative)
     checkpoint_import(checkpoint_id=checkpoint.pk)
     checkpoint.refresh_from_db()
     assert checkpoint.status == Checkpoint.Status.READY, checkpoint.message

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 
 from django.conf import settings
+from django.contrib.auth.models import Permission
 from django.core.management.base import BaseCommand
 
 from webapp.accounts.services import demo_team_ensure
@@ -19,8 +20,11 @@ class Command(BaseCommand):
     def handle(self, *args: object, **options: object) -> None:
         login_file = settings.HYDRA.data_dir / "demo-login.txt"
         password = secrets.token_urlsafe(12)
-        _, created = demo_team_ensure(username=DEMO_USERNAME, password=password, team_name=DEMO_TEAM)
+        user, created = demo_team_ensure(username=DEMO_USERNAME, password=password, team_name=DEMO_TEAM)
         if created:
+            # On a fresh `make run` the demo user is the lab's only one, so it also adds models to the catalog.
+            user.user_permissions.add(Permission.objects.get(content_type__app_label="catalog",
+                                                             codename="manage_catalog"))
             login_file.parent.mkdir(parents=True, exist_ok=True)
             login_file.write_text(f"{DEMO_USERNAME} {password}\n")
             login_file.chmod(0o600)
