@@ -1,7 +1,7 @@
 """The notifications' part of the web app's configuration, read from the environment by `webapp.config.load`.
 
-- ``HYDRA_WEBHOOK_ALLOWED_HOSTS``: host names and IP networks webhooks may reach (`allowlist`); empty (the
-  default) allows none.
+- ``HYDRA_WEBHOOK_ALLOWED_HOSTS``: host names and IP networks webhooks may reach, on the scheme's default port
+  or the one an entry names (``localhost:8080``, ``[::1]:8080``; `allowlist`); empty (the default) allows none.
 - ``HYDRA_NOTIFY_RETRY_SECONDS``: the waits before each retry of a delivery that failed, comma-separated (10 s,
   1 min, 5 min, 30 min, 2 h by default: six tries in all).
 - ``HYDRA_PUBLIC_URL``: the site's address, for the experiment links notifications carry (default: the first
@@ -70,8 +70,8 @@ def webhook_allowlist(environ: Mapping[str, str]) -> Allowlist:
     try:
         return allowlist_parse(environ.get(name, ""))
     except ValueError as error:
-        raise ValueError(f"{name}: {error}; give host names and IP networks, comma-separated "
-                          "(e.g. hooks.example.org,10.0.0.0/8).") from None
+        raise ValueError(f"{name}: {error}; give host names and IP networks, comma-separated, each with an "
+                         "optional :port (e.g. hooks.example.org,10.0.0.0/8,localhost:8080,[::1]:8080).") from None
 
 
 def retry_seconds(environ: Mapping[str, str]) -> tuple[float, ...]:

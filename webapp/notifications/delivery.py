@@ -2,11 +2,12 @@
 
 `delivery_run` is the task's body. It claims the delivery (counting the try, and leasing it for
 `ATTEMPT_LEASE` so that a second message for it meanwhile does nothing), tries once with no row lock held,
-and records the outcome: delivered; failed for good (an address the allowlist refuses, a redirect, a target
-the team has since removed, or the last retry spent); or due again after the next wait of
-``HYDRA_NOTIFY_RETRY_SECONDS``. A retry is sent by the telemetry ingest's pass over the web worker's pending
-work (`webapp.background.reconcile`), which sends every pending row whose ``resend_at`` has come, so no
-message waits in Redis for hours and a worker that died mid-try is covered once the lease ends.
+and records the outcome: delivered; failed for good (an address the allowlist refuses, an e-mail address
+that is not one bare address, a redirect, a target the team has since removed, or the last retry spent); or
+due again after the next wait of ``HYDRA_NOTIFY_RETRY_SECONDS``. A retry is sent by the telemetry ingest's
+pass over the web worker's pending work (`webapp.background.reconcile`), which sends every pending row whose
+``resend_at`` has come, so no message waits in Redis for hours and a worker that died mid-try is covered once
+the lease ends.
 
 Webhooks are POSTed with `http.client` to the addresses `allowlist.url_check` resolved and vetted (so a name
 that resolves elsewhere between the check and the connection is never followed), with `TIMEOUT_S` to connect
@@ -30,6 +31,7 @@ import smtplib
 import socket
 import ssl
 import time
+import unicodedata
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -39,6 +41,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from webapp.notifications.allowlist import Target, WebhookRefused, url_check
+from webapp.notifications.email_address import AddressRefused, email_address_check
 from webapp.notifications.models import Delivery, Notice, NotificationSettings
 
 TIMEOUT_S = 5.0  # to connect, and for each read of the answer
@@ -96,7 +99,11 @@ def _attempt(delivery: Delivery) -> Outcome:
     if delivery.channel == Delivery.Channel.EMAIL:
         if team_settings is None or delivery.target not in team_settings.emails:
             return Outcome("The team no longer notifies this address.", final=True)
-        return _email(delivery.target, delivery.notice)
+        try:
+            address = email_address_check(delivery.target)
+        except AddressRefused as error:  # stored by another way than the team's form, which refuses it
+            return Outcome(f"Refused: {error}", final=True)
+        return _email(address, delivery.notice)
     if team_settings is None or delivery.target not in team_settings.webhook_urls:
         return Outcome("The team no longer notifies this URL.", final=True)
     if not team_settings.secret:
@@ -181,6 +188,8 @@ def _email(address: str, notice: Notice) -> Outcome:
         send_mail(subject, text, None, [address], fail_silently=False)
     except (smtplib.SMTPException, OSError) as error:
         return Outcome(f"{type(error).__name__}: {error}"[:ERROR_CHARS])
+    except ValueError as error:  # Django's BadHeaderError, or an address it cannot encode: a retry fails alike
+        return Outcome(f"Refused: {type(error).__name__}: {error}"[:ERROR_CHARS], final=True)
     return Outcome()
 
 
@@ -198,4 +207,10 @@ def email_text(payload: dict[str, Any]) -> tuple[str, str]:
         lines = [f"Every trial of experiment {experiment['name']} (team {payload['team']['name']}) has ended.", ""]
     lines += [f"Trials: {counts}.", f"Experiment: {experiment['url']}", "",
               "You get this because your team's notification settings list this address."]
-    return subject[:200], "\n".join(lines)
+    return _one_line(subject)[:200], "\n".join(lines)
+
+
+def _one_line(text: str) -> str:
+    """`text` with every run of whitespace, control or invisible characters made one space: an experiment's
+    name goes into the Subject header, which a line break would end."""
+    return " ".join("".join(" " if unicodedata.category(ch)[0] in "CZ" else ch for ch in text).split())

@@ -24,7 +24,8 @@ class NotificationSettingsForm(forms.Form):
     webhook_urls = forms.CharField(
         required=False, max_length=MAX_FIELD_CHARS, label="Webhook URLs",
         widget=forms.Textarea(attrs={"rows": 3, "placeholder": "https://hooks.example.org/hydra"}),
-        help_text=f"One a line, at most {MAX_WEBHOOKS}: http:// or https://, on a host the administrator allows. "
+        help_text=f"One a line, at most {MAX_WEBHOOKS}: http:// or https://, on a host and port the administrator "
+                  "allows (80 for http://, 443 for https://, unless an entry names another). "
                   "Each gets a signed JSON POST when an experiment ends or a trial fails; redirects are not "
                   "followed.")
 

@@ -1,9 +1,10 @@
 """Writes about a team's notification settings: its e-mail addresses, webhook URLs and signing secret.
 
 Only the team's owners change them (`webapp.accounts.roles.require_owner`). Addresses and URLs are checked
-here, whichever view or command calls: e-mail addresses by Django's validator, URLs by `allowlist.url_check`
-against the administrator's ``HYDRA_WEBHOOK_ALLOWED_HOSTS`` (so a URL the server may not reach is refused when
-it is saved, and again when each delivery resolves it).
+here, whichever view or command calls (and again by each delivery): e-mail addresses by
+`email_address.email_address_check` (one bare address, nothing a mail header could read as more), URLs by
+`allowlist.url_check` against the administrator's ``HYDRA_WEBHOOK_ALLOWED_HOSTS`` (so a URL the server may not
+reach is refused when it is saved, and again when each delivery resolves it).
 """
 
 from __future__ import annotations
@@ -14,16 +15,15 @@ from collections.abc import Iterable
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
-from django.core.validators import validate_email
 from django.db import transaction
 from django.utils import timezone
 
 from webapp.accounts.models import Team
 from webapp.accounts.roles import require_owner
 from webapp.notifications.allowlist import WebhookRefused, url_check
+from webapp.notifications.email_address import AddressRefused, email_address_check
 from webapp.notifications.models import MAX_EMAILS, MAX_WEBHOOKS, NotificationSettings
 
-MAX_EMAIL_CHARS = 254
 SECRET_PREFIX = "hydra_whsec_"
 
 
@@ -40,11 +40,9 @@ def emails_clean(values: Iterable[str]) -> list[str]:
         errors.append(f"Give at most {MAX_EMAILS} e-mail addresses.")
     for email in emails:
         try:
-            if len(email) > MAX_EMAIL_CHARS:
-                raise ValidationError("too long")
-            validate_email(email)
-        except ValidationError:
-            errors.append(f"{email!r} is not an e-mail address.")
+            email_address_check(email)
+        except AddressRefused as error:
+            errors.append(f"{email!r} is not an e-mail address. {error}")
     if errors:
         raise ValidationError(errors)
     return emails

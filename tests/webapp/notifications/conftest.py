@@ -43,12 +43,18 @@ class Receiver:
     run out); while `hang` is set it holds each request that long before answering."""
 
     url: str
+    port: int
     received: list[Received] = field(default_factory=list)
     statuses: list[int] = field(default_factory=list)
     redirect_to: str = ""
     hang_s: float = 0.0
     answered: int = 0
     release: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def allowed(self) -> str:
+        """The allowlist entry that lets webhooks reach this server: the loopback, on its port."""
+        return f"127.0.0.1:{self.port}"
 
     def wait_for(self, count: int, timeout_s: float = 30.0) -> list[Received]:
         deadline = time.monotonic() + timeout_s
@@ -83,7 +89,8 @@ def receiver() -> Iterator[Receiver]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     server.block_on_close = False
-    state = Receiver(url=f"http://127.0.0.1:{server.server_address[1]}/hooks/hydra?team=a")
+    port = server.server_address[1]
+    state = Receiver(url=f"http://127.0.0.1:{port}/hooks/hydra?team=a", port=port)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield state
@@ -105,8 +112,8 @@ def data_dir(settings, tmp_path):
 
 
 @pytest.fixture
-def loopback_allowed(settings) -> None:
-    notify_settings(settings)
+def loopback_allowed(settings, receiver) -> None:
+    notify_settings(settings, allowed=receiver.allowed)
 
 
 @pytest.fixture
@@ -139,13 +146,13 @@ def trials_of(experiment: Experiment) -> list[Trial]:
 
 
 @pytest.fixture
-def notify_worker(request, monkeypatch, settings) -> WebWorker:
-    """A real web worker (`manage.py hydra_web_worker`) that may reach 127.0.0.1 and retries after RETRY_S, with
-    this test's settings saying the same."""
-    monkeypatch.setenv("HYDRA_WEBHOOK_ALLOWED_HOSTS", "127.0.0.1")
+def notify_worker(request, monkeypatch, settings, receiver) -> WebWorker:
+    """A real web worker (`manage.py hydra_web_worker`) that may reach the receiver and retries after RETRY_S,
+    with this test's settings saying the same."""
+    monkeypatch.setenv("HYDRA_WEBHOOK_ALLOWED_HOSTS", receiver.allowed)
     monkeypatch.setenv("HYDRA_NOTIFY_RETRY_SECONDS", ",".join(map(str, RETRY_S)))
     worker: WebWorker = request.getfixturevalue("web_worker")
-    notify_settings(settings)
+    notify_settings(settings, allowed=receiver.allowed)
     return worker
 
 

@@ -37,8 +37,8 @@ def test_it_reads_host_names_networks_retries_and_smtp():
                    "HYDRA_WEBHOOK_ALLOWED_HOSTS": " Hooks.Example.org, 10.0.0.0/8 ,2001:db8::/32,192.0.2.7",
                    "HYDRA_NOTIFY_RETRY_SECONDS": "1,2.5", "EMAIL_HOST": "smtp.lab.example", "EMAIL_USE_TLS": "1",
                    "DEFAULT_FROM_EMAIL": "hydra@lab.example"}).notify
-    assert config.webhook_allowlist.hosts == {"hooks.example.org"}
-    assert [str(n) for n in config.webhook_allowlist.networks] == ["10.0.0.0/8", "2001:db8::/32", "192.0.2.7/32"]
+    assert [str(h) for h in config.webhook_allowlist.hosts] == ["hooks.example.org"]
+    assert [str(n) for n in config.webhook_allowlist.networks] == ["10.0.0.0/8", "2001:db8::/32", "192.0.2.7"]
     assert config.retry_s == (1.0, 2.5)
     assert (config.email.backend, config.email.host, config.email.port, config.email.use_tls) == (
         "django.core.mail.backends.smtp.EmailBackend", "smtp.lab.example", 587, True)
@@ -80,7 +80,7 @@ def test_a_listed_host_name_is_allowed_whatever_it_resolves_to_and_other_names_o
     assert url_check("http://other.example/x", allowlist, resolve=_resolving("192.0.2.9")).addresses == ("192.0.2.9",)
     with pytest.raises(WebhookRefused, match=r"resolves to 127\.0\.0\.1"):  # one forbidden address is enough
         url_check("http://other.example/x", allowlist, resolve=_resolving("192.0.2.9", "127.0.0.1"))
-    assert ipaddress.ip_address("192.0.2.9") in allowlist.networks[0]
+    assert ipaddress.ip_address("192.0.2.9") in allowlist.networks[0].network
 
 
 @pytest.mark.parametrize(("url", "why"), [

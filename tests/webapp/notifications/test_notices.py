@@ -137,7 +137,7 @@ def test_a_webhook_is_signed_with_the_teams_secret(alice_team, alice_dataset, la
 
 def test_an_address_the_allowlist_drops_is_refused_at_delivery_and_never_reached(
         alice_team, alice_dataset, launched, receiver, settings):
-    notify_settings(settings, allowed="127.0.0.1")
+    notify_settings(settings, allowed=receiver.allowed)
     by_name = receiver.url.replace("127.0.0.1", "localhost")  # a name that resolves to the loopback
     _notify(alice_team, webhook_urls=[receiver.url, by_name])
     notify_settings(settings, allowed="hooks.example.org,192.0.2.0/24")  # the administrator narrows it since
@@ -166,7 +166,7 @@ def test_a_redirect_is_not_followed(alice_team, alice_dataset, launched, receive
 
 def test_a_failing_endpoint_is_retried_after_the_waits_then_given_up(
         alice_team, alice_dataset, launched, receiver, settings):
-    notify_settings(settings, retry_s=(10.0, 60.0))
+    notify_settings(settings, allowed=receiver.allowed, retry_s=(10.0, 60.0))
     _notify(alice_team, webhook_urls=[receiver.url])
     receiver.statuses = [500, 502, 503]
     experiment = launched(alice_team, alice_dataset, space={"lr": {"values": [0.001]}, "batch_size": {"values": [2]}})

@@ -14,6 +14,12 @@ from webapp.notifications.models import NotificationSettings
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture
+def loopback_allowed(settings) -> None:
+    """Webhooks may reach 127.0.0.1 on port 9, the port these tests' URLs name (they are saved, never sent)."""
+    notify_settings(settings, allowed="127.0.0.1:9")
+
+
 def _url(team) -> str:
     return reverse("notification_settings", args=[team.pk])
 
