@@ -8,7 +8,6 @@ answers 404. A page embeds its figures with ``json_script`` and a state
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +19,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from webapp.accounts.selectors import team_scoped_get
+from webapp.csv_cells import csv_lines
 from webapp.dashboards import figures, selectors
 from webapp.datasets.http import team_required
 from webapp.datasets.models import Dataset
@@ -193,27 +193,21 @@ def trial_plan(request: HttpRequest, trial_id: int) -> HttpResponse:
 def experiment_metrics_csv(request: HttpRequest, experiment_id: int) -> StreamingHttpResponse:
     """Every stored step and evaluation of the experiment's trials (current attempts), streamed."""
     experiment = experiment_get(team=request.team, experiment_id=experiment_id)
-    response = StreamingHttpResponse(_csv_rows(experiment), content_type="text/csv")
+    response = StreamingHttpResponse(csv_lines(_metric_rows(experiment)), content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="experiment-{experiment.pk}-metrics.csv"'
     return response
 
 
-class _Echo:
-    def write(self, value: str) -> str:
-        return value
-
-
-def _csv_rows(experiment: Experiment) -> Iterator[str]:
-    writer = csv.writer(_Echo())
-    yield writer.writerow(["trial", "split", "step", "tokens", "time", "loss", "perplexity", "lr"])
+def _metric_rows(experiment: Experiment) -> Iterator[list[object]]:
+    yield ["trial", "split", "step", "tokens", "time", "loss", "perplexity", "lr"]
     trials = {t.pk: (t.number, t.attempt) for t in experiment.trials.all()}
     for pk, (number, attempt) in sorted(trials.items(), key=lambda item: item[1]):
         steps = StepMetric.objects.filter(trial_id=pk, attempt=attempt).order_by("step")
         for step, tokens, time, loss, lr in steps.values_list("step", "tokens", "time", "loss", "lr").iterator():
-            yield writer.writerow([number, "train", step, tokens, time, loss, figures.perplexity(loss), lr])
+            yield [number, "train", step, tokens, time, loss, figures.perplexity(loss), lr]
         evals = EvalMetric.objects.filter(trial_id=pk, attempt=attempt).order_by("step")
         for step, time, loss, ppl in evals.values_list("step", "time", "loss", "perplexity").iterator():
-            yield writer.writerow([number, "validation", step, "", time, loss, ppl, ""])
+            yield [number, "validation", step, "", time, loss, ppl, ""]
 
 
 @team_required
