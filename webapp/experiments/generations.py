@@ -28,7 +28,7 @@ from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
-from webapp.accounts.models import Membership
+from webapp.accounts.models import Membership, Team
 from webapp.background.outbox import work_enqueue
 from webapp.datasets.tokenization import END_OF_TEXT
 from webapp.experiments.archives import trial_model_dir
@@ -68,7 +68,8 @@ def generation_request(*, trial: Trial, actor: AbstractBaseUser, settings: Setti
 
     Raises PermissionDenied unless `actor` is in the trial's team, and ValidationError (by field where a field
     is at fault) for a trial that cannot generate, more new tokens than the model's context holds, or a team
-    that already waits for `MAX_PENDING_PER_TEAM` generations."""
+    that already waits for `MAX_PENDING_PER_TEAM` generations (counted under a lock on the team's row, so two
+    requests at once cannot both take the last place)."""
     team = trial.experiment.team
     if not actor.is_authenticated or not Membership.objects.filter(user=actor, team=team).exists():
         raise PermissionDenied("Only the trial's team can generate text with its model.")
@@ -82,9 +83,13 @@ def generation_request(*, trial: Trial, actor: AbstractBaseUser, settings: Setti
         raise ValidationError({"max_new_tokens": f"This model reads at most {context} tokens at once: ask for "
                                                  f"fewer than {context} new tokens, to leave room for the prompt."})
     with transaction.atomic():
-        pending = Generation.objects.select_for_update().filter(trial__experiment__team=team,
-                                                               status=Generation.Status.PENDING)
-        if len(pending) >= MAX_PENDING_PER_TEAM:
+        # The team's row serialises its requests: a second one waits here until the first commits, then counts
+        # the first's generation too. Locking the pending rows would not (PostgreSQL re-reads only the rows it
+        # waited for, never the one the first request inserted, and with none pending there is nothing to lock).
+        # A no-key lock: inserting rows that only point at the team (an experiment, a notice) does not wait on it.
+        Team.objects.select_for_update(no_key=True).filter(pk=team.pk).values_list("pk").get()
+        pending = Generation.objects.filter(trial__experiment__team=team, status=Generation.Status.PENDING).count()
+        if pending >= MAX_PENDING_PER_TEAM:
             raise ValidationError(f"Your team already waits for {MAX_PENDING_PER_TEAM} generations; generate "
                                   f"again once one of them is done.")
         generation = Generation.objects.create(
