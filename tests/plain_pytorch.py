@@ -23,7 +23,7 @@ from peft import PeftModel, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
 from worker.engine import TrialSession, TrialSpec, trial_create
-from worker.engine.data import TokenBlocks
+from worker.engine.data import eval_batch, train_batch, trial_data
 from worker.engine.lora import ADAPTER_DIR
 
 CPU = torch.device("cpu")
@@ -80,14 +80,17 @@ def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU, 
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup)
-    data = TokenBlocks(spec.data, vocab_size=model.config.vocab_size)
+    data = trial_data(spec.data, vocab_size=model.config.vocab_size)
     torch.manual_seed(spec.seed)
     losses, eval_losses = [], []
     for step in range(spec.steps if steps_run is None else steps_run):
-        batch = data.train_batch(seed=spec.seed, step=step, batch_size=spec.batch_size).to(device)
+        batch = train_batch(data, seed=spec.seed, step=step, batch_size=spec.batch_size)
         total = 0.0
-        for micro_batch in batch.chunk(spec.micro_batches):
-            loss = model(micro_batch, labels=micro_batch).loss
+        for index in range(spec.micro_batches):
+            micro_batch = batch.micro_batch(spec.micro_batches, index, device)
+            # use_cache=False as any training loop: a key/value cache would also hide packed rows from the mask
+            loss = model(micro_batch.ids, labels=micro_batch.labels, position_ids=micro_batch.position_ids,
+                         use_cache=False).loss
             (loss / spec.micro_batches).backward()
             total += loss.item()
         losses.append(total / spec.micro_batches)
@@ -99,9 +102,10 @@ def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU, 
         if spec.eval_every and ((step + 1) % spec.eval_every == 0 or step == spec.steps - 1):
             model.eval()
             with torch.no_grad():
-                batches = [data.eval_batch(batch=b, batch_size=spec.micro_batch_size).to(device)
+                batches = [eval_batch(data, batch=b, batch_size=spec.micro_batch_size).micro_batch(1, 0, device)
                            for b in range(spec.eval_batches)]
-                eval_losses.append(sum(model(b, labels=b).loss.item() for b in batches) / len(batches))
+                eval_losses.append(sum(model(b.ids, labels=b.labels, position_ids=b.position_ids,
+                                             use_cache=False).loss.item() for b in batches) / len(batches))
             model.train()
     if spec.lora is not None:  # the adapters, under the keys PEFT saves them with
         return Reference(losses, eval_losses, {k: v.clone() for k, v in get_peft_model_state_dict(model).items()})

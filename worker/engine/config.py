@@ -144,17 +144,37 @@ class DataSpec:
     ``token_bytes_path`` is a 1-D ``.npy`` as long as the tokens: the UTF-8 bytes of text each token covers,
     so that evaluations report bits per byte. ``holdout_tokens`` (with ``val_start``) declares the held-out
     set: the final evaluation covers exactly the tokens ``val_start .. val_start + holdout_tokens``.
+
+    Instruction and chat data come as examples instead (:mod:`worker.engine.examples`): ``examples_dir`` holds
+    a tokenized example set, whose first ``train_examples`` examples train and the rest validate; rows are
+    ``seq_len`` tokens, one example each or ``packing`` several, and the loss covers the tokens ``loss_on``
+    names (:class:`worker.engine.chat.LossOn`). A spec names token blocks or examples, not both.
     """
 
-    tokens_path: str
+    tokens_path: str = ""
     seq_len: int = 32
     val_fraction: float = 0.1
     tokenizer_dir: str | None = None
     val_start: int | None = None
     token_bytes_path: str | None = None
     holdout_tokens: int | None = None
+    examples_dir: str | None = None
+    train_examples: int | None = None
+    packing: bool = False
+    loss_on: Literal["assistant", "last", "all"] = "assistant"
+
+    EXAMPLE_FIELDS = ("examples_dir", "train_examples", "packing", "loss_on")
 
     def __post_init__(self) -> None:
+        if bool(self.tokens_path) == (self.examples_dir is not None):
+            raise SpecError("a trial's data is token blocks (tokens_path) or examples (examples_dir): set one")
+        if self.examples_dir is not None:
+            if self.train_examples is None or self.train_examples < 1:
+                raise SpecError(f"examples need train_examples of at least 1, got {self.train_examples}")
+            if self.holdout_tokens is not None or self.val_start is not None:
+                raise SpecError("examples hold out whole examples (train_examples), not tokens")
+        if self.loss_on not in ("assistant", "last", "all"):
+            raise SpecError(f"loss_on {self.loss_on!r} is not one of assistant, last, all")
         if self.val_start is not None and self.val_start < 1:
             raise SpecError(f"val_start must be a token index of at least 1, got {self.val_start}")
         if self.holdout_tokens is not None and (self.val_start is None or self.holdout_tokens < 2):
@@ -250,6 +270,9 @@ class TrialSpec:
         raw = dataclasses.asdict(self)
         if not self.continuations:  # the form of a trial never continued stays what it always was
             del raw["continuations"]
+        if self.data.examples_dir is None:  # and so does the form of a trial on token blocks
+            for name in DataSpec.EXAMPLE_FIELDS:
+                del raw["data"][name]
         return raw
 
     @classmethod

@@ -16,7 +16,7 @@ import torch
 
 from worker.engine import shared_base
 from worker.engine.config import TrialSpec
-from worker.engine.data import TokenBlocks
+from worker.engine.data import trial_data
 from worker.engine.errors import SpecError
 from worker.engine.layers import build_layer_stack
 from worker.engine.partition import MemoryPlan, choose_kept, plan_with_shards, solve
@@ -43,7 +43,7 @@ def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: tor
     stack = build_layer_stack(spec.model, spec.lora)
     if spec.data.seq_len > stack.context:
         raise SpecError(f"seq_len {spec.data.seq_len} exceeds the model's context of {stack.context}")
-    TokenBlocks(spec.data, vocab_size=stack.config.vocab_size)  # fail on bad data before any work
+    trial_data(spec.data, vocab_size=stack.config.vocab_size)  # fail on bad data before any work
     if spec.data.tokenizer_dir is not None:  # the export ships it: a missing one fails now, not after training
         tokenizer_dir = Path(spec.data.tokenizer_dir)
         if not any((tokenizer_dir / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):

@@ -19,14 +19,17 @@ torch RNG is consumed, and any process can rebuild any micro-batch.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import PreTrainedTokenizerBase
 
-from worker.engine.chat import LossOn, trained
+from worker.engine.chat import LAST_ANSWER, LossOn, Message, TemplateError, encode_conversation, trained
+from worker.engine.config import DataSpec
 from worker.engine.errors import SpecError
 
 IGNORE = -100  # the label of a token the loss skips (PyTorch's and transformers' ignore_index)
@@ -82,12 +85,19 @@ class Batch:
 
     ids: torch.Tensor  # token ids, PAD_ID after the last example
     labels: torch.Tensor  # the token where the loss covers it, else IGNORE
-    position_ids: torch.Tensor  # from 0 at each example's first token
+    position_ids: torch.Tensor | None  # from 0 at each example's first token; None: 0..T-1 in every row
 
-    def chunk(self, n: int) -> list[Batch]:
-        """The batch as `n` micro-batches of equal rows."""
-        return [Batch(ids=i, labels=lab, position_ids=p) for i, lab, p in
-                zip(self.ids.chunk(n), self.labels.chunk(n), self.position_ids.chunk(n), strict=True)]
+    @classmethod
+    def of_blocks(cls, ids: torch.Tensor) -> Batch:
+        """Token blocks: every token is a label, positions count from each row's start."""
+        return cls(ids=ids, labels=ids, position_ids=None)
+
+    def micro_batch(self, n: int, index: int, device: torch.device) -> Batch:
+        """Micro-batch `index` of `n` equal ones, on `device`."""
+        def part(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.chunk(n)[index].to(device)
+        return Batch(ids=part(self.ids), labels=part(self.labels),
+                     position_ids=None if self.position_ids is None else part(self.position_ids))
 
 
 Row = tuple[int, ...]  # the examples of one row, in order
@@ -117,6 +127,18 @@ class ExampleRows:
     ``n_train`` examples of the set) and validation (the rest), laid out into rows.
 
     ``dropped`` counts the examples left out for being longer than ``seq_len`` (train, validation)."""
+
+    token_bytes = None  # bits per byte on examples is measured on the answers' bytes, not per token
+
+    @classmethod
+    def of(cls, spec: DataSpec, *, vocab_size: int) -> ExampleRows:
+        """The rows of `spec`'s example set. Raises SpecError for a set that does not fit the model."""
+        assert spec.examples_dir is not None and spec.train_examples is not None, "a spec of examples"
+        examples = ExampleSet.load(Path(spec.examples_dir))
+        if len(examples.ids) and int(examples.ids.max()) >= vocab_size:
+            raise SpecError(f"{spec.examples_dir} has token id {int(examples.ids.max())} >= vocab_size {vocab_size}")
+        return cls(examples, n_train=spec.train_examples, seq_len=spec.seq_len, packing=spec.packing,
+                   loss_on=spec.loss_on)
 
     def __init__(self, examples: ExampleSet, *, n_train: int, seq_len: int, packing: bool,
                  loss_on: LossOn | str) -> None:
@@ -207,7 +229,42 @@ class ExampleRows:
         rows = self.val_rows
         return self.row_tensors([rows[k % len(rows)] for k in range(batch * batch_size, (batch + 1) * batch_size)])
 
+    def eval_bytes(self, *, batch: int, batch_size: int) -> None:
+        return None
+
     def efficiency(self, rows: list[Row]) -> float:
         """The share of `rows`' token slots that hold an example's token, not padding."""
         lengths = self.examples.lengths
         return sum(int(lengths[k]) for row in rows for k in row) / (len(rows) * self.seq_len)
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """What :func:`encode_examples` made of its rows: the example set, and the rows it could not encode."""
+
+    examples: ExampleSet
+    lines: list[int]  # the source line (or row number) of each example
+    failed: list[tuple[int, str]]  # (line, reason): the template failed on the row
+
+
+def encode_examples(tokenizer: PreTrainedTokenizerBase,
+                    rows: Iterable[tuple[int, str | None, Sequence[Message]]]) -> Encoded:
+    """Tokenize rows of (line, text, messages): a conversation through the tokenizer's chat template (see
+    :func:`worker.engine.chat.chat_tokenizer`), a plain text (``messages`` empty) as its tokens and the end of
+    sequence, every token trained. A row the template fails on is reported with its line, not raised."""
+    pairs: list[tuple[np.ndarray, np.ndarray]] = []
+    lines: list[int] = []
+    failed: list[tuple[int, str]] = []
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    for line, text, messages in rows:
+        if text is not None:
+            ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"] + eos, dtype=np.int32)
+            pairs.append((ids, np.full(len(ids), LAST_ANSWER, dtype=np.uint8)))
+        else:
+            try:
+                pairs.append(encode_conversation(tokenizer, messages))
+            except TemplateError as error:
+                failed.append((line, str(error)))
+                continue
+        lines.append(line)
+    return Encoded(ExampleSet.from_examples(pairs), lines, failed)

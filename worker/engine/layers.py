@@ -29,33 +29,35 @@ from transformers.masking_utils import create_causal_mask
 from worker.engine import lora as lora_adapters
 from worker.engine.config import LoraSpec, ModelSpec
 from worker.engine.families import CAUSAL_LM_CLASSES, architecture_from_config, default_intermediate, read_config
+from worker.engine.positions import Positions
 from worker.engine.rotary_layers import rotary_layers, summed_loss
 
 
 class GPT2Embedding(nn.Module):
     """Token + position embeddings and embedding dropout: input_ids (B, T) -> hidden (B, T, C)."""
 
-    def __init__(self, wte: nn.Embedding, wpe: nn.Embedding, drop: nn.Dropout) -> None:
+    def __init__(self, wte: nn.Embedding, wpe: nn.Embedding, drop: nn.Dropout, positions: Positions) -> None:
         super().__init__()
         self.wte, self.wpe, self.drop = wte, wpe, drop
+        self.positions = positions
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         inputs_embeds = self.wte(input_ids)  # (B, T, C)
-        position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device).unsqueeze(0)  # (1, T)
-        hidden = inputs_embeds + self.wpe(position_ids)
+        hidden = inputs_embeds + self.wpe(self.positions.of(inputs_embeds))
         return self.drop(hidden)
 
 
 class GPT2BlockLayer(nn.Module):
     """One transformer block with the causal mask ``GPT2Model`` would build: (B, T, C) -> (B, T, C)."""
 
-    def __init__(self, block: nn.Module, config: GPT2Config) -> None:
+    def __init__(self, block: nn.Module, config: GPT2Config, positions: Positions) -> None:
         super().__init__()
         self.block = block
         self.config = config
+        self.positions = positions
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)  # (1, T)
+        position_ids = self.positions.of(hidden)  # (1, T), or (B, T) for packed rows
         mask = create_causal_mask(
             config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None, position_ids=position_ids
         )
@@ -131,16 +133,17 @@ class LayerStack:
         self.adapters = adapters
         self.config: PretrainedConfig = model.config
         self.family: str = model.config.model_type
+        self.positions = Positions()  # the position ids of the batch the layers run on, set per unit
         if self.family == "gpt2":
             transformer = model.transformer
             self.layers: list[nn.Module] = [
-                GPT2Embedding(transformer.wte, transformer.wpe, transformer.drop),
-                *(GPT2BlockLayer(block, model.config) for block in transformer.h),
+                GPT2Embedding(transformer.wte, transformer.wpe, transformer.drop, self.positions),
+                *(GPT2BlockLayer(block, model.config, self.positions) for block in transformer.h),
                 GPT2Head(transformer.ln_f, model.lm_head, model.config.vocab_size),
             ]
             self.names: list[str] = ["embedding", *(f"block.{i}" for i in range(len(transformer.h))), "head"]
         else:
-            self.layers, self.names = rotary_layers(model)
+            self.layers, self.names = rotary_layers(model, self.positions)
         self.owned: list[list[ParamRef]] = []
         self.borrowed: list[list[Borrow]] = []
         self.frozen: list[list[FrozenRef]] = []

@@ -45,6 +45,7 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> 
     """
     batch, seq = spec.micro_batch_size, spec.data.seq_len
     width = stack.width
+    stack.positions.ids = None  # every profiled row counts its positions from 0, whatever ran before
     slots = optimizer_slots(spec.optimizer.kind, spec.optimizer.momentum)
     costs = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

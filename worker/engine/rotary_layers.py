@@ -20,6 +20,8 @@ from transformers import PretrainedConfig
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from worker.engine.positions import Positions
+
 MaskFunction = Callable[..., Any]
 
 
@@ -55,14 +57,18 @@ class RotaryCache:
         with torch.device("cpu"):
             self.rotary = rotary_class(config=config)
         self._key: tuple[int, torch.device, torch.dtype] | None = None
+        self._ids: torch.Tensor | None = None  # the packed rows' position ids the value is for, else None
         self._value: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def __call__(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, hidden: torch.Tensor, position_ids: torch.Tensor,
+                 packed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for `position_ids`; `packed` is the same ids when they are a batch's own (packed
+        rows), which the value is then kept for, else None (positions 0..T-1)."""
         key = (hidden.shape[1], hidden.device, hidden.dtype)
-        if self._key != key or self._value is None:
+        if self._key != key or self._ids is not packed or self._value is None:
             with torch.no_grad():
                 self._value = self.rotary(hidden, position_ids)
-            self._key = key
+            self._key, self._ids = key, packed
         return self._value
 
 
@@ -80,18 +86,20 @@ class TokenEmbedding(nn.Module):
 class DecoderLayer(nn.Module):
     """One decoder layer with the mask and rotary embedding the model's forward gives it: (B, T, C) -> (B, T, C)."""
 
-    def __init__(self, layer: nn.Module, config: PretrainedConfig, mask: MaskFunction, rotary: RotaryCache) -> None:
+    def __init__(self, layer: nn.Module, config: PretrainedConfig, mask: MaskFunction, rotary: RotaryCache,
+                 positions: Positions) -> None:
         super().__init__()
         self.layer = layer
         self.config = config
         self.mask = mask
         self.rotary = rotary
+        self.positions = positions
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)  # (1, T)
+        position_ids = self.positions.of(hidden)  # (1, T), or (B, T) for packed rows
         mask = self.mask(config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None,
                          position_ids=position_ids)
-        position_embeddings = self.rotary(hidden, position_ids)
+        position_embeddings = self.rotary(hidden, position_ids, self.positions.ids)
         return self.layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
                           position_ids=position_ids, cache=None, use_cache=False)
 
@@ -113,14 +121,15 @@ class NormHead(nn.Module):
         return loss
 
 
-def rotary_layers(model: nn.Module) -> tuple[list[nn.Module], list[str]]:
-    """The layers and names of a ``*ForCausalLM`` of a rotary family: embedding, ``block.<i>``, head."""
+def rotary_layers(model: nn.Module, positions: Positions) -> tuple[list[nn.Module], list[str]]:
+    """The layers and names of a ``*ForCausalLM`` of a rotary family: embedding, ``block.<i>``, head; the
+    decoder layers read their position ids from `positions`."""
     config, body = model.config, model.model
     rotary = RotaryCache(config, type(body.rotary_emb))
     blocks = body.layers[: config.num_hidden_layers]
     layers: list[nn.Module] = [
         TokenEmbedding(body.embed_tokens),
-        *(DecoderLayer(block, config, mask_function(config, i), rotary) for i, block in enumerate(blocks)),
+        *(DecoderLayer(block, config, mask_function(config, i), rotary, positions) for i, block in enumerate(blocks)),
         NormHead(body.norm, model.lm_head, config.vocab_size),
     ]
     return layers, ["embedding", *(f"block.{i}" for i in range(len(blocks))), "head"]

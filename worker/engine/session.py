@@ -32,7 +32,7 @@ import torch
 from worker.engine import optimizer_step, shared_base
 from worker.engine.activations import KeptGraph
 from worker.engine.create import trial_create
-from worker.engine.data import TokenBlocks
+from worker.engine.data import trial_data
 from worker.engine.errors import EngineError, StaleWriterError
 from worker.engine.export import export_lora, export_pretrained
 from worker.engine.faults import Fault
@@ -98,7 +98,7 @@ class TrialSession(ShardUnits):
                 assert self.spec.model.pretrained_dir is not None, "a LoRA trial has one"
                 shared_base.reacquire(spill_dir=store.root.parent, stack=self.stack, trial_id=self.trial_id,
                                       pretrained_dir=Path(self.spec.model.pretrained_dir), key=self.state.base)
-        self.data = TokenBlocks(self.spec.data, vocab_size=self.stack.config.vocab_size)
+        self.data = trial_data(self.spec.data, vocab_size=self.stack.config.vocab_size)
         self._rng_numel = [state.numel() for state in rng_state(device)]
         self._kept: dict[tuple[int, int, int], KeptGraph] = {}  # (step, micro-batch, shard) -> graph
         # Fault injection for tests of out-of-memory recovery on machines without a GPU: a unit whose

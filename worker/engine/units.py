@@ -20,7 +20,8 @@ from torch import nn
 from worker.engine import gradients, optimizer_step
 from worker.engine.activations import KeptGraph, forward_kept
 from worker.engine.config import TrialSpec
-from worker.engine.data import TokenBlocks
+from worker.engine.data import TokenBlocks, eval_batch, train_batch
+from worker.engine.examples import IGNORE, Batch, ExampleRows
 from worker.engine.layers import LayerStack, ParamRef
 from worker.engine.layout import Layout
 from worker.engine.partition import MemoryPlan
@@ -42,7 +43,7 @@ class ShardUnits:
     device: torch.device
     spec: TrialSpec
     stack: LayerStack
-    data: TokenBlocks
+    data: TokenBlocks | ExampleRows
     timetable: Timetable
     plan: MemoryPlan
     layout: Layout
@@ -82,7 +83,7 @@ class ShardUnits:
         x = self._shard_input(unit)
         self._set_rng("rng")
         self._note_step_start(unit)
-        loss, owned, lent = self._run_shard(unit.shard, params, x, self._labels(unit), train=True)
+        loss, owned, lent = self._run_shard(unit.shard, params, x, self._batch(unit).labels, train=True)
         (loss / self.spec.micro_batches).backward()
         self.store.write("rng", *rng_state(self.device))
         self.state.step_state.loss_sum += loss.item()
@@ -94,7 +95,7 @@ class ShardUnits:
         params = self._load_shard(unit.shard)
         kept = self._kept.pop((unit.step, unit.micro_batch, unit.shard), None)
         if kept is not None:
-            ids = self._labels(unit)
+            ids = self._batch(unit).ids
             kept.restore(params, self.layout.slots[unit.shard], (*ids.shape, self._width), self.device)
             out, x, owned, lent = kept.out, kept.x, kept.owned, []
         else:
@@ -117,18 +118,21 @@ class ShardUnits:
         final = self.timetable.final_evaluation(unit.step)
         size = self.spec.micro_batch_size
         if final:
+            assert isinstance(self.data, TokenBlocks), "only token blocks declare held-out tokens"
             ids, n_bytes = self.data.final_batch(batch=unit.micro_batch, batch_size=size)
+            batch = Batch.of_blocks(ids.to(self.device))
         else:
-            ids = self.data.eval_batch(batch=unit.micro_batch, batch_size=size)
+            batch = eval_batch(self.data, batch=unit.micro_batch, batch_size=size).micro_batch(1, 0, self.device)
             n_bytes = self.data.eval_bytes(batch=unit.micro_batch, batch_size=size)
-        ids = ids.to(self.device)
+        ids = batch.ids
+        self.stack.positions.ids = batch.position_ids
         x = ids if unit.shard == 0 else self._read_boundary(f"e{unit.shard - 1}", (*ids.shape, self._width))
         last = unit.shard == len(self.plan.shards) - 1
         head = self.stack.layers[-1]
         head.loss_sums = [] if last else None
         try:
             with torch.no_grad():
-                out = self._run_shard(unit.shard, params, x, ids if last else None, train=False)[0]
+                out = self._run_shard(unit.shard, params, x, batch.labels if last else None, train=False)[0]
             summed = head.loss_sums[0].item() if last else 0.0
         finally:
             head.loss_sums = None
@@ -138,7 +142,7 @@ class ShardUnits:
         state = self.state.eval_state
         state.loss_sum += out.item()
         state.token_loss_sum += summed
-        state.tokens += ids.shape[0] * (ids.shape[1] - 1)
+        state.tokens += int((batch.labels[:, 1:] != IGNORE).sum())
         state.bytes += n_bytes or 0
         if unit.micro_batch < (self.spec.final_eval_batches if final else self.spec.eval_batches) - 1:
             return {}
@@ -177,13 +181,16 @@ class ShardUnits:
     def _width(self) -> int:
         return self.stack.width
 
-    def _labels(self, unit: UnitSpec) -> torch.Tensor:
-        batch = self.data.train_batch(seed=self.spec.seed, step=unit.step, batch_size=self.spec.batch_size)
-        return batch.chunk(self.spec.micro_batches)[unit.micro_batch].to(self.device)  # (B_mb, T)
+    def _batch(self, unit: UnitSpec) -> Batch:
+        """The unit's micro-batch, (B_mb, T) on the device; its position ids become the layers'."""
+        batch = train_batch(self.data, seed=self.spec.seed, step=unit.step, batch_size=self.spec.batch_size)
+        micro_batch = batch.micro_batch(self.spec.micro_batches, unit.micro_batch, self.device)
+        self.stack.positions.ids = micro_batch.position_ids
+        return micro_batch
 
     def _shard_input(self, unit: UnitSpec) -> torch.Tensor:
         """Token ids for shard 0, else the saved output of the previous shard (a grad-requiring leaf)."""
-        ids = self._labels(unit)
+        ids = self._batch(unit).ids
         if unit.shard == 0:
             return ids
         x = self._read_boundary(f"a{unit.micro_batch}.{unit.shard - 1}", (*ids.shape, self._width))
