@@ -97,3 +97,21 @@ def test_packing_uses_fewer_rows_for_the_same_examples_and_reports_its_efficienc
     assert len(packed_rows) < len(plain_rows)
     assert unpacked.efficiency(plain_rows) == pytest.approx(15 / 24)
     assert packed.efficiency(packed_rows) == pytest.approx(15 / (6 * len(packed_rows)))
+
+
+def test_an_evaluation_counts_the_bytes_of_the_tokens_its_loss_covers(tmp_path: Path) -> None:
+    byte_lengths = np.arange(64) % 4  # id 10 -> 2 bytes, 11 -> 3, 12 -> 0, ...
+    base = example_set()
+    examples = ExampleSet.from_examples(
+        [(base.ids[b:e], base.marks[b:e]) for b, e in zip(base.starts[:-1], base.starts[1:], strict=True)],
+        byte_lengths)
+    examples.save(tmp_path)
+    loaded = ExampleSet.load(tmp_path)
+    assert loaded.token_bytes is not None and loaded.token_bytes.tolist() == (base.ids % 4).tolist()
+    rows = ExampleRows(loaded, n_train=3, seq_len=6, packing=True, loss_on="assistant")
+    assert rows.val_rows == [(3,), (4,)]
+    # example 3 labels its last token only (45: 1 byte); example 4 its last (51: 3 bytes)
+    assert rows.eval_bytes(batch=0, batch_size=2) == 1 + 3
+    assert rows.eval_bytes(batch=1, batch_size=1) == 3
+    everything = ExampleRows(loaded, n_train=3, seq_len=6, packing=True, loss_on="all")
+    assert everything.eval_bytes(batch=0, batch_size=1) == sum(k % 4 for k in (41, 42, 43, 44, 45))

@@ -2,7 +2,9 @@
 
 A tokenized example set is three arrays in one directory: ``ids.npy`` (int32, every example's tokens one
 after another), ``marks.npy`` (uint8, each token's :mod:`~worker.engine.chat` mark) and ``starts.npy``
-(int64, where each example begins, and the end: N + 1 entries). Examples longer than the trial's sequence
+(int64, where each example begins, and the end: N + 1 entries), and optionally ``token_bytes.npy`` (uint16,
+the UTF-8 bytes of text each token stands for), from which evaluations report bits per byte of the tokens
+the loss covers. Examples longer than the trial's sequence
 length are dropped, never cut (a cut answer teaches the model to stop mid-sentence), and counted.
 
 A row holds one example (``packing`` off) or as many whole examples as fit, in the seeded order (``packing``
@@ -43,6 +45,7 @@ class ExampleSet:
     ids: np.ndarray  # (N_tokens,) int32
     marks: np.ndarray  # (N_tokens,) uint8
     starts: np.ndarray  # (N_examples + 1,) int64
+    token_bytes: np.ndarray | None = None  # (N_tokens,) uint16, or None: no bits per byte
 
     def __len__(self) -> int:
         return len(self.starts) - 1
@@ -52,18 +55,22 @@ class ExampleSet:
         return np.diff(self.starts)
 
     @classmethod
-    def from_examples(cls, examples: list[tuple[np.ndarray, np.ndarray]]) -> ExampleSet:
-        """From a list of (ids, marks) pairs, one per example."""
+    def from_examples(cls, examples: list[tuple[np.ndarray, np.ndarray]],
+                      byte_lengths: np.ndarray | None = None) -> ExampleSet:
+        """From a list of (ids, marks) pairs, one per example; `byte_lengths` (V,) gives each vocabulary id's
+        UTF-8 bytes, from which the set keeps its tokens' bytes."""
         lengths = [len(ids) for ids, _ in examples]
         starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
         ids = np.concatenate([ids for ids, _ in examples]).astype(np.int32) if examples else np.zeros(0, np.int32)
         marks = np.concatenate([m for _, m in examples]).astype(np.uint8) if examples else np.zeros(0, np.uint8)
-        return cls(ids=ids, marks=marks, starts=starts)
+        token_bytes = None if byte_lengths is None else byte_lengths[ids].astype(np.uint16)
+        return cls(ids=ids, marks=marks, starts=starts, token_bytes=token_bytes)
 
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        for name in ("ids", "marks", "starts"):
-            np.save(directory / f"{name}.npy", getattr(self, name))
+        for name in ("ids", "marks", "starts", "token_bytes"):
+            if getattr(self, name) is not None:
+                np.save(directory / f"{name}.npy", getattr(self, name))
 
     @classmethod
     def load(cls, directory: Path) -> ExampleSet:
@@ -76,7 +83,12 @@ class ExampleSet:
                             " they do not describe one example set")
         if np.any(np.diff(starts) < 1):
             raise SpecError(f"{directory} has an empty example")
-        return cls(ids=ids, marks=marks, starts=starts)
+        token_bytes = None
+        if (directory / "token_bytes.npy").exists():
+            token_bytes = np.load(directory / "token_bytes.npy", mmap_mode="r")
+            if len(token_bytes) != len(ids):
+                raise SpecError(f"{directory} has {len(token_bytes)} byte counts for {len(ids)} tokens")
+        return cls(ids=ids, marks=marks, starts=starts, token_bytes=token_bytes)
 
 
 @dataclass(frozen=True)
@@ -128,8 +140,6 @@ class ExampleRows:
 
     ``dropped`` counts the examples left out for being longer than ``seq_len`` (train, validation)."""
 
-    token_bytes = None  # bits per byte on examples is measured on the answers' bytes, not per token
-
     @classmethod
     def of(cls, spec: DataSpec, *, vocab_size: int) -> ExampleRows:
         """The rows of `spec`'s example set. Raises SpecError for a set that does not fit the model."""
@@ -156,6 +166,7 @@ class ExampleRows:
                 raise SpecError(f"no {split} example fits a sequence of {seq_len} tokens (the shortest has "
                                 f"{int(examples.lengths.min())}); raise max_seq_len")
         self._trained = trained(np.asarray(examples.marks), self.loss_on)
+        self.token_bytes = examples.token_bytes
         self._epochs: dict[tuple[int, int], list[Row]] = {}  # (seed, epoch) -> rows, the last two laid out
         self._epoch_sizes: dict[tuple[int, int], int] = {}  # (seed, epoch) -> rows, every epoch laid out once
 
@@ -229,8 +240,19 @@ class ExampleRows:
         rows = self.val_rows
         return self.row_tensors([rows[k % len(rows)] for k in range(batch * batch_size, (batch + 1) * batch_size)])
 
-    def eval_bytes(self, *, batch: int, batch_size: int) -> None:
-        return None
+    def eval_bytes(self, *, batch: int, batch_size: int) -> int | None:
+        """UTF-8 bytes of the tokens :meth:`eval_batch` labels (those its loss covers); None without
+        ``token_bytes``."""
+        if self.token_bytes is None:
+            return None
+        rows = self.val_rows
+        total = 0
+        for k in range(batch * batch_size, (batch + 1) * batch_size):
+            for example in rows[k % len(rows)]:
+                begin, end = int(self.examples.starts[example]), int(self.examples.starts[example + 1])
+                covered = self._trained[begin + 1: end]  # an example's first token is never a label
+                total += int(np.asarray(self.token_bytes[begin + 1: end], dtype=np.int64)[covered].sum())
+        return total
 
     def efficiency(self, rows: list[Row]) -> float:
         """The share of `rows`' token slots that hold an example's token, not padding."""
@@ -247,11 +269,12 @@ class Encoded:
     failed: list[tuple[int, str]]  # (line, reason): the template failed on the row
 
 
-def encode_examples(tokenizer: PreTrainedTokenizerBase,
-                    rows: Iterable[tuple[int, str | None, Sequence[Message]]]) -> Encoded:
+def encode_examples(tokenizer: PreTrainedTokenizerBase, rows: Iterable[tuple[int, str | None, Sequence[Message]]],
+                    *, byte_lengths: np.ndarray | None = None) -> Encoded:
     """Tokenize rows of (line, text, messages): a conversation through the tokenizer's chat template (see
     :func:`worker.engine.chat.chat_tokenizer`), a plain text (``messages`` empty) as its tokens and the end of
-    sequence, every token trained. A row the template fails on is reported with its line, not raised."""
+    sequence, every token trained. A row the template fails on is reported with its line, not raised.
+    `byte_lengths`: each vocabulary id's UTF-8 bytes, kept per token for bits per byte."""
     pairs: list[tuple[np.ndarray, np.ndarray]] = []
     lines: list[int] = []
     failed: list[tuple[int, str]] = []
@@ -267,4 +290,4 @@ def encode_examples(tokenizer: PreTrainedTokenizerBase,
                 failed.append((line, str(error)))
                 continue
         lines.append(line)
-    return Encoded(ExampleSet.from_examples(pairs), lines, failed)
+    return Encoded(ExampleSet.from_examples(pairs, byte_lengths), lines, failed)
