@@ -175,3 +175,46 @@ def test_a_spec_names_token_blocks_or_examples_and_examples_hold_out_whole_examp
         DataSpec(examples_dir=str(examples_dir), train_examples=3, loss_on="everything")  # type: ignore[arg-type]
     spec = example_spec(examples_dir)
     assert TrialSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_the_final_evaluation_covers_every_held_out_example_once_with_bits_per_byte_of_its_answers(
+    examples_dir: Path, tmp_path: Path
+) -> None:
+    """The last evaluation reads each validation example that fits once (batches of 2 rows, the last one
+    shorter) and reports the mean loss per labelled token and bits per byte of those tokens' text, as the
+    exported model gives them in plain PyTorch."""
+    examples = ExampleSet.load(examples_dir)
+    with_bytes = tmp_path / "examples"
+    byte_lengths = np.arange(VOCAB) % 3 + 1  # each id stands for 1-3 bytes of text
+    pairs = [(examples.ids[b:e], examples.marks[b:e]) for b, e in zip(examples.starts[:-1], examples.starts[1:],
+                                                                       strict=True)]
+    ExampleSet.from_examples(pairs, byte_lengths).save(with_bytes)
+    spec = example_spec(with_bytes, steps=4, eval_every=2)
+    rows = ExampleRows.of(spec.data, vocab_size=VOCAB)
+    held_out = len(rows.val_examples)
+    assert held_out == N_EXAMPLES - N_TRAIN and held_out % spec.micro_batch_size == 0
+    spec = dataclasses.replace(spec, data=dataclasses.replace(spec.data, holdout_rows=held_out - 1))
+    with pytest.raises(SpecError, match="7 held-out rows were declared, but 8"):
+        ExampleRows.of(spec.data, vocab_size=VOCAB)
+    spec = dataclasses.replace(spec, data=dataclasses.replace(spec.data, holdout_rows=held_out))
+    assert spec.final_eval_batches == held_out // spec.micro_batch_size
+
+    trial_create(spec=spec, spill_dir=tmp_path / "spill", trial_id="t", device=CPU, cuts=[0, 2, 4])
+    session = TrialSession.open(spill_dir=tmp_path / "spill", trial_id="t", device=CPU)
+    final = [r for r in run_all(session) if r.final_step is not None]
+    session.export(tmp_path / "final")
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "final").eval()
+    batch = rows.row_tensors([(int(k),) for k in rows.val_examples])
+    with torch.no_grad():
+        logits = model(batch.ids, use_cache=False).logits
+    targets = torch.nn.functional.pad(batch.labels, (0, 1), value=IGNORE)[:, 1:]
+    summed = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE,
+                                               reduction="sum").item()
+    labelled = targets != IGNORE
+    n_bytes = int(torch.from_numpy(byte_lengths)[targets[labelled]].sum())
+    assert [r.final_step for r in final] == [4]
+    assert final[0].eval_tokens == int(labelled.sum())
+    assert final[0].eval_bytes == n_bytes
+    assert final[0].eval_loss == pytest.approx(summed / int(labelled.sum()), rel=1e-5)
+    assert final[0].eval_bpb == pytest.approx(summed / np.log(2) / n_bytes, rel=1e-5)

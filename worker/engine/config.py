@@ -148,7 +148,11 @@ class DataSpec:
     Instruction and chat data come as examples instead (:mod:`worker.engine.examples`): ``examples_dir`` holds
     a tokenized example set, whose first ``train_examples`` examples train and the rest validate; rows are
     ``seq_len`` tokens, one example each or ``packing`` several, and the loss covers the tokens ``loss_on``
-    names (:class:`worker.engine.chat.LossOn`). A spec names token blocks or examples, not both.
+    names (:class:`worker.engine.chat.LossOn`). ``holdout_rows`` declares the held-out set: the final
+    evaluation covers the validation examples that fit ``seq_len``, one a row, and there are that many (the
+    engine checks). ``chat_template`` is the template the examples were rendered with when the tokenizer does
+    not carry it itself; the export writes it into the tokenizer. A spec names token blocks or examples, not
+    both.
     """
 
     tokens_path: str = ""
@@ -162,8 +166,10 @@ class DataSpec:
     train_examples: int | None = None
     packing: bool = False
     loss_on: Literal["assistant", "last", "all"] = "assistant"
+    holdout_rows: int | None = None
+    chat_template: str | None = None
 
-    EXAMPLE_FIELDS = ("examples_dir", "train_examples", "packing", "loss_on")
+    EXAMPLE_FIELDS = ("examples_dir", "train_examples", "packing", "loss_on", "holdout_rows", "chat_template")
 
     def __post_init__(self) -> None:
         if bool(self.tokens_path) == (self.examples_dir is not None):
@@ -173,6 +179,8 @@ class DataSpec:
                 raise SpecError(f"examples need train_examples of at least 1, got {self.train_examples}")
             if self.holdout_tokens is not None or self.val_start is not None:
                 raise SpecError("examples hold out whole examples (train_examples), not tokens")
+            if self.holdout_rows is not None and self.holdout_rows < 1:
+                raise SpecError(f"holdout_rows must be at least 1, got {self.holdout_rows}")
         if self.loss_on not in ("assistant", "last", "all"):
             raise SpecError(f"loss_on {self.loss_on!r} is not one of assistant, last, all")
         if self.val_start is not None and self.val_start < 1:
@@ -184,7 +192,10 @@ class DataSpec:
     def final_eval_batches(self, micro_batch_size: int) -> int:
         """Micro-batches of the final evaluation: the held-out tokens in blocks of ``seq_len``, at most
         ``micro_batch_size`` blocks a batch, then a last, shorter block of the rest in a batch of its own (if
-        it predicts a token); 0 without ``holdout_tokens``."""
+        it predicts a token); for examples, ``holdout_rows`` rows in batches of ``micro_batch_size``; 0 without
+        either."""
+        if self.holdout_rows is not None:
+            return -(-self.holdout_rows // micro_batch_size)
         if self.holdout_tokens is None:
             return 0
         full, rest = divmod(self.holdout_tokens, self.seq_len)

@@ -148,10 +148,10 @@ class ExampleRows:
         if len(examples.ids) and int(examples.ids.max()) >= vocab_size:
             raise SpecError(f"{spec.examples_dir} has token id {int(examples.ids.max())} >= vocab_size {vocab_size}")
         return cls(examples, n_train=spec.train_examples, seq_len=spec.seq_len, packing=spec.packing,
-                   loss_on=spec.loss_on)
+                   loss_on=spec.loss_on, holdout_rows=spec.holdout_rows)
 
     def __init__(self, examples: ExampleSet, *, n_train: int, seq_len: int, packing: bool,
-                 loss_on: LossOn | str) -> None:
+                 loss_on: LossOn | str, holdout_rows: int | None = None) -> None:
         if not 0 < n_train < len(examples):
             raise SpecError(f"{len(examples)} examples cannot split into {n_train} for training and the rest for "
                             "validation: both need at least one")
@@ -165,6 +165,9 @@ class ExampleRows:
             if len(kept) == 0:
                 raise SpecError(f"no {split} example fits a sequence of {seq_len} tokens (the shortest has "
                                 f"{int(examples.lengths.min())}); raise max_seq_len")
+        if holdout_rows is not None and holdout_rows != len(self.val_examples):
+            raise SpecError(f"{holdout_rows} held-out rows were declared, but {len(self.val_examples)} validation "
+                            f"examples fit a sequence of {seq_len} tokens")
         self._trained = trained(np.asarray(examples.marks), self.loss_on)
         self.token_bytes = examples.token_bytes
         self._epochs: dict[tuple[int, int], list[Row]] = {}  # (seed, epoch) -> rows, the last two laid out
@@ -240,15 +243,24 @@ class ExampleRows:
         rows = self.val_rows
         return self.row_tensors([rows[k % len(rows)] for k in range(batch * batch_size, (batch + 1) * batch_size)])
 
+    def final_batch(self, *, batch: int, batch_size: int) -> tuple[Batch, int | None]:
+        """The final evaluation's batch number `batch`: the validation examples one a row, every one once (the
+        last batch may be shorter), and the UTF-8 bytes of the tokens it labels (None without ``token_bytes``)."""
+        rows = [(int(k),) for k in self.val_examples[batch * batch_size: (batch + 1) * batch_size]]
+        return self.row_tensors(rows), self._labelled_bytes(rows)
+
     def eval_bytes(self, *, batch: int, batch_size: int) -> int | None:
         """UTF-8 bytes of the tokens :meth:`eval_batch` labels (those its loss covers); None without
         ``token_bytes``."""
+        rows = self.val_rows
+        return self._labelled_bytes([rows[k % len(rows)] for k in range(batch * batch_size, (batch + 1) * batch_size)])
+
+    def _labelled_bytes(self, rows: list[Row]) -> int | None:
         if self.token_bytes is None:
             return None
-        rows = self.val_rows
         total = 0
-        for k in range(batch * batch_size, (batch + 1) * batch_size):
-            for example in rows[k % len(rows)]:
+        for row in rows:
+            for example in row:
                 begin, end = int(self.examples.starts[example]), int(self.examples.starts[example + 1])
                 covered = self._trained[begin + 1: end]  # an example's first token is never a label
                 total += int(np.asarray(self.token_bytes[begin + 1: end], dtype=np.int64)[covered].sum())

@@ -117,8 +117,10 @@ class ShardUnits:
         params = self._load_shard(unit.shard)
         final = self.timetable.final_evaluation(unit.step)
         size = self.spec.micro_batch_size
-        if final:
-            assert isinstance(self.data, TokenBlocks), "only token blocks declare held-out tokens"
+        if final and isinstance(self.data, ExampleRows):
+            rows, n_bytes = self.data.final_batch(batch=unit.micro_batch, batch_size=size)
+            batch = rows.micro_batch(1, 0, self.device)
+        elif final:
             ids, n_bytes = self.data.final_batch(batch=unit.micro_batch, batch_size=size)
             batch = Batch.of_blocks(ids.to(self.device))
         else:
