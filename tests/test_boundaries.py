@@ -10,7 +10,8 @@
   worker work (the engine checks and imports checkpoints; imported inside its task function only), the
   experiments' model shapes (a pretrained model's config read by the engine's torch-free families module) and
   the health page's host bases (the shared LoRA bases in the spill directory, read by the engine's torch-free
-  base index).
+  base index), the catalog's paths and the experiments' export tokenizer (the engine's torch-free, size-capped
+  reads of a checkpoint's files that refuse a symbolic link out of its directory).
 - No import cycle anywhere: a walk over every import statement of the tree, at module level or inside a
   function alike.
 """
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("webapp", "worker")
 WEB_DOORS_TO_WORKER = {"webapp.queue_client", "webapp.config", "webapp.experiments.memory_preview",
                        "webapp.catalog.sizing", "webapp.catalog.work", "webapp.experiments.model_shapes",
-                       "webapp.health.host_bases"}
+                       "webapp.health.host_bases", "webapp.catalog.paths", "webapp.experiments.export_tokenizer"}
 
 BLOCKER = textwrap.dedent("""
     import importlib, pkgutil, sys

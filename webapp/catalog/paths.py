@@ -3,7 +3,8 @@
 The web worker reads whatever these return, so an absolute path, a ``..`` and a symbolic link that resolves
 outside the root are all refused, each with a message that says so; what is stored is the resolved path
 relative to the root, so a link swapped later cannot move a registered checkpoint out of it either
-(`inside_root` checks again on every use).
+(`inside_root` checks again on every use; `registered_dir` also checks the directory's files, as the engine
+does before it reads them).
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+
+from worker.engine.checkpoint_files import checkpoint_dir
+from worker.engine.errors import CheckpointError
 
 MAX_PATH_CHARS = 500
 
@@ -51,6 +55,19 @@ def existing_dir(relative: str) -> Path:
     path = inside_root(relative)
     if not path.is_dir():
         raise ValidationError(f"There is no directory {relative.strip()!r} under the models root {models_root()}.")
+    return path
+
+
+def registered_dir(relative: str) -> Path:
+    """The directory of a registered checkpoint, resolved again at this use: ValidationError when a symbolic
+    link swapped in since it was checked leads it out of the models root, or one of its files out of it. A
+    directory that is gone is returned as it is: what that means is the caller's to say."""
+    path = inside_root(relative)
+    if path.is_dir():
+        try:
+            checkpoint_dir(path)
+        except CheckpointError as error:
+            raise ValidationError(str(error)) from None
     return path
 
 

@@ -8,7 +8,8 @@ activations come on top and depend on the batch, so the experiment form's memory
 
 Devices are the device workers of this host that answer the health page's broadcast (`webapp.queue_client`);
 a GPU's budget is the share of its memory a trial plans for (`AUTO_BUDGET_FRACTION`), read through NVML; a CPU
-device's is the web app's default budget for one.
+device's is the web app's default budget for one. A checkpoint whose directory a symbolic link now leads out of
+the models root (or one of whose files out of the directory) fits nowhere (`UNAVAILABLE`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 
 from webapp.catalog.models import Checkpoint
+from webapp.catalog.paths import registered_dir
 from webapp.experiments.memory_preview import CPU_DEVICE_BUDGET
 from webapp.health.selectors import workers_online
 from worker.engine.partition import AUTO_BUDGET_FRACTION
@@ -26,6 +29,7 @@ from worker.engine.sizes import FP32, optimizer_slots
 
 # What the catalog sizes the training state for: (label, optimizer kind, momentum).
 OPTIMIZERS = (("AdamW", "adamw", 0.0), ("SGD with momentum", "sgd", 0.9))
+UNAVAILABLE = "unavailable"
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class DeviceBudget:
 class Fit:
     optimizer: str
     state_bytes: int  # parameters + gradients + optimizer slots, fp32
-    verdict: str  # "resident", "spilled", "too large", "fit unknown"
+    verdict: str  # "resident", "spilled", "too large", "fit unknown", UNAVAILABLE
     detail: str
 
 
@@ -77,7 +81,14 @@ def _budget(device: str) -> DeviceBudget:
 
 
 def fits(checkpoint: Checkpoint, devices: Iterable[DeviceBudget]) -> list[Fit]:
-    """For each optimizer of `OPTIMIZERS`: the ready checkpoint's training state and where it fits."""
+    """For each optimizer of `OPTIMIZERS`: the ready checkpoint's training state and where it fits; nowhere
+    (`UNAVAILABLE`, the detail saying why) when its directory fails `registered_dir` now."""
+    try:
+        registered_dir(checkpoint.path)
+    except ValidationError as error:
+        reason = " ".join(error.messages)
+    else:
+        reason = ""
     answered = list(devices)
     devices = [d for d in answered if d.budget_bytes is not None]
     unknown = "no device's memory could be read" if answered else "no device worker of this host answered"
@@ -87,7 +98,8 @@ def fits(checkpoint: Checkpoint, devices: Iterable[DeviceBudget]) -> list[Fit]:
         total = state_bytes(n_params, optimizer=kind, momentum=momentum)
         layer = (state_bytes(checkpoint.largest_layer_params, optimizer=kind, momentum=momentum)
                  if checkpoint.largest_layer_params is not None else None)
-        result.append(_fit(label, total, layer, devices, unknown))
+        result.append(Fit(label, total, UNAVAILABLE, reason) if reason else
+                      _fit(label, total, layer, devices, unknown))
     return result
 
 

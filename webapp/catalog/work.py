@@ -11,7 +11,6 @@ again. A failed import removes the directory it wrote; a registered directory is
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from pathlib import Path
@@ -24,7 +23,6 @@ from webapp.catalog.paths import existing_gguf_file, inside_root
 
 log = logging.getLogger(__name__)
 MAX_PROGRESS_CHARS = 200
-MAX_CONFIG_BYTES = 1 << 20
 
 
 def checkpoint_import(*, checkpoint_id: int) -> None:
@@ -81,29 +79,17 @@ def _gguf_source(checkpoint: Checkpoint, progress: Any) -> Path:
 
 
 def _figures(directory: Path) -> dict[str, Any]:
+    """The checked checkpoint's figures; its largest layer's parameters are owned and borrowed ones (a tied head
+    uses the embedding's), by the engine's own per-layer count of the architecture the check read."""
     from worker.engine.checkpoints import check_checkpoint
 
     info = check_checkpoint(directory)
+    layers = info.architecture.layer_params()
     return {
         "family": str(info.family), "n_params": int(info.n_params), "context_length": int(info.context_length),
         "vocab_size": int(info.vocab_size), "tokenizer_sha256": str(info.tokenizer_sha256),
-        "largest_layer_params": _largest_layer_params(directory),
+        "largest_layer_params": max(owned + borrowed for _, owned, borrowed in layers),
     }
-
-
-def _largest_layer_params(directory: Path) -> int | None:
-    """Parameters of the checkpoint's largest layer, owned and borrowed (a tied head uses the embedding's),
-    by the engine's own per-layer count; None when the engine does not count this architecture's layers."""
-    from worker.engine.errors import SpecError
-    from worker.engine.families import architecture_from_config
-
-    with (directory / "config.json").open("rb") as file:
-        config = json.loads(file.read(MAX_CONFIG_BYTES))
-    try:
-        layers = architecture_from_config(config).layer_params()
-    except SpecError:
-        return None
-    return max((owned + borrowed for _, owned, borrowed in layers), default=None)
 
 
 def _fail(pending: Any, written: Path | None, message: str) -> None:

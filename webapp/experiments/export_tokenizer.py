@@ -11,10 +11,20 @@ Plain files only (no transformers), so that the web process may call it.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from webapp.datasets.tokenization import END_OF_TEXT
 from webapp.experiments.models import Trial
+from worker.engine.checkpoint_files import (
+    CHECKPOINT_JSON_MAX_BYTES,
+    TOKENIZER_JSON_MAX_BYTES,
+    checkpoint_file,
+    read_limited,
+)
+from worker.engine.errors import CheckpointError
+
+log = logging.getLogger(__name__)
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -31,11 +41,19 @@ def has_tokenizer(directory: Path) -> bool:
 def fallback_files(trial: Trial, *, context: int | None) -> dict[str, bytes]:
     """The tokenizer files to put beside `trial`'s exported model, which has none of its own: name -> content.
     `context` is the model's context length in tokens (the tokenizer's ``model_max_length``). Empty when the
-    tokenizer is gone too (the dataset was tokenized again, or its files deleted)."""
+    tokenizer is gone too (the dataset was tokenized again, or its files deleted), or when a file of it is
+    not the directory's own (a symbolic link leads it out: the files go into a download) or is larger than a
+    tokenizer's file can be."""
     spec_dir = ((trial.spec or {}).get("data") or {}).get("tokenizer_dir")
     if spec_dir and has_tokenizer(Path(spec_dir)):
         directory = Path(spec_dir)
-        files = {name: (directory / name).read_bytes() for name in TOKENIZER_FILES if (directory / name).is_file()}
+        try:
+            paths = {name: checkpoint_file(directory, name) for name in TOKENIZER_FILES}
+            files = {name: read_limited(path, limit=TOKENIZER_JSON_MAX_BYTES)
+                     for name, path in paths.items() if path.is_file()}
+        except CheckpointError as error:
+            log.warning("trial %s's tokenizer is not exported: %s", trial.pk, error)
+            return {}
         if TOKENIZER_CONFIG in files:
             return files
         return _with_config(files, context=context)
@@ -64,8 +82,8 @@ def _with_config(files: dict[str, bytes], *, context: int | None) -> dict[str, b
 def model_context(directory: Path) -> int | None:
     """The context length (in tokens) of the model whose ``config.json`` is in `directory`, when it says."""
     try:
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
+        config = json.loads(read_limited(directory / "config.json", limit=CHECKPOINT_JSON_MAX_BYTES))
+    except (CheckpointError, ValueError):
         return None
     if not isinstance(config, dict):
         return None

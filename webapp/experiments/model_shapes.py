@@ -19,10 +19,11 @@ from typing import Any
 from django.core.exceptions import ValidationError
 
 from webapp.experiments.search_space import quote
-from worker.engine.errors import SpecError
+from worker.engine.checkpoint_files import CHECKPOINT_JSON_MAX_BYTES, checkpoint_file, read_limited
+from worker.engine.errors import CheckpointFileTooLarge, CheckpointLinkError, SpecError
 from worker.engine.families import FAMILIES, Architecture, architecture_from_config, default_intermediate
 
-MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_BYTES = CHECKPOINT_JSON_MAX_BYTES  # the most of a config.json the engine reads, and so the web app
 TOKENIZER_FILE = "tokenizer.json"
 FAMILY_LABELS = {"gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 
@@ -137,14 +138,10 @@ def resolve_pretrained_dir(relative: str, *, models_root: Path) -> Path:
 
 def pretrained_shape(directory: Path, *, field: str = "pretrained_dir") -> ModelShape:
     """The shape from a ``save_pretrained`` directory's ``config.json`` (read only if under 1 MiB), of any
-    family the engine trains, with its tokenizer's fingerprint when it has a ``tokenizer.json``."""
+    family the engine trains, with its tokenizer's fingerprint when it has a ``tokenizer.json``. A file that a
+    symbolic link leads out of the directory is refused, not read."""
     try:
-        with (directory / "config.json").open("rb") as file:
-            text = file.read(MAX_CONFIG_BYTES + 1)
-        if len(text) > MAX_CONFIG_BYTES:
-            raise ModelChoiceError(f"{directory.name}/config.json is over {MAX_CONFIG_BYTES >> 20} MiB; a model "
-                                   "config is a few kilobytes.", field=field)
-        config = json.loads(text)
+        config = json.loads(read_limited(checkpoint_file(directory, "config.json"), limit=MAX_CONFIG_BYTES))
         if not isinstance(config, dict):
             raise ModelChoiceError(f"{directory.name}/config.json is not a JSON object.", field=field)
         model_type = config.get("model_type")
@@ -163,6 +160,12 @@ def pretrained_shape(directory: Path, *, field: str = "pretrained_dir") -> Model
         )
     except ModelChoiceError:
         raise
+    except CheckpointFileTooLarge:
+        raise ModelChoiceError(f"{directory.name}/config.json is over {MAX_CONFIG_BYTES >> 20} MiB; a model "
+                               "config is a few kilobytes.", field=field) from None
+    except CheckpointLinkError as error:
+        raise ModelChoiceError(f"{directory.name}/{error.path.name} leads out of the model's directory (a symbolic "
+                               "link); a model is read only from its own files.", field=field) from None
     except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError, SpecError) as error:
         # RecursionError: JSON nested deeper than the parser goes; OverflowError: int(Infinity).
         detail = str(error)[:120] if not isinstance(error, RecursionError) else "nested too deep"
@@ -170,8 +173,9 @@ def pretrained_shape(directory: Path, *, field: str = "pretrained_dir") -> Model
 
 
 def tokenizer_fingerprint(directory: Path) -> str | None:
-    """sha256 of the directory's ``tokenizer.json``, or None when it has none."""
-    path = directory / TOKENIZER_FILE
+    """sha256 of the directory's ``tokenizer.json``, or None when it has none; ``CheckpointLinkError`` when a
+    symbolic link leads it out of the directory."""
+    path = checkpoint_file(directory, TOKENIZER_FILE)
     try:
         stat = path.stat()
     except OSError:

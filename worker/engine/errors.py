@@ -1,5 +1,7 @@
 """The engine's error hierarchy: user errors are ``ValueError`` subclasses, everything is an ``EngineError``."""
 
+from pathlib import Path
+
 
 class EngineError(Exception):
     """Base class of every error the engine raises on purpose."""
@@ -29,3 +31,31 @@ class StaleWriterError(SpillStoreError):
     """A writer whose hold on the trial is no longer current tried to take or commit its store: a writer
     with a newer fencing token took the trial, or another commit landed since this writer read the store.
     Nothing was written; the caller drops the unit's result (the newer writer owns the trial now)."""
+
+
+class CheckpointError(SpecError):
+    """A checkpoint directory or model file cannot be used; the message names the file and what is wrong."""
+
+
+class CheckpointFileTooLarge(CheckpointError):
+    """A checkpoint's file is over the size the engine reads of such a file; ``path``, ``size_bytes`` and
+    ``limit_bytes`` say which and by how much."""
+
+    def __init__(self, path: Path, *, size_bytes: int, limit_bytes: int) -> None:
+        super().__init__(f"{path} is {size_bytes:,} bytes, over the {limit_bytes:,} bytes read of a checkpoint's "
+                         f"{path.name}; a real one is far smaller, so this is not one")
+        self.path, self.size_bytes, self.limit_bytes = path, size_bytes, limit_bytes
+
+
+class CheckpointLinkError(CheckpointError):
+    """A checkpoint directory, or a file of it (``path``), leads elsewhere than where it was checked (a symbolic
+    link)."""
+
+    def __init__(self, message: str, *, path: Path) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class GgufFormatError(CheckpointError):
+    """A GGUF file's structure is inconsistent with itself or with its size (counts, lengths or offsets that
+    point past its end); the message names what and where."""

@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 from worker.engine import lora, shared_base
+from worker.engine.checkpoint_files import checkpoint_file
 from worker.engine.config import LoraSpec
 from worker.engine.errors import SpecError
 from worker.engine.layers import LayerStack
@@ -38,16 +39,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def export_tokenizer(tokenizer_dir: Path, out_dir: Path) -> None:
-    """Put the tokenizer of ``tokenizer_dir`` into ``out_dir`` so that ``AutoTokenizer`` loads it from there."""
-    tokenizer_dir = Path(tokenizer_dir)
-    if not (tokenizer_dir / "tokenizer.json").is_file() and not (tokenizer_dir / "tokenizer.model").is_file():
+    """Put the tokenizer of ``tokenizer_dir`` into ``out_dir`` so that ``AutoTokenizer`` loads it from there.
+
+    Only the directory's own files go into the export: ``CheckpointLinkError`` when a symbolic link leads one
+    out of it (the export is downloadable, and would carry whatever the link reaches)."""
+    files = {name: checkpoint_file(Path(tokenizer_dir), name) for name in TOKENIZER_FILES}
+    if not files["tokenizer.json"].is_file() and not files["tokenizer.model"].is_file():
         raise SpecError(f"{tokenizer_dir} holds no tokenizer.json (or tokenizer.model) to export")
-    if (tokenizer_dir / "tokenizer_config.json").is_file():
-        for name in TOKENIZER_FILES:
-            if (tokenizer_dir / name).is_file():
-                shutil.copyfile(tokenizer_dir / name, out_dir / name)
+    if files["tokenizer_config.json"].is_file():
+        for name, path in files.items():
+            if path.is_file():
+                shutil.copyfile(path, out_dir / name)
         return
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_dir / "tokenizer.json"))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(files["tokenizer.json"]))
     if END_OF_TEXT in tokenizer.get_vocab():  # the BPE trained on a corpus marks each document's end with it
         tokenizer.eos_token = END_OF_TEXT  # so that generate() stops there wherever the export is used
     tokenizer.save_pretrained(out_dir)

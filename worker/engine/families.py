@@ -13,11 +13,11 @@ Torch-free: the web process imports it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from worker.engine.checkpoint_files import checkpoint_dir, checkpoint_file, read_json
 from worker.engine.config import ModelSpec
 from worker.engine.errors import SpecError
 
@@ -195,14 +195,13 @@ def architecture_from_config(config: dict[str, Any]) -> Architecture:
 
 
 def read_config(directory: Path) -> dict[str, Any]:
-    """``directory/config.json`` as a dict; ``SpecError`` when it is missing or not JSON."""
-    path = Path(directory) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{directory} has no config.json") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise SpecError(f"{path} cannot be read as JSON: {error}") from None
+    """``directory/config.json`` as a dict; ``SpecError`` when it is missing or not JSON, ``CheckpointError``
+    (a ``SpecError``) when the directory or the file leads elsewhere through a symbolic link or the file is
+    over `CHECKPOINT_JSON_MAX_BYTES` (`worker.engine.checkpoint_files`)."""
+    path = checkpoint_file(checkpoint_dir(directory), "config.json")
+    if not path.is_file():
+        raise SpecError(f"{directory} has no config.json")
+    config = read_json(path)
     if not isinstance(config, dict):
         raise SpecError(f"{path} must hold a JSON object")
     return config

@@ -39,6 +39,7 @@ from safetensors.torch import save_file
 from worker.engine.base_index import BASES, INDEX, REFS
 from worker.engine.base_index import base_bytes as base_bytes
 from worker.engine.base_index import bases as bases
+from worker.engine.checkpoint_files import checkpoint_dir
 from worker.engine.errors import SpecError
 from worker.engine.layers import LayerStack
 from worker.engine.sizes import FP32
@@ -61,8 +62,9 @@ def _file_digest(path: Path) -> str:
 
 
 def content_key(pretrained_dir: Path) -> str:
-    """The digest that names a checkpoint's shared base: its config and every weight file's content."""
-    directory = Path(pretrained_dir)
+    """The digest that names a checkpoint's shared base: its config and every weight file's content. Raises
+    ``CheckpointLinkError`` when a symbolic link leads the directory, or a file of it, elsewhere."""
+    directory = checkpoint_dir(pretrained_dir)
     files = sorted(p for p in directory.iterdir() if p.name == "config.json" or p.suffix == ".safetensors")
     if not any(p.suffix == ".safetensors" for p in files):
         raise SpecError(f"{directory} has no safetensors weights to share")

@@ -6,7 +6,6 @@ without ever existing whole in memory.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from safetensors import safe_open
 from torch import nn
 
 from worker.engine import lora
+from worker.engine.checkpoint_files import checkpoint_dir, checkpoint_file, read_json
 from worker.engine.errors import SpecError
 from worker.engine.layers import LayerStack
 
@@ -57,16 +57,25 @@ def init_layer(stack: LayerStack, index: int, seed: int) -> list[torch.Tensor]:
 
 
 class PretrainedWeights:
-    """Reads single tensors from a local safetensors checkpoint (one file or an indexed set of files)."""
+    """Reads single tensors from a local safetensors checkpoint (one file or an indexed set of files).
+
+    The directory is named by its real path and its files are its own (`worker.engine.checkpoint_files`):
+    a symbolic link swapped in since the checkpoint was checked raises ``CheckpointLinkError``.
+    """
 
     def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        index = directory / "model.safetensors.index.json"
+        self.directory = checkpoint_dir(directory)
+        index = checkpoint_file(self.directory, "model.safetensors.index.json")
         if index.exists():
-            self.files: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        elif (directory / "model.safetensors").exists():
-            with safe_open(directory / "model.safetensors", framework="pt") as f:
-                self.files = dict.fromkeys(f.keys(), "model.safetensors")
+            content = read_json(index)
+            weight_map = content.get("weight_map") if isinstance(content, dict) else None
+            if not isinstance(weight_map, dict):
+                raise SpecError(f"{index} is not a safetensors index (no weight_map)")
+            paths = {name: checkpoint_file(self.directory, name) for name in {str(n) for n in weight_map.values()}}
+            self.files: dict[str, Path] = {key: paths[str(name)] for key, name in weight_map.items()}
+        elif (single := checkpoint_file(self.directory, "model.safetensors")).exists():
+            with safe_open(single, framework="pt") as f:
+                self.files = dict.fromkeys(f.keys(), single)
         else:
             raise SpecError(f"{directory} has no model.safetensors; only safetensors checkpoints are read")
 
@@ -75,7 +84,7 @@ class PretrainedWeights:
         prefix work)."""
         for key in (name, name.removeprefix("transformer.")):
             if key in self.files:
-                with safe_open(self.directory / self.files[key], framework="pt") as f:
+                with safe_open(self.files[key], framework="pt") as f:
                     return f.get_tensor(key).to(torch.float32)
         raise SpecError(f"{self.directory} has no tensor {name!r}")
 
