@@ -24,6 +24,7 @@ from worker.engine.chat import (
     render,
     trained,
 )
+from worker.engine.export import export_tokenizer
 
 WORDS = ["[UNK]", "user", "assistant", "system", "hi", "hello", "bye", "ok", "be", "brief"]
 START, END = len(WORDS), len(WORDS) + 1  # the special tokens come after the words
@@ -113,3 +114,27 @@ def test_smollm2s_own_template_gives_the_prompt_transformers_gives(smollm2_dir: 
     assert reference.decode(ids[marks == ANSWER].tolist()) == "hello<|im_end|>\n"
     assert generation_prompt(tokenizer, conversation[:1]) == reference.apply_chat_template(
         conversation[:1], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+
+
+def test_an_export_carries_the_template_a_trial_trained_with_and_ends_generation_at_its_turns_end(
+    tmp_path: Path
+) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    word_tokenizer().save(str(bare / "tokenizer.json"))  # what a dataset's own tokenizer directory holds
+    (tmp_path / "export").mkdir()
+    export_tokenizer(bare, tmp_path / "export", chat_template=DEFAULT_CHAT_TEMPLATE)
+
+    exported = AutoTokenizer.from_pretrained(tmp_path / "export")
+    ids, _ = encode_conversation(chat_tokenizer(word_tokenizer()), CONVERSATION)
+    assert exported.apply_chat_template(CONVERSATION, tokenize=True, return_dict=True)["input_ids"] == ids.tolist()
+    assert exported.eos_token == "<|im_end|>"
+
+    # a checkpoint's own tokenizer, trained with another template: the export renders with that one
+    template = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+    exported.save_pretrained(tmp_path / "checkpoint")
+    (tmp_path / "again").mkdir()
+    export_tokenizer(tmp_path / "checkpoint", tmp_path / "again", chat_template=template)
+    again = AutoTokenizer.from_pretrained(tmp_path / "again")
+    assert again.chat_template == template
+    assert again.eos_token == "<|im_end|>"  # the checkpoint's own, kept

@@ -9,7 +9,10 @@ turns the cache on, so that generating from the export is fast.
 
 With the trial's tokenizer directory, the export also loads with ``AutoTokenizer.from_pretrained``: a
 ``save_pretrained`` tokenizer's files are copied as they are; a bare ``tokenizer.json`` (what the web app's
-datasets and the engine's own BPE training keep) is written through ``PreTrainedTokenizerFast``.
+datasets and the engine's own BPE training keep) is written through ``PreTrainedTokenizerFast``. A trial on
+chat examples rendered with a template its tokenizer does not carry (``DataSpec.chat_template``) exports a
+tokenizer that carries it, so that ``apply_chat_template`` on the download gives the prompts it trained on;
+with the default ChatML template, its end-of-turn token also ends generation.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import GenerationConfig, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
 
 from worker.engine import lora, shared_base
+from worker.engine.chat import CHAT_SPECIAL_TOKENS, DEFAULT_CHAT_TEMPLATE
 from worker.engine.checkpoint_files import checkpoint_file
 from worker.engine.config import LoraSpec
 from worker.engine.errors import SpecError
@@ -38,8 +42,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
 
 
-def export_tokenizer(tokenizer_dir: Path, out_dir: Path) -> None:
-    """Put the tokenizer of ``tokenizer_dir`` into ``out_dir`` so that ``AutoTokenizer`` loads it from there.
+def export_tokenizer(tokenizer_dir: Path, out_dir: Path, *, chat_template: str | None = None) -> None:
+    """Put the tokenizer of ``tokenizer_dir`` into ``out_dir`` so that ``AutoTokenizer`` loads it from there,
+    rendering chats with ``chat_template`` when given.
 
     Only the directory's own files go into the export: ``CheckpointLinkError`` when a symbolic link leads one
     out of it (the export is downloadable, and would carry whatever the link reaches)."""
@@ -50,14 +55,22 @@ def export_tokenizer(tokenizer_dir: Path, out_dir: Path) -> None:
         for name, path in files.items():
             if path.is_file():
                 shutil.copyfile(path, out_dir / name)
-        return
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(files["tokenizer.json"]))
-    if END_OF_TEXT in tokenizer.get_vocab():  # the BPE trained on a corpus marks each document's end with it
-        tokenizer.eos_token = END_OF_TEXT  # so that generate() stops there wherever the export is used
+        if chat_template is None:
+            return
+        tokenizer = AutoTokenizer.from_pretrained(out_dir, local_files_only=True)
+    else:
+        tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(files["tokenizer.json"]))
+        if END_OF_TEXT in tokenizer.get_vocab():  # the BPE trained on a corpus marks each document's end with it
+            tokenizer.eos_token = END_OF_TEXT  # so that generate() stops there wherever the export is used
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+        end_of_turn = CHAT_SPECIAL_TOKENS[1]
+        if chat_template == DEFAULT_CHAT_TEMPLATE and end_of_turn in tokenizer.get_vocab():
+            tokenizer.eos_token = end_of_turn  # an answer ends its turn, and generation stops there
     tokenizer.save_pretrained(out_dir)
 
 
-def _write_configs(out_dir: Path, stack: LayerStack, tokenizer_dir: Path | None) -> None:
+def _write_configs(out_dir: Path, stack: LayerStack, tokenizer_dir: Path | None, chat_template: str | None) -> None:
     """The model's config, a generation config with the cache on, and the tokenizer when given."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stack.config.save_pretrained(out_dir)
@@ -65,16 +78,17 @@ def _write_configs(out_dir: Path, stack: LayerStack, tokenizer_dir: Path | None)
     generation.use_cache = True
     generation.save_pretrained(out_dir)
     if tokenizer_dir is not None:
-        export_tokenizer(Path(tokenizer_dir), out_dir)
+        export_tokenizer(Path(tokenizer_dir), out_dir, chat_template=chat_template)
 
 
 def export_pretrained(out_dir: Path, *, store: SpillStore, stack: LayerStack, layout: Layout,
-                      tokenizer_dir: Path | None = None, after_file: Callable[[], None] = lambda: None) -> None:
+                      tokenizer_dir: Path | None = None, chat_template: str | None = None,
+                      after_file: Callable[[], None] = lambda: None) -> None:
     """Write the parameters committed in ``store`` (laid out as ``layout``), ``stack``'s config and the
     tokenizer of ``tokenizer_dir`` (when given) to ``out_dir``; ``after_file`` is called after each shard's
     file is written (a fault point)."""
     out_dir = Path(out_dir)
-    _write_configs(out_dir, stack, tokenizer_dir)
+    _write_configs(out_dir, stack, tokenizer_dir, chat_template)
     n = len(layout.slots)
     weight_map: dict[str, str] = {}
     total = 0
@@ -96,7 +110,7 @@ def export_pretrained(out_dir: Path, *, store: SpillStore, stack: LayerStack, la
 
 def export_lora(out_dir: Path, *, store: SpillStore, stack: LayerStack, layout: Layout, spec: LoraSpec,
                 base_dir: str | None, base_root: Path, tokenizer_dir: Path | None = None,
-                after_file: Callable[[], None] = lambda: None) -> None:
+                chat_template: str | None = None, after_file: Callable[[], None] = lambda: None) -> None:
     """A LoRA trial's export: the PEFT adapter directory in ``out_dir/adapter`` and, in ``out_dir`` itself,
     the merged model (the shared base's weights with each adapter merged in, :func:`worker.engine.lora.merged`)
     as a ``save_pretrained`` directory that loads and generates like a fully trained trial's export."""
@@ -109,7 +123,7 @@ def export_lora(out_dir: Path, *, store: SpillStore, stack: LayerStack, layout: 
     family = stack.config.model_type
     lora.write_adapter(out_dir / lora.ADAPTER_DIR, spec=spec, family=family, base_dir=base_dir, adapters=adapters)
     after_file()
-    _write_configs(out_dir, stack, tokenizer_dir)
+    _write_configs(out_dir, stack, tokenizer_dir, chat_template)
     pairs = {lora.base_name(lora.target_of(name)) + ".weight": (a, adapters[name.replace(".lora_A.", ".lora_B.")])
              for name, a in adapters.items() if ".lora_A." in name}
     index = json.loads((base_root / shared_base.INDEX).read_text())

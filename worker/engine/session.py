@@ -309,11 +309,11 @@ class TrialSession(ShardUnits):
             export_lora(out_dir, store=self.store, stack=self.stack, layout=self.layout, spec=self.spec.lora,
                         base_dir=self.spec.model.pretrained_dir, base_root=self.base_root,
                         tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
-                        after_file=lambda: self.reach("mid-export"))
+                        chat_template=self.spec.data.chat_template, after_file=lambda: self.reach("mid-export"))
             return
         export_pretrained(out_dir, store=self.store, stack=self.stack, layout=self.layout,
                           tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
-                          after_file=lambda: self.reach("mid-export"))
+                          chat_template=self.spec.data.chat_template, after_file=lambda: self.reach("mid-export"))
 
     def reach(self, point: str) -> None:
         """Fault point `point` (a name of `worker.engine.faults.POINTS`) of the current unit."""
