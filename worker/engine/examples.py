@@ -169,6 +169,8 @@ class ExampleRows:
             raise SpecError(f"{holdout_rows} held-out rows were declared, but {len(self.val_examples)} validation "
                             f"examples fit a sequence of {seq_len} tokens")
         self._trained = trained(np.asarray(examples.marks), self.loss_on)
+        # Evaluations score the answers whatever a trial trains on, so the trials of a loss_on sweep compare.
+        self._scored = trained(np.asarray(examples.marks), LossOn.ASSISTANT)
         self.token_bytes = examples.token_bytes
         self._epochs: dict[tuple[int, int], list[Row]] = {}  # (seed, epoch) -> rows, the last two laid out
         self._epoch_sizes: dict[tuple[int, int], int] = {}  # (seed, epoch) -> rows, every epoch laid out once
@@ -201,8 +203,10 @@ class ExampleRows:
         """The validation examples in their order, laid out (the same rows for every evaluation)."""
         return self._layout(self.val_examples)
 
-    def row_tensors(self, rows: list[Row]) -> Batch:
-        """`rows` as a batch of (len(rows), seq_len) tensors."""
+    def row_tensors(self, rows: list[Row], *, scored: bool = False) -> Batch:
+        """`rows` as a batch of (len(rows), seq_len) tensors, labelled for training (the tokens ``loss_on``
+        names), or `scored` for an evaluation (the answers' tokens)."""
+        covered = self._scored if scored else self._trained
         ids = np.full((len(rows), self.seq_len), PAD_ID, dtype=np.int64)
         labels = np.full((len(rows), self.seq_len), IGNORE, dtype=np.int64)
         positions = np.tile(np.arange(self.seq_len, dtype=np.int64), (len(rows), 1))
@@ -214,7 +218,7 @@ class ExampleRows:
                 n = end - begin
                 tokens = np.asarray(self.examples.ids[begin:end], dtype=np.int64)
                 ids[r, at: at + n] = tokens
-                labels[r, at: at + n] = np.where(self._trained[begin:end], tokens, IGNORE)
+                labels[r, at: at + n] = np.where(covered[begin:end], tokens, IGNORE)
                 labels[r, at] = IGNORE  # an example's first token is predicted from nothing of its own
                 positions[r, at:] = np.arange(self.seq_len - at)
                 at += n
@@ -241,17 +245,17 @@ class ExampleRows:
     def eval_batch(self, *, batch: int, batch_size: int) -> Batch:
         """Validation batch number `batch` (wrapping around the validation rows)."""
         rows = self.val_rows
-        return self.row_tensors([rows[k % len(rows)] for k in range(batch * batch_size, (batch + 1) * batch_size)])
+        return self.row_tensors([rows[k % len(rows)] for k in range(batch * batch_size, (batch + 1) * batch_size)],
+                                scored=True)
 
     def final_batch(self, *, batch: int, batch_size: int) -> tuple[Batch, int | None]:
         """The final evaluation's batch number `batch`: the validation examples one a row, every one once (the
         last batch may be shorter), and the UTF-8 bytes of the tokens it labels (None without ``token_bytes``)."""
         rows = [(int(k),) for k in self.val_examples[batch * batch_size: (batch + 1) * batch_size]]
-        return self.row_tensors(rows), self._labelled_bytes(rows)
+        return self.row_tensors(rows, scored=True), self._labelled_bytes(rows)
 
     def eval_bytes(self, *, batch: int, batch_size: int) -> int | None:
-        """UTF-8 bytes of the tokens :meth:`eval_batch` labels (those its loss covers); None without
-        ``token_bytes``."""
+        """UTF-8 bytes of the tokens :meth:`eval_batch` labels (the answers'); None without ``token_bytes``."""
         rows = self.val_rows
         return self._labelled_bytes([rows[k % len(rows)] for k in range(batch * batch_size, (batch + 1) * batch_size)])
 
@@ -262,7 +266,7 @@ class ExampleRows:
         for row in rows:
             for example in row:
                 begin, end = int(self.examples.starts[example]), int(self.examples.starts[example + 1])
-                covered = self._trained[begin + 1: end]  # an example's first token is never a label
+                covered = self._scored[begin + 1: end]  # an example's first token is never a label
                 total += int(np.asarray(self.token_bytes[begin + 1: end], dtype=np.int64)[covered].sum())
         return total
 
