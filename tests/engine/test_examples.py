@@ -42,9 +42,9 @@ def test_a_set_whose_arrays_disagree_is_refused(tmp_path: Path) -> None:
         ExampleSet.load(tmp_path)
 
 
-def test_packing_fills_rows_in_order_and_starts_a_row_when_the_next_example_does_not_fit() -> None:
+def test_packing_puts_each_example_in_the_first_row_it_fits_and_starts_a_row_when_none_has_room() -> None:
     lengths = np.array([3, 2, 4, 6, 2])
-    assert pack(lengths, np.array([0, 1, 2, 3, 4]), 6) == [(0, 1), (2,), (3,), (4,)]
+    assert pack(lengths, np.array([0, 1, 2, 3, 4]), 6) == [(0, 1), (2, 4), (3,)]
     assert pack(lengths, np.array([4, 0, 1, 2, 3]), 7) == [(4, 0, 1), (2,), (3,)]
 
 

@@ -7,13 +7,13 @@ the UTF-8 bytes of text each token stands for), from which evaluations report bi
 the loss covers. Examples longer than the trial's sequence
 length are dropped, never cut (a cut answer teaches the model to stop mid-sentence), and counted.
 
-A row holds one example (``packing`` off) or as many whole examples as fit, in the seeded order (``packing``
-on). Positions restart at 0 on each example's first token: the attention of the model's own mask functions
-keeps to each example when positions restart (``transformers.masking_utils`` reads packed rows from
-``position_ids``), and rotary or learned position embeddings see the numbers they would see unpacked. An
-example's first token is never a label (unpacked, nothing precedes it), so packing changes which examples
-share a row, not what any example's loss is. Padding fills each row's end; its labels are -100 and its
-positions go on from the last example's.
+A row holds one example (``packing`` off) or several whole examples (``packing`` on: each joins the first
+recent row it fits in, in the seeded order; see :func:`pack`). Positions restart at 0 on each example's first
+token: the attention of the model's own mask functions keeps to each example when positions restart
+(``transformers.masking_utils`` reads packed rows from ``position_ids``), and rotary or learned position
+embeddings see the numbers they would see unpacked. An example's first token is never a label (unpacked,
+nothing precedes it), so packing changes which examples share a row, not what any example's loss is. Padding
+fills each row's end; its labels are -100 and its positions go on from the last example's.
 
 Like :class:`~worker.engine.data.TokenBlocks`, every batch is a pure function of (examples, seed, step): no
 torch RNG is consumed, and any process can rebuild any micro-batch.
@@ -115,23 +115,26 @@ class Batch:
 Row = tuple[int, ...]  # the examples of one row, in order
 
 
+PACK_WINDOW = 32  # rows still open to examples while packing: first fit among them, so packing stays linear
+
+
 def pack(lengths: np.ndarray, order: np.ndarray, seq_len: int) -> list[Row]:
-    """Examples in `order` filled into rows of at most `seq_len` tokens: each row takes the next examples
-    while they fit, and an example that does not fit starts the next row (so the order is kept, and rows
-    are a pure function of the order)."""
-    rows: list[Row] = []
-    current: list[int] = []
-    used = 0
+    """Examples in `order` packed into rows of at most `seq_len` tokens, first fit: each example joins the
+    first of the last `PACK_WINDOW` rows it fits in, else starts a row. Rows come in the order they were
+    started, and are a pure function of the order."""
+    rows: list[list[int]] = []
+    room: list[int] = []  # free tokens of each row
     for example in order.tolist():
         length = int(lengths[example])
-        if current and used + length > seq_len:
-            rows.append(tuple(current))
-            current, used = [], 0
-        current.append(example)
-        used += length
-    if current:
-        rows.append(tuple(current))
-    return rows
+        first_open = max(0, len(rows) - PACK_WINDOW)
+        target = next((r for r in range(first_open, len(rows)) if room[r] >= length), None)
+        if target is None:
+            rows.append([])
+            room.append(seq_len)
+            target = len(rows) - 1
+        rows[target].append(example)
+        room[target] -= length
+    return [tuple(row) for row in rows]
 
 
 class ExampleRows:
