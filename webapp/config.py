@@ -63,6 +63,7 @@ class Config:
     database: dict[str, object]
     data_dir: Path
     models_root: Path
+    import_dir: Path  # the server-side folder datasets may be imported from, for files too large to upload
     max_upload_bytes: int
     caps: Caps
     csrf_trusted_origins: list[str]
@@ -208,6 +209,7 @@ def _load(environ: Mapping[str, str]) -> Config:
         database=database_config(environ, worker.data_dir),
         data_dir=worker.data_dir,
         models_root=envpath(environ, "HYDRA_MODELS_ROOT", worker.data_dir / "models"),
+        import_dir=envpath(environ, "HYDRA_IMPORT_DIR", worker.data_dir / "imports"),
         max_upload_bytes=envint(environ, "HYDRA_MAX_UPLOAD_MB", 50, minimum=1) * 1024 * 1024,
         caps=caps_config(environ),
         csrf_trusted_origins=origins,

@@ -1,18 +1,34 @@
-"""The dataset form: turns an upload (or the sample choice) into validated text and tokenizer settings."""
+"""The dataset form: turns an upload, a file in the import folder or a sample into a checked file, its kind and
+tokenizer settings.
+
+A file of instruction or chat data (a ``records.SUFFIXES`` suffix) is checked cheaply here: its kind, from
+the columns of its first rows (`file_head`); the web worker reads every row. Any other file is a text corpus,
+checked as UTF-8 text.
+"""
 
 from __future__ import annotations
 
 import codecs
+from pathlib import Path
 
 from django import forms
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.files.base import ContentFile, File
 from django.core.files.uploadedfile import UploadedFile
 from django.template.defaultfilters import filesizeformat
 
+from webapp.datasets.file_head import file_kind
+from webapp.datasets.imports import MAX_PATH_CHARS, import_dir, import_file
 from webapp.datasets.models import Dataset
+from webapp.datasets.records import SUFFIXES, Kind, RecordsError
+from webapp.datasets.sample_chat import SAMPLE_CHAT_FILENAME, SAMPLE_CHAT_NAME, sample_chat_jsonl
 from webapp.datasets.sample_corpus import sample_corpus_text
 from webapp.datasets.tokenization import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE
+
+IMPORT_SUFFIXES = (*SUFFIXES, ".txt")
+KIND_CHOICES = [("", "Detect from the columns"),
+                *((value, label) for value, label in Dataset.Kind.choices if value != Dataset.Kind.CORPUS)]
 
 
 def check_corpus(corpus: File) -> None:
@@ -55,7 +71,14 @@ class DatasetForm(forms.Form):
     name = forms.CharField(max_length=120, required=False, help_text="Defaults to the file's name.")
     source = forms.ChoiceField(choices=Dataset.Source.choices, initial=Dataset.Source.SAMPLE,
                                widget=forms.RadioSelect)
-    file = forms.FileField(required=False, help_text="A UTF-8 text file.")
+    file = forms.FileField(required=False, help_text=(
+        "A UTF-8 text corpus, or instruction or chat data: .jsonl, .ndjson, .json, .csv or .parquet."))
+    server_path = forms.CharField(
+        required=False, max_length=MAX_PATH_CHARS,
+        help_text="For a file too large to upload: its path relative to the server's import folder.")
+    kind = forms.ChoiceField(choices=KIND_CHOICES, required=False, help_text=(
+        "Instruction and chat data: what its rows hold. text: a text column; prompt_completion: prompt and "
+        "completion; alpaca: instruction, input and output; messages: messages or conversations."))
     vocab_size = forms.IntegerField(min_value=MIN_VOCAB_SIZE, max_value=MAX_VOCAB_SIZE, initial=2048,
                                     help_text="Tokenizer vocabulary size (byte-level BPE).")
     val_fraction = forms.FloatField(min_value=0.01, max_value=0.5, initial=0.1,
@@ -73,25 +96,57 @@ class DatasetForm(forms.Form):
         return upload
 
     def clean(self) -> dict[str, object]:
-        """Adds ``corpus`` (a file) and fills ``name``: the form's output is what `dataset_create` takes."""
+        """Adds ``corpus`` (a file) and ``filename``, resolves ``kind`` (a `Dataset.Kind`) and fills ``name``:
+        the form's output is what `dataset_create` takes."""
         cleaned = super().clean()
         source = cleaned.get("source")
         upload: UploadedFile | None = cleaned.get("file")
         if source == Dataset.Source.UPLOAD:
             if upload is None:
                 if "file" not in self.errors:
-                    self.add_error("file", "Choose a file to upload, or use the built-in sample corpus.")
+                    self.add_error("file", "Choose a file to upload, or use a built-in sample.")
                 return cleaned
+            self._take("file", upload, filename=upload.name or "", check=upload)
+        elif source == Dataset.Source.IMPORT:
             try:
-                check_corpus(upload)
-            except forms.ValidationError as error:
-                self.add_error("file", error)
+                path = import_file(cleaned.get("server_path") or "", suffixes=IMPORT_SUFFIXES)
+            except ValidationError as error:
+                self.add_error("server_path", error)
                 return cleaned
-            cleaned["corpus"] = upload
-            cleaned["filename"] = upload.name or ""
-            cleaned["name"] = cleaned.get("name") or upload.name or "Uploaded corpus"
+            relative = path.relative_to(import_dir()).as_posix()
+            with path.open("rb") as opened:
+                # Stored by `dataset_create`, which opens it again by name and copies it in chunks.
+                self._take("server_path", File(None, name=str(path)), filename=relative, check=File(opened))
         elif source == Dataset.Source.SAMPLE:
-            cleaned["corpus"] = ContentFile(sample_corpus_text().encode("utf-8"), name="sample.txt")
-            cleaned["filename"] = ""
-            cleaned["name"] = cleaned.get("name") or "Python reference (sample)"
+            cleaned.update(corpus=ContentFile(sample_corpus_text().encode("utf-8"), name="sample.txt"), filename="",
+                           kind=Dataset.Kind.CORPUS, name=cleaned.get("name") or "Python reference (sample)")
+        elif source == Dataset.Source.SAMPLE_CHAT:
+            cleaned.update(corpus=ContentFile(sample_chat_jsonl().encode("utf-8"), name=SAMPLE_CHAT_FILENAME),
+                           filename=SAMPLE_CHAT_FILENAME, kind=Dataset.Kind.MESSAGES,
+                           name=cleaned.get("name") or SAMPLE_CHAT_NAME)
         return cleaned
+
+    def _take(self, field: str, corpus: File, *, filename: str, check: File) -> None:
+        """Check the file (`check`, open) and set the cleaned ``corpus``, ``filename``, ``kind`` and ``name``,
+        or add an error to `field`."""
+        suffix, shown = Path(filename).suffix.lower(), Path(filename).name
+        chosen = self.cleaned_data.get("kind")
+        try:
+            if suffix in SUFFIXES:
+                try:
+                    kind = file_kind(check, suffix=suffix, kind=Kind(chosen) if chosen else None).value
+                except RecordsError as error:
+                    raise forms.ValidationError(f"{shown}: {error}", code="records") from None
+            elif chosen:
+                raise forms.ValidationError(
+                    f"{shown} is a text corpus: a kind applies to instruction and chat data "
+                    f"({', '.join(SUFFIXES)}). Choose 'Detect from the columns', or upload such a file.",
+                    code="kind")
+            else:
+                check_corpus(check)
+                kind = Dataset.Kind.CORPUS
+        except forms.ValidationError as error:
+            self.add_error(field, error)
+            return
+        self.cleaned_data.update(corpus=corpus, filename=filename, kind=kind,
+                                 name=self.cleaned_data.get("name") or shown or "Uploaded corpus")

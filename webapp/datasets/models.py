@@ -1,11 +1,13 @@
-"""A dataset is a team's text corpus plus the tokenizer trained on it and the corpus as token ids.
+"""A dataset is a team's text corpus, or file of instruction or chat data, plus the tokenizer trained on it and
+its token ids: token blocks of the corpus, or the examples of the instruction data.
 
-The corpus is stored when it is uploaded; the tokenizer and the token ids follow from the web worker
+The file is stored when it is uploaded; the tokenizer and the token ids follow from the web worker
 (``tokenizing`` until then, ``ready`` or ``failed`` after).
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from django.conf import settings
@@ -23,8 +25,19 @@ def datasets_root() -> Path:
 
 class Dataset(WebWork):
     class Source(models.TextChoices):
-        UPLOAD = "upload", "Uploaded corpus"
+        UPLOAD = "upload", "Uploaded file"
+        IMPORT = "import", "File in the server's import folder"
         SAMPLE = "sample", "Built-in sample corpus"
+        SAMPLE_CHAT = "sample_chat", "Built-in sample chat data"
+
+    class Kind(models.TextChoices):
+        """A plain text corpus (token blocks), or instruction data of one `records.Kind` (examples)."""
+
+        CORPUS = "corpus", "Text corpus"
+        TEXT = "text", "Text rows"
+        PROMPT_COMPLETION = "prompt_completion", "Prompt and completion"
+        ALPACA = "alpaca", "Alpaca instructions"
+        MESSAGES = "messages", "Chat messages"
 
     class Status(models.TextChoices):
         TOKENIZING = "tokenizing", "Tokenizing…"
@@ -37,11 +50,20 @@ class Dataset(WebWork):
     TOKENIZER_FILE = "tokenizer.json"
     TOKENS_FILE = "tokens.npy"
     TOKEN_BYTES_FILE = "token_bytes.npy"
+    SOURCE_STEM = "source"
+    RECORDS_FILE = "records.jsonl"
+    BAD_ROWS_FILE = "bad_rows.json"
+    EXAMPLES_DIR = "examples"
+    PREVIEW_FILE = "preview.json"
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="datasets")
     name = models.CharField(max_length=120)
-    source = models.CharField(max_length=10, choices=Source.choices)
-    filename = models.CharField(max_length=255, blank=True, help_text="The uploaded file's name, if any.")
+    source = models.CharField(max_length=12, choices=Source.choices)
+    kind = models.CharField(
+        max_length=20, choices=Kind.choices, default=Kind.CORPUS,
+        help_text="A text corpus (token blocks), or the kind of rows of an instruction or chat data file.")
+    filename = models.CharField(max_length=255, blank=True,
+                                help_text="The uploaded file's name, or its path in the import folder, if any.")
     status = models.CharField(
         max_length=12, choices=Status.choices, default=Status.TOKENIZING,
         help_text="The web worker trains the tokenizer after the upload; experiments use ready datasets only.",
@@ -53,6 +75,13 @@ class Dataset(WebWork):
         help_text="Fraction of the corpus's UTF-8 bytes (its tail, from a line start) held out for validation.")
     n_bytes = models.BigIntegerField()
     n_tokens = models.BigIntegerField(default=0, help_text="0 until the corpus is tokenized.")
+    n_rows = models.PositiveIntegerField(default=0, help_text="Instruction data: rows read, good and bad.")
+    n_examples = models.PositiveIntegerField(
+        default=0, help_text="Instruction data: the examples tokenized, training and validation.")
+    n_bad_rows = models.PositiveIntegerField(
+        default=0, help_text="Instruction data: rows that are no example (unreadable, or refused by the template).")
+    train_examples = models.PositiveIntegerField(
+        default=0, help_text="Instruction data: the examples of the training split (the first ones of the set).")
     fingerprint = models.CharField(
         max_length=64, db_index=True,
         help_text="sha256 of the corpus, vocabulary size and split: equal fingerprints are comparable results.",
@@ -81,8 +110,49 @@ class Dataset(WebWork):
         return self.status == self.Status.READY
 
     @property
+    def is_instruction(self) -> bool:
+        """Instruction or chat data (examples), rather than a text corpus (token blocks)."""
+        return self.kind != self.Kind.CORPUS
+
+    @property
+    def val_examples(self) -> int:
+        return self.n_examples - self.train_examples
+
+    @property
     def directory(self) -> Path:
         return datasets_root() / self.storage_key
+
+    @classmethod
+    def stored_name(cls, kind: str, filename: str) -> str:
+        """The name a dataset's file is stored under: the corpus's, or for instruction data ``source`` with the
+        suffix of `filename` (``source.jsonl``), which says its format."""
+        return cls.CORPUS_FILE if kind == cls.Kind.CORPUS else f"{cls.SOURCE_STEM}{Path(filename).suffix.lower()}"
+
+    @property
+    def source_path(self) -> Path:
+        """The instruction data file as uploaded (`stored_name`)."""
+        return self.directory / self.stored_name(self.kind, self.filename)
+
+    @property
+    def records_path(self) -> Path:
+        """The examples, normalized, one JSON object a line (``{"line", "text", "messages"}``), in split order:
+        the training examples, then the validation ones, each part in file order."""
+        return self.directory / self.RECORDS_FILE
+
+    @property
+    def bad_rows_path(self) -> Path:
+        """The first bad rows as ``[line, reason]`` pairs (all of them are counted in ``n_bad_rows``)."""
+        return self.directory / self.BAD_ROWS_FILE
+
+    @property
+    def examples_dir(self) -> Path:
+        """The examples under the dataset's own tokenizer and the default chat template (an ``ExampleSet``)."""
+        return self.directory / self.EXAMPLES_DIR
+
+    @property
+    def preview_path(self) -> Path:
+        """What the detail page shows of instruction data, written by the web worker."""
+        return self.directory / self.PREVIEW_FILE
 
     @property
     def tokens_path(self) -> Path:
@@ -118,11 +188,17 @@ class Dataset(WebWork):
         return split_sizes(self.n_tokens, self.val_fraction)[1]
 
 
+def template_sha256(chat_template: str) -> str:
+    """Which chat template a `DatasetTokens` row renders with: its sha256, "" for none given."""
+    return hashlib.sha256(chat_template.encode()).hexdigest() if chat_template else ""
+
+
 class DatasetTokens(WebWork):
     """A dataset's corpus as the token ids of a pretrained model's tokenizer, so that a pretrained model trains
-    on ids its embeddings know. One per dataset and tokenizer (its ``tokenizer_sha256``), computed once by the
-    web worker and shared by every experiment that trains that model on that dataset; deleted with the dataset
-    (its file lies in the dataset's directory)."""
+    on ids its embeddings know; for instruction data, its examples rendered with a chat template. One per
+    dataset, tokenizer (its ``tokenizer_sha256``) and chat template, computed once by the web worker and shared
+    by every experiment that trains that model on that dataset; deleted with the dataset (its files lie in the
+    dataset's directory)."""
 
     class Status(models.TextChoices):
         TOKENIZING = "tokenizing", "Tokenizing…"
@@ -136,17 +212,23 @@ class DatasetTokens(WebWork):
     tokenizer_sha256 = models.CharField(max_length=64, help_text="Which tokenizer: its checkpoint's fingerprint.")
     tokenizer_dir = models.CharField(max_length=500, help_text="The directory holding its tokenizer.json.")
     model_name = models.CharField(max_length=200, help_text="The model whose tokenizer it is, for the pages.")
+    chat_template = models.TextField(
+        blank=True, help_text="Instruction data: the chat template; blank for the checkpoint's own, else ChatML.")
+    template_sha256 = models.CharField(max_length=64, blank=True,
+                                       help_text="sha256 of the chat template; blank for none given.")
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.TOKENIZING)
     message = models.TextField(blank=True, help_text="Why tokenizing failed, for the UI.")
     n_tokens = models.BigIntegerField(default=0, help_text="0 until the corpus is tokenized.")
     max_id = models.BigIntegerField(default=0, help_text="The largest token id: a model needs more embeddings.")
     val_start = models.BigIntegerField(
         null=True, blank=True, help_text="Index of the token where the dataset's validation text begins.")
+    train_examples = models.PositiveIntegerField(
+        default=0, help_text="Instruction data: the examples of the training split (the first ones of the set).")
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["dataset", "tokenizer_sha256"],
-                                               name="unique_tokens_per_dataset_and_tokenizer")]
+        constraints = [models.UniqueConstraint(fields=["dataset", "tokenizer_sha256", "template_sha256"],
+                                               name="unique_tokens_per_dataset_tokenizer_and_template")]
 
     def __str__(self) -> str:
         return f"{self.dataset} with {self.model_name}'s tokenizer"
@@ -162,6 +244,11 @@ class DatasetTokens(WebWork):
     @property
     def token_bytes_path(self) -> Path:
         return self.dataset.directory / f"tokens-{self.tokenizer_sha256[:32]}.bytes.npy"
+
+    @property
+    def examples_dir(self) -> Path:
+        """Instruction data: the examples under this tokenizer and template (an ``ExampleSet``)."""
+        return self.dataset.directory / f"examples-{self.pk}"
 
     @property
     def train_tokens(self) -> int:

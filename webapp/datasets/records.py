@@ -49,7 +49,8 @@ from webapp.datasets.record_rows import (
     prompt_completion_messages,
 )
 
-__all__ = ["ROLES", "BadRow", "Example", "Kind", "Records", "RecordsError", "detect_kind", "read_records"]
+__all__ = ["ROLES", "BadRow", "Example", "Kind", "Records", "RecordsError", "checked_kind", "detect_kind",
+           "read_records"]
 
 SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".parquet")
 PARQUET_BATCH_ROWS = 1_024
@@ -147,7 +148,7 @@ def _collect(items: Iterator[Item], *, kind: Kind | None, name: str) -> Records:
             bad.append(BadRow(line, f"row is {described(row)}, not an object"))
             continue
         if settled is None:
-            found = _checked_kind(kind, row.keys())
+            found = checked_kind(kind, row.keys())
             settled = (found, "messages" if "messages" in row else "conversations")
         try:
             examples.append(_example(line, row, kind=settled[0], messages_column=settled[1]))
@@ -171,7 +172,9 @@ def _example(line: int, row: dict[str, object], *, kind: Kind, messages_column: 
     return Example(line=line, text=None, messages=prompt_completion_messages(row))
 
 
-def _checked_kind(kind: Kind | None, columns: Collection[str]) -> Kind:
+def checked_kind(kind: Kind | None, columns: Collection[str]) -> Kind:
+    """The kind of rows with these columns: `kind` when they have its columns, else RecordsError; with `kind`
+    None, the one `detect_kind` finds."""
     if kind is None:
         return detect_kind(columns)
     if not any(set(group) <= set(columns) for group in KIND_COLUMNS[kind]):
@@ -275,7 +278,7 @@ def _parquet_rows(path: Path, *, kind: Kind | None) -> Iterator[Item]:
     try:
         file = pq.ParquetFile(path)
         names = file.schema_arrow.names
-        kind = _checked_kind(kind, names)
+        kind = checked_kind(kind, names)
         wanted = {column for group in KIND_COLUMNS[kind] for column in group} | set(OPTIONAL_COLUMNS.get(kind, ()))
         batches = file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[c for c in names if c in wanted])
         number = 0

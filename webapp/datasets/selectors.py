@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
@@ -9,6 +11,8 @@ from webapp.accounts.models import Team
 from webapp.accounts.roles import can_change
 from webapp.accounts.selectors import team_scoped_get
 from webapp.datasets.models import Dataset
+
+BAD_ROWS_SHOWN = 100
 
 
 def dataset_list(*, team: Team | None) -> QuerySet[Dataset]:
@@ -36,3 +40,11 @@ def dataset_preview(*, dataset: Dataset, chars: int = 600) -> dict[str, object]:
     tokenizer = Tokenizer.from_file(str(dataset.tokenizer_path))
     pieces = [tokenizer.decode([token]) for token in tokenizer.encode(head[:200]).ids]
     return {"text": head, "pieces": pieces}
+
+
+def dataset_examples_preview(*, dataset: Dataset) -> dict[str, object]:
+    """What the web worker wrote for a ready instruction dataset's page: its first training examples as
+    segments, the examples too long for each max_seq_len, and the first `BAD_ROWS_SHOWN` bad rows."""
+    preview = json.loads(dataset.preview_path.read_text(encoding="utf-8"))
+    bad_rows = json.loads(dataset.bad_rows_path.read_text(encoding="utf-8"))[:BAD_ROWS_SHOWN]
+    return {**preview, "bad_rows": bad_rows}

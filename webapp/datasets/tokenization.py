@@ -12,6 +12,7 @@ report bits per byte.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,8 +47,9 @@ class TokenizedCorpus:
         return self.tokenizer.get_vocab_size()
 
 
-def train_tokenizer(text: str, *, vocab_size: int) -> Tokenizer:
-    """A GPT-2-style byte-level BPE tokenizer trained on `text` with at most `vocab_size` tokens.
+def train_tokenizer(text: str, *, vocab_size: int, special_tokens: Sequence[str] = ()) -> Tokenizer:
+    """A GPT-2-style byte-level BPE tokenizer trained on `text` with at most `vocab_size` tokens: ids 0, 1, ...
+    are the end-of-text token and then `special_tokens` (a chat template's markers, each kept one token).
 
     Every byte is in the alphabet, so any later text encodes; a small corpus may end with fewer merges (and
     so a smaller vocabulary) than asked for.
@@ -60,7 +62,7 @@ def train_tokenizer(text: str, *, vocab_size: int) -> Tokenizer:
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[END_OF_TEXT],
+        special_tokens=[END_OF_TEXT, *special_tokens],
         show_progress=False,
     )
     tokenizer.train_from_iterator(_chunks(text), trainer=trainer)

@@ -33,7 +33,7 @@ def dataset_list(request: HttpRequest) -> HttpResponse:
             dataset = services.dataset_create(
                 team=request.team, user=request.user, name=data["name"], corpus=data["corpus"],
                 source=data["source"], vocab_size=data["vocab_size"], val_fraction=data["val_fraction"],
-                filename=data["filename"],
+                filename=data["filename"], kind=data["kind"],
             )
         except ValidationError as error:
             form_add_errors(form, error)
@@ -53,10 +53,12 @@ def dataset_list(request: HttpRequest) -> HttpResponse:
 @team_required
 def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
     dataset = selectors.dataset_get(team=request.team, dataset_id=dataset_id)
+    corpus, examples = dataset.is_ready and not dataset.is_instruction, dataset.is_ready and dataset.is_instruction
     return render(
         request, "datasets/dataset_detail.html",
         {
-            "dataset": dataset, "preview": selectors.dataset_preview(dataset=dataset) if dataset.is_ready else None,
+            "dataset": dataset, "preview": selectors.dataset_preview(dataset=dataset) if corpus else None,
+            "examples": selectors.dataset_examples_preview(dataset=dataset) if examples else None,
             "can_delete": selectors.dataset_can_delete(user=request.user, dataset=dataset),
             "token_sets": dataset.token_sets.order_by("model_name"),
         },

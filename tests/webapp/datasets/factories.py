@@ -7,6 +7,10 @@ from pathlib import Path
 
 from django.conf import LazySettings
 from django.core.files.base import ContentFile
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.http import HttpResponse
+from django.test import Client
+from django.urls import reverse
 
 from webapp.accounts.models import Team
 from webapp.datasets.models import Dataset
@@ -19,9 +23,11 @@ TINY_CORPUS = (
 
 
 def use_data_dir(settings: LazySettings, path: Path) -> None:
-    """Point HYDRA_DATA_DIR (and the spill and models roots under it) at `path` for one test."""
+    """Point HYDRA_DATA_DIR (and the spill and models roots and the import folder under it) at `path` for one
+    test."""
     worker = dataclasses.replace(settings.HYDRA.worker, data_dir=path, spill_dir=path / "spill")
-    settings.HYDRA = dataclasses.replace(settings.HYDRA, data_dir=path, models_root=path / "models", worker=worker)
+    settings.HYDRA = dataclasses.replace(settings.HYDRA, data_dir=path, models_root=path / "models",
+                                         import_dir=path / "imports", worker=worker)
 
 
 def make_dataset(team: Team, name: str = "tiny", text: str = TINY_CORPUS, vocab_size: int = 300) -> Dataset:
@@ -30,6 +36,24 @@ def make_dataset(team: Team, name: str = "tiny", text: str = TINY_CORPUS, vocab_
         team=team, user=None, name=name, corpus=ContentFile(text.encode()), source=Dataset.Source.UPLOAD,
         vocab_size=vocab_size, val_fraction=0.1, filename=f"{name}.txt",
     )
+    dataset_tokenize(dataset_id=dataset.pk)
+    dataset.refresh_from_db()
+    return dataset
+
+
+def upload(client: Client, filename: str, content: bytes, /, **fields: object) -> HttpResponse:
+    """Post `content` as the file `filename` through the dataset page's form, as a browser does."""
+    data = {"source": "upload", "vocab_size": 300, "val_fraction": 0.25, "kind": "",
+            "file": SimpleUploadedFile(filename, content), **fields}
+    return client.post(reverse("dataset_list"), data)
+
+
+def upload_and_build(client: Client, filename: str, content: bytes, /, **fields: object) -> Dataset:
+    """`upload` the file, then build the dataset here as the web worker would."""
+    response = upload(client, filename, content, **fields)
+    assert response.status_code == 302, response.content.decode()
+    dataset = Dataset.objects.latest("pk")
+    assert response["Location"] == reverse("dataset_detail", args=[dataset.pk])
     dataset_tokenize(dataset_id=dataset.pk)
     dataset.refresh_from_db()
     return dataset

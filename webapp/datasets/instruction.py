@@ -1,0 +1,270 @@
+"""The web worker's build of an instruction or chat dataset: its file read into examples, split, tokenized with
+the dataset's own tokenizer (or a pretrained model's, with a chat template), and previewed for its page.
+
+The engine renders and marks the examples (`worker.engine.chat`, `worker.engine.examples`), imported only
+inside the functions here: the web server never loads torch or transformers. The files, in the dataset's
+directory, are written under temporary names and renamed into place, so a build that runs again replaces them:
+
+- ``records.jsonl``: the examples, ``{"line", "text", "messages"}`` a line, in split order: the training
+  examples, then the validation ones, each part in file order. A pretrained tokenizer encodes this file in
+  this order, so every tokenizer's example set splits at the same example.
+- ``bad_rows.json``: the first `MAX_BAD_ROWS_KEPT` ``[line, reason]`` pairs, rows the template refused among them.
+- ``tokenizer.json``, ``examples/``: the dataset's own byte-level BPE, and the examples under it and ChatML.
+- ``preview.json``: what the detail page shows (`preview`).
+
+The validation examples are whole examples: those a permutation seeded with `VAL_SEED` puts last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from django.conf import settings
+from tokenizers import Tokenizer, models
+
+from webapp.datasets.models import Dataset, DatasetTokens
+from webapp.datasets.records import BadRow, Example, Kind, RecordsError, read_records
+from webapp.datasets.tokenization import END_OF_TEXT, token_byte_lengths, train_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from worker.engine.examples import Encoded, ExampleSet
+
+VAL_SEED = 0
+MAX_BAD_ROWS_KEPT = 1_000
+PREVIEW_EXAMPLES = 5
+LENGTH_LIMITS = (128, 256, 512, 1024, 2048, 4096)  # the max_seq_len values the page counts dropped examples at
+
+
+class InstructionDataError(ValueError):
+    """Instruction data that cannot become a dataset; the message is shown on the dataset's page."""
+
+
+@dataclass(frozen=True)
+class Split:
+    train: list[Example]
+    validation: list[Example]
+
+
+def split_examples(examples: Sequence[Example], *, val_fraction: float) -> Split:
+    """The examples a permutation seeded with `VAL_SEED` puts last, ``max(1, round(n * val_fraction))`` of them,
+    validate; the rest train. Each part keeps file order. Raises InstructionDataError when no example would
+    be left to train on."""
+    n = len(examples)
+    n_val = max(1, round(n * val_fraction))
+    if n - n_val < 1:
+        raise InstructionDataError(f"{n} usable row{'s' if n != 1 else ''} cannot split into training and "
+                                   "validation examples: both need at least one. Upload more rows.")
+    held = set(np.random.default_rng(VAL_SEED).permutation(n)[n - n_val:].tolist())
+    return Split(train=[e for k, e in enumerate(examples) if k not in held],
+                 validation=[e for k, e in enumerate(examples) if k in held])
+
+
+def instruction_dataset_build(dataset: Dataset) -> dict[str, int]:
+    """Read, split and tokenize a tokenizing instruction dataset and write its files; returns the row's
+    figures (``n_rows``, ``n_examples``, ``n_bad_rows``, ``train_examples``, ``n_tokens``, ``vocab_size``).
+    Raises InstructionDataError, with the reason for the page, for data that cannot become a dataset."""
+    from transformers import PreTrainedTokenizerFast
+
+    from worker.engine.chat import CHAT_SPECIAL_TOKENS, chat_tokenizer
+    from worker.engine.examples import encode_examples
+
+    try:  # a JSON array is read whole, so it may be no larger than an upload
+        records = read_records(dataset.source_path, kind=Kind(dataset.kind),
+                               max_bytes=settings.HYDRA.max_upload_bytes)
+    except RecordsError as error:
+        raise InstructionDataError(_named(str(error), dataset)) from None
+    split = split_examples(records.examples, val_fraction=dataset.val_fraction)
+    ordered = split.train + split.validation
+    renderer = chat_tokenizer(Tokenizer(models.BPE()))  # rendering the default template needs no vocabulary
+    text = "\n".join(_rendered(renderer, example) for example in ordered)
+    tokenizer = train_tokenizer(text, vocab_size=dataset.vocab_size, special_tokens=CHAT_SPECIAL_TOKENS)
+    chat = chat_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=END_OF_TEXT))
+    encoded = encode_examples(chat, _rows(ordered), byte_lengths=token_byte_lengths(tokenizer))
+    bad = sorted([*records.bad, *(BadRow(line, reason) for line, reason in encoded.failed)],
+                 key=lambda row: row.line)
+    kept = set(encoded.lines)
+    train = [e for e in split.train if e.line in kept]
+    validation = [e for e in split.validation if e.line in kept]
+    _check_split(len(train), len(validation), encoded)
+
+    with _Partials(dataset.directory) as partials:
+        tokenizer.save(str(partials.path(dataset.tokenizer_path)))
+        _write_records(partials.path(dataset.records_path), train + validation)
+        partials.path(dataset.bad_rows_path).write_text(
+            json.dumps([[row.line, row.reason] for row in bad[:MAX_BAD_ROWS_KEPT]]))
+        encoded.examples.save(partials.path(dataset.examples_dir))
+        partials.path(dataset.preview_path).write_text(
+            json.dumps(preview(chat, train, encoded.examples, n_train=len(train))))
+    return {"n_rows": records.rows, "n_examples": len(encoded.examples), "n_bad_rows": len(bad),
+            "train_examples": len(train), "n_tokens": len(encoded.examples.ids),
+            "vocab_size": tokenizer.get_vocab_size()}
+
+
+def instruction_tokens_build(tokens: DatasetTokens) -> dict[str, Any]:
+    """Encode a ready instruction dataset's examples (its ``records.jsonl``, in its order) with the pretrained
+    tokenizer of a `DatasetTokens` row and its chat template (the row's, else the checkpoint's, else ChatML),
+    and save them to the row's ``examples_dir``; returns the row's figures. Examples the template refuses are
+    left out, and the returned ``message`` says how many. Raises InstructionDataError when the tokenizer or
+    the template cannot be used, or no example of a split is left."""
+    from transformers import AutoTokenizer
+
+    from worker.engine.chat import TemplateError, chat_tokenizer
+    from worker.engine.examples import encode_examples
+
+    dataset = tokens.dataset
+    try:
+        pretrained = AutoTokenizer.from_pretrained(tokens.tokenizer_dir, local_files_only=True)
+    except Exception as error:  # transformers raises OSError, ValueError or the tokenizer's own errors
+        raise InstructionDataError(f"{tokens.model_name}'s tokenizer could not be read from {tokens.tokenizer_dir} "
+                                   f"({type(error).__name__}: {str(error)[:200]}).") from None
+    try:
+        chat = chat_tokenizer(pretrained, template=tokens.chat_template or None)
+    except TemplateError as error:
+        raise InstructionDataError(f"{tokens.model_name}'s chat template cannot be used: {error}") from None
+    rows = list(stored_rows(dataset.records_path))
+    encoded = encode_examples(chat, rows, byte_lengths=token_byte_lengths(pretrained.backend_tokenizer))
+    train_lines = {line for line, _, _ in rows[: dataset.train_examples]}
+    n_train = sum(1 for line in encoded.lines if line in train_lines)
+    _check_split(n_train, len(encoded.examples) - n_train, encoded)
+    with _Partials(dataset.directory) as partials:
+        encoded.examples.save(partials.path(tokens.examples_dir))
+    message = ""
+    if encoded.failed:
+        line, reason = encoded.failed[0]
+        message = (f"{len(encoded.failed)} examples the chat template refuses are left out; first: line {line}: "
+                   f"{reason}")
+    return {"n_tokens": len(encoded.examples.ids), "max_id": int(encoded.examples.ids.max()),
+            "train_examples": n_train, "val_start": None, "message": message}
+
+
+def stored_rows(path: Path) -> Iterator[tuple[int, str | None, tuple[dict[str, str], ...]]]:
+    """The (line, text, messages) rows of a ``records.jsonl`` file, in its order."""
+    with path.open(encoding="utf-8") as file:
+        for line in file:
+            row = json.loads(line)
+            yield row["line"], row["text"], tuple(row["messages"])
+
+
+def preview(chat: PreTrainedTokenizerBase, train: Sequence[Example], examples: ExampleSet, *,
+            n_train: int) -> dict[str, object]:
+    """The detail page's preview: the first `PREVIEW_EXAMPLES` training examples (their line, token count and
+    `segments`), and for each of `LENGTH_LIMITS` the training and validation examples longer than it, which a
+    trial of that ``max_seq_len`` drops."""
+    lengths = examples.lengths
+    return {
+        "examples": [{"line": e.line, "tokens": int(lengths[k]), "segments": segments(chat, e)}
+                     for k, e in enumerate(train[:PREVIEW_EXAMPLES])],
+        "too_long": [{"max_seq_len": limit, "train": int((lengths[:n_train] > limit).sum()),
+                      "validation": int((lengths[n_train:] > limit).sum())} for limit in LENGTH_LIMITS],
+    }
+
+
+def segments(chat: PreTrainedTokenizerBase, example: Example) -> list[dict[str, object]]:
+    """The example's text as the model sees it, cut into ``{"text", "role", "trained"}`` pieces: where a turn
+    begins, and where an assistant turn's trained span (``loss_on`` "assistant") begins and ends. A plain text
+    row is one trained piece, its end-of-sequence token included."""
+    from worker.engine.chat import answer_spans, render
+
+    if example.text is not None:
+        return [{"text": example.text + (chat.eos_token or ""), "role": "text", "trained": True}]
+    messages = example.messages
+    text, spans = answer_spans(chat, messages)
+    ends = [len(render(chat, messages[: k + 1])) for k in range(len(messages))]
+    edges = {0, len(text), *ends, *(edge for span in spans for edge in span)}
+    cuts = sorted(edge for edge in edges if edge <= len(text))
+    pieces = []
+    for start, end in pairwise(cuts):
+        owner = next((k for k, turn_end in enumerate(ends) if turn_end > start), len(messages) - 1)
+        pieces.append({"text": text[start:end], "role": messages[owner]["role"],
+                       "trained": any(begin <= start < stop for begin, stop in spans)})
+    return pieces
+
+
+def _rendered(renderer: PreTrainedTokenizerBase, example: Example) -> str:
+    from worker.engine.chat import TemplateError, render
+
+    if example.text is not None:
+        return example.text
+    try:
+        return render(renderer, example.messages)
+    except TemplateError:  # encoding reports the row as bad; it has no text to learn from
+        return ""
+
+
+def _rows(examples: Sequence[Example]) -> Iterator[tuple[int, str | None, tuple[dict[str, str], ...]]]:
+    return ((e.line, e.text, e.messages) for e in examples)
+
+
+def _check_split(n_train: int, n_val: int, encoded: Encoded) -> None:
+    if n_train and n_val:
+        return
+    if not len(encoded.examples) and encoded.failed:
+        line, reason = encoded.failed[0]
+        raise InstructionDataError(f"The chat template refuses every example; first: line {line}: {reason}")
+    missing = "training" if not n_train else "validation"
+    raise InstructionDataError(f"No {missing} example is left once the rows the chat template refuses are left "
+                               f"out ({len(encoded.failed)} of them); upload more rows.")
+
+
+def _write_records(path: Path, examples: Sequence[Example]) -> None:
+    with path.open("w", encoding="utf-8") as file:
+        for e in examples:
+            file.write(json.dumps({"line": e.line, "text": e.text, "messages": list(e.messages)}) + "\n")
+
+
+def _named(message: str, dataset: Dataset) -> str:
+    """A RecordsError's message about the stored file, naming the file as the user knows it."""
+    stored = f"{dataset.source_path.name}: "
+    return f"{Path(dataset.filename).name}: {message[len(stored):]}" if message.startswith(stored) else message
+
+
+class _Partials:
+    """Files and directories written under temporary names in `directory`, renamed into place (an earlier
+    run's replaced) when the block ends without an error, and removed when it raises."""
+
+    def __init__(self, directory: Path) -> None:
+        self.root = directory
+        self.moves: list[tuple[Path, Path]] = []
+
+    def path(self, final: Path) -> Path:
+        """Where to write what becomes `final` (a file or a directory)."""
+        partial = self.root / f".partial-{uuid.uuid4().hex}{final.suffix}"
+        self.moves.append((partial, final))
+        return partial
+
+    def __enter__(self) -> _Partials:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        try:
+            if kind is None:
+                for partial, final in self.moves:
+                    _replace(partial, final)
+        finally:
+            for partial, _ in self.moves:
+                if partial.is_dir():
+                    shutil.rmtree(partial, ignore_errors=True)
+                else:
+                    partial.unlink(missing_ok=True)
+
+
+def _replace(partial: Path, final: Path) -> None:
+    if not partial.is_dir():
+        os.replace(partial, final)
+        return
+    stale = final.with_name(f".stale-{uuid.uuid4().hex}")
+    if final.exists():
+        final.rename(stale)
+    partial.rename(final)
+    shutil.rmtree(stale, ignore_errors=True)
