@@ -138,3 +138,17 @@ def test_an_export_carries_the_template_a_trial_trained_with_and_ends_generation
     again = AutoTokenizer.from_pretrained(tmp_path / "again")
     assert again.chat_template == template
     assert again.eos_token == "<|im_end|>"  # the checkpoint's own, kept
+
+
+def test_an_answer_whose_first_token_carries_the_prompts_last_space_is_trained_whole(smollm2_dir: Path) -> None:
+    """Llama-2-style templates end the generation prompt with a space; byte-level BPE joins it to the answer's
+    first word, and that token is the answer's."""
+    template = ("{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST] "
+                "{% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}"
+                "{% if add_generation_prompt %}{{ '' }}{% endif %}")
+    tokenizer = chat_tokenizer(AutoTokenizer.from_pretrained(smollm2_dir), template=template)
+
+    ids, marks = encode_conversation(tokenizer, [{"role": "user", "content": "Capital of France?"},
+                                                 {"role": "assistant", "content": "Paris."}])
+
+    assert tokenizer.decode(ids[marks == LAST_ANSWER].tolist()) == " Paris.</s>"

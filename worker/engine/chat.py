@@ -11,7 +11,9 @@ every ``loss_on`` a sweep tries: ``assistant`` trains on every assistant turn, `
 ``all`` on every token. An assistant turn's span is found by rendering the conversation's prefixes: the text
 from the end of "the turns before it, plus the generation prompt" to the end of "the turns up to it". It so
 holds the answer and the template's end-of-turn text (``<|im_end|>`` in ChatML), which a model must learn to
-produce in order to stop. A token is in a span when its first character is.
+produce in order to stop. A token is in a span when any of its characters is: a template whose generation
+prompt ends with a space (``[/INST] ``) leaves that space to the answer's first word (`` Paris``), and the
+answer is that token.
 """
 
 from __future__ import annotations
@@ -135,10 +137,10 @@ def encode_conversation(tokenizer: PreTrainedTokenizerBase, messages: Sequence[M
     text, spans = answer_spans(tokenizer, messages)
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(encoding["input_ids"], dtype=np.int32)
-    starts = np.asarray([start for start, _ in encoding["offset_mapping"]], dtype=np.int64)
+    offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)  # (N, 2) characters
     marks = np.full(len(ids), PROMPT, dtype=np.uint8)
     for number, (begin, end) in enumerate(spans):
-        inside = (starts >= begin) & (starts < end)
+        inside = (offsets[:, 0] < end) & (offsets[:, 1] > begin)
         marks[inside] = LAST_ANSWER if number == len(spans) - 1 else ANSWER
     return ids, marks
 
