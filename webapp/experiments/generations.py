@@ -1,4 +1,5 @@
 """Text generation with a finished trial's model: a prompt on the trial's page, continued by the web worker.
+A model trained on instruction or chat data answers the prompt as a user's turn of its chat template.
 
 `generation_request` (a page's POST) checks who asks and the settings, records the generation as pending and
 sends `trial_generate` to the web worker (`webapp.background.outbox`); the page polls it until it is done or
@@ -153,7 +154,13 @@ def _generate(generation: Generation, directory: Path) -> str:
             f"({available / 2**30:.1f} GiB) with room to run: download it and generate where it fits.")
     tokenizer = _load_tokenizer(generation.trial, directory)
     model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True).eval()
-    encoded = tokenizer(generation.prompt, return_tensors="pt")
+    if generation.trial.experiment.dataset.is_instruction and tokenizer.chat_template:
+        # A model tuned on chats answers a user's turn, rendered with the template it was trained with.
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": generation.prompt}],
+                                               add_generation_prompt=True, tokenize=False)
+        encoded = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    else:
+        encoded = tokenizer(generation.prompt, return_tensors="pt")
     n_prompt = int(encoded["input_ids"].shape[1])
     if n_prompt == 0:
         raise GenerationError("The prompt made no tokens: write some text to continue.")
