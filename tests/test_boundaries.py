@@ -11,7 +11,10 @@
   experiments' model shapes (a pretrained model's config read by the engine's torch-free families module) and
   the health page's host bases (the shared LoRA bases in the spill directory, read by the engine's torch-free
   base index), the catalog's paths and the experiments' export tokenizer (the engine's torch-free, size-capped
-  reads of a checkpoint's files that refuse a symbolic link out of its directory).
+  reads of a checkpoint's files that refuse a symbolic link out of its directory), and the instruction
+  datasets' web worker build (the engine renders, marks and encodes the examples; imported inside its
+  functions only), and the experiments' chat template (the engine's check of a template, imported inside its
+  functions only, and the torch-free reads of whether a checkpoint's tokenizer carries a template of its own).
 - No import cycle anywhere: a walk over every import statement of the tree, at module level or inside a
   function alike.
 """
@@ -29,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("webapp", "worker")
 WEB_DOORS_TO_WORKER = {"webapp.queue_client", "webapp.config", "webapp.experiments.memory_preview",
                        "webapp.catalog.sizing", "webapp.catalog.work", "webapp.experiments.model_shapes",
-                       "webapp.health.host_bases", "webapp.catalog.paths", "webapp.experiments.export_tokenizer"}
+                       "webapp.health.host_bases", "webapp.catalog.paths", "webapp.experiments.export_tokenizer",
+                       "webapp.datasets.instruction", "webapp.experiments.chat_template"}
 
 BLOCKER = textwrap.dedent("""
     import importlib, pkgutil, sys

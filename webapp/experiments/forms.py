@@ -5,6 +5,10 @@ or a ready checkpoint of the catalog (trained on the dataset tokenized with its 
 directory is accepted only as older experiments stored it (their clones). The form converts and checks what it
 can alone (types, ranges, the model, the search space's own rules); `services.experiment_plan` then checks the
 draft against the dataset (its token ids, the model's context) and the memory budget.
+
+Instruction and chat data add the ``packing`` and ``loss_on`` parameters (refused on a text corpus, by
+planning) and a chat template, which renders the conversations for a pretrained checkpoint instead of its own:
+the form checks it as the engine will, by rendering a probe conversation (`webapp.experiments.chat_template`).
 """
 
 from __future__ import annotations
@@ -19,16 +23,28 @@ from webapp.catalog.models import Checkpoint
 from webapp.catalog.selectors import ready_checkpoints
 from webapp.catalog.sizing import host_devices
 from webapp.datasets.models import Dataset
-from webapp.experiments.model_shapes import FAMILY_LABELS, PRESETS, ModelChoiceError, model_from_spec, model_shape
+from webapp.experiments.chat_template import ChatTemplateError, check_chat_template, template_refusal
+from webapp.experiments.model_shapes import (
+    FAMILY_LABELS,
+    PRESETS,
+    ModelChoiceError,
+    ModelShape,
+    model_from_spec,
+    model_shape,
+)
 from webapp.experiments.models import Experiment
 from webapp.experiments.planning import CapError, ExperimentDraft, check_caps
 from webapp.experiments.pruning import pruner_spec
 from webapp.experiments.search_space import (
+    ALIASES,
     KINDS,
     MAX_TRIALS,
     PARAMETERS,
+    TEMPLATE_KEY,
     SearchSpace,
     SearchSpaceError,
+    canonical_name,
+    chat_template_of_text,
     checkpoint_minutes_of_text,
     holdout_bytes_of_text,
     load_spec_text,
@@ -47,7 +63,9 @@ class CheckpointField(forms.ModelChoiceField):
         return f"{obj.name} ({FAMILY_LABELS.get(obj.family, obj.family)}, {millions} parameters, " \
                f"context {obj.context_length})"
 
-MAX_SPACE_TEXT = 20_000
+# A search space (20,000 characters), and a chat template as long as the engine takes (64 Ki characters:
+# `worker.engine.chat.MAX_TEMPLATE_CHARS`, which checks it) escaped into JSON (\uXXXX: 6 characters each).
+MAX_SPACE_TEXT = 20_000 + 6 * 64 * 1024
 MODEL_FIELDS = ("model_kind", "preset", "family", "n_layer", "n_embd", "n_head", "n_kv_head", "n_inner", "n_positions",
                 "checkpoint", "pretrained_dir")
 
@@ -55,7 +73,8 @@ MODEL_FIELDS = ("model_kind", "preset", "family", "n_layer", "n_embd", "n_head",
 class ParameterRowForm(forms.Form):
     """One row of the search space: a parameter, its kind, and its values or range."""
 
-    name = forms.ChoiceField(choices=[(n, f"{n} — {p.label}") for n, p in PARAMETERS.items()])
+    name = forms.ChoiceField(choices=[(n, f"{n} — {p.label}") for n, p in PARAMETERS.items()]
+                             + [(alias, f"{alias} — {name} on instruction data") for alias, name in ALIASES.items()])
     kind = forms.ChoiceField(choices=[(k, k) for k in KINDS])
     values = forms.CharField(required=False, max_length=1000, help_text="Comma-separated (categorical).")
     low = forms.CharField(required=False, max_length=40)
@@ -153,6 +172,16 @@ class ExperimentForm(forms.Form):
         min_value=1, max_value=10**12, required=False, label="Final evaluation on (bytes)",
         help_text="Every trial ends with an evaluation on the dataset's validation text: all of it (empty), or "
                   "its first this many bytes. Trials of a dataset rank on the leaderboards by the same text.")
+
+    chat_template = forms.CharField(
+        required=False, strip=False, widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
+        label="Chat template",
+        help_text="Optional, for instruction and chat data on a pretrained checkpoint: a Jinja chat template (as in "
+                  "a tokenizer_config.json) that renders the conversations instead of the checkpoint's own (or "
+                  "ChatML when it has none). It is checked on a sample conversation: it must render, and render "
+                  "each earlier turn the same once later turns follow, so that the assistant's tokens can be "
+                  "found. The exported model's tokenizer carries it. A model trained from scratch uses the "
+                  "dataset's ChatML rendering.")
 
     priority = forms.ChoiceField(
         choices=Experiment.Priority.choices, initial=Experiment.Priority.NORMAL, required=False,
@@ -275,11 +304,21 @@ class ExperimentForm(forms.Form):
                 budget = cleaned["memory_budget_mib"] * 1024 * 1024
         pruner = self._pruner(cleaned)
         holdout = cleaned.get("holdout_bytes")
+        holdout_field = "holdout_bytes"
         if (cleaned.get("space_text") or "").strip():
             try:
-                holdout = holdout_bytes_of_text(cleaned["space_text"]) or holdout
+                pasted_holdout = holdout_bytes_of_text(cleaned["space_text"])
             except SearchSpaceError as error:
                 self.add_error("space_text", str(error))
+            else:
+                if pasted_holdout is not None:
+                    holdout, holdout_field = pasted_holdout, "space_text"
+        dataset = cleaned.get("dataset")
+        if holdout is not None and dataset is not None and dataset.is_instruction:
+            self.add_error(holdout_field, "holdout_bytes applies to text corpora: on instruction and chat data the "
+                                          "final evaluation covers every validation example that fits max_seq_len. "
+                                          "Leave it empty.")
+        template = self._chat_template(cleaned, shape=shape)
         if not self.errors and model is not None and shape is not None and space is not None:
             draft = ExperimentDraft(
                 name=cleaned["name"].strip(), dataset=cleaned["dataset"], model=model, shape=shape, space=space,
@@ -288,7 +327,7 @@ class ExperimentForm(forms.Form):
                 memory_budget_bytes=budget, early_stop_patience=cleaned.get("early_stop_patience"),
                 checkpoint_minutes=self._checkpoint_minutes(cleaned),
                 priority=cleaned.get("priority") or Experiment.Priority.NORMAL, pruner=pruner,
-                holdout_bytes=holdout,
+                holdout_bytes=holdout, chat_template=template,
             )
             try:
                 check_caps(draft, caps=settings.HYDRA.caps)
@@ -299,6 +338,37 @@ class ExperimentForm(forms.Form):
             else:
                 cleaned["draft"] = draft
         return cleaned
+
+    def _chat_template(self, cleaned: dict[str, Any], *, shape: ModelShape | None) -> str:
+        """The pasted text's ``chat_template``, else the field's ("" for none), with the line ends a browser's
+        textarea sends made Unix ones; adds an error where it came from when it cannot render the dataset for
+        the model (see `chat_template.template_refusal`, `chat_template.check_chat_template`)."""
+        text = (cleaned.get("space_text") or "").strip()
+        template, field = cleaned.get("chat_template") or "", "chat_template"
+        if text:
+            try:
+                pasted = chat_template_of_text(text)
+            except SearchSpaceError as error:
+                self.add_error("space_text", str(error))
+                return ""
+            if pasted is not None:
+                template, field = pasted, "space_text"
+        template = template.replace("\r\n", "\n")
+        if not template.strip():
+            return ""
+        dataset = cleaned.get("dataset")
+        if dataset is None or shape is None:
+            return template  # the dataset's or the model's own error says what to fix first
+        message = template_refusal(dataset=dataset, shape=shape, chat_template=template)
+        if message is None:
+            try:
+                check_chat_template(template)
+            except ChatTemplateError as error:
+                message = str(error)
+        if message is not None:
+            self.add_error(field, f"{TEMPLATE_KEY}: {message}" if field == "space_text"
+                           else message[:1].upper() + message[1:])
+        return template
 
     def _add_space_error(self, error: SearchSpaceError, *, from_text: bool) -> None:
         """Put a search-space error where the user will look: the pasted text, the row, or the strategy."""
@@ -321,7 +391,8 @@ class ExperimentForm(forms.Form):
 
     def row_for(self, parameter: str) -> ParameterRowForm | None:
         for row in self.rows.forms:
-            if getattr(row, "cleaned_data", None) and row.cleaned_data.get("name") == parameter:
+            if getattr(row, "cleaned_data", None) and canonical_name(row.cleaned_data.get("name", "")) == \
+                    canonical_name(parameter):
                 return row
         return None
 
@@ -359,6 +430,7 @@ def experiment_initial(experiment: Experiment) -> tuple[dict[str, Any], list[dic
         "checkpoint_minutes": experiment.checkpoint_minutes,
         "priority": experiment.priority,
         "holdout_bytes": experiment.holdout_bytes,
+        "chat_template": experiment.chat_template,
         **({f"pruner_{k}" if k != "kind" else "pruner": v for k, v in experiment.pruner.items()}
            if experiment.pruner else {}),
     }

@@ -11,7 +11,8 @@ another trial.
 
 A trial whose token ids are still being made (a pretrained model's tokenizer over the dataset:
 `webapp.experiments.trial_data`) is launched but not sent: its send waits, saying so, until the ids are ready
-(the reconciler's passes send it then), and fails the attempt if they cannot be made.
+(the reconciler's passes send it then), and fails the attempt if they cannot be made or its sequence length
+drops every example of a split.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from django.conf import settings
 from django.db import transaction
 
 from webapp import queue_client
+from webapp.experiments.chat_template import template_refusal
 from webapp.experiments.memory_preview import auto_budget_bytes
 from webapp.experiments.model_shapes import ModelChoiceError, model_shape
 from webapp.experiments.models import Experiment, Trial
@@ -29,10 +31,12 @@ from webapp.experiments.planning import hyperparameters, total_steps, trial_plan
 from webapp.experiments.pruning import trial_pruning
 from webapp.experiments.search_space import parse_search_space
 from webapp.experiments.trial_data import (
+    TrialDataError,
     data_waiting,
-    heldout_data,
-    token_set_at,
-    train_tokens,
+    epoch_size,
+    epoch_size_of,
+    sent_data_fields,
+    token_set_of,
     trial_data,
     trial_data_request,
 )
@@ -51,12 +55,16 @@ def memory_budget(*, explicit_bytes: int | None) -> tuple[int, str]:
 
 def trial_job(*, trial: Trial) -> queue_client.EngineJob:
     """The job of `trial`'s next attempt. With no explicit memory budget, the device that plans it decides.
-    A pretrained model's tokens of the dataset are asked for (once per dataset and tokenizer)."""
+    A pretrained model's tokens of the dataset are asked for (once per dataset, tokenizer and chat template).
+    Raises TrialDataError for data the trial cannot train on."""
     experiment = trial.experiment
     shape = model_shape(experiment.model, models_root=settings.HYDRA.models_root)
+    refusal = template_refusal(dataset=experiment.dataset, shape=shape, chat_template=experiment.chat_template)
+    if refusal is not None:
+        raise TrialDataError(refusal)
     budget, _ = memory_budget(explicit_bytes=experiment.memory_budget_bytes)
-    trial_data_request(shape=shape, dataset=experiment.dataset)
-    data = trial_data(shape=shape, dataset=experiment.dataset)
+    trial_data_request(shape=shape, dataset=experiment.dataset, chat_template=experiment.chat_template)
+    data = trial_data(shape=shape, dataset=experiment.dataset, chat_template=experiment.chat_template)
     spec = trial_spec(params=trial.params, shape=shape, dataset=experiment.dataset, data=data,
                       steps=trial.total_steps,
                       eval_every=experiment.eval_every, seed=experiment.seed, budget_bytes=budget,
@@ -81,6 +89,9 @@ def trial_launch(*, trial: Trial) -> None:
     except ModelChoiceError as error:  # its checkpoint left the catalog since the experiment was made
         job = None
         refusal = f"The trial's model cannot be used: {error}"
+    except TrialDataError as error:
+        job = None
+        refusal = f"The trial's data cannot be trained on: {error}"
     trial.attempt += 1
     trial.queue_id = trial.attempt_queue_id(trial.attempt)
     trial.submitted, trial.host = False, ""  # each attempt is placed anew
@@ -177,10 +188,11 @@ def _placed(queue_id: str) -> bool:
 
 def _data_ready(trial: Trial) -> bool:
     """Whether the locked `trial`'s token ids are ready to send it; if not, its message says why, and ids that
-    cannot be made fail it. Ids that became ready set an epoch budget's steps from their real count."""
+    cannot be made (or that its sequence length drops every example of a split of) fail it. Ids that became
+    ready set an epoch budget's steps from their real count, and the final evaluation's held-out set."""
     data = trial.spec["data"]
     dataset = trial.experiment.dataset
-    waiting = data_waiting(tokens_path=data["tokens_path"], dataset=dataset,
+    waiting = data_waiting(data=data, dataset=dataset,
                            vocab_size=trial.spec["model"]["vocab_size"])  # a pretrained model's: its config's
     if waiting is not None:
         message, final = waiting
@@ -190,17 +202,23 @@ def _data_ready(trial: Trial) -> bool:
         trial.save(update_fields=["status", "message", "updated"])
         return False
     experiment = trial.experiment
-    token_set = token_set_at(dataset=dataset, tokens_path=data["tokens_path"])
+    token_set = token_set_of(dataset=dataset, data=data)
+    try:
+        fields = sent_data_fields(data=data, dataset=dataset, token_set=token_set,
+                                  holdout_bytes=experiment.holdout_bytes)
+    except TrialDataError as error:
+        trial.status, trial.message = Status.FAILED, f"The trial's data cannot be trained on: {error}"
+        trial.save(update_fields=["status", "message", "updated"])
+        return False
     if experiment.budget_unit == Experiment.BudgetUnit.EPOCHS and token_set is not None and not trial.continued:
         steps = total_steps(budget_unit=experiment.budget_unit, budget=experiment.budget,
                             batch_size=trial.spec["batch_size"], seq_len=data["seq_len"],
-                            train_tokens=token_set.train_tokens)
+                            epoch=epoch_size_of(dataset=dataset, token_set=token_set))
         if steps != trial.total_steps:
             trial.total_steps, trial.spec = steps, {**trial.spec, "steps": steps}
             trial.save(update_fields=["total_steps", "spec", "updated"])
-    held_out = heldout_data(dataset=dataset, token_set=token_set, holdout_bytes=experiment.holdout_bytes)
-    if any(trial.spec["data"].get(key) != value for key, value in held_out.items()):  # the final evaluation's set
-        trial.spec = {**trial.spec, "data": {**trial.spec["data"], **held_out}}
+    if any(trial.spec["data"].get(key) != value for key, value in fields.items()):  # what the ready ids decide
+        trial.spec = {**trial.spec, "data": {**trial.spec["data"], **fields}}
         trial.save(update_fields=["spec", "updated"])
     return True
 
@@ -228,7 +246,7 @@ def experiment_extend_tpe(*, experiment: Experiment) -> list[Trial]:
         return []
     budget, _ = memory_budget(explicit_bytes=experiment.memory_budget_bytes)
     dataset = experiment.dataset
-    tokens = train_tokens(shape=shape, dataset=dataset)
+    epoch = epoch_size(shape=shape, dataset=dataset, chat_template=experiment.chat_template)
     created = []
     for number, params in enumerate(proposals, start=len(trials) + 1):
         values = hyperparameters(params, shape)
@@ -236,7 +254,7 @@ def experiment_extend_tpe(*, experiment: Experiment) -> list[Trial]:
             experiment=experiment, number=number, params=params,
             total_steps=total_steps(budget_unit=experiment.budget_unit, budget=experiment.budget,
                                     batch_size=int(values["batch_size"]), seq_len=int(values["seq_len"]),
-                                    train_tokens=tokens),
+                                    epoch=epoch),
             plan=trial_plan(params, shape=shape, vocab_size=dataset.vocab_size, budget_bytes=budget),
         )
         if experiment.launched is not None:

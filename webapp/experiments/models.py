@@ -65,6 +65,10 @@ class Experiment(models.Model):
         null=True, blank=True,
         help_text="The final evaluation of every trial covers this many bytes of the dataset's validation text; "
                   "null: all of it.")
+    chat_template = models.TextField(
+        blank=True,
+        help_text="Instruction and chat data on a pretrained checkpoint: the Jinja chat template its conversations "
+                  "are rendered with; blank: the checkpoint's own, else ChatML.")
     tags = models.JSONField(default=list, blank=True, help_text="Short labels the team searches and filters by.")
     notes = models.TextField(blank=True, help_text="Free text: what the experiment is for, what was learnt.")
     cloned_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="clones")

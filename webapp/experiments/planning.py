@@ -1,8 +1,10 @@
 """From a validated experiment definition to its trials: parameters, lengths, memory plans, engine specs
 (the typed `TrialSpec` that crosses to the workers).
 
-Pure apart from reading settings for paths: the form builds an `ExperimentDraft`, `plan_trials` checks it
-against the dataset and the memory budget and returns `TrialDraft`s for the preview and for creation.
+Pure apart from reading settings for paths and the dataset's figures and example lengths
+(`webapp.experiments.trial_data`): the form builds an `ExperimentDraft`, `plan_trials` checks it against the
+dataset and the memory budget and returns `TrialDraft`s for the preview and for creation. A text corpus trains
+as token blocks, instruction data as examples (`EXAMPLE_PARAMETERS` lay them out and pick the tokens trained).
 """
 
 from __future__ import annotations
@@ -24,11 +26,19 @@ from webapp.experiments.search_space import (
     Value,
     parse_search_space,
 )
-from webapp.experiments.trial_data import TrialData, check_ids, train_tokens
+from webapp.experiments.trial_data import (
+    EpochSize,
+    TrialData,
+    TrialDataError,
+    check_ids,
+    epoch_size,
+    example_rows,
+)
 from webapp.experiments.trial_generation import TPE_FIRST_WAVE, initial_trials
 from webapp.queue_client import DataSpec, LoraSpec, ModelSpec, OptimizerSpec, ScheduleSpec, SpecError, TrialSpec
 
 MEMORY_PARAMETERS = ("batch_size", "micro_batches", "seq_len", "n_embd", "n_layer", "optimizer")
+EXAMPLE_PARAMETERS = ("packing", "loss_on")  # how examples are laid out and trained: instruction data only
 LORA_NEEDS_A_CHECKPOINT = ("lora_r: LoRA trains adapters on a pretrained checkpoint; choose one from the catalog, "
                            "or set lora_r to 0 to train every weight")
 
@@ -65,6 +75,7 @@ class ExperimentDraft:
     priority: str = "normal"  # among the team's trials on the devices
     pruner: dict[str, Any] | None = None  # `webapp.experiments.pruning.pruner_spec`; None: no pruning
     holdout_bytes: int | None = None  # the final evaluation covers this much of the validation text; None: all
+    chat_template: str = ""  # instruction data on a pretrained model: renders its conversations; "": the model's
 
     def to_dict(self) -> dict[str, Any]:
         """The draft as JSON-able data, the dataset by id (`from_dict` reads it back)."""
@@ -74,7 +85,7 @@ class ExperimentDraft:
             "budget_unit": self.budget_unit, "budget": self.budget, "eval_every": self.eval_every, "seed": self.seed,
             "memory_budget_bytes": self.memory_budget_bytes, "early_stop_patience": self.early_stop_patience,
             "checkpoint_minutes": self.checkpoint_minutes, "priority": self.priority, "pruner": self.pruner,
-            "holdout_bytes": self.holdout_bytes,
+            "holdout_bytes": self.holdout_bytes, "chat_template": self.chat_template,
         }
 
     @classmethod
@@ -100,11 +111,14 @@ def hyperparameters(params: dict[str, Value], shape: ModelShape) -> dict[str, Va
     return values
 
 
-def total_steps(*, budget_unit: str, budget: float, batch_size: int, seq_len: int, train_tokens: int) -> int:
-    """Optimizer steps of a trial: the budget itself, or epochs over the training tokens (at least 1)."""
+def total_steps(*, budget_unit: str, budget: float, batch_size: int, seq_len: int, epoch: EpochSize) -> int:
+    """Optimizer steps of a trial: the budget itself, or epochs over the training split (at least 1): its tokens
+    in blocks of `seq_len`, or its examples one a row (an estimate under packing: see `EpochSize.rows`)."""
     if budget_unit == "steps":
         return max(1, int(budget))
-    return max(1, math.ceil(budget * train_tokens / (batch_size * seq_len)))
+    if epoch.examples is None:
+        return max(1, math.ceil(budget * epoch.tokens / (batch_size * seq_len)))
+    return max(1, math.ceil(budget * epoch.rows(seq_len) / batch_size))
 
 
 def check_trial_caps(*, steps: int, batch_size: int, seq_len: int, caps: Caps) -> None:
@@ -135,11 +149,11 @@ def check_caps(draft: ExperimentDraft, *, caps: Caps) -> None:
             f"The experiment would have {count} trials; the cap is {caps.trials_per_experiment} "
             "(HYDRA_MAX_TRIALS_PER_EXPERIMENT).", field="n_trials" if draft.strategy != "grid" else "strategy",
         )
-    tokens = train_tokens(shape=draft.shape, dataset=draft.dataset)
+    epoch = epoch_size(shape=draft.shape, dataset=draft.dataset, chat_template=draft.chat_template)
     for batch_size in _int_bounds(draft.space, "batch_size"):
         for seq_len in _int_bounds(draft.space, "seq_len"):
             steps = total_steps(budget_unit=draft.budget_unit, budget=draft.budget, batch_size=batch_size,
-                                seq_len=seq_len, train_tokens=tokens)
+                                seq_len=seq_len, epoch=epoch)
             check_trial_caps(steps=steps, batch_size=batch_size, seq_len=seq_len, caps=caps)
 
 
@@ -196,13 +210,43 @@ def check_space(draft: ExperimentDraft) -> None:
             f"seq_len: {longest} is longer than the model's context ({shape.n_positions} positions{whose}).",
             parameter="seq_len" if seq else None, field="values" if seq else None,
         )
-    if draft.dataset.n_tokens // longest < 2:
-        raise ModelChoiceError(
-            f"The dataset has {draft.dataset.n_tokens} tokens: too few for two blocks of {longest} (one to train "
-            "on, one to validate). Use a larger corpus or a shorter sequence length.", field="dataset",
-        )
-    check_ids(shape=shape, dataset=draft.dataset,
+    if draft.dataset.is_instruction:
+        check_examples_fit(draft)
+    else:
+        check_corpus_parameters(space, draft.dataset)
+        if draft.dataset.n_tokens // longest < 2:
+            raise ModelChoiceError(
+                f"The dataset has {draft.dataset.n_tokens} tokens: too few for two blocks of {longest} (one to "
+                "train on, one to validate). Use a larger corpus or a shorter sequence length.", field="dataset",
+            )
+    check_ids(shape=shape, dataset=draft.dataset, chat_template=draft.chat_template,
               field="checkpoint" if draft.model.get("kind") == "checkpoint" else "pretrained_dir")
+
+
+def check_corpus_parameters(space: SearchSpace, dataset: Dataset) -> None:
+    """A text corpus trains as token blocks: `EXAMPLE_PARAMETERS` other than their defaults are refused."""
+    for name in EXAMPLE_PARAMETERS:
+        dimension = space.get(name)
+        if dimension is not None and any(value != PARAMETERS[name].default for value in dimension.values):
+            raise SearchSpaceError(
+                f"{name}: packing and loss_on apply to instruction and chat datasets; {dataset.name} is a text "
+                "corpus, trained as token blocks. Remove this row.", parameter=name, field="values")
+
+
+def check_examples_fit(draft: ExperimentDraft) -> None:
+    """The shortest sequence the space may draw keeps some training and some validation examples of a model
+    from scratch (its trials train on the dataset's own examples, whose lengths are known; a pretrained
+    model's are counted once its tokenizer has made them, when its trials are sent)."""
+    if draft.shape.pretrained_dir is not None:
+        return
+    seq = draft.space.get("seq_len")
+    shortest = _int_bounds(draft.space, "seq_len")[0]
+    try:
+        example_rows(examples_dir=draft.dataset.examples_dir, train_examples=draft.dataset.train_examples,
+                     seq_len=shortest)
+    except TrialDataError as error:
+        raise SearchSpaceError(f"seq_len: {error}", parameter="seq_len" if seq else None,
+                               field="values" if seq else None) from None
 
 
 def check_lora(space: SearchSpace, shape: ModelShape) -> None:
@@ -309,7 +353,7 @@ def plan_trials(draft: ExperimentDraft, *, budget_bytes: int, caps: Caps) -> lis
     check_space(draft)
     check_caps(draft, caps=caps)
     vocab = draft.dataset.vocab_size
-    tokens = train_tokens(shape=draft.shape, dataset=draft.dataset)
+    epoch = epoch_size(shape=draft.shape, dataset=draft.dataset, chat_template=draft.chat_template)
     if draft.strategy != "grid":
         for worst in worst_case_params(draft.space):
             trial_plan(worst, shape=draft.shape, vocab_size=vocab, budget_bytes=budget_bytes)
@@ -321,7 +365,7 @@ def plan_trials(draft: ExperimentDraft, *, budget_bytes: int, caps: Caps) -> lis
         values = hyperparameters(params, draft.shape)
         batch_size, seq_len = int(values["batch_size"]), int(values["seq_len"])
         steps = total_steps(budget_unit=draft.budget_unit, budget=draft.budget, batch_size=batch_size,
-                            seq_len=seq_len, train_tokens=tokens)
+                            seq_len=seq_len, epoch=epoch)
         check_trial_caps(steps=steps, batch_size=batch_size, seq_len=seq_len, caps=caps)
         drafts.append(TrialDraft(
             number=number, params=params, total_steps=steps,
@@ -332,8 +376,9 @@ def plan_trials(draft: ExperimentDraft, *, budget_bytes: int, caps: Caps) -> lis
 
 def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset, data: TrialData, steps: int,
                eval_every: int, seed: int, budget_bytes: int, early_stop_patience: int | None = None) -> TrialSpec:
-    """The engine's ``TrialSpec`` of one trial, on the token ids and tokenizer of `data`. Raises SpecError for
-    values the engine cannot train with."""
+    """The engine's ``TrialSpec`` of one trial, on the token blocks or examples, and the tokenizer, of `data`.
+    Raises SpecError for values the engine cannot train with, TrialDataError for a sequence length that drops
+    every example of a split."""
     values = hyperparameters(params, shape)
     trial_shape = shape.with_params(values, vocab_size=dataset.vocab_size)
     lora = lora_spec(values)
@@ -349,8 +394,7 @@ def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset,
             vocab_size=trial_shape.vocab_size, n_positions=trial_shape.n_positions,
             dropout=float(values["dropout"]), pretrained_dir=trial_shape.pretrained_dir,
         ),
-        data=DataSpec(tokens_path=str(data.tokens_path), seq_len=int(values["seq_len"]),
-                      val_fraction=dataset.val_fraction, tokenizer_dir=str(data.tokenizer_dir)),
+        data=_data_spec(values, dataset=dataset, data=data),
         optimizer=OptimizerSpec(
             kind=str(values["optimizer"]), lr=float(values["lr"]), betas=(0.9, 0.999), eps=1e-8,  # type: ignore[arg-type]
             weight_decay=float(values["weight_decay"]), momentum=float(values["momentum"]),
@@ -367,3 +411,17 @@ def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset,
         bf16=values["precision"] == "bf16",
         early_stop_patience=early_stop_patience,
     )
+
+
+def _data_spec(values: dict[str, Value], *, dataset: Dataset, data: TrialData) -> DataSpec:
+    """A trial's token blocks, or its examples with their layout, loss and held-out rows (None until a
+    pretrained tokenizer has made them: the send completes them, `trial_data.sent_data_fields`)."""
+    seq_len = int(values["seq_len"])
+    if data.examples_dir is not None:
+        return DataSpec(examples_dir=str(data.examples_dir), train_examples=data.train_examples, seq_len=seq_len,
+                        packing=bool(values["packing"]), loss_on=str(values["loss_on"]),  # type: ignore[arg-type]
+                        holdout_rows=data.holdout_rows(seq_len), chat_template=data.chat_template,
+                        tokenizer_dir=str(data.tokenizer_dir))
+    assert data.tokens_path is not None, "a pretrained model's examples are asked for before its trials' specs"
+    return DataSpec(tokens_path=str(data.tokens_path), seq_len=seq_len, val_fraction=dataset.val_fraction,
+                    tokenizer_dir=str(data.tokenizer_dir))

@@ -7,10 +7,19 @@ also the YAML/JSON users paste and download, is::
     batch_size: {kind: categorical, values: [8, 16]}
     n_layer:    {kind: int, low: 2, high: 6, step: 2}
 
+and a bare list of values is read as a categorical one (``batch_size: [8, 16]``).
+
 Pasted text may also name the model, beside the parameters, under the key ``model`` (`load_spec_text`):
 ``model: {preset: llama-micro}``, ``model: {checkpoint: <catalog name>}`` or a custom size such as
 ``model: {family: llama, n_layer: 4, n_embd: 128, n_head: 4, n_kv_head: 2, n_positions: 512}``; and how often
-its trials take durable checkpoints, under ``checkpoint_minutes`` (`checkpoint_minutes_of_text`).
+its trials take durable checkpoints, under ``checkpoint_minutes`` (`checkpoint_minutes_of_text`); and, for
+instruction and chat data, the chat template that renders its conversations, under ``chat_template``
+(`chat_template_of_text`).
+
+Instruction data adds three parameters: ``packing`` (``[true, false]``: several whole examples in a row, or
+one), ``loss_on`` (which tokens the loss covers: ``assistant``, ``last`` or ``all``) and the sequence length,
+which may be written ``max_seq_len`` there (`ALIASES`): on examples it is the longest one a row holds, longer
+ones being dropped, never cut. It is one parameter, stored and shown as ``seq_len``.
 
 Every error is a `SearchSpaceError` naming the parameter and the field, so forms can put it beside the row.
 Pasted text is read by `load_search_space_text`, whose cost is bounded by the text's length: YAML anchors
@@ -33,7 +42,7 @@ Kind = Literal["categorical", "int", "float", "logfloat"]
 KINDS: tuple[Kind, ...] = ("categorical", "int", "float", "logfloat")
 GRID_CAP = 256  # most trials a grid may expand to
 MAX_TRIALS = 256  # most trials random search or TPE may ask for
-Value = int | float | str
+Value = bool | int | float | str
 QUOTE_CHARS = 40  # the most of a user's value that an error message repeats
 MAX_NODES = 1000  # YAML nodes in a pasted space: a dozen parameters with their ranges and values fit easily
 MAX_DEPTH = 4  # space -> parameter -> field -> list of values
@@ -42,6 +51,7 @@ PRUNER_KEY = "pruner"  # ... which pruner stops its trials that fall behind
 HOLDOUT_KEY = "holdout_bytes"  # ... and how much of the validation text every trial's final evaluation covers
 MAX_HOLDOUT_BYTES = 10**12
 CHECKPOINT_KEY = "checkpoint_minutes"  # ... and how often its trials take durable checkpoints
+TEMPLATE_KEY = "chat_template"  # ... and the chat template of its instruction data
 MAX_CHECKPOINT_MINUTES = 7 * 24 * 60
 
 
@@ -93,7 +103,13 @@ PARAMETERS: dict[str, ParameterDef] = {
         ParameterDef("momentum", "SGD momentum", float, ("categorical", "float"), 0.9, 0.0, 0.999),
         ParameterDef("clip_norm", "gradient clipping norm", float, ("categorical", "float", "logfloat"), 1.0,
                      1e-4, 1e4),
-        ParameterDef("seq_len", "sequence length", int, ("categorical", "int"), 64, 4, 65_536),
+        ParameterDef("seq_len", "sequence length (tokens a row holds; on instruction data also called "
+                     "max_seq_len: longer examples are dropped, never cut)", int, ("categorical", "int"), 64, 4,
+                     65_536),
+        ParameterDef("packing", "packing (instruction data: true puts several whole examples in a row, false one)",
+                     bool, ("categorical",), False),
+        ParameterDef("loss_on", "loss on (instruction data: the assistant turns, the last one, or all tokens)", str,
+                     ("categorical",), "assistant", choices=("assistant", "last", "all")),
         ParameterDef("micro_batches", "micro-batches per step (gradient accumulation; each must divide the batch)",
                      int, ("categorical", "int"), 1, 1, 4096),
         ParameterDef("precision", "precision: fp32, or bf16 autocast (GPU devices only)", str, ("categorical",),
@@ -112,6 +128,13 @@ PARAMETERS: dict[str, ParameterDef] = {
                      architecture=True),
     ]
 }
+ALIASES = {"max_seq_len": "seq_len"}  # other names a parameter may be written with
+FLAGS = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}  # a bool row's words
+
+
+def canonical_name(name: str) -> str:
+    """The parameter `name` stands for (itself unless it is one of `ALIASES`)."""
+    return ALIASES.get(name, name)
 
 
 @dataclass(frozen=True)
@@ -219,7 +242,20 @@ def _number(raw: object, *, parameter: ParameterDef, field: str) -> float:
 MODULE_LIST = re.compile(r"[a-z_][a-z0-9_]*(,[a-z_][a-z0-9_]*)*")
 
 
+def _flag(raw: object, parameter: ParameterDef) -> bool:
+    """A bool parameter's value: YAML's true/false, or a form row's word for one (`FLAGS`)."""
+    if isinstance(raw, bool):
+        return raw
+    flag = FLAGS.get(raw.strip().lower()) if isinstance(raw, str) else None
+    if flag is None:
+        raise SearchSpaceError(f"{parameter.name}: {quote(raw)} is not true or false.", parameter=parameter.name,
+                               field="values")
+    return flag
+
+
 def _value(raw: object, parameter: ParameterDef) -> Value:
+    if parameter.type is bool:
+        return _flag(raw, parameter)
     if parameter.type is str and not parameter.choices:  # a list of module names
         text = raw.replace(" ", "").lower() if isinstance(raw, str) else ""
         if not MODULE_LIST.fullmatch(text):
@@ -239,15 +275,21 @@ def _value(raw: object, parameter: ParameterDef) -> Value:
     return _number(raw, parameter=parameter, field="values")
 
 
-def parse_dimension(name: str, raw: Mapping[str, Any]) -> Dimension:
-    """One parameter from its serialized form; raises SearchSpaceError naming the parameter and field."""
-    parameter = PARAMETERS.get(name)
+def parse_dimension(name: str, raw: Mapping[str, Any] | list[Any]) -> Dimension:
+    """One parameter from its serialized form (`name` may be an alias: the dimension has the parameter's own
+    name); raises SearchSpaceError naming the parameter and field."""
+    parameter = PARAMETERS.get(canonical_name(name))
     if parameter is None:
+        aliases = ", ".join(f"{alias} (another name of {target})" for alias, target in ALIASES.items())
         raise SearchSpaceError(
-            f"Unknown parameter {quote(name)}; Hydra searches {', '.join(PARAMETERS)}.", parameter=name, field="name"
+            f"Unknown parameter {quote(name)}; Hydra searches {', '.join(PARAMETERS)} and {aliases}.",
+            parameter=name, field="name"
         )
+    if isinstance(raw, list):  # a bare list of values: ``packing: [true, false]``
+        raw = {"kind": "categorical", "values": raw}
     if not isinstance(raw, Mapping):
-        raise SearchSpaceError(f"{name}: give a mapping with kind and values or low/high.", parameter=name)
+        raise SearchSpaceError(f"{name}: give a list of values, or a mapping with kind and values or low/high.",
+                               parameter=name)
     unknown = sorted(quote(str(key)) for key in set(raw) - {"kind", "values", "low", "high", "step"})
     if unknown:
         shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
@@ -268,7 +310,7 @@ def parse_dimension(name: str, raw: Mapping[str, Any]) -> Dimension:
             raise SearchSpaceError(f"{name}: values is {quote(values)}; give a list.", parameter=name,
                                    field="values")
         parsed = tuple(dict.fromkeys(_value(v, parameter) for v in values))  # drop duplicates, keep order
-        return Dimension(name, kind, values=parsed)
+        return Dimension(parameter.name, kind, values=parsed)
     if raw.get("values"):
         raise SearchSpaceError(f"{name}: a {kind} range takes low and high, not values.", parameter=name,
                                field="values")
@@ -294,14 +336,21 @@ def parse_dimension(name: str, raw: Mapping[str, Any]) -> Dimension:
         if step < 1 or step != step_value:
             raise SearchSpaceError(f"{name}: step {quote(raw['step'])} must be a whole number >= 1.", parameter=name,
                                    field="step")
-    return Dimension(name, kind, low=low, high=high, step=step)
+    return Dimension(parameter.name, kind, low=low, high=high, step=step)
 
 
 def parse_search_space(raw: object) -> SearchSpace:
     """A search space from its serialized mapping (see the module docstring)."""
     if not isinstance(raw, Mapping) or not raw:
         raise SearchSpaceError("A search space is a mapping of parameter names to their ranges; it is empty.")
-    return SearchSpace(tuple(parse_dimension(str(name), spec) for name, spec in raw.items()))
+    dimensions = []
+    for name, spec in raw.items():
+        dimension = parse_dimension(str(name), spec)
+        if any(d.name == dimension.name for d in dimensions):
+            raise SearchSpaceError(f"{quote(str(name))} is another name of {dimension.name}, which the space "
+                                   "already has; give it once.", parameter=dimension.name, field="name")
+        dimensions.append(dimension)
+    return SearchSpace(tuple(dimensions))
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -340,8 +389,10 @@ def load_spec_text(text: str) -> tuple[object | None, SearchSpace]:
     """Pasted YAML or JSON that may also name the model under the key ``model`` (see
     `model_shapes.model_from_spec`): that entry, unchecked (None without one), and the search space."""
     raw = _load_text(text)
-    if isinstance(raw, Mapping) and any(key in raw for key in (MODEL_KEY, CHECKPOINT_KEY, PRUNER_KEY, HOLDOUT_KEY)):
+    if isinstance(raw, Mapping) and any(key in raw for key in (MODEL_KEY, CHECKPOINT_KEY, PRUNER_KEY, HOLDOUT_KEY,
+                                                               TEMPLATE_KEY)):
         raw = dict(raw)
+        raw.pop(TEMPLATE_KEY, None)  # read by `chat_template_of_text`
         raw.pop(HOLDOUT_KEY, None)  # read by `holdout_bytes_of_text`
         raw.pop(CHECKPOINT_KEY, None)  # read by `checkpoint_minutes_of_text`
         raw.pop(PRUNER_KEY, None)  # read by `pruner_of_text`
@@ -384,6 +435,20 @@ def checkpoint_minutes_of_text(text: str) -> int | None:
     return value
 
 
+def chat_template_of_text(text: str) -> str | None:
+    """The ``chat_template`` pasted YAML or JSON sets (None when it sets none; an empty text is none too, as
+    in the form); a `SearchSpaceError` on the pasted text for anything but text. Unchecked: see
+    `webapp.experiments.chat_template`."""
+    raw = _load_text(text)
+    if not isinstance(raw, Mapping) or raw.get(TEMPLATE_KEY) is None:
+        return None
+    value = raw[TEMPLATE_KEY]
+    if not isinstance(value, str):
+        raise SearchSpaceError(f"{TEMPLATE_KEY}: {quote(value)} is not a template; give the Jinja template as text "
+                               "(a quoted string, or a YAML block after |).", field="space_text")
+    return value
+
+
 def _load_text(text: str) -> object:
     loader = _BoundedLoader(text)
     try:
@@ -404,14 +469,18 @@ def _load_text(text: str) -> object:
 
 def space_from_rows(rows: Sequence[Mapping[str, Any]]) -> SearchSpace:
     """A search space from form rows (``name``, ``kind``, ``values`` as comma-separated text, ``low``, ...)."""
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # parameter -> the name its row gave
     dimensions = []
     for row in rows:
         name = str(row.get("name", "")).strip()
-        if name in seen:
+        earlier = seen.get(canonical_name(name))
+        if earlier == name:
             raise SearchSpaceError(f"{quote(name)} appears twice; give each parameter one row.", parameter=name,
                                    field="name")
-        seen.add(name)
+        if earlier is not None:
+            raise SearchSpaceError(f"{quote(name)} and {quote(earlier)} are one parameter; give it one row.",
+                                   parameter=name, field="name")
+        seen[canonical_name(name)] = name
         raw: dict[str, Any] = {"kind": row.get("kind")}
         if row.get("kind") == "categorical":
             raw["values"] = [v.strip() for v in str(row.get("values") or "").split(",") if v.strip()]
@@ -438,6 +507,8 @@ def rows_from_space(space: SearchSpace) -> list[dict[str, Any]]:
 
 
 def _format(value: Value | None) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, float):
         return f"{value:g}"
     return "" if value is None else str(value)

@@ -61,14 +61,15 @@ def experiment_create(
             budget_unit=draft.budget_unit, budget=draft.budget, eval_every=draft.eval_every, seed=draft.seed,
             memory_budget_bytes=draft.memory_budget_bytes, early_stop_patience=draft.early_stop_patience,
             checkpoint_minutes=draft.checkpoint_minutes, priority=draft.priority, pruner=draft.pruner,
-            holdout_bytes=draft.holdout_bytes,
+            holdout_bytes=draft.holdout_bytes, chat_template=draft.chat_template,
             cloned_from=cloned_from, created_by=user,
         )
         Trial.objects.bulk_create(
             Trial(experiment=experiment, number=t.number, params=t.params, total_steps=t.total_steps, plan=t.plan)
             for t in trials
         )
-        trial_data_request(shape=draft.shape, dataset=draft.dataset)  # a pretrained model's ids, made meanwhile
+        # a pretrained model's ids, made meanwhile
+        trial_data_request(shape=draft.shape, dataset=draft.dataset, chat_template=draft.chat_template)
     return experiment
 
 

@@ -1,60 +1,149 @@
-"""Which token ids a trial trains on, and which tokenizer made them.
+"""Which data a trial trains on, and which tokenizer made it.
 
-A model trained from scratch learns the dataset's own tokenizer's ids (``tokens.npy``, with ``tokenizer.json``
-beside it). A pretrained model knows only its own tokenizer's ids, so its trials train on the dataset tokenized
-with that tokenizer: a `DatasetTokens` row per dataset and tokenizer, computed once by the web worker and
-shared by every experiment that asks. Its trials are launched at once but sent to the scheduler only when
-those ids are ready (`data_waiting`, checked by `launching.trial_send`), and fail if they could not be made.
-Either way the trial's spec names the tokenizer's directory, which the engine copies into the exported model.
+A text corpus trains as token blocks; instruction and chat data train as examples (an example set, see
+`worker.engine.examples`). A model trained from scratch learns the dataset's own tokenizer's ids
+(``tokens.npy``, or the ``examples/`` set rendered with ChatML, with ``tokenizer.json`` beside them). A
+pretrained model knows only its own tokenizer's ids, so its trials train on the dataset tokenized with that
+tokenizer (for instruction data, rendered with the experiment's chat template, else the checkpoint's, else
+ChatML): a `DatasetTokens` row per dataset, tokenizer and template, computed once by the web worker and shared
+by every experiment that asks. Its trials are launched at once but sent to the scheduler only when those ids
+are ready (`data_waiting`, checked by `launching.trial_send`), and fail if they could not be made; what
+depends on the ids (the held-out set, an epoch's length) is completed then (`sent_data_fields`). Either way
+the trial's spec names the tokenizer's directory, which the engine copies into the exported model, and for
+examples the chat template the export must write into it when that tokenizer carries none.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from django.conf import settings
 
-from webapp.datasets.models import Dataset, DatasetTokens
+from webapp.datasets.models import Dataset, DatasetTokens, template_sha256
 from webapp.datasets.services import dataset_tokens_request
+from webapp.experiments.chat_template import default_chat_template, has_own_template
 from webapp.experiments.model_shapes import ModelChoiceError, ModelShape, model_shape
 from webapp.experiments.models import Experiment
 
 
+class TrialDataError(ValueError):
+    """Data a trial cannot train on as its values ask (its sequence length drops every example of a split);
+    the message says what to change."""
+
+
 @dataclass(frozen=True)
 class TrialData:
-    tokens_path: Path
+    """Where a trial reads its token ids: `tokens_path` (token blocks) or `examples_dir` (examples, whose first
+    `train_examples` train: the count once `token_set` is ready, the dataset's own until then). `token_set`
+    is None for the dataset's own ids, else the pretrained tokenizer's (maybe not ready). `chat_template` is
+    the template the examples are rendered with when the tokenizer in `tokenizer_dir` carries none."""
+
     tokenizer_dir: Path
-    token_set: DatasetTokens | None  # None: the dataset's own ids; else the pretrained tokenizer's (maybe not ready)
+    token_set: DatasetTokens | None
+    tokens_path: Path | None = None
+    examples_dir: Path | None = None
+    train_examples: int = 0
+    chat_template: str | None = None
+
+    @property
+    def is_ready(self) -> bool:
+        return self.token_set is None or self.token_set.is_ready
+
+    def holdout_rows(self, seq_len: int) -> int | None:
+        """The rows of the final evaluation of a trial of `seq_len` (see `example_rows`); None until the
+        examples are made. Raises TrialDataError."""
+        if self.examples_dir is None or not self.is_ready:
+            return None
+        return example_rows(examples_dir=self.examples_dir, train_examples=self.train_examples, seq_len=seq_len)
 
 
-def trial_data(*, shape: ModelShape, dataset: Dataset) -> TrialData:
-    """Where `shape`'s trials on `dataset` read their token ids (a path that exists once they are ready)."""
+def trial_data(*, shape: ModelShape, dataset: Dataset, chat_template: str = "") -> TrialData:
+    """Where `shape`'s trials on `dataset` read their data (paths that exist once they are ready), the
+    examples rendered with `chat_template` (empty: the tokenizer's own, else ChatML) on a pretrained model."""
     if shape.tokenizer_sha256 is None or shape.tokenizer_dir is None:
-        return TrialData(dataset.tokens_path, dataset.directory, None)
-    token_set = DatasetTokens.objects.filter(dataset=dataset, tokenizer_sha256=shape.tokenizer_sha256).first()
-    path = (token_set or DatasetTokens(dataset=dataset, tokenizer_sha256=shape.tokenizer_sha256)).path
-    return TrialData(path, Path(shape.tokenizer_dir), token_set)
+        if dataset.is_instruction:
+            return TrialData(dataset.directory, None, examples_dir=dataset.examples_dir,
+                             train_examples=dataset.train_examples, chat_template=default_chat_template())
+        return TrialData(dataset.directory, None, tokens_path=dataset.tokens_path)
+    template = chat_template if dataset.is_instruction else ""
+    token_set = DatasetTokens.objects.filter(dataset=dataset, tokenizer_sha256=shape.tokenizer_sha256,
+                                             template_sha256=template_sha256(template)).first()
+    tokenizer_dir = Path(shape.tokenizer_dir)
+    if not dataset.is_instruction:
+        path = (token_set or DatasetTokens(dataset=dataset, tokenizer_sha256=shape.tokenizer_sha256)).path
+        return TrialData(tokenizer_dir, token_set, tokens_path=path)
+    if not template and not has_own_template(tokenizer_dir):
+        template = default_chat_template()  # what the dataset side renders with; the export must carry it
+    ready = token_set is not None and token_set.is_ready
+    return TrialData(tokenizer_dir, token_set, examples_dir=token_set.examples_dir if token_set else None,
+                     train_examples=token_set.train_examples if ready else dataset.train_examples,
+                     chat_template=template or None)
 
 
-def trial_data_request(*, shape: ModelShape, dataset: Dataset) -> DatasetTokens | None:
-    """Ask the web worker for `shape`'s tokens of `dataset` unless they exist (None: the dataset's own serve)."""
+def trial_data_request(*, shape: ModelShape, dataset: Dataset, chat_template: str = "") -> DatasetTokens | None:
+    """Ask the web worker for `shape`'s tokens of `dataset` (instruction data: rendered with `chat_template`)
+    unless they exist (None: the dataset's own serve)."""
     if shape.tokenizer_sha256 is None or shape.tokenizer_dir is None:
         return None
     return dataset_tokens_request(dataset=dataset, tokenizer_sha256=shape.tokenizer_sha256,
-                                  tokenizer_dir=shape.tokenizer_dir, model_name=shape.model_name or "the model")
+                                  tokenizer_dir=shape.tokenizer_dir, model_name=shape.model_name or "the model",
+                                  chat_template=chat_template if dataset.is_instruction else "")
 
 
-def train_tokens(*, shape: ModelShape, dataset: Dataset) -> int:
-    """Training tokens for an epoch budget: the pretrained tokenizer's count once known, else the dataset's own
-    (an estimate until then; the send recomputes the steps with the real count)."""
-    token_set = trial_data(shape=shape, dataset=dataset).token_set
-    return token_set.train_tokens if token_set is not None and token_set.is_ready else dataset.train_tokens
+@dataclass(frozen=True)
+class EpochSize:
+    """What one epoch over a training split holds, for an epoch budget: ``tokens`` (a corpus, read in blocks of
+    the trial's sequence length), or ``examples`` (instruction data)."""
+
+    tokens: int = 0
+    examples: int | None = None
+
+    def rows(self, seq_len: int) -> float:
+        """Rows of `seq_len` tokens an epoch takes. For examples, one example a row: an estimate, the most
+        rows an epoch takes (packing puts several examples in a row, and examples longer than `seq_len` are
+        dropped; how many rows that leaves is known only once the engine lays the epoch out)."""
+        return self.examples if self.examples is not None else self.tokens / seq_len
+
+
+def epoch_size_of(*, dataset: Dataset, token_set: DatasetTokens | None) -> EpochSize:
+    """The training split of the dataset's own ids, or of `token_set`'s once it is ready (an estimate until
+    then, from the dataset's own: the send recomputes an epoch budget's steps from the real count)."""
+    ready = token_set is not None and token_set.is_ready
+    if dataset.is_instruction:
+        return EpochSize(examples=token_set.train_examples if ready else dataset.train_examples)
+    return EpochSize(tokens=token_set.train_tokens if ready else dataset.train_tokens)
+
+
+def epoch_size(*, shape: ModelShape, dataset: Dataset, chat_template: str = "") -> EpochSize:
+    """The training split `shape`'s trials on `dataset` count an epoch budget in (see `epoch_size_of`)."""
+    token_set = trial_data(shape=shape, dataset=dataset, chat_template=chat_template).token_set
+    return epoch_size_of(dataset=dataset, token_set=token_set)
+
+
+def example_rows(*, examples_dir: Path, train_examples: int, seq_len: int) -> int:
+    """The validation examples of the set in `examples_dir` (those from `train_examples` on) at most `seq_len`
+    tokens long: the engine drops longer ones, and its final evaluation covers the rest, one a row
+    (``DataSpec.holdout_rows``). Raises TrialDataError when `seq_len` drops every training or every
+    validation example."""
+    try:
+        lengths = np.diff(np.load(examples_dir / "starts.npy"))
+    except (OSError, ValueError) as error:
+        raise TrialDataError(f"the examples at {examples_dir} cannot be read ({type(error).__name__}); retry the "
+                             "trial once the dataset is tokenized again.") from None
+    for split, part in (("training", lengths[:train_examples]), ("validation", lengths[train_examples:])):
+        if len(part) and int(part.min()) > seq_len:
+            raise TrialDataError(
+                f"max_seq_len {seq_len} drops every {split} example (the shortest has {int(part.min())} tokens; "
+                "longer examples are dropped, never cut). Raise seq_len (max_seq_len) to at least "
+                f"{int(part.min())}.")
+    return int((lengths[train_examples:] <= seq_len).sum())
 
 
 def heldout_data(*, dataset: Dataset, token_set: DatasetTokens | None, holdout_bytes: int | None) -> dict[str, object]:
-    """The engine's held-out fields of a trial's data (``DataSpec.val_start``, ``token_bytes_path``,
+    """The engine's held-out fields of a trial's token blocks (``DataSpec.val_start``, ``token_bytes_path``,
     ``holdout_tokens``) for the dataset's own ids or `token_set`'s: the tokens from the validation text's first
     to its end, or to the last whose bytes fit in the first `holdout_bytes` bytes of it. Empty for a dataset
     split by blocks of tokens (tokenized before the split was defined on the text)."""
@@ -72,7 +161,20 @@ def heldout_data(*, dataset: Dataset, token_set: DatasetTokens | None, holdout_b
             "holdout_tokens": max(2, min(holdout_tokens, n_tokens - val_start))}
 
 
-def check_ids(*, shape: ModelShape, dataset: Dataset, field: str) -> None:
+def sent_data_fields(*, data: dict[str, Any], dataset: Dataset, token_set: DatasetTokens | None,
+                     holdout_bytes: int | None) -> dict[str, object]:
+    """The fields of a trial's spec ``data`` that depend on its ids, from the ids now that they are ready:
+    token blocks' held-out set (`heldout_data`), or the examples' training count and held-out rows. Raises
+    TrialDataError when the trial's sequence length drops every example of a split."""
+    if not data.get("examples_dir"):
+        return heldout_data(dataset=dataset, token_set=token_set, holdout_bytes=holdout_bytes)
+    train = dataset.train_examples if token_set is None else token_set.train_examples
+    return {"train_examples": train,
+            "holdout_rows": example_rows(examples_dir=Path(data["examples_dir"]), train_examples=train,
+                                         seq_len=data["seq_len"])}
+
+
+def check_ids(*, shape: ModelShape, dataset: Dataset, field: str, chat_template: str = "") -> None:
     """Raise ModelChoiceError (on `field`) when the ids the trials would read do not index `shape`'s embeddings:
     a pretrained model without a tokenizer of its own, or whose tokenizer makes ids past its vocabulary."""
     if shape.pretrained_dir is None:
@@ -82,7 +184,7 @@ def check_ids(*, shape: ModelShape, dataset: Dataset, field: str) -> None:
         raise ModelChoiceError(
             f"{name} has no tokenizer (tokenizer.json) of its own, so the dataset's token ids would not match its "
             "embeddings. Add its tokenizer to the model's directory, or train a model from scratch.", field=field)
-    token_set = trial_data(shape=shape, dataset=dataset).token_set
+    token_set = trial_data(shape=shape, dataset=dataset, chat_template=chat_template).token_set
     if token_set is not None and token_set.is_ready and token_set.max_id >= shape.vocab_size:
         raise ModelChoiceError(ids_past_vocabulary(token_set, shape.vocab_size), field=field)
 
@@ -98,18 +200,29 @@ def token_set_at(*, dataset: Dataset, tokens_path: str) -> DatasetTokens | None:
     return next((t for t in dataset.token_sets.all() if str(t.path) == tokens_path), None)
 
 
-def data_waiting(*, tokens_path: str, dataset: Dataset, vocab_size: int) -> tuple[str, bool] | None:
-    """None when the trial's ids at `tokens_path` are ready to train on; else why not and whether that is final
-    (the tokenization failed, or its ids are past the model's `vocab_size`)."""
-    if tokens_path == str(dataset.tokens_path):
+def token_set_of(*, dataset: Dataset, data: dict[str, Any]) -> DatasetTokens | None:
+    """The dataset's ids of a pretrained tokenizer that a trial's spec ``data`` reads (token blocks or
+    examples); None for the dataset's own, or ids deleted since."""
+    if data.get("examples_dir"):
+        return next((t for t in dataset.token_sets.all() if str(t.examples_dir) == data["examples_dir"]), None)
+    return token_set_at(dataset=dataset, tokens_path=data["tokens_path"])
+
+
+def data_waiting(*, data: dict[str, Any], dataset: Dataset, vocab_size: int) -> tuple[str, bool] | None:
+    """None when the ids a trial's spec ``data`` reads are ready to train on; else why not and whether that is
+    final (the tokenization failed, or its ids are past the model's `vocab_size`). The dataset's own are ready
+    (experiments train on ready datasets)."""
+    if data.get("examples_dir") == str(dataset.examples_dir) or data.get("tokens_path") == str(dataset.tokens_path):
         return None
-    token_set = token_set_at(dataset=dataset, tokens_path=tokens_path)
+    token_set = token_set_of(dataset=dataset, data=data)
     if token_set is None:
-        return f"The dataset's tokens at {tokens_path} are gone; retry the trial.", True
+        where = data.get("examples_dir") or data.get("tokens_path")
+        return f"The dataset's tokens at {where} are gone; retry the trial.", True
+    tokenizer = f"{token_set.model_name}'s tokenizer{' and the chat template' if token_set.chat_template else ''}"
     if token_set.status == DatasetTokens.Status.FAILED:
-        return f"Tokenizing {dataset.name} with {token_set.model_name}'s tokenizer failed: {token_set.message}", True
+        return f"Tokenizing {dataset.name} with {tokenizer} failed: {token_set.message}", True
     if not token_set.is_ready:
-        return f"Waiting for {dataset.name} to be tokenized with {token_set.model_name}'s tokenizer.", False
+        return f"Waiting for {dataset.name} to be tokenized with {tokenizer}.", False
     if token_set.max_id >= vocab_size:
         return ids_past_vocabulary(token_set, vocab_size), True
     return None
@@ -122,4 +235,4 @@ def experiment_tokens(*, experiment: Experiment) -> DatasetTokens | None:
         shape = model_shape(experiment.model, models_root=settings.HYDRA.models_root)
     except ModelChoiceError:
         return None
-    return trial_data(shape=shape, dataset=experiment.dataset).token_set
+    return trial_data(shape=shape, dataset=experiment.dataset, chat_template=experiment.chat_template).token_set

@@ -45,7 +45,16 @@ from webapp.experiments.listing import (
 from webapp.experiments.model_shapes import model_to_spec
 from webapp.experiments.models import Experiment, ExperimentPreview, Trial
 from webapp.experiments.planning import ExperimentDraft, TrialDraft
-from webapp.experiments.search_space import CHECKPOINT_KEY, HOLDOUT_KEY, KINDS, MODEL_KEY, PARAMETERS, PRUNER_KEY
+from webapp.experiments.search_space import (
+    CHECKPOINT_KEY,
+    HOLDOUT_KEY,
+    KINDS,
+    MODEL_KEY,
+    PARAMETERS,
+    PRUNER_KEY,
+    TEMPLATE_KEY,
+    parse_search_space,
+)
 from webapp.experiments.trial_data import experiment_tokens
 from webapp.ids import parse_id
 from webapp.labqueue.selectors import trial_end_estimates
@@ -190,7 +199,27 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
         "space_yaml": yaml.safe_dump(experiment.search_space, sort_keys=False),
         "tokens": experiment_tokens(experiment=experiment),
         "pruner_text": pruning.describe(experiment.pruner),
+        "examples": _examples_setup(experiment),
     })
+
+
+def _examples_setup(experiment: Experiment) -> list[tuple[str, object]] | None:
+    """How an experiment on instruction data lays out and trains its examples: max_seq_len (the ``seq_len``
+    parameter), packing and loss_on, each with its value for every trial (its default, or the one value the
+    space lists), or None where the trials search several (their parameters show them). None on a text
+    corpus."""
+    if not experiment.dataset.is_instruction:
+        return None
+    space = parse_search_space(experiment.search_space)
+    setup: list[tuple[str, object]] = []
+    for label, name in (("max_seq_len", "seq_len"), ("packing", "packing"), ("loss_on", "loss_on")):
+        dimension = space.get(name)
+        if dimension is None:
+            setup.append((label, PARAMETERS[name].default))
+        else:
+            single = dimension.kind == "categorical" and len(dimension.values) == 1
+            setup.append((label, dimension.values[0] if single else None))
+    return setup
 
 
 @team_required
@@ -243,6 +272,7 @@ def experiment_space(request: HttpRequest, experiment_id: int, fmt: str) -> Http
     spec = {**({MODEL_KEY: model} if model is not None else {}), CHECKPOINT_KEY: experiment.checkpoint_minutes,
             **({PRUNER_KEY: experiment.pruner} if experiment.pruner else {}),
             **({HOLDOUT_KEY: experiment.holdout_bytes} if experiment.holdout_bytes else {}),
+            **({TEMPLATE_KEY: experiment.chat_template} if experiment.chat_template else {}),
             **experiment.search_space}
     if fmt == "yaml":
         body, content_type = yaml.safe_dump(spec, sort_keys=False), "application/yaml"

@@ -13,7 +13,10 @@ register = template.Library()
 
 @register.filter
 def short_value(value: Any) -> str:
-    """A hyperparameter value as people write it: 0.0003 as 3e-04, whole numbers plain."""
+    """A hyperparameter value as people write it: 0.0003 as 3e-04, whole numbers plain, booleans as YAML's
+    true and false."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, float):
         return f"{value:.3g}"
     return str(value)

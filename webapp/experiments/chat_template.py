@@ -1,0 +1,84 @@
+"""The chat template an experiment's instruction data is rendered with, as the web app checks and names it.
+
+The engine renders conversations and finds their assistant turns (`worker.engine.chat`); this module asks it,
+importing it inside its functions only, since it loads ``transformers``, which the web process must not load
+when it starts. It also reads whether a checkpoint's tokenizer carries a template of its own, from its files
+alone (the engine's size-capped, link-refusing reads), without loading the tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from webapp.datasets.models import Dataset
+from webapp.experiments.model_shapes import ModelShape
+from worker.engine.checkpoint_files import TOKENIZER_JSON_MAX_BYTES, checkpoint_file, read_limited
+from worker.engine.errors import CheckpointError
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+TEMPLATE_FILE = "chat_template.jinja"  # where transformers saves a tokenizer's template since 4.49
+NAMED_TEMPLATES_DIR = "additional_chat_templates"  # ... and its other named templates, one .jinja file each
+
+
+class ChatTemplateError(ValueError):
+    """A chat template the engine cannot train with; the message says why, in the engine's words."""
+
+
+def check_chat_template(template: str) -> None:
+    """Compile `template`, render the engine's probe conversation with it (system, user and assistant turns,
+    twice) and find each assistant turn's span, as the engine does before it trains. Raises ChatTemplateError
+    for a template over the engine's size limit, a syntax error, a sandbox violation, an exception the
+    template raises, or earlier turns that render differently once later turns follow."""
+    from tokenizers import Tokenizer, models
+
+    from worker.engine.chat import TemplateError, chat_tokenizer
+
+    try:
+        chat_tokenizer(Tokenizer(models.BPE()), template=template)  # rendering needs no vocabulary
+    except TemplateError as error:
+        raise ChatTemplateError(str(error)) from None
+
+
+def default_chat_template() -> str:
+    """ChatML, the template the engine renders with when neither the experiment nor the tokenizer has one
+    (a dataset's own tokenizer never has one)."""
+    from worker.engine.chat import DEFAULT_CHAT_TEMPLATE
+
+    return DEFAULT_CHAT_TEMPLATE
+
+
+def has_own_template(tokenizer_dir: Path) -> bool:
+    """Whether the pretrained tokenizer in `tokenizer_dir` renders chats with a template of its own, as
+    ``AutoTokenizer`` loads it and the engine picks it (`worker.engine.chat.chat_tokenizer`): a
+    ``chat_template.jinja``, a ``default`` named template, or a ``chat_template`` in its
+    ``tokenizer_config.json`` (a text, or a list of named templates with a ``default``). A file that cannot
+    be read (too large, a link out of the directory, not JSON) counts as no template."""
+    try:
+        if checkpoint_file(tokenizer_dir, TEMPLATE_FILE).is_file():
+            return True
+        if checkpoint_file(tokenizer_dir, f"{NAMED_TEMPLATES_DIR}/default.jinja").is_file():
+            return True
+        config = json.loads(read_limited(checkpoint_file(tokenizer_dir, TOKENIZER_CONFIG),
+                                         limit=TOKENIZER_JSON_MAX_BYTES))
+    except (CheckpointError, ValueError):
+        return False
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if isinstance(template, list):
+        return any(isinstance(t, dict) and t.get("name") == "default" and t.get("template") for t in template)
+    return isinstance(template, str) and bool(template)
+
+
+def template_refusal(*, dataset: Dataset, shape: ModelShape, chat_template: str) -> str | None:
+    """Why `chat_template` cannot render `dataset` for the trials of a `shape` model (None when it can, or when
+    no template is set): a text corpus has no conversations, and a model trained from scratch trains on the
+    dataset's own examples, rendered once with ChatML when the dataset was built."""
+    if not chat_template:
+        return None
+    if not dataset.is_instruction:
+        return (f"A chat template renders conversations: it applies to instruction and chat datasets, and "
+                f"{dataset.name} is a text corpus. Leave chat_template empty.")
+    if shape.pretrained_dir is None:
+        return ("A model trained from scratch uses the dataset's ChatML rendering; templates apply to pretrained "
+                "checkpoints. Leave chat_template empty, or choose a checkpoint.")
+    return None
