@@ -21,7 +21,7 @@ from django.db.models.functions import RowNumber
 
 from webapp.accounts.models import Team
 from webapp.datasets.models import Dataset
-from webapp.experiments.models import Trial
+from webapp.experiments.models import Experiment, Trial
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,11 @@ def measured_on(*, dataset: Dataset, holdout_bytes: int | None) -> str:
     """What a board's figures were measured on, in words."""
     split = (f"validation split, corpus sha256 {dataset.corpus_sha256[:12]}"
              if dataset.corpus_sha256 else f"validation split, fingerprint {dataset.fingerprint[:12]}")
+    if dataset.is_instruction:
+        return (f"the {dataset.val_examples} held-out examples of {dataset.name} ({dataset.get_kind_display()}, "
+                f"whole examples chosen at random; {split}), scoring only the answers' tokens (the assistant's "
+                "turns; every token of text rows) whatever a trial trained on; an example longer than a trial's "
+                "max_seq_len is not scored by that trial")
     if dataset.val_bytes is None:
         return f"the last {dataset.val_fraction:.0%} of {dataset.name}'s token blocks ({split})"
     if holdout_bytes is not None and holdout_bytes < dataset.val_bytes:
@@ -107,6 +112,13 @@ def team_ranked(*, team: Team, dataset: Dataset, metric: Metric, holdout_bytes: 
     return _ranked(trials, metric)
 
 
+def template_label(experiment: Experiment) -> str:
+    """Which chat template an experiment's trials were trained and scored with, in words."""
+    if experiment.chat_template:
+        return "its own (custom)"
+    return "the model's own, else ChatML"
+
+
 def board_rows(trials: Iterable[Trial], *, metric: Metric, first_rank: int = 1) -> list[dict[str, Any]]:
     """The rows of a team's board for `trials` (ranked already), numbered from `first_rank`."""
     return [
@@ -114,7 +126,7 @@ def board_rows(trials: Iterable[Trial], *, metric: Metric, first_rank: int = 1) 
             "rank": rank, "value": getattr(t, metric.field), "trial_id": t.pk, "number": t.number,
             "bpb": t.final_bpb, "ppl": t.final_ppl, "step": t.final_step,
             "experiment_id": t.experiment_id, "experiment": t.experiment.name, "params": t.params,
-            "status": t.get_status_display(), "finished": t.finished,
+            "status": t.get_status_display(), "finished": t.finished, "template": template_label(t.experiment),
         }
         for rank, t in enumerate(trials, start=first_rank)
     ]
