@@ -9,6 +9,8 @@ alone (the engine's size-capped, link-refusing reads), without loading the token
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from webapp.datasets.models import Dataset
@@ -25,19 +27,41 @@ class ChatTemplateError(ValueError):
     """A chat template the engine cannot train with; the message says why, in the engine's words."""
 
 
+CHECK_SECONDS = 20  # a template's check renders a five-turn conversation: far less than this, unless it loops
+CHECK_MEMORY_BYTES = 2 << 30  # the checking process's address space; a template rendering gigabytes stops there
+CHECK_SCRIPT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
+from tokenizers import Tokenizer, models
+from worker.engine.chat import TemplateError, chat_tokenizer
+try:
+    chat_tokenizer(Tokenizer(models.BPE()), template=sys.stdin.read())  # rendering needs no vocabulary
+except TemplateError as error:
+    print(error, end="")
+    sys.exit(1)
+"""
+
+
 def check_chat_template(template: str) -> None:
     """Compile `template`, render the engine's probe conversation with it (system, user and assistant turns,
     twice) and find each assistant turn's span, as the engine does before it trains. Raises ChatTemplateError
     for a template over the engine's size limit, a syntax error, a sandbox violation, an exception the
-    template raises, or earlier turns that render differently once later turns follow."""
-    from tokenizers import Tokenizer, models
+    template raises, or earlier turns that render differently once later turns follow.
 
-    from worker.engine.chat import TemplateError, chat_tokenizer
-
+    The check runs in a process of its own, limited in time and memory: Jinja's sandbox bounds each ``range``
+    but not loops nested in loops, and a request must not hang on what a user typed."""
     try:
-        chat_tokenizer(Tokenizer(models.BPE()), template=template)  # rendering needs no vocabulary
-    except TemplateError as error:
-        raise ChatTemplateError(str(error)) from None
+        result = subprocess.run([sys.executable, "-c", CHECK_SCRIPT, str(CHECK_MEMORY_BYTES)], input=template,
+                                capture_output=True, text=True, timeout=CHECK_SECONDS,
+                                cwd=Path(__file__).resolve().parents[2])
+    except subprocess.TimeoutExpired:
+        raise ChatTemplateError(f"the chat template takes over {CHECK_SECONDS} s to render a five-turn "
+                                "conversation; a template must not loop that long") from None
+    if result.returncode == 1 and result.stdout:
+        raise ChatTemplateError(result.stdout)
+    if result.returncode != 0:
+        raise ChatTemplateError("the chat template cannot be rendered within "
+                                f"{CHECK_MEMORY_BYTES >> 30} GiB of memory: {result.stderr.strip()[-300:]}")
 
 
 def default_chat_template() -> str:

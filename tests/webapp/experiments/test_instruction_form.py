@@ -134,3 +134,19 @@ def test_it_refuses_a_held_out_byte_count_on_instruction_data(alice_client, chat
     assert errors(alice_client, post_data(chat, action="preview", holdout_bytes=1000)) == (
         "holdout_bytes applies to text corpora: on instruction and chat data the final evaluation covers every "
         "validation example that fits max_seq_len. Leave it empty.")
+
+
+def test_a_chat_template_that_loops_or_swells_is_stopped_and_refused(alice, alice_client, chat, monkeypatch):
+    """Jinja's sandbox bounds each range, not loops in loops: the check stops a template that would hang the
+    request, or fill the memory, and says so."""
+    from webapp.experiments import chat_template
+
+    monkeypatch.setattr(chat_template, "CHECK_SECONDS", 3)
+    checkpoint = ready_checkpoint(alice)
+    looping = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    assert errors(alice_client, on_checkpoint(checkpoint, chat, chat_template=looping)).startswith(
+        "The chat template takes over 3 s to render a five-turn conversation")
+    monkeypatch.setattr(chat_template, "CHECK_MEMORY_BYTES", 1 << 30)
+    swelling = "{% set s = 'x' * 50000 %}{% for i in range(100000) %}{{ s }}{% endfor %}"
+    assert errors(alice_client, on_checkpoint(checkpoint, chat, chat_template=swelling)).startswith(
+        "The chat template fails: MemoryError")
