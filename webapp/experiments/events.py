@@ -1,9 +1,10 @@
 """What the workers report about trials, applied to the web app's records in one place.
 
 `trial_event_apply` is the only writer of a launched trial's status: it mirrors the scheduler's state,
-keeps the trial's message, step, best validation loss, measured memory plan and export path, and asks TPE
-for the next trials when one ends. It never moves a trial out of an ended state (a late report after a
-cancel is ignored) and ignores reports about an old attempt or an unknown trial.
+keeps the trial's message, step, best validation loss, measured memory plan and export path, asks TPE for
+the next trials when one ends, and asks a finished chat trial's model for its held-out answers. It never
+moves a trial out of an ended state (a late report after a cancel is ignored) and ignores reports about an
+old attempt or an unknown trial.
 
 `trial_events_sync` reads a host's events stream after the stored cursor and applies each event. The
 telemetry ingest calls it on every pass, and the experiment and trial pages call it before reading, so a
@@ -23,6 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from webapp import queue_client
+from webapp.experiments.generations import held_out_request
 from webapp.experiments.launching import experiment_extend_tpe
 from webapp.experiments.models import Experiment, Trial
 from webapp.notifications import notices
@@ -51,7 +53,8 @@ def trial_event_apply(
     ``plan`` replaces the pre-launch estimate with the measured plan; ``rung`` is the pruner's rung where a
     pruned trial stopped; a finished or pruned trial without
     ``export_path`` gets the export directory its launch named, if the model is there. Returns whether
-    anything was recorded. When a TPE trial ends, TPE is asked for the next one.
+    anything was recorded. When a TPE trial ends, TPE is asked for the next one; when a trial of instruction
+    data finishes with its export, its model's answers to held-out examples are asked for (once an attempt).
     """
     if status not in Status.values:
         raise ValueError(f"Unknown trial status {status!r}; use one of {', '.join(Status.values)}.")
@@ -86,6 +89,8 @@ def trial_event_apply(
             if exported.is_dir():
                 trial.export_path = str(exported)
         trial.save()
+        if status == Status.FINISHED:
+            held_out_request(trial=trial)  # under the trial's lock: a second finished event finds the first's
         if status in Trial.ENDED and trial.experiment.strategy == Experiment.Strategy.TPE:
             experiment_extend_tpe(experiment=trial.experiment)
         notices.trial_ended(trial=trial)  # the team's e-mails and webhooks, sent once this commits

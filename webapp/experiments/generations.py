@@ -10,14 +10,22 @@ message. Generating again from a message delivered twice changes nothing: only a
 for, and its result is written only while it is still pending. A model whose weights would not fit in the web
 worker's free memory is refused with a message before it is loaded, so that one large model cannot take down
 the worker (and, redelivered, take it down again).
+
+A trial of instruction or chat data shows, once finished, how it answers a few held-out examples beside their
+own answers: `held_out_request` (called when its finished event is applied) records a greedy generation for each
+of the first `HELD_OUT_SHOWN` validation examples of the dataset's ``records.jsonl``, whose conversation before
+its last answer is the prompt. The app asks for these, not a user: they do not count toward the team's pending
+generations, and the ordinary list leaves them out (`held_out_list` lists them).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +39,7 @@ from django.utils import timezone
 
 from webapp.accounts.models import Membership, Team
 from webapp.background.outbox import work_enqueue
+from webapp.datasets.models import Dataset
 from webapp.datasets.tokenization import END_OF_TEXT
 from webapp.experiments.archives import trial_model_dir
 from webapp.experiments.export_tokenizer import fallback_files, has_tokenizer, model_context
@@ -40,6 +49,9 @@ GENERATE_TASK = "hydra.web.trial_generate"
 MAX_PENDING_PER_TEAM = 4  # the web worker generates one at a time; more would hold up the team's other work
 SHOWN = 20  # generations a trial's page lists
 MEMORY_FACTOR = 2  # free memory a model needs, in multiples of its weights' bytes (loading copies them once)
+HELD_OUT_SHOWN = 3  # held-out examples a finished chat trial answers on its page
+HELD_OUT_NEW_TOKENS = 64  # a held-out answer's length, at most (fewer where the model's context ends first)
+HELD_OUT_KINDS = (Dataset.Kind.MESSAGES, Dataset.Kind.PROMPT_COMPLETION, Dataset.Kind.ALPACA)  # text rows ask nothing
 log = logging.getLogger(__name__)
 
 
@@ -89,7 +101,8 @@ def generation_request(*, trial: Trial, actor: AbstractBaseUser, settings: Setti
         # waited for, never the one the first request inserted, and with none pending there is nothing to lock).
         # A no-key lock: inserting rows that only point at the team (an experiment, a notice) does not wait on it.
         Team.objects.select_for_update(no_key=True).filter(pk=team.pk).values_list("pk").get()
-        pending = Generation.objects.filter(trial__experiment__team=team, status=Generation.Status.PENDING).count()
+        pending = Generation.objects.filter(trial__experiment__team=team, status=Generation.Status.PENDING,
+                                            held_out_line__isnull=True).count()
         if pending >= MAX_PENDING_PER_TEAM:
             raise ValidationError(f"Your team already waits for {MAX_PENDING_PER_TEAM} generations; generate "
                                   f"again once one of them is done.")
@@ -101,8 +114,90 @@ def generation_request(*, trial: Trial, actor: AbstractBaseUser, settings: Setti
 
 
 def generation_list(*, trial: Trial) -> QuerySet[Generation]:
-    """The trial's generations, newest first (every attempt's), with who asked."""
-    return trial.generations.select_related("created_by").order_by("-created", "-pk")
+    """The trial's generations that users asked for, newest first (every attempt's), with who asked."""
+    return trial.generations.filter(held_out_line__isnull=True).select_related("created_by").order_by(
+        "-created", "-pk")
+
+
+@dataclass(frozen=True)
+class HeldOutExample:
+    """A validation example to answer: its line in the dataset's file, its conversation before its last answer
+    (ending with the turn the answer replies to), and that answer."""
+
+    line: int
+    messages: list[dict[str, str]]
+    reference: str
+
+
+def held_out_examples(*, dataset: Dataset, count: int) -> list[HeldOutExample]:
+    """The first `count` validation examples of an instruction dataset that end in an answer: the rows of its
+    ``records.jsonl`` after its first ``train_examples`` (the training ones), each cut before its last
+    assistant turn. Every trial of the dataset holds these out: a pretrained tokenizer's `DatasetTokens`
+    encodes the same rows in the same order (its own ``train_examples`` counts the training rows its template
+    kept, not where the file's validation rows begin). Raises OSError, ValueError, LookupError or TypeError
+    for a file that cannot be read as one row of ``{"line", "text", "messages"}`` a line."""
+    found: list[HeldOutExample] = []
+    with dataset.records_path.open(encoding="utf-8") as file:
+        for raw in islice(file, dataset.train_examples, None):  # the training rows are skipped unparsed
+            row = json.loads(raw)
+            messages = row["messages"] or []
+            last = max((k for k, m in enumerate(messages) if m["role"] == "assistant"), default=0)
+            if last > 0:  # an answer with a turn before it to reply to
+                found.append(HeldOutExample(line=row["line"], messages=messages[:last],
+                                            reference=messages[last]["content"]))
+            if len(found) == count:
+                break
+    return found
+
+
+def held_out_request(*, trial: Trial) -> list[Generation]:
+    """Record the answers of a finished trial's model to the first `HELD_OUT_SHOWN` held-out examples of its
+    instruction dataset (greedy, `HELD_OUT_NEW_TOKENS` at most) and send them to the web worker; returns the
+    new generations: none for a dataset of a kind without prompts (a corpus, text rows), a trial without an
+    exported model, or an attempt that has its answers already.
+
+    Call it in the transaction that records the trial finished, holding the trial's row lock (as
+    `events.trial_event_apply` does), so that a finished event applied twice finds the first's answers; the
+    unique constraint on (trial, attempt, line) refuses a second set anyway. A dataset file that cannot be read
+    is logged and gives none: the trial's event must still apply."""
+    dataset = trial.experiment.dataset
+    if dataset.kind not in HELD_OUT_KINDS or trial_model_dir(trial) is None:
+        return []
+    if trial.generations.filter(queue_id=trial.queue_id, held_out_line__isnull=False).exists():
+        return []
+    try:
+        examples = held_out_examples(dataset=dataset, count=HELD_OUT_SHOWN)
+    except (OSError, ValueError, LookupError, TypeError) as error:  # never hold up this event, and those after it
+        log.warning("no held-out answers for trial %s: %s cannot be read (%s: %s)", trial.pk,
+                    dataset.records_path, type(error).__name__, error)
+        return []
+    created = []
+    for example in examples:
+        question = next((m["content"] for m in reversed(example.messages) if m["role"] == "user"),
+                        example.messages[-1]["content"])
+        generation = Generation.objects.create(
+            trial=trial, queue_id=trial.queue_id, prompt=question, messages=example.messages,
+            reference=example.reference, held_out_line=example.line, max_new_tokens=HELD_OUT_NEW_TOKENS,
+            temperature=0.0, top_p=1.0, seed=0)
+        work_enqueue(row=generation, task_name=GENERATE_TASK)
+        created.append(generation)
+    return created
+
+
+@dataclass(frozen=True)
+class HeldOutAnswer:
+    """A held-out answer for the trial's page: the generation (its ``prompt`` is the conversation's last user
+    message) and how many turns of the conversation come before that message (not shown)."""
+
+    generation: Generation
+    earlier_turns: int
+
+
+def held_out_list(*, trial: Trial) -> list[HeldOutAnswer]:
+    """The held-out answers of the trial's current attempt, in the dataset's order (an earlier attempt's model
+    is gone: its answers are not this model's)."""
+    rows = trial.generations.filter(queue_id=trial.queue_id, held_out_line__isnull=False).order_by("held_out_line")
+    return [HeldOutAnswer(generation=g, earlier_turns=len(g.messages or []) - 1) for g in rows]
 
 
 def generation_get(*, trial: Trial, generation_id: int) -> Generation:
@@ -142,7 +237,8 @@ class GenerationError(Exception):
 
 
 def _generate(generation: Generation, directory: Path) -> str:
-    """The continuation of the generation's prompt by the model in `directory` (on the CPU)."""
+    """The continuation of the generation's prompt, or the answer to its conversation, by the model in
+    `directory` (on the CPU)."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -154,18 +250,18 @@ def _generate(generation: Generation, directory: Path) -> str:
             f"({available / 2**30:.1f} GiB) with room to run: download it and generate where it fits.")
     tokenizer = _load_tokenizer(generation.trial, directory)
     model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True).eval()
-    if generation.trial.experiment.dataset.is_instruction and tokenizer.chat_template:
-        # A model tuned on chats answers a user's turn, rendered with the template it was trained with.
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": generation.prompt}],
-                                               add_generation_prompt=True, tokenize=False)
-        encoded = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
-    else:
-        encoded = tokenizer(generation.prompt, return_tensors="pt")
+    encoded = _encoded_prompt(generation, tokenizer)
     n_prompt = int(encoded["input_ids"].shape[1])
     if n_prompt == 0:
         raise GenerationError("The prompt made no tokens: write some text to continue.")
     context = model_context(directory)
-    if context is not None and n_prompt + generation.max_new_tokens > context:
+    max_new_tokens = generation.max_new_tokens
+    if context is not None and generation.held_out_line is not None:
+        if n_prompt >= context:
+            raise GenerationError(f"The held-out conversation is {n_prompt} tokens: this model reads at most "
+                                  f"{context} at once, which leaves no room for an answer.")
+        max_new_tokens = min(max_new_tokens, context - n_prompt)  # nobody chose it: the answer takes the room left
+    if context is not None and n_prompt + max_new_tokens > context:
         raise GenerationError(
             f"The prompt is {n_prompt} tokens, and with {generation.max_new_tokens} new tokens that is more than "
             f"the {context} tokens this model reads at once: shorten the prompt or ask for fewer new tokens.")
@@ -173,13 +269,29 @@ def _generate(generation: Generation, directory: Path) -> str:
     sampling: dict[str, Any] = (
         {"do_sample": False} if generation.is_greedy
         else {"do_sample": True, "temperature": generation.temperature, "top_p": generation.top_p, "top_k": 0})
-    config = GenerationConfig(max_new_tokens=generation.max_new_tokens, eos_token_id=end,
+    config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=end,
                               pad_token_id=end if end is not None else 0, **sampling)
     torch.manual_seed(generation.seed)
     with torch.no_grad():
         output = model.generate(**encoded, generation_config=config)
     text = tokenizer.decode(output[0, n_prompt:], skip_special_tokens=True)
     return str(text).replace("\x00", "\ufffd")  # a NUL byte token: PostgreSQL text cannot hold one
+
+
+def _encoded_prompt(generation: Generation, tokenizer: Any) -> Any:
+    """The prompt's token ids (a ``BatchEncoding`` of one row). A conversation (a held-out example's turns, or
+    for a model tuned on chats the prompt as a user's turn) is rendered with the tokenizer's chat template, the
+    one the model was trained with, up to the opening of the assistant's answer; other text is read as it is.
+    Raises GenerationError for a conversation and a tokenizer without a template."""
+    messages = generation.messages
+    if messages is None and generation.trial.experiment.dataset.is_instruction and tokenizer.chat_template:
+        messages = [{"role": "user", "content": generation.prompt}]
+    if messages is None:
+        return tokenizer(generation.prompt, return_tensors="pt")
+    if not tokenizer.chat_template:
+        raise GenerationError("The model's tokenizer has no chat template to render the conversation with.")
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, return_tensors="pt", add_special_tokens=False)  # the template wrote its own
 
 
 def _end_of_text(tokenizer: Any) -> int | None:

@@ -314,6 +314,8 @@ def _trial_page(request: HttpRequest, trial: Trial, *, form: GenerationForm | No
         lr = (trial.continued[-1]["lr"] if trial.continued else (trial.spec or {}).get("optimizer", {}).get("lr"))
         continue_form = ContinueForm(initial={"lr": lr})
     shown = list(generations.generation_list(trial=trial)[:generations.SHOWN])
+    held_out = generations.held_out_list(trial=trial)
+    held_out_pending = any(a.generation.status == a.generation.Status.PENDING for a in held_out)
     return render(request, "experiments/trial_detail.html", {
         "trial": trial, "experiment": trial.experiment, "actions": selectors.trial_actions(trial),
         "eta": _etas([trial]).get(trial.pk),
@@ -321,7 +323,8 @@ def _trial_page(request: HttpRequest, trial: Trial, *, form: GenerationForm | No
         "plan": selectors.plan_summary(trial.plan), "shards": selectors.plan_shard_rows(trial.plan),
         "spec_json": json.dumps(trial.spec, indent=2) if trial.spec else "",
         "archive": archives.trial_archive_get(trial=trial),
-        "generations": shown, "generating": any(g.status == g.Status.PENDING for g in shown),
+        "generations": shown, "held_out": held_out, "held_out_pending": held_out_pending,
+        "generating": held_out_pending or any(g.status == g.Status.PENDING for g in shown),
         "generation_unavailable": generations.generation_unavailable(trial),
         "generation_form": form or GenerationForm(initial=generation_initial(shown[0] if shown else None)),
         "continue_form": continue_form, "continue_blocker": continuing.continue_blocker(trial),
