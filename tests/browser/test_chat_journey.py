@@ -24,7 +24,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.browser.devstack import DevStack
 from tests.browser.test_end_to_end import _checked, _log_in, _reload_until
-from tests.browser.test_pretrained_journey import FINISH_TIMEOUT_S, _add_smollm2
+from tests.browser.test_pretrained_journey import (
+    FINISH_TIMEOUT_S,
+    _add_smollm2,
+    create_from_preview,
+    preview_smollm2_grid,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -84,28 +89,8 @@ def _upload_and_preview(page, data: Path) -> None:
 
 def _sweep_ranks(page) -> int:
     """From the dataset page: a grid over two LoRA ranks of SmolLM2 pasted as YAML; preview, create, launch."""
-    page.click("text=New experiment on this dataset")
-    page.wait_for_url(re.compile(r"/experiments/new/"))
-    page.fill("#id_name", "support chat ranks")
-    page.check("input[name=model_kind][value=checkpoint]")
-    option = page.locator("#id_checkpoint option", has_text="SmolLM2-135M-Instruct")
-    page.select_option("#id_checkpoint", option.get_attribute("value"))
-    page.select_option("#id_strategy", "grid")
-    page.fill("#id_budget", str(STEPS))
-    page.select_option("#id_budget_unit", "steps")
-    page.fill("#id_eval_every", str(STEPS))
-    page.fill("#id_checkpoint_minutes", "0")
-    page.click(".space-help summary")
-    page.fill("#id_space_text", SPACE)
-    page.click("button[name=action][value=preview]")
-    page.wait_for_load_state()
-    errors = "\n".join(page.locator(".errorlist, .errors").all_inner_texts())
-    assert page.locator("#preview").count() == 1, errors or page.inner_text("main")
-    assert page.inner_text("#preview h2").startswith("Preview: 2 trials")
-    page.click("button.primary[name=action][value=create]")
-    page.wait_for_url(re.compile(r"/experiments/\d+/$"))
-    assert page.locator("#trial-table tbody tr[data-trial]").count() == 2
-    return int(re.search(r"/experiments/(\d+)/$", page.url)[1])
+    preview_smollm2_grid(page, name="support chat ranks", space=SPACE, steps=STEPS)
+    return create_from_preview(page)
 
 
 def _ranked_by_answer_bits_per_byte(page, screenshots_dir: Path) -> int:

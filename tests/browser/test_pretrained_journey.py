@@ -68,40 +68,53 @@ def _create_sample_dataset(page) -> None:
     page.wait_for_selector("#dataset-status[data-status=ready]", timeout=120_000)
 
 
-def _sweep_learning_rates(page) -> int:
-    """From the dataset page: the checkpoint, a grid over two learning rates pasted as YAML, a memory budget
-    that cuts each trial into shards; preview, then create and launch. Returns the experiment's id."""
+def preview_smollm2_grid(page, *, name: str, space: str, steps: int, budget_mib: int | None = None) -> None:
+    """From a dataset's page: an experiment of SmolLM2 with a grid pasted as YAML, `steps` steps and one
+    evaluation at the end, no checkpoints, and a memory budget of `budget_mib` (else the default); previewed,
+    and the preview shows 2 trials."""
     page.click("text=New experiment on this dataset")
     page.wait_for_url(re.compile(r"/experiments/new/"))
-    page.fill("#id_name", "smollm2 sweep")
+    page.fill("#id_name", name)
     page.check("input[name=model_kind][value=checkpoint]")
     option = page.locator("#id_checkpoint option", has_text="SmolLM2-135M-Instruct")
     assert option.inner_text().startswith("SmolLM2-135M-Instruct (Llama, 134.5M parameters,"), option.inner_text()
     page.select_option("#id_checkpoint", option.get_attribute("value"))
     page.select_option("#id_strategy", "grid")
-    page.fill("#id_budget", str(STEPS))
+    page.fill("#id_budget", str(steps))
     page.select_option("#id_budget_unit", "steps")
-    page.fill("#id_eval_every", str(STEPS))
-    page.check("input[name=memory_budget][value=explicit]")
-    page.fill("#id_memory_budget_mib", str(BUDGET_MIB))
+    page.fill("#id_eval_every", str(steps))
+    if budget_mib is not None:
+        page.check("input[name=memory_budget][value=explicit]")
+        page.fill("#id_memory_budget_mib", str(budget_mib))
     page.fill("#id_checkpoint_minutes", "0")
     page.click(".space-help summary")
-    page.fill("#id_space_text", SPACE)
+    page.fill("#id_space_text", space)
     page.click("button[name=action][value=preview]")
     page.wait_for_load_state()
     errors = "\n".join(page.locator(".errorlist, .errors").all_inner_texts())
     assert page.locator("#preview").count() == 1, errors or page.inner_text("main")
     assert page.inner_text("#preview h2").startswith("Preview: 2 trials")
+
+
+def create_from_preview(page) -> int:
+    """Create and launch the previewed experiment; returns its id."""
+    page.click("button.primary[name=action][value=create]")
+    page.wait_for_url(re.compile(r"/experiments/\d+/$"))
+    assert page.locator("#trial-table tbody tr[data-trial]").count() == 2
+    return int(re.search(r"/experiments/(\d+)/$", page.url)[1])
+
+
+def _sweep_learning_rates(page) -> int:
+    """From the dataset page: the checkpoint, a grid over two learning rates pasted as YAML, a memory budget
+    that cuts each trial into shards; preview, then create and launch. Returns the experiment's id."""
+    preview_smollm2_grid(page, name="smollm2 sweep", space=SPACE, steps=STEPS, budget_mib=BUDGET_MIB)
     plan_rows = page.locator("#preview tbody tr")
     assert plan_rows.count() == 2
     for i, lr in enumerate(LEARNING_RATES):
         cells = plan_rows.nth(i).locator("td")
         assert f"lr={lr}" in cells.nth(1).inner_text()
         assert int(cells.nth(3).inner_text()) >= 4, plan_rows.nth(i).inner_text()  # shards
-    page.click("button.primary[name=action][value=create]")
-    page.wait_for_url(re.compile(r"/experiments/\d+/$"))
-    assert page.locator("#trial-table tbody tr[data-trial]").count() == 2
-    return int(re.search(r"/experiments/(\d+)/$", page.url)[1])
+    return create_from_preview(page)
 
 
 def _wait_until_finished(page) -> None:

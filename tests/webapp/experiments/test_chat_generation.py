@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from tests.webapp.datasets.factories import upload_and_build
 from tests.webapp.experiments.factories import make_experiment
-from tests.webapp.experiments.test_generations import SETTINGS, finished
+from tests.webapp.experiments.test_generations import SETTINGS, train_and_export
 from webapp.experiments import generations
 from webapp.experiments.models import Generation, Trial
 
@@ -24,9 +24,7 @@ STEPS = 60  # enough for a tiny model to learn the three answers by heart
 def chat_trained_export(trial: Trial, spill_dir: Path) -> Trial:
     """`trial` finished after the engine trained a tiny Llama on its chat dataset's examples, in this process,
     and exported it as a device worker does at the end of a trial."""
-    import torch
-
-    from worker.engine import DataSpec, ModelSpec, OptimizerSpec, TrialSession, TrialSpec, trial_create
+    from worker.engine import DataSpec, ModelSpec, OptimizerSpec, TrialSpec
     from worker.engine.chat import DEFAULT_CHAT_TEMPLATE
 
     dataset = trial.experiment.dataset
@@ -36,17 +34,7 @@ def chat_trained_export(trial: Trial, spill_dir: Path) -> Trial:
         data=DataSpec(examples_dir=str(dataset.examples_dir), train_examples=dataset.train_examples, seq_len=64,
                       packing=True, tokenizer_dir=str(dataset.directory), chat_template=DEFAULT_CHAT_TEMPLATE),
         optimizer=OptimizerSpec(kind="adamw", lr=1e-2), batch_size=4, micro_batches=1, steps=STEPS, seed=0)
-    finished(trial)
-    trial.spec = spec.to_dict()
-    trial.save()
-    cpu = torch.device("cpu")
-    trial_create(spec=spec, spill_dir=spill_dir, trial_id=trial.queue_id, device=cpu, cuts=[0])
-    session = TrialSession.open(spill_dir=spill_dir, trial_id=trial.queue_id, device=cpu)
-    while session.next_unit() is not None:
-        session.run_unit()
-    session.export(Path(trial.export_path))
-    session.close()
-    return trial
+    return train_and_export(trial, spec, spill_dir)
 
 
 def greedy_answer(trial: Trial, question: str, max_new_tokens: int) -> str:

@@ -7,6 +7,7 @@ import io
 import json
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -51,9 +52,7 @@ def trained_export(trial: Trial, spill_dir: Path) -> Trial:
     """`trial` finished after training a 2-layer GPT-2 for real with the engine, in this process, on its
     dataset's token ids, and exported with the dataset's tokenizer as the device worker does at the end of a
     trial."""
-    import torch
-
-    from worker.engine import DataSpec, ModelSpec, OptimizerSpec, TrialSession, TrialSpec, trial_create
+    from worker.engine import DataSpec, ModelSpec, OptimizerSpec, TrialSpec
 
     dataset = trial.experiment.dataset
     spec = TrialSpec(
@@ -62,6 +61,16 @@ def trained_export(trial: Trial, spill_dir: Path) -> Trial:
                       tokenizer_dir=str(dataset.directory)),
         optimizer=OptimizerSpec(kind="adamw", lr=1e-2), batch_size=4, micro_batches=1, steps=6, eval_every=3,
         eval_batches=1, seed=0)
+    return train_and_export(trial, spec, spill_dir)
+
+
+def train_and_export(trial: Trial, spec: Any, spill_dir: Path) -> Trial:
+    """`trial` finished after the engine trained `spec` (a ``TrialSpec``) in this process, in one shard, and
+    exported it as a device worker does at the end of a trial."""
+    import torch
+
+    from worker.engine import TrialSession, trial_create
+
     finished(trial)
     trial.spec = spec.to_dict()
     trial.save()
