@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import tarfile
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from tests.browser.test_pretrained_journey import (
     FINISH_TIMEOUT_S,
     _add_smollm2,
     create_from_preview,
+    download_model,
     preview_smollm2_grid,
 )
 
@@ -147,20 +147,6 @@ def _ask(page, stack: DevStack, best: int) -> None:
     assert answer and answer.strip() and "<|im_start|>" not in answer and "assistant\n" not in answer, answer
 
 
-def _download(page, best: int, tmp_path: Path) -> Path:
-    page.click(".actions >> text=Prepare model download")
-    page.wait_for_selector(".actions >> text=Download model (.tar.gz)", timeout=180_000)
-    with page.expect_download() as download:
-        page.click(".actions >> text=Download model (.tar.gz)")
-    archive = tmp_path / download.value.suggested_filename
-    download.value.save_as(archive)
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp_path / "model", filter="data")
-    (directory,) = (tmp_path / "model").iterdir()
-    assert (directory / "adapter" / "adapter_model.safetensors").is_file()
-    return directory
-
-
 def _use_the_download(directory: Path, smollm2_dir: Path) -> None:
     """The download's tokenizer renders a conversation as SmolLM2's own does; its adapter on SmolLM2 (peft)
     and its merged model (transformers) answer alike."""
@@ -195,6 +181,7 @@ def test_a_lab_tunes_a_chat_model_on_its_conversations(page, devstack: DevStack,
     _see_held_out_answers(page, devstack, best)
     _ask(page, devstack, best)
     _checked(page, screenshots_dir, "chat-4-answer")
-    directory = _download(page, best, tmp_path)
+    directory = download_model(page, best, tmp_path)
+    assert (directory / "adapter" / "adapter_model.safetensors").is_file()
     _use_the_download(directory, devstack.data_dir / "models" / "smollm2-135m-instruct")
     print(f"experiment {experiment_id}: done at {time.monotonic() - started:.0f} s")

@@ -169,7 +169,7 @@ def _generate(page, stack: DevStack, best: int) -> None:
     assert text and text.strip(), text
 
 
-def _download(page, best: int, tmp_path: Path) -> Path:
+def download_model(page, best: int, tmp_path: Path) -> Path:
     """The best trial's model, packed by the web worker, downloaded and unpacked; returns its directory."""
     page.click(".actions >> text=Prepare model download")
     page.wait_for_selector(".actions >> text=Download model (.tar.gz)", timeout=180_000)
@@ -231,7 +231,7 @@ def test_a_new_user_fine_tunes_smollm2_and_uses_the_best_model(page, devstack: D
     _generate(page, devstack, best)
     marks["generated"] = time.monotonic()
     _checked(page, screenshots_dir, "pretrained-6-generated")
-    directory = _download(page, best, tmp_path)
+    directory = download_model(page, best, tmp_path)
     marks["downloaded"] = time.monotonic()
     _use_the_model(directory)
     steps = ", ".join(f"{name} at {at - started:.0f} s" for name, at in marks.items())

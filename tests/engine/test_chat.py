@@ -20,7 +20,6 @@ from worker.engine.chat import (
     TemplateError,
     chat_tokenizer,
     encode_conversation,
-    generation_prompt,
     render,
     trained,
 )
@@ -42,6 +41,11 @@ def word_tokenizer() -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.add_special_tokens(list(CHAT_SPECIAL_TOKENS))
     return tokenizer
+
+
+def prompt_ids(tokenizer, messages) -> list[int]:
+    """The ids a model continues to answer `messages`: the conversation and the generation prompt."""
+    return tokenizer(render(tokenizer, messages, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
 
 
 def test_it_renders_chatml_by_default_and_marks_each_assistant_turn_with_its_end_of_turn() -> None:
@@ -85,7 +89,7 @@ def test_an_experiments_template_overrides_the_default_and_the_generation_prompt
 
     assert ids.tolist() == [WORDS.index(w) for w in ("user", "hi", "assistant", "hello")]
     assert marks.tolist() == [PROMPT, PROMPT, PROMPT, LAST_ANSWER]
-    assert generation_prompt(tokenizer, CONVERSATION[1:2]) == [WORDS.index(w) for w in ("user", "hi", "assistant")]
+    assert prompt_ids(tokenizer, CONVERSATION[1:2]) == [WORDS.index(w) for w in ("user", "hi", "assistant")]
 
 
 @pytest.mark.parametrize(("template", "message"), [
@@ -112,7 +116,7 @@ def test_smollm2s_own_template_gives_the_prompt_transformers_gives(smollm2_dir: 
     answer = reference.decode(ids[marks == LAST_ANSWER].tolist())
     assert answer == "ok<|im_end|>\n"
     assert reference.decode(ids[marks == ANSWER].tolist()) == "hello<|im_end|>\n"
-    assert generation_prompt(tokenizer, conversation[:1]) == reference.apply_chat_template(
+    assert prompt_ids(tokenizer, conversation[:1]) == reference.apply_chat_template(
         conversation[:1], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import StrEnum
-from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -154,10 +153,3 @@ def trained(marks: np.ndarray, loss_on: LossOn | str) -> np.ndarray:
             return marks != PROMPT
         case LossOn.LAST:
             return marks == LAST_ANSWER
-
-
-def generation_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:
-    """The token ids a model continues to answer `messages`: the conversation and the generation prompt."""
-    text = render(tokenizer, messages, add_generation_prompt=True)
-    ids: Any = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return list(ids)
