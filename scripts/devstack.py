@@ -22,7 +22,6 @@ import argparse
 import importlib.util
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 from webapp.health.service_events import event_append, exit_code, ordinal
 from worker import config as worker_config
 from worker.devices import host_devices
-from worker.processes import Service, Supervisor, stop_processes
+from worker.processes import Service, StopSignals, Supervisor, stop_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 PRIVATE_REDIS_PORT = 6390
@@ -46,8 +45,11 @@ def say(message: str) -> None:
 
 
 def data_dir() -> Path:
-    """Where local state lives (``HYDRA_DATA_DIR``, as settings read it, else ``var/``)."""
-    return Path(os.environ.get("HYDRA_DATA_DIR") or ROOT / "var")
+    """Where local state lives: ``HYDRA_DATA_DIR``, else ``var/``, read as the workers and the settings read it."""
+    try:
+        return worker_config.data_dir(os.environ)
+    except worker_config.ConfigError as error:
+        raise SystemExit(f"hydra: {error}") from None
 
 
 def port_answers(port: int) -> bool:
@@ -164,14 +166,7 @@ def stack_services(host: str, port: int, env: dict[str, str]) -> list[Service]:
 
 
 def run(host: str, port: int) -> int:
-    stopping = False
-
-    def request_stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    stop = StopSignals()
     data_dir().mkdir(parents=True, exist_ok=True)
     supervisor = Supervisor(report=report)
     started = False
@@ -191,7 +186,7 @@ def run(host: str, port: int) -> int:
         event_append(data_dir(), {"event": "started", "services": supervisor.names})
         started = True
         say(f"web server on http://{host}:{port}/  (Ctrl-C stops everything)")
-        while not stopping:
+        while not stop.requested:
             supervisor.poll()
             time.sleep(0.3)
         say("stopping")

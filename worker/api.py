@@ -115,11 +115,6 @@ def shares_get(*, config: WorkerConfig, host_id: str | None = None) -> Shares:
     return host_queue(config, host_id).shares()
 
 
-def host_configure(*, config: WorkerConfig, lease_s: float, host_id: str | None = None) -> None:
-    """Set how long a unit's lease lasts without renewal before another device re-runs the unit."""
-    host_queue(config, host_id).configure(lease_s=lease_s)
-
-
 def workers_online(*, config: WorkerConfig, timeout_s: float) -> list[dict[str, Any]]:
     """Ask every device worker which device it is bound to (a Celery broadcast each one answers):
     one ``{"name", "device", "host", "pid"}`` per worker that answered within `timeout_s`."""

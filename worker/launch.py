@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from collections.abc import Sequence
 
 from worker import config as worker_config
 from worker.devices import Device, device_queue, host_devices, host_queue_name
-from worker.processes import stop_processes
+from worker.processes import StopSignals, stop_processes
 
 STOP_GRACE_S = 20.0
 
@@ -44,14 +43,7 @@ def worker_queues(device: Device, host_id: str) -> list[str]:
 def run_all(devices: Sequence[Device], host_id: str, *, loglevel: str) -> int:
     """Run a worker per device until one exits or we are told to stop; return an exit status."""
     processes: list[subprocess.Popen[bytes]] = []
-    stopping = False
-
-    def request_stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    stop = StopSignals()
     try:
         for device in devices:
             env = {**os.environ, **device.worker_env()}
@@ -61,7 +53,7 @@ def run_all(devices: Sequence[Device], host_id: str, *, loglevel: str) -> int:
                 subprocess.Popen(worker_command(device, host_id, loglevel=loglevel), env=env, start_new_session=True)
             )
             print(f"hydra: worker {device.name}@{host_id} started (pid {processes[-1].pid})", flush=True)
-        while not stopping:
+        while not stop.requested:
             exited = [p for p in processes if p.poll() is not None]
             if exited:
                 print(f"hydra: worker pid {exited[0].pid} exited with {exited[0].returncode}", flush=True)

@@ -26,6 +26,20 @@ STABLE_AFTER_S = 60.0
 FAILING_AFTER = 5
 
 
+class StopSignals:
+    """From construction on (in the main thread), SIGINT and SIGTERM set `requested` instead of ending the
+    process: a launcher's loop sees it, ends, and stops its children in order (`stop_processes`), rather than
+    dying at once and leaving them running."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGINT, self._request)
+        signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+
 def stop_processes(processes: Iterable[subprocess.Popen[bytes]], *, grace_s: float) -> None:
     """SIGTERM every live process (newest first), wait up to `grace_s` in all, then SIGKILL each one's group.
 

@@ -6,7 +6,8 @@ mean causal-LM loss. Each layer runs the model's own submodules with the exact o
 ``forward`` so that a layer-by-layer run is bit-identical to the whole model.
 
 GPT-2's layers are here; the rotary families' (Llama, Mistral, Qwen2, Qwen3) are in
-:mod:`worker.engine.rotary_layers`. A family without an adapter is refused by name before anything is built.
+:mod:`worker.engine.rotary_layers`; the head that every family ends with is :mod:`worker.engine.head`. A family
+without an adapter is refused by name before anything is built.
 
 Parameter ownership is derived by identity: the first layer that registers a parameter owns it; a later
 layer that registers the same tensor (GPT-2's ``lm_head.weight`` is ``wte.weight``) *borrows* it. Owned
@@ -23,14 +24,14 @@ import torch
 import transformers
 from torch import nn
 from transformers import AutoConfig, GPT2Config, PretrainedConfig
-from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.masking_utils import create_causal_mask
 
 from worker.engine import lora as lora_adapters
 from worker.engine.config import LoraSpec, ModelSpec
 from worker.engine.families import CAUSAL_LM_CLASSES, architecture_from_config, default_intermediate, read_config
+from worker.engine.head import CausalLMHead
 from worker.engine.positions import Positions
-from worker.engine.rotary_layers import rotary_layers, summed_loss
+from worker.engine.rotary_layers import rotary_layers
 
 
 class GPT2Embedding(nn.Module):
@@ -63,23 +64,6 @@ class GPT2BlockLayer(nn.Module):
         )
         return self.block(hidden, None, mask, None, encoder_attention_mask=None, use_cache=False,
                           position_ids=position_ids)
-
-
-class GPT2Head(nn.Module):
-    """Final norm, tied LM head and the shifted cross-entropy: ((B, T, C), (B, T)) -> scalar loss."""
-
-    def __init__(self, ln_f: nn.LayerNorm, lm_head: nn.Linear, vocab_size: int) -> None:
-        super().__init__()
-        self.ln_f, self.lm_head = ln_f, lm_head
-        self.vocab_size = vocab_size
-        self.loss_sums: list[torch.Tensor] | None = None  # set by an evaluation that wants summed losses
-
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(self.ln_f(hidden))  # (B, T, V)
-        loss = ForCausalLMLoss(logits, labels, vocab_size=self.vocab_size)
-        if self.loss_sums is not None:  # an evaluation: also the summed loss, for bits per byte
-            self.loss_sums.append(summed_loss(logits, labels, self.vocab_size))
-        return loss
 
 
 @dataclass(frozen=True)
@@ -139,7 +123,7 @@ class LayerStack:
             self.layers: list[nn.Module] = [
                 GPT2Embedding(transformer.wte, transformer.wpe, transformer.drop, self.positions),
                 *(GPT2BlockLayer(block, model.config, self.positions) for block in transformer.h),
-                GPT2Head(transformer.ln_f, model.lm_head, model.config.vocab_size),
+                CausalLMHead(transformer.ln_f, model.lm_head, model.config.vocab_size, norm_name="ln_f"),
             ]
             self.names: list[str] = ["embedding", *(f"block.{i}" for i in range(len(transformer.h))), "head"]
         else:

@@ -17,20 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import PretrainedConfig
-from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from worker.engine.head import CausalLMHead
 from worker.engine.positions import Positions
 
 MaskFunction = Callable[..., Any]
-
-
-def summed_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """The shifted cross-entropy of every predicted token, summed (nats): what ``ForCausalLMLoss`` averages,
-    from the same fp32 logits and labels (every token of a row but its first is predicted)."""
-    targets = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].reshape(-1)
-    return nn.functional.cross_entropy(logits.float().view(-1, vocab_size), targets.to(logits.device),
-                                       ignore_index=-100, reduction="sum")
 
 
 def mask_function(config: PretrainedConfig, layer_index: int) -> MaskFunction:
@@ -104,23 +96,6 @@ class DecoderLayer(nn.Module):
                           position_ids=position_ids, cache=None, use_cache=False)
 
 
-class NormHead(nn.Module):
-    """Final RMSNorm, LM head and the shifted cross-entropy: ((B, T, C), (B, T)) -> scalar loss."""
-
-    def __init__(self, norm: nn.Module, lm_head: nn.Linear, vocab_size: int) -> None:
-        super().__init__()
-        self.norm, self.lm_head = norm, lm_head
-        self.vocab_size = vocab_size
-        self.loss_sums: list[torch.Tensor] | None = None  # set by an evaluation that wants summed losses
-
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(self.norm(hidden))  # (B, T, V)
-        loss = ForCausalLMLoss(logits, labels, vocab_size=self.vocab_size)
-        if self.loss_sums is not None:  # an evaluation: also the summed loss, for bits per byte
-            self.loss_sums.append(summed_loss(logits, labels, self.vocab_size))
-        return loss
-
-
 def rotary_layers(model: nn.Module, positions: Positions) -> tuple[list[nn.Module], list[str]]:
     """The layers and names of a ``*ForCausalLM`` of a rotary family: embedding, ``block.<i>``, head; the
     decoder layers read their position ids from `positions`."""
@@ -130,6 +105,6 @@ def rotary_layers(model: nn.Module, positions: Positions) -> tuple[list[nn.Modul
     layers: list[nn.Module] = [
         TokenEmbedding(body.embed_tokens),
         *(DecoderLayer(block, config, mask_function(config, i), rotary, positions) for i, block in enumerate(blocks)),
-        NormHead(body.norm, model.lm_head, config.vocab_size),
+        CausalLMHead(body.norm, model.lm_head, config.vocab_size, norm_name="norm"),
     ]
     return layers, ["embedding", *(f"block.{i}" for i in range(len(blocks))), "head"]
