@@ -20,7 +20,20 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0
 
 
 # The keeper renews every third of a lease. These tests wait for renewals to happen rather than sleeping a
-# lease's length and counting: a slow machine makes them wait longer, not fail.
+# lease's length and counting: a slow machine makes them wait longer, not fail. Where a test checks that
+# something did not happen, a second keeper holding a lease of the same length is its clock: when that one
+# has renewed ten times, the keeper under test has had ten periods to do what it must not.
+
+
+def ten_periods_pass(lease_s: float) -> None:
+    """Return once a keeper of its own has renewed a lease of `lease_s` ten times."""
+    ticks: list[int] = []
+    metronome = LeaseKeeper()
+    try:
+        with metronome.holding(lambda: ticks.append(1) or True, lease_s, "metronome"):
+            wait_until(lambda: len(ticks) >= 10, "ten renewals of the metronome's lease")
+    finally:
+        metronome.stop()
 
 
 def test_it_renews_the_held_lease_until_the_unit_ends() -> None:
@@ -30,9 +43,9 @@ def test_it_renews_the_held_lease_until_the_unit_ends() -> None:
         with keeper.holding(lambda: renewals.append(time.monotonic()) or True, 0.3, "t1"):
             wait_until(lambda: len(renewals) >= 3, "three renewals")
         held = len(renewals)
-        time.sleep(1.0)  # ten renewal periods; a renewal already under way when the unit ended lands meanwhile
+        ten_periods_pass(0.3)  # a renewal already under way when the unit ended lands meanwhile
         after = len(renewals)
-        time.sleep(1.0)
+        ten_periods_pass(0.3)
     finally:
         keeper.stop()
     assert after <= held + 1
@@ -59,7 +72,7 @@ def test_it_stops_renewing_a_lost_lease() -> None:
     try:
         with keeper.holding(lambda: calls.append(1) and False, 0.15, "t1"):
             wait_until(lambda: len(calls) >= 1, "the first renewal")
-            time.sleep(0.5)  # ten renewal periods of the lost lease
+            ten_periods_pass(0.15)
     finally:
         keeper.stop()
     assert calls == [1]

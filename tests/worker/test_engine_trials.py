@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import torch
 
 from tests.plain_pytorch import assert_bit_identical, exported_weights, plain_reference
 from tests.worker.device_workers import DeviceWorkers
-from worker.contract import EngineJob
+from worker.contract import EngineJob, SyntheticJob
 from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, TrialSpec
 
 pytestmark = pytest.mark.timeout(240)
@@ -99,7 +98,10 @@ def test_a_pause_stops_a_trial_its_device_holds_at_the_unit_boundary_and_resume_
     workers.queue.pause("t")
     paused = workers.wait_for_states(["t"], {"paused"}, 30)["t"]
     assert len(paused.plan["shards"]) >= 2 and paused.units_done >= 1 and paused.remaining_units > 0
-    time.sleep(0.5)
+    # The device is free and takes other work meanwhile; once that trial has finished, the paused one has
+    # had every chance to run: it did not.
+    workers.queue.submit(trial_id="other", job=SyntheticJob(units=3), export_dir="")
+    assert workers.wait_for_states(["other"], {"finished", "failed"}, 60)["other"].state == "finished"
     assert workers.queue.trial("t").units_done == paused.units_done  # nothing ran while paused
     assert workers.queue.resume("t") == "runnable"
     assert workers.wait_for_states(["t"], {"finished", "failed"}, 120)["t"].state == "finished"
