@@ -1,6 +1,8 @@
-"""The Redis shard task queue: states, atomic claims, leases and control (worker/scheduling/queue.py)."""
+"""The Redis shard task queue: states, atomic claims, leases and control (worker/scheduling/queue/shard_queue.py)."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import redis
@@ -17,6 +19,30 @@ from worker.scheduling.queue import (
 )
 
 SPEC = SyntheticJob(units=3)
+
+
+class Clock:
+    """The clock these tests give the queue: this machine's time (Redis's, on the same machine) plus how far the
+    test moved it forward."""
+
+    def __init__(self) -> None:
+        self.ahead_s = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.ahead_s
+
+    def advance(self, seconds: float) -> None:
+        self.ahead_s += seconds
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def shard_queue(redis_client: redis.Redis, host_id: str, clock: Clock) -> ShardQueue:
+    return ShardQueue(redis_client, host_id, clock=clock)
 
 
 def survey(queue: ShardQueue, device: str = "cpu0") -> Survey:
@@ -82,22 +108,22 @@ def test_it_requeues_after_a_unit_and_finishes_after_the_last(shard_queue: Shard
     assert (shard_queue.trial("t1").last_device, shard_queue.trial("t1").message) == ("cpu1", "stopped early")
 
 
-# Lease tests move the queue's clock (`advance_clock_for_tests`) instead of sleeping: a minute-long lease
-# that the clock moves just short of, or well past, gives the same answer however slowly this machine runs.
+# Lease tests move the queue's clock (`Clock.advance`) instead of sleeping: a minute-long lease that the clock
+# moves just short of, or well past, gives the same answer however slowly this machine runs.
 LEASE_S = 60.0
 
 
-def test_it_puts_a_unit_back_when_its_lease_expires(shard_queue: ShardQueue) -> None:
+def test_it_puts_a_unit_back_when_its_lease_expires(shard_queue: ShardQueue, clock: Clock) -> None:
     shard_queue.configure(lease_s=LEASE_S)
     runnable(shard_queue, "t1")
     lease = shard_queue.claim("t1", "cpu0")
     assert lease.lease_s == LEASE_S
-    shard_queue.advance_clock_for_tests(seconds=LEASE_S - 10)
+    clock.advance(LEASE_S - 10)
     assert survey(shard_queue).candidates == [] and shard_queue.trial("t1").requeues == 0  # still leased
     assert shard_queue.renew("t1", lease.token)
-    shard_queue.advance_clock_for_tests(seconds=LEASE_S - 10)
+    clock.advance(LEASE_S - 10)
     assert survey(shard_queue).candidates == []  # renewed: a lease from the renewal
-    shard_queue.advance_clock_for_tests(seconds=20)
+    clock.advance(20)
 
     seen = survey(shard_queue)
     assert [c.trial_id for c in seen.candidates] == ["t1"]
@@ -109,13 +135,15 @@ def test_it_puts_a_unit_back_when_its_lease_expires(shard_queue: ShardQueue) -> 
     assert shard_queue.claim("t1", "cpu1").units_done == 0
 
 
-def test_a_device_holds_a_trial_whose_activations_it_keeps_until_the_hold_lapses(shard_queue: ShardQueue) -> None:
+def test_a_device_holds_a_trial_whose_activations_it_keeps_until_the_hold_lapses(
+    shard_queue: ShardQueue, clock: Clock
+) -> None:
     runnable(shard_queue, "t1")
     shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=2, unit_s=0.5, hold_s=60.0)
     assert survey(shard_queue, "cpu1").candidates == [Candidate("t1", 1.0, "cpu0", held_by="cpu0")]
-    shard_queue.advance_clock_for_tests(seconds=50)
+    clock.advance(50)
     assert survey(shard_queue, "cpu1").candidates == [Candidate("t1", 1.0, "cpu0", held_by="cpu0")]
-    shard_queue.advance_clock_for_tests(seconds=20)
+    clock.advance(20)
     assert survey(shard_queue, "cpu1").candidates == [Candidate("t1", 1.0, "cpu0")]  # a dead holder is passed
     shard_queue.complete(shard_queue.claim("t1", "cpu1"), remaining_units=1, unit_s=0.5, hold_s=60.0)
     assert survey(shard_queue).candidates[0].held_by == "cpu1"
@@ -123,13 +151,13 @@ def test_a_device_holds_a_trial_whose_activations_it_keeps_until_the_hold_lapses
     assert survey(shard_queue).candidates[0].held_by is None
 
 
-def test_surveys_report_the_base_layers_each_trial_s_next_unit_reads(shard_queue: ShardQueue) -> None:
+def test_surveys_report_the_base_layers_each_trial_s_next_unit_reads(shard_queue: ShardQueue, clock: Clock) -> None:
     runnable(shard_queue, "t1", units=6, unit_s=1.0)
     layers = BaseShard("a1b2", 3, 7)
     shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=5, unit_s=1.0, next_base=layers)
     assert survey(shard_queue, "cpu1").candidates == [Candidate("t1", 5.0, "cpu0", next_base=layers)]
     lease = shard_queue.claim("t1", "cpu1")
-    shard_queue.advance_clock_for_tests(seconds=24 * 3600)  # the lease expires: the same unit runs again
+    clock.advance(24 * 3600)  # the lease expires: the same unit runs again
     assert survey(shard_queue, "cpu1").candidates[0].next_base == layers
     shard_queue.complete(shard_queue.claim("t1", "cpu1"), remaining_units=4, unit_s=1.0)  # reads no base
     assert survey(shard_queue).candidates[0].next_base is None
@@ -140,12 +168,12 @@ def test_surveys_report_the_base_layers_each_trial_s_next_unit_reads(shard_queue
         shard_queue.complete(lease, remaining_units=4, unit_s=1.0)
 
 
-def test_a_hold_ends_with_the_lease_of_its_holder(shard_queue: ShardQueue) -> None:
+def test_a_hold_ends_with_the_lease_of_its_holder(shard_queue: ShardQueue, clock: Clock) -> None:
     shard_queue.configure(lease_s=LEASE_S)
     runnable(shard_queue, "t1")
     shard_queue.complete(shard_queue.claim("t1", "cpu0"), remaining_units=2, unit_s=0.5, hold_s=100 * LEASE_S)
     shard_queue.claim("t1", "cpu0")  # the holder takes it back, then dies mid-unit
-    shard_queue.advance_clock_for_tests(seconds=LEASE_S + 10)
+    clock.advance(LEASE_S + 10)
     assert survey(shard_queue, "cpu1").candidates == [Candidate("t1", 1.0, "cpu0")]
 
 
@@ -162,20 +190,6 @@ def test_a_device_goes_on_with_the_trial_it_holds_without_a_claim(shard_queue: S
     state, _, after = shard_queue.complete_then_survey(after, "epoch-1", remaining_units=1, unit_s=0.5)
     assert (state, after) == ("runnable", None)  # the backward is through: no hold, the policy picks again
     assert shard_queue.trial("t1").units_done == 2
-
-
-def test_a_completion_survives_a_redis_that_lost_its_scripts(
-    shard_queue: ShardQueue, redis_client: redis.Redis
-) -> None:
-    runnable(shard_queue, "t1")
-    survey(shard_queue)
-    lease = shard_queue.claim("t1", "cpu0")
-    redis_client.script_flush()  # as after a restart of the server
-    state, seen, after = shard_queue.complete_then_survey(
-        lease, "epoch-1", remaining_units=2, unit_s=0.5, hold_s=2.0,
-        also=lambda pipe: pipe.set(shard_queue.key("also"), "sent"))
-    assert (state, after.units_done, seen.alive) == ("running", 1, True)
-    assert redis_client.get(shard_queue.key("also")) == "sent"
 
 
 @pytest.mark.parametrize("reason", ["pause", "planning", "stopped", "old epoch"])
@@ -195,87 +209,6 @@ def test_a_held_trial_goes_back_to_the_policy_when_the_loop_must_look_first(
     state, _, after = shard_queue.complete_then_survey(lease, epoch, remaining_units=2, unit_s=0.5, hold_s=2.0)
     assert after is None
     assert state == ("paused" if reason == "pause" else "runnable")
-
-
-def standing(queue: ShardQueue, trial_id: str) -> dict[str, object]:
-    """What a claim changes and a speculative claim given back must restore, apart from the lease token."""
-    record, client = queue.trial(trial_id), queue.client
-    fields = client.hgetall(queue.key(f"trial:{trial_id}"))
-    return {"state": record.state, "message": record.message, "device": fields.get("device"),
-            "active": fields.get("active"), "score": client.zscore(queue.key("runnable::1"), trial_id),
-            "leased": client.zscore(queue.key("leases"), trial_id) is not None,
-            "served": client.hgetall(queue.key("served")), "usage": queue.shares().usage.get("", 0.0),
-            "events": len(events(queue))}
-
-
-@pytest.mark.parametrize("active", [False, True])
-def test_a_survey_claims_the_guess_and_gives_it_back_as_it_was(shard_queue: ShardQueue, active: bool) -> None:
-    runnable(shard_queue, "t1", units=2)
-    runnable(shard_queue, "t2", units=3)
-    survey(shard_queue)
-    if active:  # t2 has run a unit: its claims publish nothing
-        shard_queue.complete(shard_queue.claim("t2", "cpu1"), remaining_units=3, unit_s=0.5)
-    lease = shard_queue.claim("t1", "cpu0")
-    before = standing(shard_queue, "t2")
-
-    state, seen, after = shard_queue.complete_then_survey(lease, "epoch-1", remaining_units=1, unit_s=0.5,
-                                                          claim=["t9", "t2", "t1"])
-    assert (state, after) == ("runnable", None)
-    # The survey was taken before its claim: t2 is a candidate, and the claim took it (t9 is no trial).
-    assert [c.trial_id for c in seen.candidates] == ["t2", "t1"]
-    assert seen.claimed is not None and (seen.claimed.trial_id, seen.claimed.units_done) == ("t2", int(active))
-    assert shard_queue.trial("t2").state == "running"
-    assert standing(shard_queue, "t2")["usage"] == pytest.approx(before["usage"] + 0.5, abs=1e-3)
-
-    # The policy chose otherwise: t2 goes back as it was (the policy's choice here is no trial at all).
-    assert shard_queue.unclaim_then_claim(seen.claimed, ["t9"]) is None
-    assert standing(shard_queue, "t2") == {
-        **before, "usage": pytest.approx(before["usage"], abs=1e-3),
-        # Its claim published 'running' unless it was between units; giving it back says 'runnable' again.
-        "events": before["events"] + (0 if active else 2)}
-    with pytest.raises(LeaseLost):
-        shard_queue.complete(seen.claimed, remaining_units=2, unit_s=0.5)  # its lease is gone
-
-
-def test_a_speculative_claim_given_back_honours_a_pause_asked_meanwhile(shard_queue: ShardQueue) -> None:
-    runnable(shard_queue, "t1", units=2)
-    runnable(shard_queue, "t2", units=3)
-    survey(shard_queue)
-    _, seen, _ = shard_queue.complete_then_survey(shard_queue.claim("t1", "cpu0"), "epoch-1", remaining_units=1,
-                                                  unit_s=0.5, claim=["t2"])
-    assert shard_queue.pause("t2") == "running"  # in flight: the pause waits for the claim to end
-    taken = shard_queue.unclaim_then_claim(seen.claimed, ["t2", "t1"])  # the policy's choice, in the same trip
-    assert taken is not None and taken.trial_id == "t1"
-    assert shard_queue.trial("t2").state == "paused"
-    assert shard_queue.client.zscore(shard_queue.key("runnable::1"), "t2") is None
-
-
-@pytest.mark.parametrize("reason", ["planning", "stopped"])
-def test_a_survey_claims_nothing_when_the_device_is_to_plan_or_stop(shard_queue: ShardQueue, reason: str) -> None:
-    runnable(shard_queue, "t1", units=2)
-    runnable(shard_queue, "t2", units=3)
-    survey(shard_queue)
-    lease = shard_queue.claim("t1", "cpu0")
-    if reason == "planning":  # and no other device plans it: this one plans next
-        shard_queue.submit(trial_id="t3", job=SPEC, export_dir="")
-    else:
-        shard_queue.device_stop("cpu0")
-    _, seen, _ = shard_queue.complete_then_survey(lease, "epoch-1", remaining_units=1, unit_s=0.5, claim=["t2"])
-    assert (seen.claimed, seen.planned, seen.alive) == (None, None, reason != "stopped")
-    assert shard_queue.trial("t2").state == "runnable"
-
-
-def test_a_completion_whose_lease_was_lost_still_hands_over_its_survey_and_claim(shard_queue: ShardQueue) -> None:
-    runnable(shard_queue, "t1", units=2)
-    runnable(shard_queue, "t2", units=3)
-    survey(shard_queue)
-    lease = shard_queue.claim("t1", "cpu0")
-    shard_queue.advance_clock_for_tests(seconds=60)  # the lease expires; another device's survey requeues t1
-    survey(shard_queue, "cpu1")
-    with pytest.raises(LeaseLost) as lost:
-        shard_queue.complete_then_survey(lease, "epoch-1", remaining_units=1, unit_s=0.5, claim=["t2"])
-    assert lost.value.survey.claimed.trial_id == "t2"  # the loop goes on with it
-    assert shard_queue.trial("t2").state == "running"
 
 
 def test_a_survey_takes_a_trial_to_plan_when_its_device_is_to_plan_next(shard_queue: ShardQueue) -> None:
@@ -302,24 +235,24 @@ def test_a_survey_takes_a_trial_to_plan_when_its_device_is_to_plan_next(shard_qu
     assert shard_queue.trial("t3").state == "planning"
 
 
-def test_it_renews_a_lease(shard_queue: ShardQueue) -> None:
+def test_it_renews_a_lease(shard_queue: ShardQueue, clock: Clock) -> None:
     shard_queue.configure(lease_s=LEASE_S)
     runnable(shard_queue, "t1")
     lease = shard_queue.claim("t1", "cpu0")
     for _ in range(3):  # three times 2/3 of the lease: it would have expired without the renewals
-        shard_queue.advance_clock_for_tests(seconds=LEASE_S * 2 / 3)
+        clock.advance(LEASE_S * 2 / 3)
         assert shard_queue.renew("t1", lease.token)
         survey(shard_queue)
     assert shard_queue.trial("t1").requeues == 0
     assert shard_queue.complete(lease, remaining_units=2, unit_s=0.5) == "runnable"
 
 
-def test_it_replans_when_a_planning_lease_expires(shard_queue: ShardQueue) -> None:
+def test_it_replans_when_a_planning_lease_expires(shard_queue: ShardQueue, clock: Clock) -> None:
     shard_queue.configure(lease_s=LEASE_S)
     shard_queue.submit(trial_id="t1", job=SPEC, export_dir="")
     stale = shard_queue.claim_plan("cpu0")
     assert survey(shard_queue).planning == 0
-    shard_queue.advance_clock_for_tests(seconds=LEASE_S + 10)
+    clock.advance(LEASE_S + 10)
     assert survey(shard_queue).planning == 1
     job = shard_queue.claim_plan("cpu1")
     assert job.trial_id == "t1" and job.token != stale.token
@@ -438,11 +371,11 @@ def test_it_publishes_state_changes_but_not_the_flips_between_units(shard_queue:
     ]
 
 
-def test_it_publishes_a_requeue_after_a_lost_lease(shard_queue: ShardQueue) -> None:
+def test_it_publishes_a_requeue_after_a_lost_lease(shard_queue: ShardQueue, clock: Clock) -> None:
     shard_queue.configure(lease_s=LEASE_S)
     runnable(shard_queue, "t1")
     shard_queue.claim("t1", "cpu1")
-    shard_queue.advance_clock_for_tests(seconds=LEASE_S + 10)
+    clock.advance(LEASE_S + 10)
     survey(shard_queue)
     shard_queue.claim("t1", "cpu0")
     assert events(shard_queue)[-2:] == [
@@ -503,21 +436,6 @@ def test_it_tells_a_device_loop_to_end_when_stopped_or_superseded(shard_queue: S
     assert shard_queue.devices()["cpu0"]["epoch"] == "new"
 
 
-def test_the_test_clock_moves_only_forward_and_only_its_own_host(
-    shard_queue: ShardQueue, redis_client: redis.Redis, host_id: str
-) -> None:
-    other = ShardQueue(redis_client, f"{host_id}-other")
-    for queue in (shard_queue, other):
-        queue.configure(lease_s=LEASE_S)
-        runnable(queue, "t1")
-        queue.claim("t1", "cpu0")
-    shard_queue.advance_clock_for_tests(seconds=LEASE_S + 10)
-    assert [c.trial_id for c in survey(shard_queue).candidates] == ["t1"]
-    assert survey(other).candidates == [] and other.trial("t1").state == "running"
-    with pytest.raises(ValueError, match="only moves forward"):
-        shard_queue.advance_clock_for_tests(seconds=-1)
-
-
 def test_teams_are_charged_their_leased_units_and_a_late_team_arrives_at_the_least_usage(
     shard_queue: ShardQueue,
 ) -> None:
@@ -546,11 +464,11 @@ def test_teams_are_charged_their_leased_units_and_a_late_team_arrives_at_the_lea
     assert set(survey(shard_queue).shares.usage) == {"alpha"}
 
 
-def test_usage_halves_every_half_life(shard_queue: ShardQueue) -> None:
+def test_usage_halves_every_half_life(shard_queue: ShardQueue, clock: Clock) -> None:
     shard_queue.configure(usage_half_life_s=100.0)
     runnable(shard_queue, "a1", units=4, unit_s=8.0, team="alpha")
     shard_queue.complete(shard_queue.claim("a1", "cpu0"), remaining_units=3, unit_s=8.0)
-    shard_queue.advance_clock_for_tests(seconds=200)
+    clock.advance(200)
     assert survey(shard_queue).shares.usage["alpha"] == pytest.approx(2.0, rel=1e-3)
 
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import random
 
+import redis
+
+from tests.worker.test_queue import Clock
 from worker.contract import SyntheticJob
 from worker.scheduling.policy import BaseShard, Candidate, pick
 from worker.scheduling.queue import SURVEY_HEAD, ShardQueue
@@ -34,11 +37,10 @@ def run_unit(queue: ShardQueue, trial_id: str, device: str, *, hold_s: float = 0
                    next_base=next_base)
 
 
-def every_candidate(queue: ShardQueue) -> list[Candidate]:
-    """Every runnable trial as the policy sees it, from the trials' own records (what a survey that read the
-    whole runnable set would return)."""
-    seconds, micros = queue.client.time()
-    now_ms = seconds * 1000 + micros / 1000 + float(queue.client.hget(queue.key("config"), "clock_offset_ms") or 0)
+def every_candidate(queue: ShardQueue, now_s: float) -> list[Candidate]:
+    """Every runnable trial as the policy sees it at `now_s`, from the trials' own records (what a survey that
+    read the whole runnable set would return)."""
+    now_ms = now_s * 1000
     candidates = []
     for record in queue.trials():
         if record.state != "runnable":
@@ -52,7 +54,9 @@ def every_candidate(queue: ShardQueue) -> list[Candidate]:
 
 
 def test_a_survey_of_a_thousand_runnable_trials_reads_a_handful_and_the_policy_picks_as_over_all(
-        shard_queue: ShardQueue) -> None:
+        redis_client: redis.Redis, host_id: str) -> None:
+    clock = Clock()
+    shard_queue = ShardQueue(redis_client, host_id, clock=clock)
     rng = random.Random(7)
     for i in range(1000):
         make_runnable(shard_queue, f"t{i:04d}", units=rng.choice([40, 41, 42, 60]), team=rng.choice(["a", "b"]))
@@ -63,12 +67,12 @@ def test_a_survey_of_a_thousand_runnable_trials_reads_a_handful_and_the_policy_p
     picks = set()
     for lapse_s in (0, 700):  # with the holds, then after they lapsed
         if lapse_s:
-            shard_queue.advance_clock_for_tests(seconds=lapse_s)
+            clock.advance(lapse_s)
         for device in ("cpu0", "cpu1", "cpu2", "cpu3"):
             shard_queue.device_start(device, "e")
             for holding in (None, *base):
                 seen = shard_queue.survey(device, "e", holding=holding)
-                everything = every_candidate(shard_queue)
+                everything = every_candidate(shard_queue, clock())
                 held_here = sum(c.held_by == device for c in everything)
                 # Per team: the head, at most one trial held by each other device, two affinity candidates.
                 assert len(seen.candidates) <= held_here + 2 * (SURVEY_HEAD + 3 + 2)
@@ -111,24 +115,6 @@ def test_a_device_sees_the_trial_it_holds_and_the_trials_it_has_affinity_with_be
     other_layers = shard_queue.survey("cpu2", "e", holding=BaseShard("x", 6, 9))
     assert pick(other_layers.candidates, "cpu2", BaseShard("x", 6, 9), other_layers.shares).trial_id == "long00"
     assert len(reads.candidates) <= SURVEY_HEAD + 1  # the head, and the one trial of the base view it needed
-
-
-def test_a_queue_written_before_the_affinity_views_is_rewritten_once_when_a_worker_starts(
-        shard_queue: ShardQueue) -> None:
-    make_runnable(shard_queue, "short", units=2)
-    make_runnable(shard_queue, "long", units=9)
-    run_unit(shard_queue, "long", "cpu0")
-    # As an older worker left it: scored by the remaining seconds, without views.
-    shard_queue.client.zadd(shard_queue.key("runnable::1"), {"short": 2.0, "long": 8.0})
-    shard_queue.client.delete(shard_queue.key("runnable::1:device:cpu0"), shard_queue.key("layout"))
-    shard_queue.register_host()
-    shard_queue.device_start("cpu0", "e")
-    seen = shard_queue.survey("cpu0", "e")
-    assert [(c.trial_id, c.remaining_s) for c in seen.candidates] == [("long", 8.0), ("short", 2.0)]
-    assert shard_queue.client.zscore(shard_queue.key("runnable::1:device:cpu0"), "long") == -8.0
-    shard_queue.client.zadd(shard_queue.key("runnable::1"), {"short": 2.0})  # not rewritten twice
-    shard_queue.register_host()
-    assert shard_queue.client.zscore(shard_queue.key("runnable::1"), "short") == 2.0
 
 
 def test_one_device_at_a_time_leaves_training_to_plan_and_an_idle_one_plans_too(shard_queue: ShardQueue) -> None:

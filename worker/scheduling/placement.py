@@ -4,7 +4,7 @@ A lab with several GPU servers runs one web app, one PostgreSQL and one Redis, a
 server under its own host id (every Redis key of a host is under ``hydra:<host>:``). Device workers register
 their host when they start (`ShardQueue.register_host`), and `ShardQueue.load` says what a host holds. A new
 trial goes to a host that can take it: one whose devices answered lately and whose host tier can hold the
-trial's spill store at all (it may wait there for room, see admission in `queue.py`); of those, the least
+trial's spill store at all (it may wait there for room, see `ShardQueue.claim_plan`); of those, the least
 loaded, by trials with work per live device, then the most free host memory, then the host id. With no such
 host (no worker answered yet), the web app's own host takes it, as with a single server.
 """
