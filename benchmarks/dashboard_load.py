@@ -52,9 +52,9 @@ from django.utils import timezone  # noqa: E402
 
 from webapp.accounts.models import Membership, Team  # noqa: E402
 from webapp.datasets.models import Dataset  # noqa: E402
-from webapp.experiments.models import Experiment, Trial  # noqa: E402
+from webapp.experiments.ingest import telemetry_ingest  # noqa: E402
+from webapp.ground.models import Experiment, Trial  # noqa: E402
 from webapp.telemetry.models import StreamCursor  # noqa: E402
-from webapp.telemetry.services import telemetry_ingest  # noqa: E402
 from worker.scheduling import telemetry  # noqa: E402
 from worker.scheduling.keys import host_prefix  # noqa: E402
 

@@ -111,7 +111,7 @@ class Lab:
         from django.utils import timezone
 
         from webapp.experiments.events import trial_events_sync
-        from webapp.experiments.models import Experiment, Trial
+        from webapp.ground.models import Experiment, Trial
 
         first = len(self.experiments)
         created = Experiment.objects.bulk_create([
@@ -141,7 +141,7 @@ class Lab:
             pass
 
     def _telemetry(self, trials: list[Any]) -> None:
-        from webapp.experiments.models import Trial
+        from webapp.ground.models import Trial
         from webapp.telemetry.models import EvalMetric, StepMetric, UnitSpan
 
         t0 = self.now.timestamp() - 3600

@@ -4,17 +4,15 @@
 - The workers run without Django: every `worker` module outside the engine imports with Django blocked,
   and ``python -m worker.launch`` gets as far as choosing its devices.
 - The web process imports no torch at import time: every `webapp` module imports with torch blocked.
-- Only these `webapp` modules import `worker`: the queue client (the one door to the workers), the
-  configuration (which composes the workers' own), the memory preview (which calls the engine's solver), the
-  catalog's sizing (the engine's bytes per parameter and budget share, torch-free), the catalog's web
-  worker work (the engine checks and imports checkpoints; imported inside its task function only), the
-  experiments' model shapes (a pretrained model's config read by the engine's torch-free families module) and
-  the health page's host bases (the shared LoRA bases in the spill directory, read by the engine's torch-free
-  base index), the catalog's paths and the experiments' export tokenizer (the engine's torch-free, size-capped
-  reads of a checkpoint's files that refuse a symbolic link out of its directory), and the instruction
-  datasets' web worker build (the engine renders, marks and encodes the examples; imported inside its
-  functions only), and the experiments' chat template (the engine's check of a template, imported inside its
-  functions only, and the torch-free reads of whether a checkpoint's tokenizer carries a template of its own).
+- One `webapp` module imports `worker`: the door (`webapp.worker_door`), which names everything the web app
+  uses of the workers' code (the contract, the queue's operations, the workers' configuration, the engine's
+  torch-free pieces) and imports the engine's code that loads torch or transformers only when it is first
+  used.
+- The web app is layered: each of its modules imports only modules of its own app and of the apps below it in
+  `WEB_LAYERS`, at module level or inside a function alike. The shared modules come first (the door, the small
+  helpers, the configuration, the queue client), then the apps, the ground (the records of experiments and
+  trials every app reads) low among them and the experiments app, which drives the others, at the top; the
+  project's wiring (settings, URLs, WSGI) stands above them all.
 - No import cycle anywhere: a walk over every import statement of the tree, at module level or inside a
   function alike.
 """
@@ -30,10 +28,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("webapp", "worker")
-WEB_DOORS_TO_WORKER = {"webapp.queue_client", "webapp.config", "webapp.experiments.memory_preview",
-                       "webapp.catalog.sizing", "webapp.catalog.work", "webapp.experiments.model_shapes",
-                       "webapp.health.host_bases", "webapp.catalog.paths", "webapp.experiments.export_tokenizer",
-                       "webapp.datasets.instruction", "webapp.experiments.chat_template"}
+WEB_DOORS_TO_WORKER = {"webapp.worker_door"}
+# The web app's parts, bottom first: a module of `webapp.<part>` (the part's package or module) imports only its
+# own part and those before it.
+WEB_LAYERS = (
+    "worker_door", "allowlist", "ids", "paging", "csv_cells", "staticfinders", "config", "queue_client",
+    "accounts", "background", "ground", "datasets", "health", "catalog", "telemetry", "leaderboards",
+    "notifications", "dashboards", "labqueue", "experiments",
+    "settings", "urls", "wsgi",
+)
 
 BLOCKER = textwrap.dedent("""
     import importlib, pkgutil, sys
@@ -147,11 +150,27 @@ def _graph() -> dict[str, set[str]]:
     return {name: set(_imports(name, path, set(modules))) for name, path in modules.items()}
 
 
-def test_only_the_doors_of_the_web_app_import_the_workers() -> None:
+def test_only_the_door_of_the_web_app_imports_the_workers() -> None:
     graph = _graph()
     importers = {name for name, targets in graph.items()
                  if name.startswith("webapp") and any(t.split(".")[0] == "worker" for t in targets)}
     assert importers == WEB_DOORS_TO_WORKER
+
+
+def test_every_part_of_the_web_app_is_in_its_layers() -> None:
+    parts = {name.split(".")[1] for name in _modules() if name.startswith("webapp.")}
+    assert parts == set(WEB_LAYERS)
+
+
+def test_the_web_app_imports_only_downwards() -> None:
+    rank = {part: index for index, part in enumerate(WEB_LAYERS)}
+    upwards = sorted(
+        f"{name} -> {target}"
+        for name, targets in _graph().items() if name.startswith("webapp.")
+        for target in targets if target.startswith("webapp.")
+        if rank[target.split(".")[1]] > rank[name.split(".")[1]]
+    )
+    assert upwards == []
 
 
 def test_nothing_imports_in_a_circle() -> None:

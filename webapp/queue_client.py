@@ -1,11 +1,9 @@
-"""The web app's one door to the workers: the only `webapp` module that talks to the shard queue.
+"""The web app's client of the shard queue: the only `webapp` module that talks to it.
 
-It wraps `worker.api` with the web app's configuration (``settings.HYDRA.worker``) and turns the queue's
-refusals and Redis outages into `SchedulerError`, whose message is fit for the UI. It also re-exports the
-typed contract (`worker.contract`) and the engine's trial spec that the web app builds jobs from, so that
-what crosses the layers is named in one place, and the scheduler's pure policy (`timetable`), which replays
-the scheduling rule for the pages' estimates of when trials start and end. Nothing here imports torch:
-`worker.contract`, `worker.engine.config` and `worker.scheduling.policy` are torch-free.
+It calls the queue's operations (`worker.api`, through `webapp.worker_door`) with the web app's configuration
+(``settings.HYDRA.worker``) and turns the queue's refusals and Redis outages into `SchedulerError`, whose
+message is fit for the UI. The typed contract that crosses (jobs, trial records and states, controls) is the
+door's: callers name it from there.
 """
 
 from __future__ import annotations
@@ -17,70 +15,17 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from worker import api
-from worker.contract import (
-    ENDED,
-    Budget,
+from webapp.worker_door import (
     Control,
-    EngineJob,
     Job,
-    JobError,
-    PrunerSpec,
-    PruningJob,
     QueueError,
     TrialEvent,
     TrialExists,
     TrialNotFound,
     TrialRecord,
     TrialState,
-    control_changes,
+    api,
 )
-from worker.engine.config import DataSpec, LoraSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
-from worker.engine.errors import SpecError
-from worker.scheduling.policy import Slot, TrialLoad, timetable
-
-__all__ = [
-    "ENDED",
-    "Budget",
-    "Control",
-    "DataSpec",
-    "EngineJob",
-    "HostQueue",
-    "Job",
-    "JobError",
-    "LoraSpec",
-    "ModelSpec",
-    "OptimizerSpec",
-    "PrunerSpec",
-    "PruningJob",
-    "ScheduleSpec",
-    "SchedulerError",
-    "SchedulerUnavailable",
-    "Slot",
-    "SpecError",
-    "TrialEvent",
-    "TrialLoad",
-    "TrialRecord",
-    "TrialSpec",
-    "TrialState",
-    "TrialUnknown",
-    "control_changes",
-    "events_read",
-    "heartbeat_age",
-    "heartbeat_set",
-    "host_place",
-    "host_queue_read",
-    "hosts_known",
-    "role_holder",
-    "role_take",
-    "team_limits_send",
-    "timetable",
-    "trial_control",
-    "trial_record",
-    "trial_states",
-    "trial_submit",
-    "workers_online",
-]
 
 WORKER_REPLY_TIMEOUT_S = 1.5
 
@@ -262,8 +207,8 @@ class HostQueue:
 def host_queue_read(*, host_id: str | None = None) -> HostQueue:
     """Read the host's trials, devices and teams' weights. Raises SchedulerUnavailable (Redis down).
 
-    `timetable` (re-exported from the scheduler's pure policy) replays the scheduling rule over them, which is
-    how the pages estimate when a waiting trial starts and when a trial ends."""
+    The scheduler's pure policy (`worker_door.timetable`) replays the scheduling rule over them, which is how
+    the pages estimate when a waiting trial starts and when a trial ends."""
     config = settings.HYDRA.worker
     try:
         return HostQueue(trials=api.trial_list(config=config, host_id=host_id),

@@ -22,16 +22,18 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    # Hydra's apps, each above those it imports (tests/test_boundaries.py holds the order).
     "webapp.accounts",
-    "webapp.health",
-    "webapp.datasets",
-    "webapp.experiments",
-    "webapp.leaderboards",
-    "webapp.telemetry",
-    "webapp.dashboards",
-    "webapp.catalog",
     "webapp.background",
+    "webapp.ground",
+    "webapp.datasets",
+    "webapp.health",
+    "webapp.catalog",
+    "webapp.telemetry",
+    "webapp.leaderboards",
     "webapp.notifications",
+    "webapp.dashboards",
+    "webapp.experiments",
     "axes",
 ]
 
@@ -149,7 +151,7 @@ FILE_UPLOAD_HANDLERS = [
 ]
 
 # E-mail (team notifications): the console backend in development (`make run` prints each message), SMTP from
-# the environment otherwise (`webapp.notifications.config`). The web worker sends it, never a request.
+# the environment otherwise (`webapp.config.notify`). The web worker sends it, never a request.
 EMAIL_BACKEND = HYDRA.notify.email.backend
 EMAIL_HOST = HYDRA.notify.email.host
 EMAIL_PORT = HYDRA.notify.email.port

@@ -17,8 +17,8 @@ from tests.webapp.telemetry.factories import (
     write_steps,
 )
 from webapp.dashboards import views
-from webapp.experiments.models import Trial
-from webapp.telemetry.services import telemetry_ingest
+from webapp.experiments.ingest import telemetry_ingest
+from webapp.ground.models import Trial
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

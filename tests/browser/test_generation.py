@@ -12,7 +12,7 @@ from tests.webapp.conftest import web_worker  # noqa: F401 -- fixture
 from tests.webapp.datasets.factories import make_dataset
 from tests.webapp.experiments.factories import make_experiment
 from tests.webapp.experiments.test_generations import random_export
-from webapp.experiments.models import Generation
+from webapp.ground.models import Generation
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

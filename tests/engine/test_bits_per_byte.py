@@ -17,8 +17,9 @@ from transformers import AutoModelForCausalLM
 
 from tests.engine.conftest import CPU
 from tests.plain_pytorch import initial_weights, one_thread, plain_training
-from webapp.datasets.tokenization import encode_split, train_tokenizer, validation_offset
+from webapp.datasets.tokenization import encode_split, validation_offset
 from worker.engine import DataSpec, ModelSpec, TrialSession, TrialSpec
+from worker.engine.tokenizer import train_tokenizer
 from worker.engine.train import train_trial
 
 CORPUS = "".join(

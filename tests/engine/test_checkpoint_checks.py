@@ -25,9 +25,9 @@ from worker.engine.checkpoints import (
     install_smollm2,
     smollm2_gguf_path,
 )
-from worker.engine.data import train_tokenizer
 from worker.engine.errors import SpecError
 from worker.engine.gguf_import import import_gguf
+from worker.engine.tokenizer import train_tokenizer
 
 TEXT = "def add(a, b):\n    return a + b\n\nThe quick brown fox jumps over the lazy dog.\n" * 20
 

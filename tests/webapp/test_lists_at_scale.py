@@ -25,7 +25,7 @@ from tests.webapp.datasets.factories import make_dataset
 from tests.webapp.experiments import conftest as experiment_fixtures
 from webapp.accounts.models import Team
 from webapp.datasets.models import Dataset
-from webapp.experiments.models import Experiment, Trial
+from webapp.ground.models import Experiment, Trial
 from webapp.labqueue.estimates import MAX_REPLAY_TRIALS
 from webapp.paging import PAGE_SIZE
 from worker.contract import SyntheticJob

@@ -3,10 +3,8 @@ from django.urls import path
 
 from webapp import ids  # noqa: F401 -- registers the <id:...> converter
 from webapp.accounts import views
-from webapp.experiments import views as experiment_views
 
 urlpatterns = [
-    path("", experiment_views.experiment_list, name="home"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("teams/", views.team_list, name="team_list"),

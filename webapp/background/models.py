@@ -9,10 +9,12 @@ from django.db import models
 
 class WebWork(models.Model):
     """A row whose pending work (its ``status`` is ``PENDING``) the web worker does: a dataset to tokenize, a
-    model to pack, a preview to plan. Its model names the pending status and what a user does when the work
-    is given up (`RETRY_HINT`); the fields below say when its task is sent again."""
+    model to pack, a preview to plan. Its model names the pending status, the web worker's task that does the
+    work (`TASK`, called with the row's id) and what a user does when the work is given up (`RETRY_HINT`);
+    the fields below say when its task is sent again."""
 
     PENDING: ClassVar[str]
+    TASK: ClassVar[str]
     RETRY_HINT: ClassVar[str]
 
     send_attempts = models.PositiveSmallIntegerField(

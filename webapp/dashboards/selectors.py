@@ -16,7 +16,7 @@ from typing import Any
 from django.db.models import Max, Min, Q, QuerySet
 
 from webapp.dashboards.downsample import lttb, minmax
-from webapp.experiments.models import Experiment, Trial
+from webapp.ground.models import Experiment, Trial
 from webapp.telemetry import levels
 from webapp.telemetry.models import DeviceSample, EvalMetric, StepMetric, UnitSpan
 

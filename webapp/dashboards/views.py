@@ -1,9 +1,9 @@
 """Dashboard pages and their JSON polls. Thin: scope the object, read through selectors, draw with figures.
 
 Every URL needs a login and a current team (`team_required`: a user in none is sent to the teams page), and
-reaches experiments and trials only through the experiments app's team-scoped getters, so another team's id
-answers 404. A page embeds its figures with ``json_script`` and a state
-(cursor, poll URL, whether anything runs); ``dashboards.js`` polls only while something runs.
+reaches experiments, trials and datasets only through `team_scoped_get`, so another team's id answers 404. A
+page embeds its figures with ``json_script`` and a state (cursor, poll URL, whether anything runs);
+``dashboards.js`` polls only while something runs.
 """
 
 from __future__ import annotations
@@ -23,14 +23,12 @@ from webapp.csv_cells import csv_lines
 from webapp.dashboards import figures, selectors
 from webapp.datasets.http import team_required
 from webapp.datasets.models import Dataset
-from webapp.experiments.models import Experiment
-from webapp.experiments.selectors import experiment_get, trial_get
+from webapp.ground.models import Experiment, Trial
 from webapp.ids import parse_id
 from webapp.leaderboards.selectors import metric_get, team_board
 from webapp.telemetry.models import EvalMetric, StepMetric
 
 POLL_MS = 3000
-SMOOTHING_CHOICES = (0.0, 0.3, 0.6, 0.8, 0.9, 0.95)
 
 
 def _choice(request: HttpRequest, name: str, options: tuple[Any, ...], default: Any) -> Any:
@@ -54,6 +52,18 @@ def _count(request: HttpRequest, name: str) -> int | None:
     return value
 
 
+def _experiment(request: HttpRequest, experiment_id: int) -> Experiment:
+    """The team's experiment, or Http404 (also for another team's)."""
+    return team_scoped_get(Experiment.objects.select_related("dataset", "team"), team=request.team,
+                           pk=experiment_id)
+
+
+def _trial(request: HttpRequest, trial_id: int) -> Trial:
+    """The team's trial, or Http404 (also for another team's)."""
+    return team_scoped_get(Trial.objects.select_related("experiment__dataset"), team=request.team,
+                           team_field="experiment__team", pk=trial_id)
+
+
 def _compared(request: HttpRequest, experiment: Experiment) -> list[Experiment]:
     """The experiment and those picked to compare with it: the team's, on the same dataset."""
     raw = request.GET.getlist("compare")
@@ -68,11 +78,11 @@ def _compared(request: HttpRequest, experiment: Experiment) -> list[Experiment]:
 @team_required
 @require_GET
 def experiment_curves(request: HttpRequest, experiment_id: int) -> HttpResponse:
-    experiment = experiment_get(team=request.team, experiment_id=experiment_id)
+    experiment = _experiment(request, experiment_id)
     experiments = _compared(request, experiment)
     x = _choice(request, "x", figures.X_AXES, "step")
     metric = _choice(request, "metric", figures.METRICS, "loss")
-    smoothing = _choice(request, "smooth", SMOOTHING_CHOICES, 0.6)
+    smoothing = _choice(request, "smooth", figures.SMOOTHING_CHOICES, 0.6)
     log_y = request.GET.get("logy") == "1"
     trials = selectors.experiment_trials(experiments=experiments)
     curves = selectors.curves(trials=trials)
@@ -94,7 +104,7 @@ def experiment_curves(request: HttpRequest, experiment_id: int) -> HttpResponse:
         "siblings": siblings.order_by("-created"),
         "compared": {e.pk for e in experiments},
         "x": x, "metric": metric, "smoothing": smoothing, "log_y": log_y,
-        "x_axes": figures.X_AXES, "metrics": figures.METRICS, "smoothing_choices": SMOOTHING_CHOICES,
+        "x_axes": figures.X_AXES, "metrics": figures.METRICS, "smoothing_choices": figures.SMOOTHING_CHOICES,
         "curves_figure": figures.learning_curves(curves, x=x, metric=metric, smoothing=smoothing, log_y=log_y),
         "parallel_figure": figures.hyperparameters(trials, metric=metric),
         "scatter_figure": figures.hyperparameter_scatter(trials, metric=metric),
@@ -107,7 +117,7 @@ def experiment_curves(request: HttpRequest, experiment_id: int) -> HttpResponse:
 def experiment_curves_data(request: HttpRequest, experiment_id: int) -> JsonResponse:
     """What is new since the cursor (or everything, downsampled, without one), on the page's axes:
     ``{"cursor", "running", "points", "trials"}``."""
-    experiment = experiment_get(team=request.team, experiment_id=experiment_id)
+    experiment = _experiment(request, experiment_id)
     experiments = _compared(request, experiment)
     x = _choice(request, "x", figures.X_AXES, "step")
     metric = _choice(request, "metric", figures.METRICS, "loss")
@@ -133,7 +143,7 @@ def _trial_rows(trials: list[selectors.TrialInfo]) -> dict[str, dict[str, Any]]:
 @team_required
 @require_GET
 def experiment_devices(request: HttpRequest, experiment_id: int) -> HttpResponse:
-    experiment = experiment_get(team=request.team, experiment_id=experiment_id)
+    experiment = _experiment(request, experiment_id)
     trials = selectors.experiment_trials(experiments=[experiment])
     devices = selectors.devices(experiment=experiment, trials=trials)
     state = {
@@ -157,7 +167,7 @@ def experiment_devices(request: HttpRequest, experiment_id: int) -> HttpResponse
 @team_required
 @require_GET
 def experiment_devices_data(request: HttpRequest, experiment_id: int) -> JsonResponse:
-    experiment = experiment_get(team=request.team, experiment_id=experiment_id)
+    experiment = _experiment(request, experiment_id)
     trials = selectors.experiment_trials(experiments=[experiment])
     raw_after = request.GET.get("samples_after", "")
     try:
@@ -179,7 +189,7 @@ def experiment_devices_data(request: HttpRequest, experiment_id: int) -> JsonRes
 @team_required
 @require_GET
 def trial_plan(request: HttpRequest, trial_id: int) -> HttpResponse:
-    trial = trial_get(team=request.team, trial_id=trial_id)
+    trial = _trial(request, trial_id)
     return render(request, "dashboards/plan.html", {
         "trial": trial,
         "plan_figure": figures.memory_plan(trial.plan) if trial.plan else None,
@@ -192,7 +202,7 @@ def trial_plan(request: HttpRequest, trial_id: int) -> HttpResponse:
 @require_GET
 def experiment_metrics_csv(request: HttpRequest, experiment_id: int) -> StreamingHttpResponse:
     """Every stored step and evaluation of the experiment's trials (current attempts), streamed."""
-    experiment = experiment_get(team=request.team, experiment_id=experiment_id)
+    experiment = _experiment(request, experiment_id)
     response = StreamingHttpResponse(csv_lines(_metric_rows(experiment)), content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="experiment-{experiment.pk}-metrics.csv"'
     return response

@@ -24,7 +24,7 @@ from webapp.datasets.models import Dataset
 from webapp.datasets.records import SUFFIXES, Kind, RecordsError
 from webapp.datasets.sample_chat import SAMPLE_CHAT_FILENAME, SAMPLE_CHAT_NAME, sample_chat_jsonl
 from webapp.datasets.sample_corpus import sample_corpus_text
-from webapp.datasets.tokenization import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE
+from webapp.worker_door import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE
 
 IMPORT_SUFFIXES = (*SUFFIXES, ".txt")
 KIND_CHOICES = [("", "Detect from the columns"),

@@ -1,9 +1,11 @@
 """The web worker's build of an instruction or chat dataset: its file read into examples, split, tokenized with
 the dataset's own tokenizer (or a pretrained model's, with a chat template), and previewed for its page.
 
-The engine renders and marks the examples (`worker.engine.chat`, `worker.engine.examples`), imported only
-inside the functions here: the web server never loads torch or transformers. The files, in the dataset's
-directory, are written under temporary names and renamed into place, so a build that runs again replaces them:
+The engine renders and marks the examples (`worker.engine.chat`, `worker.engine.examples`), and trains the
+dataset's own tokenizer (`worker.engine.tokenizer`), all through `webapp.worker_door`, which imports the first
+two, and transformers, only when a build runs: the web server never loads torch or transformers. The files, in
+the dataset's directory, are written under temporary names and renamed into place, so a build that runs again
+replaces them:
 
 - ``records.jsonl``: the examples, ``{"line", "text", "messages"}`` a line, in split order: the training
   examples, then the validation ones, each part in file order. A pretrained tokenizer encodes this file in
@@ -31,14 +33,16 @@ import numpy as np
 from django.conf import settings
 from tokenizers import Tokenizer, models
 
+from webapp import worker_door
 from webapp.datasets.models import Dataset, DatasetTokens
 from webapp.datasets.records import BadRow, Example, Kind, RecordsError, read_records
-from webapp.datasets.tokenization import END_OF_TEXT, token_byte_lengths, train_tokenizer
+from webapp.datasets.tokenization import token_byte_lengths
+from webapp.worker_door import END_OF_TEXT, train_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from worker.engine.examples import Encoded, ExampleSet
+    from webapp.worker_door import Encoded, ExampleSet
 
 VAL_SEED = 0
 MAX_BAD_ROWS_KEPT = 1_000
@@ -76,9 +80,6 @@ def instruction_dataset_build(dataset: Dataset) -> dict[str, int]:
     Raises InstructionDataError, with the reason for the page, for data that cannot become a dataset."""
     from transformers import PreTrainedTokenizerFast
 
-    from worker.engine.chat import CHAT_SPECIAL_TOKENS, chat_tokenizer
-    from worker.engine.examples import encode_examples
-
     try:  # a JSON array is read whole, so it may be no larger than an upload
         records = read_records(dataset.source_path, kind=Kind(dataset.kind),
                                max_bytes=settings.HYDRA.max_upload_bytes)
@@ -86,11 +87,11 @@ def instruction_dataset_build(dataset: Dataset) -> dict[str, int]:
         raise InstructionDataError(_named(str(error), dataset)) from None
     split = split_examples(records.examples, val_fraction=dataset.val_fraction)
     ordered = split.train + split.validation
-    renderer = chat_tokenizer(Tokenizer(models.BPE()))  # rendering the default template needs no vocabulary
+    renderer = worker_door.chat_tokenizer(Tokenizer(models.BPE()))  # the default template needs no vocabulary
     text = "\n".join(_rendered(renderer, example) for example in ordered)
-    tokenizer = train_tokenizer(text, vocab_size=dataset.vocab_size, special_tokens=CHAT_SPECIAL_TOKENS)
-    chat = chat_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=END_OF_TEXT))
-    encoded = encode_examples(chat, _rows(ordered), byte_lengths=token_byte_lengths(tokenizer))
+    tokenizer = train_tokenizer(text, vocab_size=dataset.vocab_size, special_tokens=worker_door.CHAT_SPECIAL_TOKENS)
+    chat = worker_door.chat_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=END_OF_TEXT))
+    encoded = worker_door.encode_examples(chat, _rows(ordered), byte_lengths=token_byte_lengths(tokenizer))
     bad = sorted([*records.bad, *(BadRow(line, reason) for line, reason in encoded.failed)],
                  key=lambda row: row.line)
     kept = set(encoded.lines)
@@ -119,9 +120,6 @@ def instruction_tokens_build(tokens: DatasetTokens) -> dict[str, Any]:
     the template cannot be used, or no example of a split is left."""
     from transformers import AutoTokenizer
 
-    from worker.engine.chat import TemplateError, chat_tokenizer
-    from worker.engine.examples import encode_examples
-
     dataset = tokens.dataset
     try:
         pretrained = AutoTokenizer.from_pretrained(tokens.tokenizer_dir, local_files_only=True)
@@ -129,11 +127,11 @@ def instruction_tokens_build(tokens: DatasetTokens) -> dict[str, Any]:
         raise InstructionDataError(f"{tokens.model_name}'s tokenizer could not be read from {tokens.tokenizer_dir} "
                                    f"({type(error).__name__}: {str(error)[:200]}).") from None
     try:
-        chat = chat_tokenizer(pretrained, template=tokens.chat_template or None)
-    except TemplateError as error:
+        chat = worker_door.chat_tokenizer(pretrained, template=tokens.chat_template or None)
+    except worker_door.TemplateError as error:
         raise InstructionDataError(f"{tokens.model_name}'s chat template cannot be used: {error}") from None
     rows = list(stored_rows(dataset.records_path))
-    encoded = encode_examples(chat, rows, byte_lengths=token_byte_lengths(pretrained.backend_tokenizer))
+    encoded = worker_door.encode_examples(chat, rows, byte_lengths=token_byte_lengths(pretrained.backend_tokenizer))
     train_lines = {line for line, _, _ in rows[: dataset.train_examples]}
     n_train = sum(1 for line in encoded.lines if line in train_lines)
     _check_split(n_train, len(encoded.examples) - n_train, encoded)
@@ -174,13 +172,11 @@ def segments(chat: PreTrainedTokenizerBase, example: Example) -> list[dict[str, 
     """The example's text as the model sees it, cut into ``{"text", "role", "trained"}`` pieces: where a turn
     begins, and where an assistant turn's trained span (``loss_on`` "assistant") begins and ends. A plain text
     row is one trained piece, its end-of-sequence token included."""
-    from worker.engine.chat import answer_spans, render
-
     if example.text is not None:
         return [{"text": example.text + (chat.eos_token or ""), "role": "text", "trained": True}]
     messages = example.messages
-    text, spans = answer_spans(chat, messages)
-    ends = [len(render(chat, messages[: k + 1])) for k in range(len(messages))]
+    text, spans = worker_door.answer_spans(chat, messages)
+    ends = [len(worker_door.render(chat, messages[: k + 1])) for k in range(len(messages))]
     edges = {0, len(text), *ends, *(edge for span in spans for edge in span)}
     cuts = sorted(edge for edge in edges if edge <= len(text))
     pieces = []
@@ -192,13 +188,11 @@ def segments(chat: PreTrainedTokenizerBase, example: Example) -> list[dict[str, 
 
 
 def _rendered(renderer: PreTrainedTokenizerBase, example: Example) -> str:
-    from worker.engine.chat import TemplateError, render
-
     if example.text is not None:
         return example.text
     try:
-        return render(renderer, example.messages)
-    except TemplateError:  # encoding reports the row as bad; it has no text to learn from
+        return worker_door.render(renderer, example.messages)
+    except worker_door.TemplateError:  # encoding reports the row as bad; it has no text to learn from
         return ""
 
 

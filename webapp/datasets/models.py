@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import ClassVar
 
 from django.conf import settings
 from django.db import models
@@ -16,6 +17,7 @@ from django.db import models
 from webapp.accounts.models import Team
 from webapp.background.models import WebWork
 from webapp.datasets.tokenization import split_sizes
+from webapp.worker_door import TOKENIZER_JSON
 
 
 def datasets_root() -> Path:
@@ -45,9 +47,10 @@ class Dataset(WebWork):
         FAILED = "failed", "Failed"
 
     PENDING = Status.TOKENIZING
+    TASK: ClassVar[str] = "hydra.web.dataset_tokenize"
     RETRY_HINT = "The corpus is kept; delete the dataset and upload it again once the web worker runs."
     CORPUS_FILE = "corpus.txt"
-    TOKENIZER_FILE = "tokenizer.json"
+    TOKENIZER_FILE = TOKENIZER_JSON  # the engine's name for a tokenizer directory's tokenizer
     TOKENS_FILE = "tokens.npy"
     TOKEN_BYTES_FILE = "token_bytes.npy"
     SOURCE_STEM = "source"
@@ -206,6 +209,7 @@ class DatasetTokens(WebWork):
         FAILED = "failed", "Failed"
 
     PENDING = Status.TOKENIZING
+    TASK: ClassVar[str] = "hydra.web.dataset_tokens_build"
     RETRY_HINT = "Launch the experiment again to retry."
 
     dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="token_sets")

@@ -6,8 +6,6 @@ and code), so a new installation can train a tokenizer and a model with no uploa
 
 from __future__ import annotations
 
-SAMPLE_NAME = "Python reference (built-in sample)"
-
 
 def sample_corpus_text() -> str:
     """The sample corpus as one string: every topic in name order, separated by blank lines (deterministic)."""

@@ -24,12 +24,11 @@ from webapp.background.outbox import work_enqueue
 from webapp.datasets.instruction import InstructionDataError, instruction_dataset_build, instruction_tokens_build
 from webapp.datasets.models import Dataset, DatasetTokens, datasets_root, template_sha256
 from webapp.datasets.tokenization import TokenizedCorpus, encode_split, tokenize_corpus, validation_offset
+from webapp.worker_door import TOKENIZER_JSON
 
 log = logging.getLogger(__name__)
 
 
-TOKENIZE_TASK = "hydra.web.dataset_tokenize"
-TOKENS_TASK = "hydra.web.dataset_tokens_build"
 BOM = codecs.BOM_UTF8
 
 
@@ -97,7 +96,7 @@ def dataset_create(
                                                 val_fraction=val_fraction, kind=kind),
                 corpus_sha256=digest.hexdigest(), storage_key=key, created_by=user,
             )
-            work_enqueue(row=dataset, task_name=TOKENIZE_TASK)
+            work_enqueue(row=dataset)
             return dataset
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -181,7 +180,7 @@ def dataset_tokens_request(*, dataset: Dataset, tokenizer_sha256: str, tokenizer
             tokens.status, tokens.message = DatasetTokens.Status.TOKENIZING, ""
             tokens.tokenizer_dir, tokens.model_name = tokenizer_dir, model_name[:200]
             tokens.save(update_fields=["status", "message", "tokenizer_dir", "model_name"])
-            work_enqueue(row=tokens, task_name=TOKENS_TASK)
+            work_enqueue(row=tokens)
     return tokens
 
 
@@ -211,7 +210,7 @@ def _encode_corpus(tokens: DatasetTokens) -> dict[str, int | None]:
     """Encode the corpus with the row's tokenizer and write the ids; returns the row's figures."""
     from tokenizers import Tokenizer
 
-    source = os.path.join(tokens.tokenizer_dir, "tokenizer.json")
+    source = os.path.join(tokens.tokenizer_dir, TOKENIZER_JSON)
     try:
         tokenizer = Tokenizer.from_file(source)
     except Exception as error:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from webapp.background.celery_app import app
 from webapp.datasets import services
+from webapp.datasets.models import Dataset, DatasetTokens
 
 
-@app.task(name=services.TOKENIZE_TASK)
+@app.task(name=Dataset.TASK)
 def dataset_tokenize(dataset_id: int) -> None:
     services.dataset_tokenize(dataset_id=dataset_id)
 
 
-@app.task(name=services.TOKENS_TASK)
+@app.task(name=DatasetTokens.TASK)
 def dataset_tokens_build(tokens_id: int) -> None:
     services.dataset_tokens_build(tokens_id=tokens_id)

@@ -1,7 +1,9 @@
 """Train a byte-level BPE tokenizer on a corpus and turn the corpus into token ids.
 
 Pure functions over text (no Django): `dataset_tokenize` calls them (in the web worker) and stores what
-they return. The token file is a 1-D ``.npy`` array, the format the engine's ``DataSpec.tokens_path`` reads.
+they return. The tokenizer is the engine's (`worker.engine.tokenizer.train_tokenizer`, through
+`webapp.worker_door`), so a dataset's tokenizer and the engine's own are trained alike. The token file is a
+1-D ``.npy`` array, the format the engine's ``DataSpec.tokens_path`` reads.
 
 The validation split is defined on the text, the same for every tokenizer: the corpus's last
 ``val_fraction`` of UTF-8 bytes, from a line start (`validation_offset`). The text before it and the text
@@ -12,17 +14,12 @@ report bits per byte.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders
 
-END_OF_TEXT = "<|endoftext|>"
-MIN_VOCAB_SIZE = 300  # 256 byte symbols + the end-of-text token + a few merges
-MAX_VOCAB_SIZE = 65_536
-ENCODE_CHUNK_LINES = 2_000
-
+from webapp.worker_door import text_chunks, train_tokenizer
 
 SNAP_BYTES = 4096  # how far the validation split moves to reach a line start (else: a character boundary)
 
@@ -47,40 +44,18 @@ class TokenizedCorpus:
         return self.tokenizer.get_vocab_size()
 
 
-def train_tokenizer(text: str, *, vocab_size: int, special_tokens: Sequence[str] = ()) -> Tokenizer:
-    """A GPT-2-style byte-level BPE tokenizer trained on `text` with at most `vocab_size` tokens: ids 0, 1, ...
-    are the end-of-text token and then `special_tokens` (a chat template's markers, each kept one token).
-
-    Every byte is in the alphabet, so any later text encodes; a small corpus may end with fewer merges (and
-    so a smaller vocabulary) than asked for.
-    """
-    if not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
-        raise ValueError(f"vocab_size {vocab_size} must be between {MIN_VOCAB_SIZE} and {MAX_VOCAB_SIZE}")
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[END_OF_TEXT, *special_tokens],
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_chunks(text), trainer=trainer)
-    return tokenizer
-
-
 def encode_corpus(text: str, tokenizer: Tokenizer) -> np.ndarray:
     """Token ids of `text` as one stream (chunks of lines, so a large corpus encodes in parallel). No special
     tokens are added: a pretrained tokenizer's beginning-of-text token would otherwise open every chunk."""
     ids: list[int] = []
-    for encoding in tokenizer.encode_batch(list(_chunks(text)), add_special_tokens=False):
+    for encoding in tokenizer.encode_batch(text_chunks(text), add_special_tokens=False):
         ids.extend(encoding.ids)
     return np.asarray(ids, dtype=np.int32)
 
 
 def tokenize_corpus(text: str, *, vocab_size: int, val_offset: int) -> TokenizedCorpus:
     """Train a tokenizer on `text` and encode it split at byte `val_offset` (see `encode_split`)."""
-    tokenizer = train_tokenizer(text, vocab_size=vocab_size)
+    tokenizer = train_tokenizer(text, vocab_size)
     split = encode_split(text, tokenizer, val_offset=val_offset)
     return TokenizedCorpus(tokenizer=tokenizer, ids=split.ids, val_start=split.val_start, token_bytes=split.token_bytes)
 
@@ -145,8 +120,3 @@ def split_sizes(n_tokens: int, val_fraction: float) -> tuple[int, int]:
     val = min(n_tokens, max(1, round(n_tokens * val_fraction))) if n_tokens else 0
     return n_tokens - val, val
 
-
-def _chunks(text: str) -> list[str]:
-    # Keep line ends inside chunks so the concatenated encodings cover the text exactly.
-    lines = text.splitlines(keepends=True)
-    return ["".join(lines[i : i + ENCODE_CHUNK_LINES]) for i in range(0, len(lines), ENCODE_CHUNK_LINES)]

@@ -15,8 +15,8 @@ from django import forms
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 
-from webapp.experiments.models import Experiment, Trial
 from webapp.experiments.services import experiment_require_change
+from webapp.ground.models import Experiment, Trial
 
 TAG_MAX_CHARS = 32
 MAX_TAGS = 16

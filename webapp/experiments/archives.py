@@ -23,9 +23,8 @@ from django.core.exceptions import ValidationError
 
 from webapp.background.outbox import work_enqueue
 from webapp.experiments.export_tokenizer import fallback_files, has_tokenizer, model_context
-from webapp.experiments.models import Trial, TrialArchive
+from webapp.ground.models import Trial, TrialArchive
 
-BUILD_TASK = "hydra.web.trial_archive_build"
 log = logging.getLogger(__name__)
 
 
@@ -55,7 +54,7 @@ def trial_archive_request(*, trial: Trial) -> TrialArchive:
             trial.queue_id, TrialArchive.Status.PREPARING, "", None)
         archive.save()
     if archive.status == TrialArchive.Status.PREPARING:
-        work_enqueue(row=archive, task_name=BUILD_TASK)
+        work_enqueue(row=archive)
     return archive
 
 

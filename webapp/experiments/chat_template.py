@@ -1,9 +1,10 @@
 """The chat template an experiment's instruction data is rendered with, as the web app checks and names it.
 
-The engine renders conversations and finds their assistant turns (`worker.engine.chat`); this module asks it,
-importing it inside its functions only, since it loads ``transformers``, which the web process must not load
-when it starts. It also reads whether a checkpoint's tokenizer carries a template of its own, from its files
-alone (the engine's size-capped, link-refusing reads), without loading the tokenizer.
+The engine renders conversations and finds their assistant turns (`worker.engine.chat`); this module asks it
+through `webapp.worker_door`, which imports it when first asked, since it loads ``transformers``, which the
+web process must not load when it starts; a template's check runs it in a child process of its own. It also
+reads whether a checkpoint's tokenizer carries a template of its own, from its files alone (the engine's
+size-capped, link-refusing reads), without loading the tokenizer.
 """
 
 from __future__ import annotations
@@ -13,12 +14,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from webapp import worker_door
 from webapp.datasets.models import Dataset
 from webapp.experiments.model_shapes import ModelShape
-from worker.engine.checkpoint_files import TOKENIZER_JSON_MAX_BYTES, checkpoint_file, read_limited
-from worker.engine.errors import CheckpointError
+from webapp.worker_door import (
+    TOKENIZER_CONFIG,
+    TOKENIZER_JSON_MAX_BYTES,
+    CheckpointError,
+    checkpoint_file,
+    read_limited,
+)
 
-TOKENIZER_CONFIG = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"  # where transformers saves a tokenizer's template since 4.49
 NAMED_TEMPLATES_DIR = "additional_chat_templates"  # ... and its other named templates, one .jinja file each
 
@@ -67,9 +73,7 @@ def check_chat_template(template: str) -> None:
 def default_chat_template() -> str:
     """ChatML, the template the engine renders with when neither the experiment nor the tokenizer has one
     (a dataset's own tokenizer never has one)."""
-    from worker.engine.chat import DEFAULT_CHAT_TEMPLATE
-
-    return DEFAULT_CHAT_TEMPLATE
+    return worker_door.DEFAULT_CHAT_TEMPLATE
 
 
 def has_own_template(tokenizer_dir: Path) -> bool:

@@ -17,20 +17,18 @@ from django.db.models import Count, QuerySet
 from django.urls import reverse
 
 from webapp.accounts.models import Team
-from webapp.accounts.roles import can_change, require_creator_or_owner
+from webapp.accounts.roles import require_creator_or_owner
 from webapp.accounts.selectors import team_scoped_get
-from webapp.experiments.models import Experiment, SavedComparison
+from webapp.dashboards import figures
+from webapp.ground.models import Experiment, SavedComparison
 
 MAX_EXPERIMENTS = 50
 
 
 def _view_choices() -> dict[str, tuple[str, ...]]:
     """The curves page's settings a comparison keeps, with the values that page takes."""
-    from webapp.dashboards import figures  # the dashboards read experiments: import them when asked
-    from webapp.dashboards.views import SMOOTHING_CHOICES
-
     return {"x": tuple(figures.X_AXES), "metric": tuple(figures.METRICS),
-            "smooth": tuple(str(s) for s in SMOOTHING_CHOICES), "logy": ("1",)}
+            "smooth": tuple(str(s) for s in figures.SMOOTHING_CHOICES), "logy": ("1",)}
 
 
 def view_clean(view: Mapping[str, str]) -> dict[str, str]:
@@ -68,10 +66,6 @@ def comparison_url(comparison: SavedComparison) -> str | None:
     saved settings; None when all its experiments were deleted."""
     experiments = comparison_experiments(comparison)
     return curves_url(experiments, comparison.view) if experiments else None
-
-
-def comparison_can_delete(*, user: AbstractBaseUser, comparison: SavedComparison) -> bool:
-    return can_change(user=user, team=comparison.team, created_by_id=comparison.created_by_id)
 
 
 def comparison_create(*, team: Team, actor: AbstractBaseUser, name: str, experiment_ids: Iterable[int],

@@ -27,10 +27,10 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from webapp import queue_client
 from webapp.accounts.roles import require_creator_or_owner
-from webapp.experiments.launching import trial_send
-from webapp.experiments.models import Trial
+from webapp.experiments.launching import continued_from, trial_send
+from webapp.ground.models import Trial
+from webapp.worker_door import SpecError, TrialSpec
 
 Status = Trial.Status
 CONTINUABLE = (Status.FINISHED, Status.PRUNED)
@@ -103,8 +103,8 @@ def trial_continue(*, trial: Trial, actor: AbstractBaseUser, steps: int, lr: flo
         segment = {"after": kept.step, "steps": steps, "lr": lr, "warmup_steps": warmup_steps, "decay": decay}
         spec = {**trial.spec, "continuations": [*trial.spec.get("continuations", []), segment]}
         try:
-            queue_client.TrialSpec.from_dict(spec)
-        except (queue_client.SpecError, TypeError) as error:
+            TrialSpec.from_dict(spec)
+        except (SpecError, TypeError) as error:
             raise ValidationError(f"These steps cannot be added: {error}") from error
         number = len(trial.continued) + 1
         queue_id = f"{trial.attempt_queue_id(trial.attempt)}-c{number}"
@@ -124,12 +124,7 @@ def continue_again(trial: Trial) -> None:
 
 def continuing(trial: Trial) -> bool:
     """Whether the trial's current queue id is a continuation (its job starts from another's checkpoint)."""
-    return bool(trial.continued) and trial.continued[-1].get("queue_id") == trial.queue_id
-
-
-def continued_from(trial: Trial) -> str | None:
-    """The queue id whose checkpoint the trial's current queue id starts from; None when it starts afresh."""
-    return trial.continued[-1]["from"] if continuing(trial) else None
+    return continued_from(trial) is not None
 
 
 def _send_again(trial: Trial, *, queue_id: str, spec: dict, total_steps: int) -> None:

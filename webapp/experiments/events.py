@@ -26,9 +26,10 @@ from django.utils import timezone
 from webapp import queue_client
 from webapp.experiments.generations import held_out_request
 from webapp.experiments.launching import experiment_extend_tpe
-from webapp.experiments.models import Experiment, Trial
+from webapp.ground.models import Experiment, Trial
 from webapp.notifications import notices
 from webapp.telemetry.models import StreamCursor
+from webapp.worker_door import TrialEvent, TrialState
 
 log = logging.getLogger(__name__)
 Status = Trial.Status
@@ -133,9 +134,9 @@ def trial_events_sync_quietly(*, host_id: str | None = None) -> bool:
     return True
 
 
-def _apply(event: queue_client.TrialEvent, host: str) -> None:
+def _apply(event: TrialEvent, host: str) -> None:
     plan = None
-    if event.state == queue_client.TrialState.RUNNABLE:  # a device planned it: keep the plan it measured
+    if event.state == TrialState.RUNNABLE:  # a device planned it: keep the plan it measured
         record = queue_client.trial_record(trial_id=event.trial_id, host_id=host)
         plan = record.plan if record is not None else None
     trial_event_apply(trial_id=event.trial_id, status=event.state, message=event.message or None, plan=plan,

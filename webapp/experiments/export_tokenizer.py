@@ -4,8 +4,9 @@ page and in its download.
 An export carries its tokenizer when the engine copied the trial's ``DataSpec.tokenizer_dir`` into it. An
 export made before that carries none: its tokenizer is then the one its tokens were made with, the trial
 spec's ``tokenizer_dir`` when that still exists, else its dataset's ``tokenizer.json``, written out with a
-``tokenizer_config.json`` that makes ``AutoTokenizer`` load it as a fast tokenizer (`fallback_files`).
-Plain files only (no transformers), so that the web process may call it.
+``tokenizer_config.json`` that makes ``AutoTokenizer`` load it as a fast tokenizer (`fallback_files`). The
+files a tokenizer directory consists of are the engine's list (`worker.engine.tokenizer.TOKENIZER_FILES`, the
+one the export copies). Plain files only (no transformers), so that the web process may call it.
 """
 
 from __future__ import annotations
@@ -14,23 +15,20 @@ import json
 import logging
 from pathlib import Path
 
-from webapp.datasets.tokenization import END_OF_TEXT
-from webapp.experiments.models import Trial
-from worker.engine.checkpoint_files import (
+from webapp.ground.models import Trial
+from webapp.worker_door import (
     CHECKPOINT_JSON_MAX_BYTES,
+    END_OF_TEXT,
+    TOKENIZER_CONFIG,
+    TOKENIZER_FILES,
+    TOKENIZER_JSON,
     TOKENIZER_JSON_MAX_BYTES,
+    CheckpointError,
     checkpoint_file,
     read_limited,
 )
-from worker.engine.errors import CheckpointError
 
 log = logging.getLogger(__name__)
-
-TOKENIZER_JSON = "tokenizer.json"
-TOKENIZER_CONFIG = "tokenizer_config.json"
-# What a save_pretrained tokenizer may consist of, besides its config: copied as they are.
-TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "tokenizer.model", "added_tokens.json", "chat_template.jinja")
 
 
 def has_tokenizer(directory: Path) -> bool:

@@ -22,6 +22,7 @@ from webapp.accounts.models import Team
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.selectors import ready_checkpoints
 from webapp.catalog.sizing import host_devices
+from webapp.config import MAX_TRIALS
 from webapp.datasets.models import Dataset
 from webapp.experiments.chat_template import ChatTemplateError, check_chat_template, template_refusal
 from webapp.experiments.model_shapes import (
@@ -32,13 +33,11 @@ from webapp.experiments.model_shapes import (
     model_from_spec,
     model_shape,
 )
-from webapp.experiments.models import Experiment
 from webapp.experiments.planning import CapError, ExperimentDraft, check_caps
 from webapp.experiments.pruning import pruner_spec
 from webapp.experiments.search_space import (
     ALIASES,
     KINDS,
-    MAX_TRIALS,
     PARAMETERS,
     TEMPLATE_KEY,
     SearchSpace,
@@ -50,8 +49,11 @@ from webapp.experiments.search_space import (
     load_spec_text,
     parse_search_space,
     pruner_of_text,
+    rows_from_space,
     space_from_rows,
 )
+from webapp.ground.models import Experiment
+from webapp.worker_door import DEFAULT_CHECKPOINT_MINUTES, MAX_CHECKPOINT_MINUTES
 
 MODEL_KINDS = [("preset", "Preset"), ("custom", "Custom size"), ("checkpoint", "Pretrained checkpoint"),
                ("pretrained", "Pretrained directory (older experiments)")]
@@ -141,7 +143,8 @@ class ExperimentForm(forms.Form):
         help_text="Optional: stop a trial after this many evaluations without a better validation loss.",
     )
     checkpoint_minutes = forms.IntegerField(
-        min_value=0, max_value=7 * 24 * 60, initial=30, required=False, label="Checkpoint every (minutes)",
+        min_value=0, max_value=int(MAX_CHECKPOINT_MINUTES), initial=int(DEFAULT_CHECKPOINT_MINUTES), required=False,
+        label="Checkpoint every (minutes)",
         help_text="Copy each trial's training state to disk this often and when it ends, so a host restart "
                   "costs at most this much of its work; 0 turns checkpoints off (empty: 30).",
     )
@@ -411,8 +414,6 @@ class ExperimentForm(forms.Form):
 
 def experiment_initial(experiment: Experiment) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Form and row initial data that reproduce `experiment` (for cloning)."""
-    from webapp.experiments.search_space import rows_from_space
-
     model = experiment.model
     initial: dict[str, Any] = {
         "name": f"{experiment.name} (copy)"[:120],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django import forms
 
 from webapp.experiments.generations import Settings
-from webapp.experiments.models import Generation
+from webapp.ground.models import Generation
 
 DEFAULTS = {"max_new_tokens": 64, "temperature": 0.8, "top_p": 0.95, "seed": 0}
 

@@ -40,12 +40,11 @@ from django.utils import timezone
 from webapp.accounts.models import Membership, Team
 from webapp.background.outbox import work_enqueue
 from webapp.datasets.models import Dataset
-from webapp.datasets.tokenization import END_OF_TEXT
 from webapp.experiments.archives import trial_model_dir
 from webapp.experiments.export_tokenizer import fallback_files, has_tokenizer, model_context
-from webapp.experiments.models import Generation, Trial
+from webapp.ground.models import Generation, Trial
+from webapp.worker_door import END_OF_TEXT
 
-GENERATE_TASK = "hydra.web.trial_generate"
 MAX_PENDING_PER_TEAM = 4  # the web worker generates one at a time; more would hold up the team's other work
 SHOWN = 20  # generations a trial's page lists
 MEMORY_FACTOR = 2  # free memory a model needs, in multiples of its weights' bytes (loading copies them once)
@@ -109,7 +108,7 @@ def generation_request(*, trial: Trial, actor: AbstractBaseUser, settings: Setti
         generation = Generation.objects.create(
             trial=trial, queue_id=trial.queue_id, prompt=settings.prompt, max_new_tokens=settings.max_new_tokens,
             temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed, created_by=actor)
-        work_enqueue(row=generation, task_name=GENERATE_TASK)
+        work_enqueue(row=generation)
     return generation
 
 
@@ -179,7 +178,7 @@ def held_out_request(*, trial: Trial) -> list[Generation]:
             trial=trial, queue_id=trial.queue_id, prompt=question, messages=example.messages,
             reference=example.reference, held_out_line=example.line, max_new_tokens=HELD_OUT_NEW_TOKENS,
             temperature=0.0, top_p=1.0, seed=0)
-        work_enqueue(row=generation, task_name=GENERATE_TASK)
+        work_enqueue(row=generation)
         created.append(generation)
     return created
 

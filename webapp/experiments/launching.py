@@ -26,7 +26,6 @@ from webapp import queue_client
 from webapp.experiments.chat_template import template_refusal
 from webapp.experiments.memory_preview import auto_budget_bytes
 from webapp.experiments.model_shapes import ModelChoiceError, model_shape
-from webapp.experiments.models import Experiment, Trial
 from webapp.experiments.planning import hyperparameters, total_steps, trial_plan, trial_spec
 from webapp.experiments.pruning import trial_pruning
 from webapp.experiments.search_space import parse_search_space
@@ -41,6 +40,8 @@ from webapp.experiments.trial_data import (
     trial_data_request,
 )
 from webapp.experiments.trial_generation import TPE_FIRST_WAVE, Outcome, next_tpe_trials
+from webapp.ground.models import Experiment, Trial
+from webapp.worker_door import Budget, EngineJob, SpecError, TrialSpec
 
 log = logging.getLogger(__name__)
 Status = Trial.Status
@@ -53,7 +54,7 @@ def memory_budget(*, explicit_bytes: int | None) -> tuple[int, str]:
     return auto_budget_bytes()
 
 
-def trial_job(*, trial: Trial) -> queue_client.EngineJob:
+def trial_job(*, trial: Trial) -> EngineJob:
     """The job of `trial`'s next attempt. With no explicit memory budget, the device that plans it decides.
     A pretrained model's tokens of the dataset are asked for (once per dataset, tokenizer and chat template).
     Raises TrialDataError for data the trial cannot train on."""
@@ -69,12 +70,11 @@ def trial_job(*, trial: Trial) -> queue_client.EngineJob:
                       steps=trial.total_steps,
                       eval_every=experiment.eval_every, seed=experiment.seed, budget_bytes=budget,
                       early_stop_patience=experiment.early_stop_patience)
-    return queue_client.EngineJob(trial=spec, budget=_budget_mode(experiment),
-                                  checkpoint_minutes=experiment.checkpoint_minutes,
-                                  pruning=trial_pruning(trial=trial))
+    return EngineJob(trial=spec, budget=_budget_mode(experiment), checkpoint_minutes=experiment.checkpoint_minutes,
+                     pruning=trial_pruning(trial=trial))
 
 
-def _budget_mode(experiment: Experiment) -> queue_client.Budget:
+def _budget_mode(experiment: Experiment) -> Budget:
     return "auto" if experiment.memory_budget_bytes is None else "explicit"
 
 
@@ -82,8 +82,8 @@ def trial_launch(*, trial: Trial) -> None:
     """Start a new attempt of a new, failed or cancelled trial: it moves to planning, to be submitted, and its
     job is sent once the current transaction commits. A trial whose values the engine refuses fails at once."""
     try:
-        job: queue_client.EngineJob | None = trial_job(trial=trial)
-    except queue_client.SpecError as error:
+        job: EngineJob | None = trial_job(trial=trial)
+    except SpecError as error:
         job = None
         refusal = f"The scheduler did not accept the trial: engine trial spec is invalid: {error}"
     except ModelChoiceError as error:  # its checkpoint left the catalog since the experiment was made
@@ -108,20 +108,18 @@ def trial_launch(*, trial: Trial) -> None:
         transaction.on_commit(lambda: trial_send(queue_id=queue_id))
 
 
-def trial_sent_job(*, trial: Trial, resume: bool = False) -> queue_client.EngineJob:
+def trial_sent_job(*, trial: Trial, resume: bool = False) -> EngineJob:
     """The job the queue holds for `trial`'s current attempt, from the spec its launch stored; `resume` when it
     is sent again after the queue lost it (`webapp.experiments.reconcile`). A continued trial trains its added
     steps without the experiment's pruner: continuing it was someone's decision, which a rung reached long ago
     should not undo."""
-    continue_from = _continued_from(trial)
-    return queue_client.EngineJob(trial=queue_client.TrialSpec.from_dict(trial.spec),
-                                  budget=_budget_mode(trial.experiment), resume=resume,
-                                  continue_from=continue_from,
-                                  checkpoint_minutes=trial.experiment.checkpoint_minutes,
-                                  pruning=trial_pruning(trial=trial) if continue_from is None else None)
+    continue_from = continued_from(trial)
+    return EngineJob(trial=TrialSpec.from_dict(trial.spec), budget=_budget_mode(trial.experiment), resume=resume,
+                     continue_from=continue_from, checkpoint_minutes=trial.experiment.checkpoint_minutes,
+                     pruning=trial_pruning(trial=trial) if continue_from is None else None)
 
 
-def _continued_from(trial: Trial) -> str | None:
+def continued_from(trial: Trial) -> str | None:
     """The queue id whose last checkpoint the trial's current queue id continues (`webapp.experiments.continuing`),
     or None when it trains from the start."""
     last = trial.continued[-1] if trial.continued else None

@@ -39,7 +39,7 @@ from django.db.models.functions import Lower
 from webapp.accounts.models import Team
 from webapp.experiments.annotations import tag_normalize
 from webapp.experiments.model_shapes import FAMILY_LABELS, PRESETS
-from webapp.experiments.models import Experiment, Trial
+from webapp.ground.models import Experiment, Trial
 from webapp.ids import parse_id
 
 S = Trial.Status

@@ -27,13 +27,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from webapp.catalog.sizing import CPU_DEVICE_BUDGET
 from webapp.experiments.model_shapes import ModelShape
-from worker.engine.config import LoraSpec
-from worker.engine.errors import BudgetError
-from worker.engine.partition import AUTO_BUDGET_FRACTION, LayerCost, solve
-from worker.engine.sizes import FP32, optimizer_slots
-
-CPU_DEVICE_BUDGET = 4 << 30  # per CPU device when no GPU is present
+from webapp.worker_door import AUTO_BUDGET_FRACTION, FP32, BudgetError, LayerCost, LoraSpec, optimizer_slots, solve
 
 
 class FitError(ValueError):

@@ -18,13 +18,24 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
+from webapp.catalog.models import Checkpoint
+from webapp.catalog.selectors import checkpoint_dir, ready_checkpoints
 from webapp.experiments.search_space import quote
-from worker.engine.checkpoint_files import CHECKPOINT_JSON_MAX_BYTES, checkpoint_file, read_limited
-from worker.engine.errors import CheckpointFileTooLarge, CheckpointLinkError, SpecError
-from worker.engine.families import FAMILIES, Architecture, architecture_from_config, default_intermediate
+from webapp.worker_door import (
+    CHECKPOINT_JSON_MAX_BYTES,
+    FAMILIES,
+    TOKENIZER_JSON,
+    Architecture,
+    CheckpointFileTooLarge,
+    CheckpointLinkError,
+    SpecError,
+    architecture_from_config,
+    checkpoint_file,
+    default_intermediate,
+    read_limited,
+)
 
 MAX_CONFIG_BYTES = CHECKPOINT_JSON_MAX_BYTES  # the most of a config.json the engine reads, and so the web app
-TOKENIZER_FILE = "tokenizer.json"
 FAMILY_LABELS = {"gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 
 
@@ -175,7 +186,7 @@ def pretrained_shape(directory: Path, *, field: str = "pretrained_dir") -> Model
 def tokenizer_fingerprint(directory: Path) -> str | None:
     """sha256 of the directory's ``tokenizer.json``, or None when it has none; ``CheckpointLinkError`` when a
     symbolic link leads it out of the directory."""
-    path = checkpoint_file(directory, TOKENIZER_FILE)
+    path = checkpoint_file(directory, TOKENIZER_JSON)
     try:
         stat = path.stat()
     except OSError:
@@ -194,9 +205,6 @@ def _file_sha256(path: str, mtime_ns: int, size: int) -> str:
 
 def checkpoint_shape(checkpoint_id: object) -> ModelShape:
     """The shape of a ready catalog checkpoint: its directory's config, its catalog name and tokenizer."""
-    from webapp.catalog.models import Checkpoint
-    from webapp.catalog.selectors import checkpoint_dir, ready_checkpoints
-
     try:
         checkpoint = ready_checkpoints().get(pk=int(checkpoint_id))  # type: ignore[call-overload]
     except (Checkpoint.DoesNotExist, TypeError, ValueError):
@@ -297,8 +305,6 @@ def model_to_spec(model: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _checkpoint_by_name(name: object, refuse: Any) -> dict[str, Any]:
-    from webapp.catalog.selectors import ready_checkpoints
-
     checkpoint = ready_checkpoints().filter(name=name).first() if isinstance(name, str) else None
     if checkpoint is None:
         raise refuse(f"no ready checkpoint named {quote(name)} in the catalog.")

@@ -17,7 +17,7 @@ from webapp.accounts.roles import can_change
 from webapp.datasets.http import form_add_errors, team_required
 from webapp.experiments import comparisons, selectors, services
 from webapp.experiments.annotations import AnnotationsForm, annotations_set
-from webapp.experiments.models import Experiment, Trial
+from webapp.ground.models import Experiment, Trial
 from webapp.ids import parse_id
 from webapp.paging import page_get
 

@@ -35,7 +35,7 @@ from webapp.experiments.trial_data import (
     example_rows,
 )
 from webapp.experiments.trial_generation import TPE_FIRST_WAVE, initial_trials
-from webapp.queue_client import DataSpec, LoraSpec, ModelSpec, OptimizerSpec, ScheduleSpec, SpecError, TrialSpec
+from webapp.worker_door import DataSpec, LoraSpec, ModelSpec, OptimizerSpec, ScheduleSpec, SpecError, TrialSpec
 
 MEMORY_PARAMETERS = ("batch_size", "micro_batches", "seq_len", "n_embd", "n_layer", "optimizer")
 EXAMPLE_PARAMETERS = ("packing", "loss_on")  # how examples are laid out and trained: instruction data only

@@ -28,7 +28,6 @@ from webapp.accounts.selectors import team_scoped_get
 from webapp.background.outbox import work_enqueue
 from webapp.config import Caps
 from webapp.experiments.launching import memory_budget
-from webapp.experiments.models import ExperimentPreview
 from webapp.experiments.planning import (
     PLAN_ERRORS,
     ExperimentDraft,
@@ -36,12 +35,12 @@ from webapp.experiments.planning import (
     plan_cost,
     plan_trials,
 )
+from webapp.ground.models import ExperimentPreview
 
 # A layer plan takes up to about 0.6 ms on one core (the solver's work per layer grows with depth; that is
 # a 256-layer model, the deepest the form allows), so an inline preview stays under about a second.
 INLINE_PREVIEW_COST = 1024
 PREVIEW_TTL = timedelta(days=1)
-PLAN_TASK = "hydra.web.experiment_preview_plan"
 Status = ExperimentPreview.Status
 log = logging.getLogger(__name__)
 
@@ -105,7 +104,7 @@ def experiment_preview_request(*, team: Team, draft: ExperimentDraft) -> Experim
     if preview.status == Status.FAILED:
         preview.status, preview.message, preview.trials = Status.PREPARING, "", None
         preview.save(update_fields=["status", "message", "trials"])
-    work_enqueue(row=preview, task_name=PLAN_TASK)
+    work_enqueue(row=preview)
     return preview
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from django.db.models import Max
 
-from webapp import queue_client
-from webapp.experiments.models import Experiment, Trial
 from webapp.experiments.search_space import PRUNER_KEY, SearchSpaceError
+from webapp.ground.models import Experiment, Trial
+from webapp.worker_door import JobError, PrunerSpec, PruningJob
 
 FIELDS = ("kind", "min_resource", "reduction_factor", "min_early_stopping_rate", "n_startup_trials",
           "n_warmup_steps")
@@ -41,8 +41,8 @@ def pruner_spec(raw: object, *, field: str = "space_text") -> dict[str, Any] | N
             raise SearchSpaceError(f"{PRUNER_KEY}: {name} must be a whole number from 0 to {MAX_STEPS:,}.",
                                    field=field)
     try:
-        spec = queue_client.PrunerSpec(**{str(k): v for k, v in raw.items()})
-    except queue_client.JobError as error:
+        spec = PrunerSpec(**{str(k): v for k, v in raw.items()})
+    except JobError as error:
         raise SearchSpaceError(f"{PRUNER_KEY}: {error}", field=field) from None
     stored = spec.to_dict()
     stored.pop("max_resource")
@@ -63,7 +63,7 @@ def describe(pruner: Mapping[str, Any] | None) -> str:
     return f"{name}: {rungs}"
 
 
-def trial_pruning(*, trial: Trial) -> queue_client.PruningJob | None:
+def trial_pruning(*, trial: Trial) -> PruningJob | None:
     """What the trial's job carries for its experiment's pruner (None when the experiment has none)."""
     experiment: Experiment = trial.experiment
     if not experiment.pruner:
@@ -72,5 +72,4 @@ def trial_pruning(*, trial: Trial) -> queue_client.PruningJob | None:
     if settings["kind"] == "hyperband":  # brackets span the experiment's longest trial
         longest = experiment.trials.aggregate(longest=Max("total_steps"))["longest"] or trial.total_steps
         settings["max_resource"] = max(longest, settings["min_resource"])
-    return queue_client.PruningJob(study=f"experiment-{experiment.pk}", trial_number=trial.number,
-                                   pruner=queue_client.PrunerSpec(**settings))
+    return PruningJob(study=f"experiment-{experiment.pk}", trial_number=trial.number, pruner=PrunerSpec(**settings))

@@ -37,8 +37,9 @@ from webapp import queue_client
 from webapp.accounts.models import Team
 from webapp.experiments.events import trial_event_apply, trial_events_sync
 from webapp.experiments.launching import trial_send, trial_sent_job
-from webapp.experiments.models import Trial
+from webapp.ground.models import Trial
 from webapp.health.models import HostCapacity
+from webapp.worker_door import ENDED, Control, TrialState
 
 log = logging.getLogger(__name__)
 Status = Trial.Status
@@ -93,8 +94,8 @@ def _on_host(host: str) -> Q:
     return Q(host=host) | Q(host="") if host == settings.HYDRA.worker.host_id else Q(host=host)
 
 
-def _orphans_cancel(states: dict[str, queue_client.TrialState], host: str) -> list[str]:
-    live = [trial_id for trial_id, state in states.items() if state not in queue_client.ENDED]
+def _orphans_cancel(states: dict[str, TrialState], host: str) -> list[str]:
+    live = [trial_id for trial_id, state in states.items() if state not in ENDED]
     may_run = set(Trial.objects.filter(queue_id__in=live).exclude(status__in=STOPPED)
                   .values_list("queue_id", flat=True))
     cancelled = []
@@ -102,7 +103,7 @@ def _orphans_cancel(states: dict[str, queue_client.TrialState], host: str) -> li
         if trial_id in may_run:
             continue
         try:
-            queue_client.trial_control(trial_id=trial_id, control=queue_client.Control.CANCEL, host_id=host)
+            queue_client.trial_control(trial_id=trial_id, control=Control.CANCEL, host_id=host)
         except queue_client.SchedulerUnavailable:
             raise
         except queue_client.SchedulerError as error:  # it ended meanwhile: nothing left to stop
@@ -113,7 +114,7 @@ def _orphans_cancel(states: dict[str, queue_client.TrialState], host: str) -> li
     return cancelled
 
 
-def _lost_resubmit(states: dict[str, queue_client.TrialState], host: str) -> tuple[list[str], list[str]]:
+def _lost_resubmit(states: dict[str, TrialState], host: str) -> tuple[list[str], list[str]]:
     """Resubmit the submitted trials of `host` that may run and that its queue does not hold; end those whose
     attempt the queue says ended."""
     rows = (Trial.objects.filter(_on_host(host), status__in=Trial.ACTIVE, submitted=True).order_by("pk")
@@ -124,7 +125,7 @@ def _lost_resubmit(states: dict[str, queue_client.TrialState], host: str) -> tup
         if state is None:
             if _resubmit(queue_id, host):
                 resubmitted.append(queue_id)
-        elif state in queue_client.ENDED:
+        elif state in ENDED:
             ending.append((queue_id, status))
     if not ending:
         return resubmitted, []
@@ -154,7 +155,7 @@ def _resubmit(queue_id: str, host: str) -> bool:
                                       team=str(trial.experiment.team_id), priority=trial.experiment.priority,
                                       host_bytes=trial.host_bytes(), host_id=host)
             if trial.status == Status.PAUSED:
-                queue_client.trial_control(trial_id=queue_id, control=queue_client.Control.PAUSE, host_id=host)
+                queue_client.trial_control(trial_id=queue_id, control=Control.PAUSE, host_id=host)
         except queue_client.SchedulerUnavailable:
             raise
         except queue_client.SchedulerError as error:
@@ -169,7 +170,7 @@ def _resubmit(queue_id: str, host: str) -> bool:
 def _end(queue_id: str, status: str, host: str) -> bool:
     """Give the row the end its attempt reached in the queue (the event that said so was lost)."""
     record = queue_client.trial_record(trial_id=queue_id, host_id=host)
-    if record is None or record.state not in queue_client.ENDED:
+    if record is None or record.state not in ENDED:
         return False
     log.warning("trial %s is %s in the database but %s in the queue; recording its end", queue_id, status,
                 record.state)

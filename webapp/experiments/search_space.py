@@ -38,10 +38,11 @@ from typing import Any, Literal
 
 import yaml
 
+from webapp.worker_door import MAX_CHECKPOINT_MINUTES
+
 Kind = Literal["categorical", "int", "float", "logfloat"]
 KINDS: tuple[Kind, ...] = ("categorical", "int", "float", "logfloat")
 GRID_CAP = 256  # most trials a grid may expand to
-MAX_TRIALS = 256  # most trials random search or TPE may ask for
 Value = bool | int | float | str
 QUOTE_CHARS = 40  # the most of a user's value that an error message repeats
 MAX_NODES = 1000  # YAML nodes in a pasted space: a dozen parameters with their ranges and values fit easily
@@ -52,7 +53,6 @@ HOLDOUT_KEY = "holdout_bytes"  # ... and how much of the validation text every t
 MAX_HOLDOUT_BYTES = 10**12
 CHECKPOINT_KEY = "checkpoint_minutes"  # ... and how often its trials take durable checkpoints
 TEMPLATE_KEY = "chat_template"  # ... and the chat template of its instruction data
-MAX_CHECKPOINT_MINUTES = 7 * 24 * 60
 
 
 class SearchSpaceError(ValueError):
@@ -428,10 +428,10 @@ def checkpoint_minutes_of_text(text: str) -> int | None:
     raw = _load_text(text)
     if not isinstance(raw, Mapping) or CHECKPOINT_KEY not in raw:
         return None
-    value = raw[CHECKPOINT_KEY]
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CHECKPOINT_MINUTES:
+    value, most = raw[CHECKPOINT_KEY], int(MAX_CHECKPOINT_MINUTES)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
         raise SearchSpaceError(f"{CHECKPOINT_KEY}: {quote(value)} is not a whole number of minutes from 0 (no "
-                               f"checkpoints) to {MAX_CHECKPOINT_MINUTES}.", field="space_text")
+                               f"checkpoints) to {most}.", field="space_text")
     return value
 
 

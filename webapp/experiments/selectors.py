@@ -11,8 +11,8 @@ from django.db.models import Count, QuerySet
 from webapp.accounts.models import Team
 from webapp.accounts.roles import can_change
 from webapp.accounts.selectors import team_scoped_get
-from webapp.experiments.models import Experiment, Trial
-from webapp.queue_client import Control, control_changes
+from webapp.ground.models import Experiment, Trial
+from webapp.worker_door import Control, control_changes
 
 
 def experiment_list(*, team: Team | None) -> QuerySet[Experiment]:

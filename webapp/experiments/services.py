@@ -23,12 +23,13 @@ from webapp.accounts.roles import require_creator_or_owner
 from webapp.experiments import continuing
 from webapp.experiments.events import trial_event_apply, trial_events_sync_quietly
 from webapp.experiments.launching import memory_budget, trial_launch
-from webapp.experiments.models import Experiment, Trial
 from webapp.experiments.planning import PLAN_ERRORS as PLAN_ERRORS  # what planning raises, for the views
 from webapp.experiments.planning import ExperimentDraft, TrialDraft, plan_trials
 from webapp.experiments.previews import experiment_preview_trials, plans_in_background
 from webapp.experiments.selectors import trial_actions
 from webapp.experiments.trial_data import trial_data_request
+from webapp.ground.models import Experiment, Trial
+from webapp.worker_door import Control
 
 log = logging.getLogger(__name__)
 Status = Trial.Status
@@ -141,8 +142,7 @@ def _trial_control(*, trial: Trial, action: str) -> None:
         trial.save(update_fields=["status", "updated"])
         return
     try:
-        queue_client.trial_control(trial_id=trial.queue_id, control=queue_client.Control(action),
-                                   host_id=trial.queue_host)
+        queue_client.trial_control(trial_id=trial.queue_id, control=Control(action), host_id=trial.queue_host)
     except queue_client.TrialUnknown as error:
         if action != "cancel":
             raise ValidationError(f"The scheduler does not hold trial #{trial.number} right now (Redis lost its "
@@ -179,8 +179,7 @@ def trial_delete(*, trial: Trial, actor: AbstractBaseUser) -> None:
 def _trial_delete(*, trial: Trial) -> None:
     if trial.is_active:
         try:
-            queue_client.trial_control(trial_id=trial.queue_id, control=queue_client.Control.CANCEL,
-                                       host_id=trial.queue_host)
+            queue_client.trial_control(trial_id=trial.queue_id, control=Control.CANCEL, host_id=trial.queue_host)
         except queue_client.SchedulerUnavailable as error:
             # Redis is down: the reconciler cancels the queue's copy, which no row names, once it is back.
             log.warning("trial %s deleted while the scheduler could not be reached: %s", trial.queue_id, error)

@@ -26,7 +26,7 @@ from webapp.datasets.models import Dataset, DatasetTokens, template_sha256
 from webapp.datasets.services import dataset_tokens_request
 from webapp.experiments.chat_template import default_chat_template, has_own_template
 from webapp.experiments.model_shapes import ModelChoiceError, ModelShape, model_shape
-from webapp.experiments.models import Experiment
+from webapp.ground.models import Experiment
 
 
 class TrialDataError(ValueError):

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from webapp.experiments.search_space import MAX_TRIALS, SearchSpace, SearchSpaceError, Value
+from webapp.config import MAX_TRIALS
+from webapp.experiments.search_space import SearchSpace, SearchSpaceError, Value
 
 Strategy = Literal["grid", "random", "tpe"]
 TPE_FIRST_WAVE = 4

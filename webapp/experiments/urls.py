@@ -4,6 +4,7 @@ from webapp import ids  # noqa: F401 -- registers the <id:...> converter
 from webapp.experiments import organize_views, views
 
 urlpatterns = [
+    path("", views.experiment_list, name="home"),
     path("experiments/", views.experiment_list, name="experiment_list"),
     path("experiments/new/", views.experiment_create, name="experiment_create"),
     path("experiments/previews/<id:preview_id>/", views.experiment_preview, name="experiment_preview"),

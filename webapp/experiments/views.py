@@ -43,7 +43,6 @@ from webapp.experiments.listing import (
     trials_sorted,
 )
 from webapp.experiments.model_shapes import model_to_spec
-from webapp.experiments.models import Experiment, ExperimentPreview, Trial
 from webapp.experiments.planning import ExperimentDraft, TrialDraft
 from webapp.experiments.search_space import (
     CHECKPOINT_KEY,
@@ -56,6 +55,7 @@ from webapp.experiments.search_space import (
     parse_search_space,
 )
 from webapp.experiments.trial_data import experiment_tokens
+from webapp.ground.models import Experiment, ExperimentPreview, Trial
 from webapp.ids import parse_id
 from webapp.labqueue.selectors import trial_end_estimates
 from webapp.paging import page_get

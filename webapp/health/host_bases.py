@@ -1,15 +1,16 @@
 """This host's shared LoRA bases, as the engine keeps them in its spill directory.
 
-The one webapp module that reads them: through the engine's torch-free index (`worker.engine.base_index`),
-never the engine's builder, which loads torch. Each base is one read-only copy of a checkpoint's frozen
-weights that every LoRA trial on that checkpoint reads; its ``refs`` name those trials by queue id.
+The one webapp module that reads them: through the engine's torch-free index (`worker.engine.base_index`, by
+way of `webapp.worker_door`), never the engine's builder, which loads torch. Each base is one read-only copy of
+a checkpoint's frozen weights that every LoRA trial on that checkpoint reads; its ``refs`` name those trials
+by queue id.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from worker.engine.base_index import bases
+from webapp.worker_door import bases
 
 
 class HostBasesError(OSError):

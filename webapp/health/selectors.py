@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from webapp import queue_client
 from webapp.accounts.models import Team
-from webapp.experiments.models import Trial
+from webapp.ground.models import Trial
 from webapp.health import service_events
 from webapp.health.host_bases import HostBasesError, host_bases
 from webapp.ids import parse_id

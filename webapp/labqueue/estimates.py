@@ -1,6 +1,6 @@
 """When the trials of a host's queue start and end, and why each waiting one waits. Pure: records in, estimate out.
 
-The estimate replays the scheduler's own rule (`queue_client.timetable`: fair share between teams with their
+The estimate replays the scheduler's own rule (`worker_door.timetable`: fair share between teams with their
 weights, then priority, then Sharded-LRTF) over the trials that are running or runnable, from their
 remaining units and measured unit times, on the devices serving the host now. It starts every device at the
 next unit boundary, as the scheduler reconsiders every trial there, and starts every team level (the
@@ -27,7 +27,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from webapp.queue_client import TrialLoad, TrialRecord, timetable
+from webapp.worker_door import TrialLoad, TrialRecord, timetable
 
 # A device whose loop has not surveyed the queue for this long is taken to be gone: the estimate leaves it
 # out. Loops survey before every unit and at least every few seconds when idle.

@@ -17,11 +17,11 @@ from django.db.models.functions import Greatest, Least
 
 from webapp import queue_client
 from webapp.accounts.models import Team
-from webapp.experiments.models import Trial
+from webapp.ground.models import Trial
 from webapp.labqueue.estimates import Estimate, Timing, estimate
 from webapp.paging import page_get
-from webapp.queue_client import TrialRecord
 from webapp.telemetry.models import UnitSpan
+from webapp.worker_door import TrialRecord
 
 OTHER_TEAM = "another team's trial"
 WINDOWS = (("day", 86400.0), ("week", 7 * 86400.0))

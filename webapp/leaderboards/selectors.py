@@ -21,7 +21,7 @@ from django.db.models.functions import RowNumber
 
 from webapp.accounts.models import Team
 from webapp.datasets.models import Dataset
-from webapp.experiments.models import Experiment, Trial
+from webapp.ground.models import Experiment, Trial
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
 
-from webapp.notifications.allowlist import Target, WebhookRefused, url_check
+from webapp.allowlist import Target, WebhookRefused, url_check
 from webapp.notifications.email_address import AddressRefused, email_address_check
 from webapp.notifications.models import Delivery, Notice, NotificationSettings
 

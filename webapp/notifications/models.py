@@ -9,13 +9,14 @@ notification page lists with its status, tries and last error.
 from __future__ import annotations
 
 import uuid
+from typing import ClassVar
 
 from django.conf import settings
 from django.db import models
 
 from webapp.accounts.models import Team
 from webapp.background.models import WebWork
-from webapp.experiments.models import Experiment
+from webapp.ground.models import Experiment
 
 MAX_EMAILS = 20
 MAX_WEBHOOKS = 5
@@ -80,6 +81,7 @@ class Delivery(WebWork):
         FAILED = "failed", "Failed"
 
     PENDING = Status.PENDING
+    TASK: ClassVar[str] = "webapp.notifications.deliver"
     RETRY_HINT = "This notification is not sent again."
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="deliveries")

@@ -23,10 +23,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from webapp.background.outbox import work_enqueue
-from webapp.experiments.models import Experiment, Trial
+from webapp.ground.models import Experiment, Trial
 from webapp.notifications.models import Delivery, Notice, NotificationSettings
-
-DELIVER_TASK = "webapp.notifications.deliver"
 
 
 def trial_ended(*, trial: Trial) -> None:
@@ -68,7 +66,7 @@ def _record(experiment: Experiment, event: str, key: str, payload: dict[str, Any
         return
     for channel, target in targets:
         delivery = Delivery.objects.create(team_id=experiment.team_id, notice=notice, channel=channel, target=target)
-        work_enqueue(row=delivery, task_name=DELIVER_TASK)
+        work_enqueue(row=delivery)
 
 
 def _payload(event: str, experiment: Experiment, *, trial: Trial | None = None) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from webapp.accounts.models import Team
-from webapp.notifications.allowlist import WebhookRefused, url_parse
+from webapp.allowlist import WebhookRefused, url_parse
 from webapp.notifications.models import Delivery
 
 RECENT = 50

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from webapp.accounts.models import Team
 from webapp.accounts.roles import require_owner
-from webapp.notifications.allowlist import WebhookRefused, url_check
+from webapp.allowlist import WebhookRefused, url_check
 from webapp.notifications.email_address import AddressRefused, email_address_check
 from webapp.notifications.models import MAX_EMAILS, MAX_WEBHOOKS, NotificationSettings
 

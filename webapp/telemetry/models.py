@@ -1,4 +1,4 @@
-"""What the workers measured, copied from the hosts' Redis streams into the database by `telemetry_ingest`.
+"""What the workers measured, copied from the hosts' Redis streams into the database by `telemetry_store`.
 
 Every row is idempotent on replay: a step and an evaluation are unique per trial, attempt and step; a span
 and a device sample per host and Redis entry id. Re-reading a stream after a crash between the insert and the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from webapp.experiments.models import Trial
+from webapp.ground.models import Trial
 
 
 class StepMetric(models.Model):
@@ -113,7 +113,7 @@ class StreamCursor(models.Model):
 
 class SampleLane(models.Model):
     """A device that reported samples (noted at ingest), and the time before which its samples are compacted
-    (`webapp.telemetry.compaction`): the compaction goes on from there, never over a time range twice."""
+    (`webapp.dashboards.compaction`): the compaction goes on from there, never over a time range twice."""
 
     host = models.CharField(max_length=64)
     device = models.CharField(max_length=32)

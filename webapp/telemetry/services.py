@@ -1,10 +1,11 @@
 """Copy the workers' telemetry from a host's Redis streams into the database, in batches, exactly once.
 
-`telemetry_ingest` drains each stream after the cursor stored for it: one transaction per batch inserts the
+`telemetry_store` drains each stream after the cursor stored for it: one transaction per batch inserts the
 rows (``bulk_create`` with ``ignore_conflicts``, so a replayed batch inserts nothing twice) and advances the
 cursor. A crash between the two only replays that batch. Entries of trials that no longer exist (deleted
-since), or of an attempt that a retry replaced, are dropped. Trial state changes are not telemetry: after
-the metrics, each pass hands them to the one service that applies them (`webapp.experiments.events`).
+since), or of an attempt that a retry replaced, are dropped. Trial state changes are not telemetry: the
+ingest's pass (`webapp.experiments.ingest`) hands them, after the metrics, to the one service that applies
+them.
 """
 
 from __future__ import annotations
@@ -18,22 +19,19 @@ from django.db import transaction
 from django.db.models import Q
 
 from webapp import queue_client
-from webapp.experiments.events import trial_events_sync
-from webapp.experiments.models import Trial
+from webapp.ground.models import Trial
 from webapp.telemetry import levels
 from webapp.telemetry.models import DeviceSample, EvalMetric, SampleLane, StepMetric, StreamCursor, UnitSpan
 
 log = logging.getLogger(__name__)
 
 Entry = Mapping[str, Any]
-# Metrics before events, so that when a trial's "finished" event is applied its last metrics are stored.
 STREAM_ORDER = ("steps", "evals", "spans", "samples", "checkpoints")
 BATCH_SIZE = 2000
 
 
-def telemetry_ingest(*, host_id: str, batch_size: int = BATCH_SIZE, max_batches: int = 50) -> dict[str, int]:
-    """Store what is new in each stream of `host_id`, then apply its trial events; return the entries read
-    per stream (``events`` included).
+def telemetry_store(*, host_id: str, batch_size: int = BATCH_SIZE, max_batches: int = 50) -> dict[str, int]:
+    """Store what is new in each stream of `host_id`; return the entries read per stream.
 
     At most `max_batches` batches of `batch_size` entries per stream per call, so one busy stream cannot
     starve the others; call again (the `hydra_ingest` command loops) to go on. Redis errors propagate: the
@@ -55,7 +53,6 @@ def telemetry_ingest(*, host_id: str, batch_size: int = BATCH_SIZE, max_batches:
             read[stream] += len(entries)
             if len(entries) < batch_size:
                 break
-    read["events"] = trial_events_sync(host_id=host_id, max_batches=max_batches)
     return read
 
 

@@ -11,41 +11,28 @@ from pathlib import Path
 import numpy as np
 import torch
 from tokenizers import Tokenizer
-from tokenizers.decoders import ByteLevel as ByteLevelDecoder
-from tokenizers.models import BPE
-from tokenizers.pre_tokenizers import ByteLevel as ByteLevelPre
-from tokenizers.trainers import BpeTrainer
 
 from worker.engine.config import DataSpec
 from worker.engine.errors import SpecError
 from worker.engine.examples import Batch, ExampleRows
-
-
-def train_tokenizer(corpus: Path, vocab_size: int) -> Tokenizer:
-    """A byte-level BPE tokenizer trained on ``corpus`` (UTF-8 text) with at most ``vocab_size`` tokens."""
-    tokenizer = Tokenizer(BPE())
-    tokenizer.pre_tokenizer = ByteLevelPre(add_prefix_space=False)
-    tokenizer.decoder = ByteLevelDecoder()
-    trainer = BpeTrainer(vocab_size=vocab_size, initial_alphabet=ByteLevelPre.alphabet(),
-                         special_tokens=["<|endoftext|>"], show_progress=False)
-    tokenizer.train([str(corpus)], trainer)
-    return tokenizer
+from worker.engine.tokenizer import TOKENIZER_JSON, train_tokenizer
 
 
 def tokenize_corpus(corpus: Path, out_dir: Path, *, vocab_size: int = 512,
                     tokenizer_dir: Path | None = None) -> tuple[Path, int]:
     """Tokenize ``corpus`` into ``out_dir/tokens.npy`` (int32); return that path and the vocabulary size.
 
-    Uses ``tokenizer_dir/tokenizer.json`` when given, else trains a byte-level BPE on the corpus and saves
-    it as ``out_dir/tokenizer.json``.
+    Uses ``tokenizer_dir/tokenizer.json`` when given, else trains a byte-level BPE on the corpus
+    (`worker.engine.tokenizer.train_tokenizer`) and saves it as ``out_dir/tokenizer.json``.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
+    text = corpus.read_text(encoding="utf-8")
     if tokenizer_dir is not None:
-        tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+        tokenizer = Tokenizer.from_file(str(tokenizer_dir / TOKENIZER_JSON))
     else:
-        tokenizer = train_tokenizer(corpus, vocab_size)
-        tokenizer.save(str(out_dir / "tokenizer.json"))
-    ids = tokenizer.encode(corpus.read_text(encoding="utf-8")).ids
+        tokenizer = train_tokenizer(text, vocab_size)
+        tokenizer.save(str(out_dir / TOKENIZER_JSON))
+    ids = tokenizer.encode(text).ids
     path = out_dir / "tokens.npy"
     np.save(path, np.asarray(ids, dtype=np.int32))
     return path, tokenizer.get_vocab_size()

@@ -8,11 +8,12 @@ a key/value cache builds its attention mask another way, with other float sums);
 turns the cache on, so that generating from the export is fast.
 
 With the trial's tokenizer directory, the export also loads with ``AutoTokenizer.from_pretrained``: a
-``save_pretrained`` tokenizer's files are copied as they are; a bare ``tokenizer.json`` (what the web app's
-datasets and the engine's own BPE training keep) is written through ``PreTrainedTokenizerFast``. A trial on
-chat examples rendered with a template its tokenizer does not carry (``DataSpec.chat_template``) exports a
-tokenizer that carries it, so that ``apply_chat_template`` on the download gives the prompts it trained on;
-with the default ChatML template, its end-of-turn token also ends generation.
+``save_pretrained`` tokenizer's files (`worker.engine.tokenizer.TOKENIZER_FILES`) are copied as they are; a bare
+``tokenizer.json`` (what the web app's datasets and the engine's own BPE training keep) is written through
+``PreTrainedTokenizerFast``. A trial on chat examples rendered with a template its tokenizer does not carry
+(``DataSpec.chat_template``) exports a tokenizer that carries it, so that ``apply_chat_template`` on the
+download gives the prompts it trained on; with the default ChatML template, its end-of-turn token also ends
+generation.
 """
 
 from __future__ import annotations
@@ -35,11 +36,7 @@ from worker.engine.layers import LayerStack
 from worker.engine.layout import Layout
 from worker.engine.sizes import FP32
 from worker.engine.spill_store import SpillStore
-
-END_OF_TEXT = "<|endoftext|>"
-# Files of a save_pretrained tokenizer, copied when present (sentencepiece models included).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
+from worker.engine.tokenizer import END_OF_TEXT, SENTENCEPIECE_MODEL, TOKENIZER_CONFIG, TOKENIZER_FILES, TOKENIZER_JSON
 
 
 def export_tokenizer(tokenizer_dir: Path, out_dir: Path, *, chat_template: str | None = None) -> None:
@@ -49,9 +46,9 @@ def export_tokenizer(tokenizer_dir: Path, out_dir: Path, *, chat_template: str |
     Only the directory's own files go into the export: ``CheckpointLinkError`` when a symbolic link leads one
     out of it (the export is downloadable, and would carry whatever the link reaches)."""
     files = {name: checkpoint_file(Path(tokenizer_dir), name) for name in TOKENIZER_FILES}
-    if not files["tokenizer.json"].is_file() and not files["tokenizer.model"].is_file():
-        raise SpecError(f"{tokenizer_dir} holds no tokenizer.json (or tokenizer.model) to export")
-    if files["tokenizer_config.json"].is_file():
+    if not files[TOKENIZER_JSON].is_file() and not files[SENTENCEPIECE_MODEL].is_file():
+        raise SpecError(f"{tokenizer_dir} holds no {TOKENIZER_JSON} (or {SENTENCEPIECE_MODEL}) to export")
+    if files[TOKENIZER_CONFIG].is_file():
         for name, path in files.items():
             if path.is_file():
                 shutil.copyfile(path, out_dir / name)
@@ -59,7 +56,7 @@ def export_tokenizer(tokenizer_dir: Path, out_dir: Path, *, chat_template: str |
             return
         tokenizer = AutoTokenizer.from_pretrained(out_dir, local_files_only=True)
     else:
-        tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(files["tokenizer.json"]))
+        tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(files[TOKENIZER_JSON]))
         if END_OF_TEXT in tokenizer.get_vocab():  # the BPE trained on a corpus marks each document's end with it
             tokenizer.eos_token = END_OF_TEXT  # so that generate() stops there wherever the export is used
     if chat_template is not None:

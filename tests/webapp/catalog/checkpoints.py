@@ -13,7 +13,7 @@ def tiny_llama(directory: Path, *, vocab: int = 320) -> Path:
     """A 2-layer Llama checkpoint as ``save_pretrained`` writes it, with a byte-level BPE trained on TEXT."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from worker.engine.data import train_tokenizer
+    from worker.engine.tokenizer import train_tokenizer
 
     config = LlamaConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                          intermediate_size=32, vocab_size=vocab, max_position_embeddings=64,

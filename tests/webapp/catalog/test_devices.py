@@ -21,9 +21,8 @@ from tests.webapp.catalog.checkpoints import catalog_manager, tiny_llama
 from tests.webapp.experiments.conftest import alice_dataset  # noqa: F401 -- a fixture
 from tests.webapp.experiments.test_forms import bound, post_data, text
 from webapp.catalog.models import Checkpoint
-from webapp.catalog.sizing import host_devices
+from webapp.catalog.sizing import CPU_DEVICE_BUDGET, host_devices
 from webapp.catalog.work import checkpoint_import
-from webapp.experiments.memory_preview import CPU_DEVICE_BUDGET
 
 ROOT = Path(__file__).resolve().parents[3]
 

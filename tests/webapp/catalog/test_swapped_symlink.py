@@ -23,7 +23,7 @@ from tests.webapp.datasets.factories import make_dataset
 from tests.webapp.experiments.test_forms import post_data
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.work import checkpoint_import
-from webapp.experiments.models import Experiment
+from webapp.ground.models import Experiment
 
 pytestmark = pytest.mark.django_db
 

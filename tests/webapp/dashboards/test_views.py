@@ -12,8 +12,8 @@ from django.urls import reverse
 
 from tests.webapp.telemetry.factories import make_experiment, write_sample, write_span, write_steps
 from webapp.dashboards import selectors
-from webapp.experiments.models import Trial
-from webapp.telemetry.services import telemetry_ingest
+from webapp.experiments.ingest import telemetry_ingest
+from webapp.ground.models import Trial
 
 pytestmark = pytest.mark.django_db
 

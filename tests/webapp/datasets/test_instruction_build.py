@@ -25,9 +25,9 @@ from webapp.datasets.instruction import LENGTH_LIMITS, split_examples
 from webapp.datasets.models import Dataset, DatasetTokens
 from webapp.datasets.records import Example
 from webapp.datasets.sample_chat import CONVERSATIONS
-from webapp.datasets.tokenization import END_OF_TEXT, train_tokenizer
 from worker.engine.chat import PROMPT
 from worker.engine.examples import ExampleSet
+from worker.engine.tokenizer import END_OF_TEXT, train_tokenizer
 
 pytestmark = pytest.mark.django_db
 

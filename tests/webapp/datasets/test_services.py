@@ -43,7 +43,7 @@ def test_it_stores_the_corpus_as_tokenizing_and_sends_it_to_the_web_worker_after
             source=Dataset.Source.UPLOAD, vocab_size=300, val_fraction=0.1,
         )
         assert sent == []  # not before the row is committed, or the worker would not find it
-    assert sent == [(services.TOKENIZE_TASK, (dataset.pk,), celery_app.web_queue())]
+    assert sent == [(Dataset.TASK, (dataset.pk,), celery_app.web_queue())]
     assert dataset.status == Dataset.Status.TOKENIZING and dataset.n_tokens == 0
     assert dataset.corpus_path.read_bytes() == TINY_CORPUS.encode()  # without the byte-order mark
     assert not dataset.tokens_path.exists() and not dataset.tokenizer_path.exists()

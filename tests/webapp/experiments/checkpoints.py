@@ -14,7 +14,7 @@ from tests.webapp.catalog.checkpoints import TEXT, catalog_manager, tiny_llama
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.services import checkpoint_register
 from webapp.catalog.work import checkpoint_import
-from webapp.datasets.tokenization import train_tokenizer
+from worker.engine.tokenizer import train_tokenizer
 
 
 def ready_checkpoint(user: AbstractBaseUser, name: str = "tiny llama") -> Checkpoint:

@@ -7,10 +7,10 @@ from typing import Any
 from webapp.accounts.models import Team
 from webapp.datasets.models import Dataset
 from webapp.experiments.model_shapes import PRESETS
-from webapp.experiments.models import Experiment
 from webapp.experiments.planning import ExperimentDraft
 from webapp.experiments.search_space import parse_search_space
 from webapp.experiments.services import experiment_create
+from webapp.ground.models import Experiment
 
 SPACE = {"lr": {"kind": "categorical", "values": [0.001, 0.003]}, "batch_size": {"values": [2]}}
 

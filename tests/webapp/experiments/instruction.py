@@ -42,7 +42,7 @@ def chat_checkpoint(user: AbstractBaseUser, name: str = "chat llama", *, templat
     when given."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from worker.engine.data import train_tokenizer
+    from worker.engine.tokenizer import train_tokenizer
 
     relative = name.replace(" ", "-")
     directory = Path(settings.HYDRA.models_root) / relative

@@ -14,7 +14,7 @@ from tests.webapp.datasets.factories import upload_and_build
 from tests.webapp.experiments.factories import make_experiment
 from tests.webapp.experiments.test_generations import SETTINGS, train_and_export
 from webapp.experiments import generations
-from webapp.experiments.models import Generation, Trial
+from webapp.ground.models import Generation, Trial
 
 pytestmark = pytest.mark.django_db
 QUESTIONS = [("What is two plus two?", "Four."), ("Name a colour.", "Blue."), ("Say hello.", "Hello!")] * 8

@@ -10,8 +10,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.webapp.catalog.checkpoints import TEXT
-from webapp.datasets.tokenization import train_tokenizer
 from webapp.experiments.chat_template import has_own_template
+from worker.engine.tokenizer import train_tokenizer
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 

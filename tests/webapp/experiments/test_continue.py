@@ -18,7 +18,7 @@ from tests.private_redis import PrivateRedis
 from tests.webapp.experiments.factories import make_experiment
 from tests.worker.device_workers import DeviceWorkers
 from webapp.experiments import services
-from webapp.experiments.models import Experiment, Trial
+from webapp.ground.models import Experiment, Trial
 from webapp.telemetry.models import StepMetric
 from worker.engine import TrialSession, trial_create
 from worker.engine.config import TrialSpec

@@ -25,7 +25,7 @@ from tests.private_redis import PrivateRedis
 from tests.webapp.experiments.factories import make_experiment
 from tests.worker.device_workers import DeviceWorkers
 from webapp.experiments import services
-from webapp.experiments.models import Experiment, Trial
+from webapp.ground.models import Experiment, Trial
 from worker.engine.config import TrialSpec
 from worker.engine.faults import REACHED, RELEASE
 
@@ -188,9 +188,9 @@ def test_a_trial_the_queue_lost_before_it_was_seen_running_is_planned_afresh_and
                                  {"values": [2]}}, budget=4, eval_every=2)
     services.experiment_launch(experiment=experiment, actor=alice)
     trial = experiment.trials.get()
-    stack.blocked()
-    # Redis and the store are lost before any event of the trial reached the database: it shows no step, so
-    # nothing the user saw is lost by training it from the start.
+    # No ingest pass runs until the worker blocks: Redis and the store are lost before any event of the trial
+    # reached the database. It shows no step, so nothing the user saw is lost by training it from the start.
+    stack.workers.wait((stack.fault_dir / REACHED).exists, 120, "a worker to block after a commit")
     stack.redis.client().flushall()
     shutil.rmtree(stack.workers.spill_dir / trial.queue_id)
     stack.release()

@@ -13,8 +13,8 @@ from tests.webapp.experiments.conftest import planned
 from tests.webapp.experiments.factories import make_experiment
 from tests.worker.conftest import device_workers  # noqa: F401 -- a fixture
 from webapp.experiments import events, services
-from webapp.experiments.models import Trial
-from webapp.telemetry.services import telemetry_ingest
+from webapp.experiments.ingest import telemetry_ingest
+from webapp.ground.models import Trial
 from worker.contract import TrialState
 
 TPE_SPACE = {"lr": {"kind": "logfloat", "low": 1e-4, "high": 1e-2}}

@@ -18,10 +18,10 @@ from webapp.catalog.selectors import checkpoint_dir
 from webapp.datasets.models import DatasetTokens
 from webapp.datasets.services import dataset_tokens_build
 from webapp.experiments import services
+from webapp.experiments.ingest import telemetry_ingest
 from webapp.experiments.model_shapes import PRESETS, checkpoint_shape
-from webapp.experiments.models import Trial
 from webapp.experiments.reconcile import trials_reconcile
-from webapp.telemetry.services import telemetry_ingest
+from webapp.ground.models import Trial
 
 pytestmark = pytest.mark.slow
 SPACE = {"lr": {"values": [0.003]}, "batch_size": {"values": [4]}, "micro_batches": {"values": [2]},
@@ -137,7 +137,7 @@ def test_a_lora_sweep_on_a_checkpoint_trains_adapters_on_one_shared_base(
 
 def test_lora_needs_a_pretrained_model(alice_dataset) -> None:
     from webapp.experiments.planning import trial_spec
-    from webapp.queue_client import SpecError
+    from webapp.worker_door import SpecError
 
     with pytest.raises(SpecError, match="LoRA trains adapters on a pretrained checkpoint"):
         trial_spec(params={"lora_r": 4}, shape=PRESETS["llama-micro"][1], dataset=alice_dataset, data=None,

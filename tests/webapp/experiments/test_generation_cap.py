@@ -17,7 +17,7 @@ from tests.webapp.experiments.factories import make_experiment
 from tests.webapp.experiments.test_generations import generate, random_export
 from webapp.background.celery_app import web_queue
 from webapp.experiments import generations
-from webapp.experiments.models import Generation
+from webapp.ground.models import Generation
 
 CAP = generations.MAX_PENDING_PER_TEAM
 REFUSAL = f"Your team already waits for {CAP} generations; generate again once one of them is done."

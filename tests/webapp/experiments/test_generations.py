@@ -19,7 +19,7 @@ from tests.webapp.team_factories import join
 from tests.webapp.web_worker import CLOSED_PORT_URL, redis_at
 from webapp.background.reconcile import WebWorkReconciled, web_work_reconcile
 from webapp.experiments import archives, generations
-from webapp.experiments.models import Generation, Trial, TrialArchive
+from webapp.ground.models import Generation, Trial, TrialArchive
 
 pytestmark = pytest.mark.django_db
 PROMPT = "The quick brown fox"

@@ -20,7 +20,7 @@ from tests.webapp.experiments.test_generations import SETTINGS, finished
 from webapp.accounts.models import Team
 from webapp.datasets.models import Dataset
 from webapp.experiments import events, generations
-from webapp.experiments.models import Generation, Trial
+from webapp.ground.models import Generation, Trial
 
 pytestmark = pytest.mark.django_db
 ANSWERS = [("What is two plus two?", "Four."), ("Is <b>1</b> < 2?", "Yes: <b>1</b> < 2 & 2 > 1."),

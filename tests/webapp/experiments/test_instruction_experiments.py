@@ -16,9 +16,9 @@ from tests.webapp.experiments.test_forms import post_data
 from webapp.catalog.selectors import checkpoint_dir
 from webapp.datasets.models import DatasetTokens, template_sha256
 from webapp.datasets.services import dataset_tokens_build
-from webapp.experiments.models import Experiment
 from webapp.experiments.reconcile import trials_reconcile
 from webapp.experiments.search_space import chat_template_of_text, load_spec_text
+from webapp.ground.models import Experiment
 from worker.engine.chat import DEFAULT_CHAT_TEMPLATE
 from worker.engine.config import TrialSpec
 from worker.engine.examples import ExampleRows

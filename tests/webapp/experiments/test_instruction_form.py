@@ -11,7 +11,7 @@ from django.urls import reverse
 from tests.webapp.experiments.checkpoints import ready_checkpoint
 from tests.webapp.experiments.instruction import chat_dataset
 from tests.webapp.experiments.test_forms import post_data
-from webapp.experiments.models import Experiment
+from webapp.ground.models import Experiment
 
 pytestmark = pytest.mark.django_db
 

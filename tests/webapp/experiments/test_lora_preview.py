@@ -17,12 +17,12 @@ from tests.webapp.catalog.checkpoints import TEXT
 from tests.webapp.experiments.factories import draft
 from tests.webapp.experiments.test_forms import post_data
 from tests.webapp.experiments.test_memory_preview import _smallest_fitting_budget
-from webapp.datasets.tokenization import train_tokenizer
 from webapp.experiments import planning
 from webapp.experiments.memory_preview import FitError, layer_costs, memory_plan, shared_base_costs
 from webapp.experiments.model_shapes import PRESETS, pretrained_shape
 from webapp.experiments.search_space import SearchSpaceError
-from webapp.queue_client import LoraSpec
+from webapp.worker_door import LoraSpec
+from worker.engine.tokenizer import train_tokenizer
 
 pytestmark = pytest.mark.django_db
 FP32 = 4

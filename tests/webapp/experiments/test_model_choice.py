@@ -88,7 +88,7 @@ def test_the_memory_preview_counts_the_familys_own_parameters(preset):
 
 
 def _model_spec(shape):
-    from webapp.queue_client import ModelSpec
+    from webapp.worker_door import ModelSpec
 
     return ModelSpec(family=shape.family, n_layer=shape.n_layer, n_embd=shape.n_embd, n_head=shape.n_head,
                      n_kv_head=shape.n_kv_head, n_inner=shape.n_inner, vocab_size=shape.vocab_size,

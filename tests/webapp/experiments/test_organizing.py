@@ -25,7 +25,7 @@ from webapp.accounts.models import Team
 from webapp.datasets.models import Dataset
 from webapp.experiments import services
 from webapp.experiments.annotations import MAX_TAGS, NOTES_MAX_CHARS, annotations_set
-from webapp.experiments.models import Experiment, SavedComparison, Trial
+from webapp.ground.models import Experiment, SavedComparison, Trial
 from webapp.paging import PAGE_SIZE
 
 pytestmark = pytest.mark.django_db

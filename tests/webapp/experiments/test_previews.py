@@ -19,8 +19,8 @@ from tests.webapp.web_worker import CLOSED_PORT_URL, redis_at
 from webapp.background.reconcile import WebWorkReconciled, web_work_reconcile
 from webapp.experiments import planning, previews
 from webapp.experiments.model_shapes import ModelShape
-from webapp.experiments.models import Experiment, ExperimentPreview
 from webapp.experiments.search_space import parse_search_space
+from webapp.ground.models import Experiment, ExperimentPreview
 
 Status = ExperimentPreview.Status
 LEARNING_RATES = [round(0.001 * (n + 1), 3) for n in range(20)]

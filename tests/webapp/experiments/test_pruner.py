@@ -12,8 +12,8 @@ from webapp.dashboards.selectors import Cursor, Curves, EvalSeries, TrainSeries,
 from webapp.experiments.events import trial_event_apply
 from webapp.experiments.forms import experiment_initial
 from webapp.experiments.launching import trial_job, trial_sent_job
-from webapp.experiments.models import Trial
 from webapp.experiments.pruning import describe
+from webapp.ground.models import Trial
 
 pytestmark = pytest.mark.django_db
 

@@ -19,9 +19,10 @@ from tests.worker.conftest import device_workers  # noqa: F401 -- a fixture
 from webapp import queue_client
 from webapp.experiments import events, services
 from webapp.experiments.launching import trial_send, trial_sent_job
-from webapp.experiments.models import Experiment, Trial
 from webapp.experiments.reconcile import Reconciled, trials_reconcile
 from webapp.experiments.trial_data import heldout_data, token_set_at
+from webapp.ground.models import Experiment, Trial
+from webapp.worker_door import EngineJob, TrialSpec
 from worker.contract import SyntheticJob
 
 pytestmark = pytest.mark.django_db
@@ -95,7 +96,7 @@ def test_a_submit_that_landed_before_the_crash_is_recorded_not_repeated(
     held_out = heldout_data(dataset=alice_dataset, holdout_bytes=None,
                             token_set=token_set_at(dataset=alice_dataset, tokens_path=data["tokens_path"]))
     spec = {**trial.spec, "data": {**data, **held_out}}
-    job = queue_client.EngineJob(trial=queue_client.TrialSpec.from_dict(spec), budget="explicit")
+    job = EngineJob(trial=TrialSpec.from_dict(spec), budget="explicit")
     queue_client.trial_submit(trial_id=trial.queue_id, job=job, export_dir=str(trial.export_dir_for(trial.queue_id)))
 
     trials_reconcile()

@@ -17,8 +17,8 @@ from tests.webapp.experiments.conftest import planned
 from tests.webapp.experiments.factories import draft
 from tests.webapp.team_factories import join
 from webapp.experiments import events, services
-from webapp.experiments.models import Experiment, Trial
-from webapp.queue_client import TrialNotFound
+from webapp.ground.models import Experiment, Trial
+from webapp.worker_door import TrialNotFound
 
 pytestmark = pytest.mark.django_db
 

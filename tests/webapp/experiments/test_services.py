@@ -10,8 +10,8 @@ from django.core.exceptions import ValidationError
 from tests.webapp.experiments.conftest import planned
 from tests.webapp.experiments.factories import make_experiment
 from webapp.experiments import events, services
-from webapp.experiments.models import Experiment, Trial
 from webapp.experiments.planning import CapError
+from webapp.ground.models import Experiment, Trial
 from worker.engine.config import TrialSpec
 
 pytestmark = pytest.mark.django_db

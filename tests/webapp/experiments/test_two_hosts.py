@@ -16,7 +16,7 @@ from django.urls import reverse
 from tests.webapp.experiments.factories import make_experiment
 from tests.worker.conftest import device_workers  # noqa: F401 -- a fixture
 from webapp.experiments import services
-from webapp.experiments.models import Trial
+from webapp.ground.models import Trial
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.timeout(300)]
 

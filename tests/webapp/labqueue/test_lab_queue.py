@@ -19,8 +19,8 @@ from django.urls import reverse
 from tests.webapp.telemetry.factories import make_experiment
 from tests.webapp.web_worker import CLOSED_PORT_URL, redis_at
 from webapp.accounts.models import Team
-from webapp.experiments.models import Trial
 from webapp.experiments.templatetags.hydra_format import duration
+from webapp.ground.models import Trial
 from webapp.labqueue import selectors
 from webapp.labqueue.figures import shares_figure
 from webapp.telemetry.models import UnitSpan

@@ -19,10 +19,10 @@ from tests.plain_pytorch import one_thread
 from tests.webapp.datasets.factories import make_dataset
 from tests.webapp.experiments.factories import make_experiment
 from webapp.datasets.models import Dataset
-from webapp.experiments.models import Trial
+from webapp.experiments.ingest import telemetry_ingest
 from webapp.experiments.trial_data import heldout_data
+from webapp.ground.models import Trial
 from webapp.leaderboards.selectors import METRICS, cross_team_board, measured_on
-from webapp.telemetry.services import telemetry_ingest
 from worker.engine import DataSpec, ModelSpec, TrialSpec
 from worker.engine.session import UnitResult
 from worker.engine.train import train_trial

@@ -17,10 +17,10 @@ from tests.webapp.datasets.factories import make_dataset, use_data_dir
 from tests.webapp.experiments.conftest import scheduler  # noqa: F401 -- a fixture
 from tests.webapp.experiments.factories import make_experiment
 from tests.webapp.web_worker import WebWorker
+from webapp.allowlist import allowlist_parse
 from webapp.background.reconcile import web_work_reconcile
 from webapp.experiments import services
-from webapp.experiments.models import Experiment, Trial
-from webapp.notifications.allowlist import allowlist_parse
+from webapp.ground.models import Experiment, Trial
 from webapp.notifications.models import Delivery
 
 RETRY_S = (0.2, 0.2, 0.2)  # tiny back-off: four tries in all

@@ -9,8 +9,8 @@ import socket
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from webapp.allowlist import WebhookRefused, allowlist_parse, url_check
 from webapp.config import load
-from webapp.notifications.allowlist import WebhookRefused, allowlist_parse, url_check
 
 DEV = {"DEBUG": "1"}
 

@@ -12,10 +12,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.urls import reverse
 
 from tests.webapp.notifications.conftest import notify_settings, trials_of
+from webapp.allowlist import WebhookRefused, allowlist_parse, url_check
 from webapp.config import load
 from webapp.experiments.events import trial_event_apply
 from webapp.notifications import services as notify_services
-from webapp.notifications.allowlist import WebhookRefused, allowlist_parse, url_check
 from webapp.notifications.delivery import delivery_run
 from webapp.notifications.models import Delivery, NotificationSettings
 

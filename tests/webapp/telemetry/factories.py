@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from tests.webapp.datasets.factories import make_dataset
 from webapp.accounts.models import Team
-from webapp.experiments.models import Experiment, Trial
+from webapp.ground.models import Experiment, Trial
 from worker.scheduling import telemetry
 
 

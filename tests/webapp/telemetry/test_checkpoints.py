@@ -12,9 +12,9 @@ from tests.webapp.datasets.factories import make_dataset
 from tests.webapp.experiments.factories import make_experiment as make_planned
 from tests.webapp.experiments.test_forms import bound, post_data
 from tests.webapp.telemetry.factories import make_experiment
+from webapp.experiments.ingest import telemetry_ingest
 from webapp.experiments.launching import trial_job, trial_sent_job
-from webapp.experiments.models import Trial
-from webapp.telemetry.services import telemetry_ingest
+from webapp.ground.models import Trial
 from worker.scheduling import telemetry
 from worker.scheduling.telemetry import CheckpointMetrics
 

@@ -6,10 +6,10 @@ import pytest
 from django.core.management import call_command
 
 from tests.webapp.telemetry.factories import make_experiment, write_event, write_sample, write_span, write_steps
-from webapp.experiments.models import Trial
+from webapp.experiments.ingest import telemetry_ingest
+from webapp.ground.models import Trial
 from webapp.telemetry import levels
 from webapp.telemetry.models import DeviceSample, EvalMetric, StepMetric, StreamCursor, UnitSpan
-from webapp.telemetry.services import telemetry_ingest
 from worker.contract import SyntheticJob
 from worker.scheduling.queue import ShardQueue
 

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from webapp.experiments.models import Experiment, Trial
+from webapp.ground.models import Experiment, Trial
 
 
 class TrialInline(admin.TabularInline):

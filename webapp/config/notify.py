@@ -1,7 +1,8 @@
 """The notifications' part of the web app's configuration, read from the environment by `webapp.config.load`.
 
 - ``HYDRA_WEBHOOK_ALLOWED_HOSTS``: host names and IP networks webhooks may reach, on the scheme's default port
-  or the one an entry names (``localhost:8080``, ``[::1]:8080``; `allowlist`); empty (the default) allows none.
+  or the one an entry names (``localhost:8080``, ``[::1]:8080``; `webapp.allowlist`); empty (the default)
+  allows none.
 - ``HYDRA_NOTIFY_RETRY_SECONDS``: the waits before each retry of a delivery that failed, comma-separated (10 s,
   1 min, 5 min, 30 min, 2 h by default: six tries in all).
 - ``HYDRA_PUBLIC_URL``: the site's address, for the experiment links notifications carry (default: the first
@@ -11,8 +12,8 @@
   otherwise), ``EMAIL_HOST``, ``EMAIL_PORT``, ``EMAIL_HOST_USER``, ``EMAIL_HOST_PASSWORD``, ``EMAIL_USE_TLS``,
   ``EMAIL_USE_SSL`` and ``DEFAULT_FROM_EMAIL``: Django's e-mail settings.
 
-Pure and free of the workers' code: a bad value raises ValueError naming the variable, which `webapp.config`
-turns into its start-up error. Booleans take the words the other settings take (1/0, true/false, yes/no, on/off).
+Pure: a bad value raises ConfigError naming the variable, which `webapp.config.load` turns into its start-up
+error. Booleans and numbers are read as every other setting is (`worker.config.envbool`, `envint`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from webapp.notifications.allowlist import Allowlist, allowlist_parse
+from webapp.allowlist import Allowlist, allowlist_parse
+from webapp.worker_door import ConfigError, envbool, envint
 
-TRUE_WORDS = {"1", "true", "yes", "on"}
-FALSE_WORDS = {"0", "false", "no", "off", ""}
 RETRY_SECONDS_DEFAULT = (10.0, 60.0, 300.0, 1800.0, 7200.0)
 MAX_RETRIES = 20
 EMAIL_BACKENDS = {
@@ -70,7 +70,7 @@ def webhook_allowlist(environ: Mapping[str, str]) -> Allowlist:
     try:
         return allowlist_parse(environ.get(name, ""))
     except ValueError as error:
-        raise ValueError(f"{name}: {error}; give host names and IP networks, comma-separated, each with an "
+        raise ConfigError(f"{name}: {error}; give host names and IP networks, comma-separated, each with an "
                          "optional :port (e.g. hooks.example.org,10.0.0.0/8,localhost:8080,[::1]:8080).") from None
 
 
@@ -84,9 +84,9 @@ def retry_seconds(environ: Mapping[str, str]) -> tuple[float, ...]:
     try:
         waits = tuple(float(item) for item in raw.split(","))
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a comma-separated list of seconds (e.g. 10,60,300).") from None
+        raise ConfigError(f"{name}={raw!r} is not a comma-separated list of seconds (e.g. 10,60,300).") from None
     if len(waits) > MAX_RETRIES or any(not math.isfinite(wait) or wait < 0 for wait in waits):
-        raise ValueError(f"{name}={raw!r}: give at most {MAX_RETRIES} waits, each 0 s or more.")
+        raise ConfigError(f"{name}={raw!r}: give at most {MAX_RETRIES} waits, each 0 s or more.")
     return waits
 
 
@@ -95,9 +95,12 @@ def public_url(environ: Mapping[str, str], *, debug: bool, allowed_hosts: list[s
     name = "HYDRA_PUBLIC_URL"
     raw = environ.get(name, "").strip()
     if raw:
-        parts = urlsplit(raw)
-        if parts.scheme not in {"http", "https"} or not parts.netloc:
-            raise ValueError(f"{name}={raw!r} must be an http:// or https:// address, e.g. https://hydra.lab.org.")
+        try:
+            parts = urlsplit(raw)
+        except ValueError:  # an unclosed IPv6 bracket
+            parts = None
+        if parts is None or parts.scheme not in {"http", "https"} or not parts.netloc:
+            raise ConfigError(f"{name}={raw!r} must be an http:// or https:// address, e.g. https://hydra.lab.org.")
         return raw.rstrip("/")
     if csrf_trusted_origins:
         return csrf_trusted_origins[0].rstrip("/")
@@ -111,14 +114,14 @@ def email_config(environ: Mapping[str, str], *, debug: bool) -> Email:
     raw = environ.get("EMAIL_BACKEND", "").strip() or ("console" if debug else "smtp")
     backend = EMAIL_BACKENDS.get(raw.lower(), raw)
     if "." not in backend:
-        raise ValueError(f"EMAIL_BACKEND={raw!r}: use console, smtp or a dotted path to an e-mail backend.")
-    use_tls = _bool(environ, "EMAIL_USE_TLS", default=False)
-    use_ssl = _bool(environ, "EMAIL_USE_SSL", default=False)
+        raise ConfigError(f"EMAIL_BACKEND={raw!r}: use console, smtp or a dotted path to an e-mail backend.")
+    use_tls = envbool(environ, "EMAIL_USE_TLS", default=False)
+    use_ssl = envbool(environ, "EMAIL_USE_SSL", default=False)
     if use_tls and use_ssl:
-        raise ValueError("EMAIL_USE_TLS and EMAIL_USE_SSL are both on; choose one (STARTTLS or implicit TLS).")
-    port = _int(environ, "EMAIL_PORT", 465 if use_ssl else (587 if use_tls else 25), minimum=1)
+        raise ConfigError("EMAIL_USE_TLS and EMAIL_USE_SSL are both on; choose one (STARTTLS or implicit TLS).")
+    port = envint(environ, "EMAIL_PORT", 465 if use_ssl else (587 if use_tls else 25), minimum=1)
     if port > 65535:
-        raise ValueError(f"EMAIL_PORT={port} is not a port number.")
+        raise ConfigError(f"EMAIL_PORT={port} is not a port number.")
     return Email(
         backend=backend, host=environ.get("EMAIL_HOST", "").strip() or "localhost", port=port,
         user=environ.get("EMAIL_HOST_USER", ""), password=environ.get("EMAIL_HOST_PASSWORD", ""),
@@ -126,21 +129,3 @@ def email_config(environ: Mapping[str, str], *, debug: bool) -> Email:
         from_address=environ.get("DEFAULT_FROM_EMAIL", "").strip() or "hydra@localhost",
     )
 
-
-def _bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = environ.get(name)
-    if raw is None:
-        return default
-    word = raw.strip().lower()
-    if word not in TRUE_WORDS | FALSE_WORDS:
-        raise ValueError(f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off.")
-    return word in TRUE_WORDS
-
-
-def _int(environ: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isascii() or not raw.isdigit() or int(raw) < minimum:
-        raise ValueError(f"{name}={raw!r} is not a whole number of at least {minimum}.")
-    return int(raw)

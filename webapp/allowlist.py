@@ -12,8 +12,9 @@ webhook at all, so a team cannot make the server call its own loopback, the lab'
 metadata address (169.254.169.254) unless the administrator lists it; and listing a host for its web server
 does not open its other services (``localhost`` does not let a webhook talk to Redis on port 6379).
 
-Pure (stdlib only): the configuration reads the setting with `allowlist_parse`, and the webhook form and the
-delivery both ask `url_check` (the delivery connects only to the addresses the check resolved and vetted).
+Pure (stdlib only), beside the configuration that reads the setting with `allowlist_parse`
+(`webapp.config.notify`); the notifications' webhook form and delivery both ask `url_check` (the delivery
+connects only to the addresses the check resolved and vetted).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Compact old telemetry to what the dashboards draw of it, so that the database grows with the number of trials
-and experiments, not with the number of steps, units and device samples ever measured.
+and experiments, not with the number of steps, units and device samples ever measured. It lives with the
+dashboards because what it keeps is decided by what their selectors read (`webapp.dashboards.selectors`).
 
 Telemetry older than the age (``HYDRA_TELEMETRY_KEEP_DAYS``) keeps:
 
@@ -36,7 +37,7 @@ from django.conf import settings
 from django.db.models import Exists, Min, OuterRef, Q, QuerySet
 
 from webapp.dashboards import selectors
-from webapp.experiments.models import Experiment, Trial
+from webapp.ground.models import Experiment, Trial
 from webapp.telemetry.models import CompactedTrial, DeviceSample, SampleLane, StepMetric, UnitSpan
 
 BATCH_SIZE = 5000  # rows per DELETE

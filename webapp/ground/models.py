@@ -3,21 +3,23 @@
 Per-step metrics, evaluation results, unit spans and device samples are telemetry: they live in their own
 app (``webapp.telemetry``), keyed by trial id, not here. A trial keeps only
 the summary the pages list (status, progress, ETA, best validation result) and its memory plan.
+
+A trial's statuses are the scheduler's states (`worker.contract.TrialState`, through `webapp.worker_door`)
+plus "new"; the checkpoint interval's default and ceiling are the contract's too.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from webapp.accounts.models import Team
 from webapp.background.models import WebWork
-from webapp.datasets.models import Dataset
-from webapp.queue_client import ENDED as CONTRACT_ENDED
-from webapp.queue_client import TrialState
+from webapp.worker_door import DEFAULT_CHECKPOINT_MINUTES, MAX_CHECKPOINT_MINUTES, TrialState
+from webapp.worker_door import ENDED as CONTRACT_ENDED
 
 
 class Experiment(models.Model):
@@ -30,9 +32,9 @@ class Experiment(models.Model):
         STEPS = "steps", "optimizer steps"
         EPOCHS = "epochs", "epochs over the training split"
 
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="experiments")
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="experiments")
     name = models.CharField(max_length=120)
-    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="experiments")
+    dataset = models.ForeignKey("datasets.Dataset", on_delete=models.PROTECT, related_name="experiments")
     model = models.JSONField(help_text='{"kind": "preset"|"custom"|"pretrained", ...}: see ExperimentForm.')
     search_space = models.JSONField(help_text="Serialized search space: {name: {kind, values | low, high, step}}.")
     strategy = models.CharField(max_length=10, choices=Strategy.choices)
@@ -46,7 +48,7 @@ class Experiment(models.Model):
         null=True, blank=True, help_text="Stop a trial after this many evaluations without improvement."
     )
     checkpoint_minutes = models.PositiveIntegerField(
-        default=30, validators=[MaxValueValidator(7 * 24 * 60)],
+        default=int(DEFAULT_CHECKPOINT_MINUTES), validators=[MaxValueValidator(int(MAX_CHECKPOINT_MINUTES))],
         help_text="Copy each trial's training state to disk every this many minutes and when it ends (0: never).",
     )
     class Priority(models.TextChoices):
@@ -87,17 +89,18 @@ class Experiment(models.Model):
 
 class Trial(models.Model):
     class Status(models.TextChoices):
-        NEW = "new", "Not launched"
-        PLANNING = "planning", "Planning"
-        RUNNABLE = "runnable", "Queued"
-        RUNNING = "running", "Running"
-        PAUSED = "paused", "Paused"
-        FINISHED = "finished", "Finished"
-        FAILED = "failed", "Failed"
-        CANCELLED = "cancelled", "Cancelled"
-        PRUNED = "pruned", "Pruned"
+        """The scheduler's states, as the pages name them, and "new": a trial not launched yet."""
 
-    # The scheduler's states (`worker.contract.TrialState`) plus "new", a trial not launched yet.
+        NEW = "new", "Not launched"
+        PLANNING = TrialState.PLANNING.value, "Planning"
+        RUNNABLE = TrialState.RUNNABLE.value, "Queued"
+        RUNNING = TrialState.RUNNING.value, "Running"
+        PAUSED = TrialState.PAUSED.value, "Paused"
+        FINISHED = TrialState.FINISHED.value, "Finished"
+        FAILED = TrialState.FAILED.value, "Failed"
+        CANCELLED = TrialState.CANCELLED.value, "Cancelled"
+        PRUNED = TrialState.PRUNED.value, "Pruned"
+
     ENDED = tuple(map(Status, [state for state in TrialState if state in CONTRACT_ENDED]))
     ACTIVE = tuple(map(Status, [state for state in TrialState if state not in CONTRACT_ENDED]))
 
@@ -233,6 +236,7 @@ class TrialArchive(WebWork):
 
     PENDING = Status.PREPARING
     RETRY_HINT = "Prepare the download again to retry."
+    TASK: ClassVar[str] = "hydra.web.trial_archive_build"
 
     trial = models.OneToOneField(Trial, on_delete=models.CASCADE, related_name="archive")
     queue_id = models.CharField(max_length=40, help_text="The attempt whose exported model this packs.")
@@ -265,10 +269,11 @@ class ExperimentPreview(WebWork):
 
     PENDING = Status.PREPARING
     RETRY_HINT = "Preview again to retry."
+    TASK: ClassVar[str] = "hydra.web.experiment_preview_plan"
 
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="+")
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
     key = models.CharField(max_length=64, help_text="A hash of what planning the draft depends on (`preview_key`).")
-    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="+")
+    dataset = models.ForeignKey("datasets.Dataset", on_delete=models.CASCADE, related_name="+")
     draft = models.JSONField(help_text="The draft, as `ExperimentDraft.to_dict` writes it.")
     budget_bytes = models.BigIntegerField(help_text="The device budget the trials are planned for.")
     budget_note = models.CharField(max_length=200, help_text="Where the budget came from.")
@@ -305,6 +310,7 @@ class Generation(WebWork):
 
     PENDING = Status.PENDING
     RETRY_HINT = "Generate again to retry."
+    TASK: ClassVar[str] = "hydra.web.trial_generate"
     PROMPT_MAX_CHARS = 4000
     MAX_NEW_TOKENS = 256
     MAX_TEMPERATURE = 2.0
@@ -358,7 +364,7 @@ class SavedComparison(models.Model):
 
     NAME_MAX_CHARS = 120
 
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="saved_comparisons")
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="saved_comparisons")
     name = models.CharField(max_length=NAME_MAX_CHARS)
     experiments = models.ManyToManyField(Experiment, related_name="saved_comparisons")
     view = models.JSONField(default=dict, blank=True,

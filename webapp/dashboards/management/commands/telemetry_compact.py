@@ -1,4 +1,4 @@
-"""``manage.py telemetry_compact``: compact old telemetry now (`webapp.telemetry.compaction`), and say what went.
+"""``manage.py telemetry_compact``: compact old telemetry now (`webapp.dashboards.compaction`), and say what went.
 
 The ingest (`hydra_ingest`) does the same a little at a time; this command does it all at once, for a first
 compaction of a large database or from a scheduler of one's own."""
@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from webapp.config import TELEMETRY_KEEP_DAYS_MINIMUM
-from webapp.telemetry.compaction import telemetry_compact
+from webapp.dashboards.compaction import telemetry_compact
 
 
 class Command(BaseCommand):

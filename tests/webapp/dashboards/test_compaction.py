@@ -15,11 +15,11 @@ from django.core.management import CommandError, call_command
 from tests.webapp.telemetry.factories import make_experiment, write_sample, write_span, write_steps
 from webapp import config
 from webapp.dashboards import figures, selectors
-from webapp.experiments.models import Experiment, Trial
+from webapp.dashboards.compaction import Schedule, telemetry_compact
+from webapp.experiments.ingest import telemetry_ingest
+from webapp.ground.models import Experiment, Trial
 from webapp.labqueue.selectors import WINDOWS
-from webapp.telemetry.compaction import Schedule, telemetry_compact
 from webapp.telemetry.models import CompactedTrial, DeviceSample, EvalMetric, SampleLane, StepMetric, UnitSpan
-from webapp.telemetry.services import telemetry_ingest
 
 pytestmark = pytest.mark.django_db
 

@@ -2,8 +2,9 @@
 
 `load(environ)` is pure: settings.py calls it with ``os.environ`` and tests call it with a dict. The
 workers' part (Redis, host id, spill and data directories, devices) is `worker.config.WorkerConfig`, read by
-the same code the workers use and kept as ``Config.worker``. Every bad value raises ``ImproperlyConfigured``
-naming the variable and what it accepts, so a misconfigured server stops at start-up.
+the same code the workers use (through `webapp.worker_door`) and kept as ``Config.worker``; the
+notifications' part is `notify`. Every bad value raises ``ImproperlyConfigured`` naming the variable and
+what it accepts, so a misconfigured server stops at start-up.
 """
 
 from __future__ import annotations
@@ -11,22 +12,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from webapp.experiments.search_space import MAX_TRIALS
-from webapp.notifications.config import NotifyConfig, notify_config
-from worker import config as worker_config
-from worker.config import BASE_DIR, ConfigError, envbool, envint, envlist, envpath
+from webapp.config.notify import NotifyConfig, notify_config
+from webapp.worker_door import (
+    BASE_DIR,
+    ConfigError,
+    WorkerConfig,
+    envbool,
+    envint,
+    envlist,
+    envpath,
+    load_worker_config,
+)
 
 __all__ = ["BASE_DIR", "Config", "load"]
 
 DEV_SECRET_KEY = "hydra-dev-only-insecure-secret-key"
 # Trial.step and Trial.total_steps are PostgreSQL integer columns: no trial may be longer.
 STEPS_CEILING = 2**31 - 1
+MAX_TRIALS = 256  # the most trials a search expands to (random search and TPE may ask for no more)
 HSTS_SECONDS_DEFAULT = 365 * 24 * 3600
 TELEMETRY_KEEP_DAYS_DEFAULT = 14
 # The lab queue page shares out the last week's device time from the stored unit spans: telemetry younger than
@@ -71,8 +79,8 @@ class Config:
     hsts_seconds: int
     telemetry_keep_days: int | None  # None: telemetry is kept at full detail forever
     login_throttle: LoginThrottle
-    notify: NotifyConfig  # webhook allowlist, retries, e-mail (`webapp.notifications.config`)
-    worker: worker_config.WorkerConfig
+    notify: NotifyConfig  # webhook allowlist, retries, e-mail (`webapp.config.notify`)
+    worker: WorkerConfig
 
 
 def allowed_hosts(environ: Mapping[str, str], debug: bool) -> list[str]:
@@ -141,7 +149,7 @@ def caps_config(environ: Mapping[str, str]) -> Caps:
 
 def telemetry_keep_days(environ: Mapping[str, str]) -> int | None:
     """`HYDRA_TELEMETRY_KEEP_DAYS`: after how many days an ended trial's telemetry is compacted to what the
-    dashboards draw of it (`webapp.telemetry.compaction`); 0 or ``off`` keeps every row forever."""
+    dashboards draw of it (`webapp.dashboards.compaction`); 0 or ``off`` keeps every row forever."""
     name = "HYDRA_TELEMETRY_KEEP_DAYS"
     raw = environ.get(name, "").strip()
     if raw.lower() in {"0", "off"}:
@@ -173,15 +181,6 @@ def login_throttle(environ: Mapping[str, str]) -> LoginThrottle:
     )
 
 
-def notify(environ: Mapping[str, str], **known: Any) -> NotifyConfig:
-    """Webhook allowlist, retries, public address and e-mail (`webapp.notifications.config`, which names the
-    variable of any bad value)."""
-    try:
-        return notify_config(environ, **known)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-
-
 def load(environ: Mapping[str, str]) -> Config:
     """Turn an environment mapping into a `Config`; raise ImproperlyConfigured on any bad value."""
     try:
@@ -199,7 +198,7 @@ def _load(environ: Mapping[str, str]) -> Config:
         secret_key = DEV_SECRET_KEY
     elif len(secret_key) < 32 and not debug:
         raise ConfigError("SECRET_KEY is shorter than 32 characters; use a long random value.")
-    worker = worker_config.load(environ)
+    worker = load_worker_config(environ)
     https, hsts_seconds = https_config(environ, debug)
     hosts, origins = allowed_hosts(environ, debug), envlist(environ, "CSRF_TRUSTED_ORIGINS", [])
     return Config(
@@ -217,6 +216,6 @@ def _load(environ: Mapping[str, str]) -> Config:
         hsts_seconds=hsts_seconds,
         telemetry_keep_days=telemetry_keep_days(environ),
         login_throttle=login_throttle(environ),
-        notify=notify(environ, debug=debug, allowed_hosts=hosts, csrf_trusted_origins=origins),
+        notify=notify_config(environ, debug=debug, allowed_hosts=hosts, csrf_trusted_origins=origins),
         worker=worker,
     )

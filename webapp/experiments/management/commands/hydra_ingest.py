@@ -6,7 +6,7 @@ The reconciler has one owner: an ingest reconciles only while it holds the host'
 (`queue_client.role_take`), renewed at every pass; a second ingest of the same host drains telemetry but
 leaves the reconciling to the first, and takes it over once the first stops renewing (`ROLE_TTL_S`).
 
-Every pass may also compact old telemetry (`webapp.telemetry.compaction.Schedule`: at most every ten minutes
+Every pass may also compact old telemetry (`webapp.dashboards.compaction.Schedule`: at most every ten minutes
 and two seconds at a time, while ``HYDRA_TELEMETRY_KEEP_DAYS`` is not off)."""
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError
 
 from webapp.background.reconcile import web_work_reconcile
+from webapp.dashboards.compaction import Schedule
+from webapp.experiments.ingest import telemetry_ingest
 from webapp.experiments.reconcile import trial_hosts, trials_reconcile
 from webapp.queue_client import SchedulerUnavailable, heartbeat_set, hosts_known, role_take
-from webapp.telemetry.compaction import Schedule
-from webapp.telemetry.services import telemetry_ingest
 
 ROLE_TTL_S = 10.0  # an ingest that stopped renewing the reconciler role loses it after this long
 
