@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 PORT   ?= 8000
 HOST   ?= 127.0.0.1
 
-.PHONY: run test lint benchmarks clean
+.PHONY: run test test-fast lint benchmarks clean
 .DEFAULT_GOAL := run
 
 $(PY):
@@ -31,8 +31,18 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 run: $(VENV)/.installed
 	@$(PY) scripts/devstack.py run --host $(HOST) --port $(PORT)
 
+# Tests run in JOBS processes (pytest-xdist): most of a test's time is spent waiting on the workers, the web
+# worker or the browser it started, so two processes keep two cores busy. JOBS=0 runs them in this process
+# (for pdb or -s). Each process gets a Redis database of its own (tests/redis_per_worker.py).
+JOBS ?= 2
+
 test: $(VENV)/.installed-dev
-	@$(PY) scripts/devstack.py test $(ARGS)
+	@$(PY) scripts/devstack.py test -n $(JOBS) --dist loadgroup $(ARGS)
+
+# The inner loop: every test except those marked slow (the ones that start workers, the web worker, the whole
+# stack or Chromium; see tests/conftest.py).
+test-fast: $(VENV)/.installed-dev
+	@$(PY) scripts/devstack.py test -n $(JOBS) --dist loadgroup -m "not slow" $(ARGS)
 
 lint: $(VENV)/.installed-dev
 	@$(PY) -m ruff check .

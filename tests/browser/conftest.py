@@ -108,15 +108,15 @@ def db_lock(monkeypatch) -> threading.Lock:
     return lock
 
 
-@pytest.fixture
-def devstack(tmp_path: Path) -> Iterator[DevStack]:
-    """The whole product as ``make run`` starts it (web, a worker per CPU device, ingest), on a free port.
+@pytest.fixture(scope="session")
+def devstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+    """The whole product as ``make run`` starts it (web, a worker per CPU device, ingest), on a free port: one
+    stack that every journey of the run uses in turn, as one lab's server serves one user after another.
 
     It has its own data and spill folders and host id, shares the session's Redis, and is stopped with Ctrl-C
-    (SIGINT) after the test, which then fails if any process it started is still running.
+    (SIGINT) after the last journey, which then fails if any process it started is still running.
     """
-    stack = DevStack(root=tmp_path / "stack", worker_config=settings.HYDRA.worker)
-    stack.root.mkdir()
+    stack = DevStack(root=tmp_path_factory.mktemp("stack"), worker_config=settings.HYDRA.worker)
     try:
         stack.start()
         yield stack
