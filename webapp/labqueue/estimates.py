@@ -34,8 +34,8 @@ from webapp.worker_door import TrialLoad, TrialRecord, timetable
 DEVICE_SEEN_S = 60.0
 # The most units the replay schedules, and the most units x trials it weighs (each claim looks at every
 # trial, a few microseconds each): a host's trials may have millions of units left, so longer workloads are
-# replayed in chunks of several units each (the same time in all), which keeps the replay within about
-# 30 ms on one CPU core.
+# replayed in chunks of several units each (the same time in all), which keeps the replay a small part of
+# the lab queue page's time (`benchmarks/web_scale.py` measures the page).
 MAX_REPLAY_UNITS = 4000
 MAX_REPLAY_WORK = 8000
 # The most trials the replay schedules. Every trial takes at least one claim and every claim looks at every
