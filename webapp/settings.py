@@ -129,7 +129,7 @@ CSRF_COOKIE_HTTPONLY = False  # the page's fetch() calls read the token from the
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 
-# Production runs behind a TLS proxy that terminates HTTPS and sets X-Forwarded-Proto (docs/operations.md, The TLS proxy).
+# Production runs behind a TLS proxy that terminates HTTPS and sets X-Forwarded-Proto (docs/operations.md).
 # The proxy must overwrite that header from clients, and gunicorn must be reachable only through the proxy.
 if HYDRA.https:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
