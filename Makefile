@@ -31,18 +31,13 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 run: $(VENV)/.installed
 	@$(PY) scripts/devstack.py run --host $(HOST) --port $(PORT)
 
-# Tests run in JOBS processes (pytest-xdist): most of a test's time is spent waiting on the workers, the web
-# worker or the browser it started, so two processes keep two cores busy. JOBS=0 runs them in this process
-# (for pdb or -s). Each process gets a Redis database of its own (tests/redis_per_worker.py).
-JOBS ?= 2
-
 test: $(VENV)/.installed-dev
-	@$(PY) scripts/devstack.py test -n $(JOBS) --dist loadgroup $(ARGS)
+	@$(PY) scripts/devstack.py test $(ARGS)
 
 # The inner loop: every test except those marked slow (the ones that start workers, the web worker, the whole
 # stack or Chromium; see tests/conftest.py).
 test-fast: $(VENV)/.installed-dev
-	@$(PY) scripts/devstack.py test -n $(JOBS) --dist loadgroup -m "not slow" $(ARGS)
+	@$(PY) scripts/devstack.py test -m "not slow" $(ARGS)
 
 lint: $(VENV)/.installed-dev
 	@$(PY) -m ruff check .

@@ -20,20 +20,10 @@ PASSWORD = "correct-horse-battery-staple"
 SLOW_FIXTURES = frozenset({"device_workers", "web_worker", "devstack", "browser", "page", "worker_pool"})
 
 
-# Session fixtures too costly to set up in every test process when pytest-xdist runs several (`make test`
-# does, with ``--dist loadgroup``): the tests using one run in one process, which sets it up once.
-GROUPED_FIXTURES = {"devstack": "devstack", "smollm2_dir": "smollm2"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if SLOW_FIXTURES & fixtures:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-        group = next((name for fixture, name in GROUPED_FIXTURES.items() if fixture in fixtures), None)
-        if group is not None:  # one group at most: xdist makes a test of two groups a third group
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @functools.cache

@@ -108,15 +108,17 @@ def db_lock(monkeypatch) -> threading.Lock:
     return lock
 
 
-@pytest.fixture(scope="session")
-def devstack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
-    """The whole product as ``make run`` starts it (web, a worker per CPU device, ingest), on a free port: one
-    stack that every journey of the run uses in turn, as one lab's server serves one user after another.
+@pytest.fixture
+def devstack(tmp_path: Path) -> Iterator[DevStack]:
+    """The whole product as ``make run`` starts it (web, a worker per CPU device, ingest), on a free port.
 
     It has its own data and spill folders and host id, shares the session's Redis, and is stopped with Ctrl-C
-    (SIGINT) after the last journey, which then fails if any process it started is still running.
+    (SIGINT) after the test, which then fails if any process it started is still running. Each journey has a
+    stack of its own: on a shared one, the web worker's work left by one journey (held-out answers of a
+    SmolLM2 sweep) slows the next journey's trials past what its checks wait for.
     """
-    stack = DevStack(root=tmp_path_factory.mktemp("stack"), worker_config=settings.HYDRA.worker)
+    stack = DevStack(root=tmp_path / "stack", worker_config=settings.HYDRA.worker)
+    stack.root.mkdir()
     try:
         stack.start()
         yield stack
