@@ -31,6 +31,7 @@ def worker_command(device: Device, host_id: str, *, loglevel: str) -> list[str]:
         "--pool", "prefork",
         "--queues", ",".join(worker_queues(device, host_id)),
         "--without-gossip",
+        "--without-mingle",  # mingle waits a second at start to sync revoked tasks; Hydra revokes none
         "--loglevel", loglevel,
     ]
 

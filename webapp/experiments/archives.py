@@ -73,7 +73,9 @@ def trial_archive_build(*, archive_id: int) -> None:
     archive.directory.mkdir(parents=True, exist_ok=True)
     partial = archive.directory / f".partial-{uuid.uuid4().hex}"
     try:
-        with tarfile.open(partial, mode="w:gz") as tar:
+        # The fastest gzip level: weights compress little at any level, and the higher levels take several
+        # times as long on a model of hundreds of megabytes.
+        with tarfile.open(partial, mode="w:gz", compresslevel=1) as tar:
             tar.add(directory, arcname=f"trial-{archive.trial.pk}")
             if not has_tokenizer(directory):
                 _add_files(tar, fallback_files(archive.trial, context=model_context(directory)),
