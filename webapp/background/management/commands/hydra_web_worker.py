@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from django.conf import settings
@@ -19,6 +20,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, concurrency: int, loglevel: str, **options: Any) -> None:
         host = settings.HYDRA.worker.host_id
+        # One compute thread per task (unless the operator says otherwise): the cores belong to the device
+        # workers pinned to them, and a generation whose threads wait on each other's busy cores ran many
+        # times slower than one on a single thread. Set before the pool processes import torch.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
         app.worker_main([
             "worker", "--hostname", f"web@{host}", "--queues", web_queue(host), "--concurrency", str(concurrency),
             "--pool", "prefork", "--without-gossip", "--without-mingle", "--loglevel", loglevel,
