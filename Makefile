@@ -31,6 +31,7 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 run: $(VENV)/.installed
 	@$(PY) scripts/devstack.py run --host $(HOST) --port $(PORT)
 
+# Every test: those that start processes and, beside them at a lower priority, the others (docs/testing.md).
 test: $(VENV)/.installed-dev
 	@$(PY) scripts/devstack.py test $(ARGS)
 

@@ -14,6 +14,9 @@ worker per device, the telemetry ingest and the web worker. One that exits is st
 and each exit and restart is printed and appended to the data folder's service events, which the health pages
 show (`webapp.health.service_events`). On exit (Ctrl-C, SIGTERM, or the end of the tests) every process this
 script started is stopped and waited for.
+
+``test`` runs ruff, then pytest; a whole run is two pytest processes at once, the tests that start processes
+and the others beside them (`test_in_two_streams`).
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from webapp.health.service_events import event_append, exit_code, ordinal
 from worker import config as worker_config
@@ -207,9 +212,59 @@ def test(pytest_args: Sequence[str]) -> int:
                 return 1
             database = "PostgreSQL" if env.get("DATABASE_URL", "").startswith("postgres") else "SQLite"
             say(f"pytest against {database} and Redis at {url}")
-            return subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=ROOT, env=env).returncode
+            if selects_tests(pytest_args):
+                return subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=ROOT, env=env).returncode
+            return test_in_two_streams(pytest_args, env)
     finally:
         stop_processes(processes, grace_s=STOP_GRACE_S)
+
+
+def selects_tests(pytest_args: Sequence[str]) -> bool:
+    """Whether the arguments choose tests by marker or keyword, or ask pytest for something other than a run."""
+    chooses = {"-m", "-k", "--collect-only", "--co", "--lf", "--last-failed", "--sw", "--stepwise", "-h", "--help"}
+    return any(arg in chooses or arg.startswith(("-m=", "-k=")) for arg in pytest_args)
+
+
+def second_stream_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment of the second stream (the tests that start no processes): the next Redis database and
+    its own PostgreSQL test database, so that nothing it enqueues or creates meets the first stream's."""
+    redis_url = urlsplit(env["REDIS_URL"])
+    number = int(redis_url.path.strip("/") or 0)
+    out = {**env, "REDIS_URL": urlunsplit(redis_url._replace(path=f"/{(number + 1) % 16}"))}
+    if env.get("DATABASE_URL", "").startswith("postgres"):
+        database = urlsplit(env["DATABASE_URL"])
+        out["DATABASE_URL"] = urlunsplit(database._replace(path=f"{database.path.rstrip('/')}_second"))
+    return out
+
+
+def test_in_two_streams(pytest_args: Sequence[str], env: dict[str, str]) -> int:
+    """Run the tests marked `processes` (those that start workers, the web worker, the stack or Chromium and
+    rely on their timing: see tests/conftest.py) and, beside them, every other test, in a second pytest at a
+    lower CPU priority.
+
+    The process tests wait on what they started most of the time and keep about one core of two busy; the
+    others are computation. Run one after the other, one core idles for most of the run. At nice 10 the
+    second stream takes what the first leaves, so that the process tests' timings (leases, kills, a device's
+    turn) see about the machine they would see alone. The second stream's output is printed when it ends.
+    """
+    pytest = [sys.executable, "-m", "pytest"]
+    with tempfile.NamedTemporaryFile(prefix="hydra-tests-", suffix=".log", delete=False) as log:
+        second = subprocess.Popen([*pytest, "-m", "not processes", "-p", "no:cacheprovider", *pytest_args],
+                                  cwd=ROOT, env=second_stream_env(env), stdout=log, stderr=subprocess.STDOUT,
+                                  preexec_fn=lambda: os.nice(10))
+    try:
+        say(f"the tests that start no processes run beside the others (log: {log.name})")
+        first_code = subprocess.run([*pytest, "-m", "processes", *pytest_args], cwd=ROOT, env=env).returncode
+        second_code = second.wait()
+    finally:
+        stop_processes([second], grace_s=STOP_GRACE_S)
+    say("the tests that start no processes:")
+    sys.stdout.write(Path(log.name).read_text(errors="replace"))
+    Path(log.name).unlink(missing_ok=True)
+    say(f"tests that start processes: exit status {first_code}; the others: exit status {second_code}")
+    # pytest's 5 means no test was collected: for one stream that is a selection with none of its kind.
+    codes = [code for code in (first_code, second_code) if code != 5] or [5]
+    return max(codes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,13 +16,16 @@ from webapp.accounts.models import Membership, Team
 PASSWORD = "correct-horse-battery-staple"
 
 # Fixtures that start real processes (Celery device workers, the web worker, the whole stack, Chromium): a
-# test using one is marked slow, which `make test-fast` (``-m "not slow"``) leaves out.
-SLOW_FIXTURES = frozenset({"device_workers", "web_worker", "devstack", "browser", "page", "worker_pool"})
+# test using one is marked `processes`, and slow, which `make test-fast` (``-m "not slow"``) leaves out. A
+# whole `make test` runs the `processes` tests in one pytest and the others beside it (scripts/devstack.py).
+PROCESS_FIXTURES = frozenset({"device_workers", "web_worker", "notify_worker", "devstack", "browser", "page"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.processes)
+        if item.get_closest_marker("processes"):
             item.add_marker(pytest.mark.slow)
 
 

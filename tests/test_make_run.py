@@ -26,7 +26,7 @@ from kombu.exceptions import OperationalError
 ROOT = Path(__file__).resolve().parents[1]
 # Without REDIS_URL, `make run` starts its own Redis on this port (PRIVATE_REDIS_PORT in scripts/devstack.py).
 PRIVATE_REDIS_URL = "redis://127.0.0.1:6390/0"
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.processes  # `make run`'s services, killed in turn
 
 
 def free_port() -> int:

@@ -31,7 +31,7 @@ from tests.browser.test_pretrained_journey import (
     preview_smollm2_grid,
 )
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.processes]
 
 RANKS = [4, 8]
 STEPS = 2

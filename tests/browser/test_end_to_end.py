@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM
 from tests.browser.devstack import DevStack
 from worker.engine.config import DataSpec
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.processes]
 
 LEARNING_RATES = ["0.0003", "0.001", "0.003"]
 STEPS = 160

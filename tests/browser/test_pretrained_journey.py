@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.browser.devstack import DevStack
 from tests.browser.test_end_to_end import LOSSES_JS, RAW_POINTS_JS, _checked, _log_in, _reload_until
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.processes]
 
 LEARNING_RATES = ["0.0001", "0.0003"]
 STEPS = 2

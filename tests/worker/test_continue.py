@@ -14,7 +14,7 @@ from tests.worker.test_engine_trials import tiny_trial
 from worker.contract import EngineJob
 from worker.engine.config import ContinuationSpec
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.processes]
 
 HOUR = 60.0  # minutes between checkpoints: only the last one, as a trial ends
 

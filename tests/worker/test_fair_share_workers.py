@@ -19,7 +19,7 @@ from tests.worker.test_engine_trials import assert_trained_like_plain_pytorch, t
 from worker.contract import EngineJob, SyntheticJob
 from worker.engine.session import TrialSession, trial_create
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.processes]
 
 
 def spans_of(workers, trial_ids) -> list[dict]:

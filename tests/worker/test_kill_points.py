@@ -23,7 +23,7 @@ from worker.engine.faults import REACHED, RELEASE
 from worker.engine.schedule import Timetable
 from worker.engine.session import trial_create
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.processes]
 
 Unit = tuple[int, int, str, int]  # step, micro-batch, phase, shard
 

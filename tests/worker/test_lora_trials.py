@@ -17,7 +17,7 @@ from worker.engine.config import LoraSpec
 from worker.engine.lora import ADAPTER_DIR
 from worker.engine.shared_base import BASES, bases
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.processes]
 
 
 def lora_trial(tokens: str, base: Path, *, seed: int, lr: float, r: int) -> TrialSpec:

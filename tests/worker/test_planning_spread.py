@@ -36,7 +36,7 @@ def test_a_survey_says_whether_another_device_is_planning(shard_queue: ShardQueu
     assert shard_queue.claim_plan("cpu1", idle=False) is not None
 
 
-@pytest.mark.slow
+@pytest.mark.processes
 def test_a_sweep_arriving_at_once_is_planned_by_one_device_while_the_other_trains(device_workers) -> None:
     workers = device_workers("cpu0", "cpu1")
     for trial_id in ("a", "b"):

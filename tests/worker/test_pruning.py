@@ -23,7 +23,7 @@ from tests.worker.test_engine_trials import tiny_trial
 from worker.contract import EngineJob, PrunerSpec, PruningJob
 from worker.scheduling import pruning
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.processes]
 
 STEPS = 18
 ASHA = PrunerSpec(kind="asha", min_resource=2, reduction_factor=3)

@@ -16,7 +16,7 @@ from tests.plain_pytorch import assert_bit_identical, exported_weights, plain_re
 from tests.worker.test_engine_trials import tiny_trial
 from worker.contract import EngineJob
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.processes]
 
 
 def test_trials_resume_from_their_checkpoints_after_the_spill_directory_is_wiped(

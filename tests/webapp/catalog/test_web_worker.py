@@ -44,7 +44,7 @@ def test_a_file_that_is_not_gguf_fails_its_import_and_leaves_nothing(alice, mode
     assert [p.name for p in models_root.iterdir()] == ["fake.gguf"]
 
 
-@pytest.mark.slow
+@pytest.mark.processes
 def test_smollm2_is_imported_by_the_web_worker_and_listed_with_its_figures(alice, models_root, web_worker):
     client = Client()
     client.force_login(catalog_manager(alice))

@@ -23,7 +23,7 @@ from webapp.telemetry.models import StepMetric
 from worker.engine import TrialSession, trial_create
 from worker.engine.config import TrialSpec
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes, pytest.mark.timeout(600)]
 SPACE = {"lr": {"values": [0.003]}, "batch_size": {"values": [2]}}
 ADD = {"continue-steps": "3", "continue-lr": "0.001", "continue-warmup_steps": "1", "continue-decay": "linear"}
 

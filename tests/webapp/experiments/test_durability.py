@@ -29,7 +29,7 @@ from webapp.ground.models import Experiment, Trial
 from worker.engine.config import TrialSpec
 from worker.engine.faults import REACHED, RELEASE
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes, pytest.mark.timeout(600)]
 SPACE = {"lr": {"values": [0.001, 0.003]}, "batch_size": {"values": [2]}}
 FAULT = "after-commit@3"  # a worker blocks once a trial has committed its fourth unit, before reporting it
 

@@ -77,7 +77,7 @@ def test_a_page_shows_the_status_without_the_ingest(alice_team, alice_dataset, a
     assert trial.status == "runnable"
 
 
-@pytest.mark.slow
+@pytest.mark.processes
 def test_a_tpe_experiment_runs_to_its_end_on_real_workers_through_the_ingest(
     alice_team, alice_dataset, settings, device_workers, django_capture_on_commit_callbacks  # noqa: F811
 ) -> None:

@@ -23,7 +23,7 @@ from webapp.experiments.model_shapes import PRESETS, checkpoint_shape
 from webapp.experiments.reconcile import trials_reconcile
 from webapp.ground.models import Trial
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.processes
 SPACE = {"lr": {"values": [0.003]}, "batch_size": {"values": [4]}, "micro_batches": {"values": [2]},
          "seq_len": {"values": [16]}}
 

@@ -200,7 +200,7 @@ def test_the_ingest_command_reconciles_this_hosts_queue(
     assert "submitted 2, cancelled 1" in capsys.readouterr().out
 
 
-@pytest.mark.slow
+@pytest.mark.processes
 def test_a_launch_that_died_before_its_submit_runs_to_its_end_on_a_real_worker_through_the_ingest(
         alice, alice_team, alice_dataset, settings, device_workers,  # noqa: F811
         django_capture_on_commit_callbacks):

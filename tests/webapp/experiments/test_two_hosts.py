@@ -18,7 +18,7 @@ from tests.worker.conftest import device_workers  # noqa: F401 -- a fixture
 from webapp.experiments import services
 from webapp.ground.models import Trial
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes, pytest.mark.timeout(300)]
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from webapp.notifications import services as notify_services
 from webapp.notifications.delivery import TIMEOUT_S
 from webapp.notifications.models import Delivery
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 ONE_TRIAL = {"lr": {"values": [0.001]}, "batch_size": {"values": [2]}}
 
 
