@@ -18,7 +18,8 @@ PASSWORD = "correct-horse-battery-staple"
 # Fixtures that start real processes (Celery device workers, the web worker, the whole stack, Chromium): a
 # test using one is marked `processes`, and slow, which `make test-fast` (``-m "not slow"``) leaves out. A
 # whole `make test` runs the `processes` tests in one pytest and the others beside it (scripts/devstack.py).
-PROCESS_FIXTURES = frozenset({"device_workers", "web_worker", "notify_worker", "devstack", "browser", "page"})
+PROCESS_FIXTURES = frozenset({"device_workers", "shared_device_workers", "web_worker", "notify_worker", "devstack",
+                              "browser", "page"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+from django.conf import settings
 
 from tests.worker.device_workers import DeviceWorkers
 from worker.scheduling.keys import HOSTS_KEY
@@ -48,6 +49,21 @@ def device_workers(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Dev
 
     yield start
     for workers in started:
+        workers.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_device_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeviceWorkers]:
+    """Device workers ``cpu0`` and ``cpu1`` (default lease, no fault) started once for a whole module, for
+    tests that neither kill, freeze nor reconfigure them and that read only their own trials' records and
+    telemetry: each test names trials no other test of the module uses. A pool costs about 8 s to start and
+    stop."""
+    root = tmp_path_factory.mktemp("shared-workers")
+    workers = DeviceWorkers(redis_url=settings.HYDRA.worker.redis_url, root=root, lease_s=10.0)
+    try:
+        workers.start("cpu0", "cpu1")
+        yield workers
+    finally:
         workers.stop()
 
 
