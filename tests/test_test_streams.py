@@ -1,6 +1,6 @@
-"""`make test` runs the slow tests and, beside them, the quick ones in a second pytest (`scripts/devstack.py`):
-the second stream must never share a Redis database or a PostgreSQL test database with the first, and a run
-that chooses its tests by marker or keyword stays one stream."""
+"""`make test` runs the tests that start processes and, beside them, the others in a second pytest
+(`scripts/devstack.py`): the second stream must never share a Redis database or a PostgreSQL test database with
+the first, and a run that chooses its tests by marker or keyword stays one stream."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def devstack():
+def devstack_script():
     spec = importlib.util.spec_from_file_location("hydra_devstack_script", ROOT / "scripts" / "devstack.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -23,21 +23,21 @@ def devstack():
     del sys.modules[spec.name]
 
 
-@pytest.mark.parametrize(("redis_url", "quick_url"), [
+@pytest.mark.parametrize(("redis_url", "second_url"), [
     ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/1"),
     ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379/1"),
     ("redis://:secret@cache.lab:6380/15", "redis://:secret@cache.lab:6380/0"),
 ])
-def test_the_second_stream_uses_the_next_redis_database(devstack, redis_url: str, quick_url: str) -> None:
-    assert devstack.second_stream_env({"REDIS_URL": redis_url})["REDIS_URL"] == quick_url
+def test_the_second_stream_uses_the_next_redis_database(devstack_script, redis_url: str, second_url: str) -> None:
+    assert devstack_script.second_stream_env({"REDIS_URL": redis_url})["REDIS_URL"] == second_url
 
 
-def test_the_second_stream_has_its_own_postgresql_database_and_sqlite_stays_as_it_is(devstack) -> None:
+def test_the_second_stream_has_its_own_postgresql_database_and_sqlite_stays_as_it_is(devstack_script) -> None:
     env = {"REDIS_URL": "redis://127.0.0.1:6379/0", "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/hydra_ci"}
-    assert devstack.second_stream_env(env)["DATABASE_URL"] == "postgres://postgres@127.0.0.1:5432/hydra_ci_second"
+    assert devstack_script.second_stream_env(env)["DATABASE_URL"] == "postgres://postgres@127.0.0.1:5432/hydra_ci_second"
     sqlite = {"REDIS_URL": "redis://127.0.0.1:6379/0", "DATABASE_URL": "sqlite:///var/hydra.sqlite3"}
-    assert devstack.second_stream_env(sqlite)["DATABASE_URL"] == sqlite["DATABASE_URL"]
-    assert "DATABASE_URL" not in devstack.second_stream_env({"REDIS_URL": "redis://127.0.0.1:6379/0"})
+    assert devstack_script.second_stream_env(sqlite)["DATABASE_URL"] == sqlite["DATABASE_URL"]
+    assert "DATABASE_URL" not in devstack_script.second_stream_env({"REDIS_URL": "redis://127.0.0.1:6379/0"})
 
 
 @pytest.mark.parametrize(("args", "one_stream"), [
@@ -50,5 +50,5 @@ def test_the_second_stream_has_its_own_postgresql_database_and_sqlite_stays_as_i
     (["--lf"], True),
     (["--collect-only"], True),
 ])
-def test_a_run_that_chooses_its_tests_is_one_stream(devstack, args: list[str], one_stream: bool) -> None:
-    assert devstack.selects_tests(args) is one_stream
+def test_a_run_that_chooses_its_tests_is_one_stream(devstack_script, args: list[str], one_stream: bool) -> None:
+    assert devstack_script.selects_tests(args) is one_stream
