@@ -242,8 +242,8 @@ def test_in_two_streams(pytest_args: Sequence[str], env: dict[str, str]) -> int:
     rely on their timing: see tests/conftest.py) and, beside them, every other test, in a second pytest at a
     lower CPU priority.
 
-    The process tests wait on what they started most of the time and keep about one core of two busy; the
-    others are computation. Run one after the other, one core idles for most of the run. At nice 10 the
+    Run one after the other, the whole suite kept about one core of two busy on average (benchmarks/RESULTS.md):
+    the process tests wait on what they started most of the time, and the others are computation. At nice 10 the
     second stream takes what the first leaves, so that the process tests' timings (leases, kills, a device's
     turn) see about the machine they would see alone. The second stream's output is printed when it ends.
     """
