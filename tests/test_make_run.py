@@ -86,7 +86,8 @@ def test_it_serves_login_and_a_worker_then_stops_everything_on_ctrl_c(tmp_path):
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 150
         workers: list[dict] = []
-        while time.monotonic() < deadline and not workers:
+        # The launcher starts one worker per device; they register in any order, so wait for cpu:0's own.
+        while time.monotonic() < deadline and "cpu:0" not in {w["device"] for w in workers}:
             assert make.poll() is None, (tmp_path / "make-run.log").read_text()
             seen |= descendants(make.pid)
             try:
@@ -95,8 +96,7 @@ def test_it_serves_login_and_a_worker_then_stops_everything_on_ctrl_c(tmp_path):
             except OSError:
                 pass
             time.sleep(1)
-        assert workers, (tmp_path / "make-run.log").read_text()
-        assert {w["device"] for w in workers} >= {"cpu:0"}
+        assert "cpu:0" in {w["device"] for w in workers}, (tmp_path / "make-run.log").read_text()
 
         status, page = get(f"{base}/login/")
         assert status == 200 and 'name="password"' in page
