@@ -34,7 +34,7 @@ WEB_DOORS_TO_WORKER = {"webapp.worker_door"}
 WEB_LAYERS = (
     "worker_door", "allowlist", "ids", "paging", "csv_cells", "staticfinders", "config", "queue_client",
     "accounts", "background", "ground", "datasets", "health", "catalog", "telemetry", "leaderboards",
-    "notifications", "dashboards", "labqueue", "experiments",
+    "notifications", "dashboards", "labqueue", "experiments", "api",
     "settings", "urls", "wsgi",
 )
 

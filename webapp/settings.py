@@ -34,6 +34,8 @@ INSTALLED_APPS = [
     "webapp.notifications",
     "webapp.dashboards",
     "webapp.experiments",
+    "webapp.api",
+    "ninja",  # the API's docs page and its Swagger UI files, served from here (no CDN)
     "axes",
 ]
 
@@ -48,6 +50,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "webapp.accounts.middleware.CurrentTeamMiddleware",
     "axes.middleware.AxesMiddleware",
+    "webapp.api.middleware.ApiConditionalGetMiddleware",
 ]
 
 ROOT_URLCONF = "webapp.urls"
@@ -100,6 +103,10 @@ TRUSTED_PROXY_COUNT = HYDRA.login_throttle.trusted_proxy_count
 AXES_COOLOFF_TIME = timedelta(minutes=15)
 AXES_RESET_ON_SUCCESS = True  # the pair's failures only (the handler)
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+
+# The API's lists come a page at a time: ?limit= (at most 100) and ?offset=.
+NINJA_PAGINATION_PER_PAGE = 50
+NINJA_PAGINATION_MAX_LIMIT = 100
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"

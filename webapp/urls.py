@@ -12,4 +12,5 @@ urlpatterns = [
     path("", include("webapp.labqueue.urls")),
     path("", include("webapp.notifications.urls")),
     path("dashboards/", include("webapp.dashboards.urls")),
+    path("", include("webapp.api.urls")),
 ]

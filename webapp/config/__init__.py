@@ -79,6 +79,7 @@ class Config:
     hsts_seconds: int
     telemetry_keep_days: int | None  # None: telemetry is kept at full detail forever
     login_throttle: LoginThrottle
+    api_rate_per_minute: int  # requests one API token may make per minute (`webapp.api.auth`)
     notify: NotifyConfig  # webhook allowlist, retries, e-mail (`webapp.config.notify`)
     worker: WorkerConfig
 
@@ -216,6 +217,7 @@ def _load(environ: Mapping[str, str]) -> Config:
         hsts_seconds=hsts_seconds,
         telemetry_keep_days=telemetry_keep_days(environ),
         login_throttle=login_throttle(environ),
+        api_rate_per_minute=envint(environ, "HYDRA_API_RATE_PER_MINUTE", 600, minimum=1),
         notify=notify_config(environ, debug=debug, allowed_hosts=hosts, csrf_trusted_origins=origins),
         worker=worker,
     )

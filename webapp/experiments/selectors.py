@@ -11,6 +11,8 @@ from django.db.models import Count, QuerySet
 from webapp.accounts.models import Team
 from webapp.accounts.roles import can_change
 from webapp.accounts.selectors import team_scoped_get
+from webapp.experiments.model_shapes import model_to_spec
+from webapp.experiments.search_space import CHECKPOINT_KEY, HOLDOUT_KEY, MODEL_KEY, PRUNER_KEY, TEMPLATE_KEY
 from webapp.ground.models import Experiment, Trial
 from webapp.worker_door import Control, control_changes
 
@@ -131,3 +133,14 @@ def plan_shard_rows(plan: dict[str, Any] | None) -> list[dict[str, Any]]:
             "frozen_bytes": shard.get("frozen_bytes", 0),
         })
     return rows
+
+
+def experiment_spec(experiment: Experiment) -> dict[str, Any]:
+    """The experiment's search space with its model, checkpoint interval, pruner, held-out size and chat
+    template beside the parameters: the text the form and the API take, which gives the same experiment."""
+    model = model_to_spec(experiment.model)
+    return {**({MODEL_KEY: model} if model is not None else {}), CHECKPOINT_KEY: experiment.checkpoint_minutes,
+            **({PRUNER_KEY: experiment.pruner} if experiment.pruner else {}),
+            **({HOLDOUT_KEY: experiment.holdout_bytes} if experiment.holdout_bytes else {}),
+            **({TEMPLATE_KEY: experiment.chat_template} if experiment.chat_template else {}),
+            **experiment.search_space}

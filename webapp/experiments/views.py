@@ -42,16 +42,10 @@ from webapp.experiments.listing import (
     trial_sort,
     trials_sorted,
 )
-from webapp.experiments.model_shapes import model_to_spec
 from webapp.experiments.planning import ExperimentDraft, TrialDraft
 from webapp.experiments.search_space import (
-    CHECKPOINT_KEY,
-    HOLDOUT_KEY,
     KINDS,
-    MODEL_KEY,
     PARAMETERS,
-    PRUNER_KEY,
-    TEMPLATE_KEY,
     parse_search_space,
 )
 from webapp.experiments.trial_data import experiment_tokens
@@ -268,12 +262,7 @@ def experiment_space(request: HttpRequest, experiment_id: int, fmt: str) -> Http
     experiment = selectors.experiment_get(team=request.team, experiment_id=experiment_id)
     if fmt not in ("yaml", "json"):
         raise Http404("Download the search space as .yaml or .json.")
-    model = model_to_spec(experiment.model)
-    spec = {**({MODEL_KEY: model} if model is not None else {}), CHECKPOINT_KEY: experiment.checkpoint_minutes,
-            **({PRUNER_KEY: experiment.pruner} if experiment.pruner else {}),
-            **({HOLDOUT_KEY: experiment.holdout_bytes} if experiment.holdout_bytes else {}),
-            **({TEMPLATE_KEY: experiment.chat_template} if experiment.chat_template else {}),
-            **experiment.search_space}
+    spec = selectors.experiment_spec(experiment)
     if fmt == "yaml":
         body, content_type = yaml.safe_dump(spec, sort_keys=False), "application/yaml"
     else:

@@ -1,0 +1,73 @@
+"""Datasets: upload one (or take a built-in sample), list them, look at one and at its first text or examples."""
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from ninja import File, Form, Router
+from ninja.errors import HttpError
+from ninja.files import UploadedFile
+from ninja.pagination import LimitOffsetPagination, paginate
+
+from webapp.api.auth import audit, team_of
+from webapp.api.schemas import DatasetOut
+from webapp.datasets import selectors, services
+from webapp.datasets.forms import DatasetForm, upload_limit_error
+from webapp.datasets.models import Dataset
+from webapp.datasets.uploads import upload_refused
+
+router = Router(tags=["datasets"])
+
+
+@router.get("", response=list[DatasetOut], summary="The team's datasets, newest first")
+@paginate(LimitOffsetPagination)
+def dataset_list(request: HttpRequest, status: str | None = None) -> QuerySet[Dataset]:
+    datasets = selectors.dataset_list(team=team_of(request)).order_by("-created", "-pk")
+    return datasets.filter(status=status) if status else datasets
+
+
+@router.post("", response={201: DatasetOut}, summary="Upload a corpus or instruction data, or take a sample")
+def dataset_create(
+    request: HttpRequest,
+    source: str = Form("upload", description="upload, sample, sample_chat or import"),
+    name: str = Form("", description="Defaults to the file's name."),
+    kind: str = Form("", description="Instruction data only: its layout; empty: detect from the columns."),
+    vocab_size: str = Form("2048"),
+    val_fraction: str = Form("0.1"),
+    server_path: str = Form("", description="source=import: a file under the server's import folder."),
+    file: UploadedFile | None = File(None),
+) -> tuple[int, Dataset]:
+    """The same checks and messages as the datasets page. The tokenizer is trained in the background: poll
+    the dataset until its ``status`` is ready (or failed, with ``message``)."""
+    team = team_of(request)
+    if upload_refused(request):
+        raise HttpError(413, upload_limit_error(settings.HYDRA.max_upload_bytes))
+    form = DatasetForm({"source": source, "name": name, "kind": kind, "vocab_size": vocab_size,
+                        "val_fraction": val_fraction, "server_path": server_path}, request.FILES)
+    if not form.is_valid():
+        raise ValidationError({field: list(messages) for field, messages in form.errors.items()})
+    data = form.cleaned_data
+    dataset = services.dataset_create(
+        team=team, user=request.user, name=data["name"], corpus=data["corpus"], source=data["source"],
+        vocab_size=data["vocab_size"], val_fraction=data["val_fraction"], filename=data["filename"],
+        kind=data["kind"])
+    audit(request, "dataset.create", f"dataset {dataset.pk}")
+    return 201, dataset
+
+
+@router.get("/{dataset_id}", response=DatasetOut, summary="One dataset")
+def dataset_detail(request: HttpRequest, dataset_id: int) -> Dataset:
+    return selectors.dataset_get(team=team_of(request), dataset_id=dataset_id)
+
+
+@router.get("/{dataset_id}/preview", summary="A ready dataset's first text and its tokens, or first examples")
+def dataset_preview(request: HttpRequest, dataset_id: int) -> dict[str, Any]:
+    dataset = selectors.dataset_get(team=team_of(request), dataset_id=dataset_id)
+    if not dataset.is_ready:
+        raise HttpError(409, f"Dataset {dataset.name} is {dataset.get_status_display().lower()}; its preview "
+                             "comes once it is ready.")
+    if dataset.is_instruction:
+        return {"kind": dataset.kind, **selectors.dataset_examples_preview(dataset=dataset)}
+    return {"kind": dataset.kind, **selectors.dataset_preview(dataset=dataset)}

@@ -1,0 +1,153 @@
+"""What the API returns: one schema per resource, read from the models by name."""
+
+from datetime import datetime
+from typing import Any
+
+from ninja import Schema
+
+
+class ErrorOut(Schema):
+    detail: str
+    errors: dict[str, list[str]] = {}
+
+
+class TeamOut(Schema):
+    id: int
+    name: str
+    role: str
+
+
+class MeOut(Schema):
+    username: str
+    team: TeamOut | None
+    teams: list[TeamOut]
+    token: str
+    scope: str
+    token_expires: datetime
+
+
+class DatasetOut(Schema):
+    id: int
+    name: str
+    kind: str
+    source: str
+    status: str
+    message: str
+    vocab_size: int
+    val_fraction: float
+    n_bytes: int
+    n_tokens: int
+    n_examples: int
+    created: datetime
+
+
+class CheckpointOut(Schema):
+    id: int
+    name: str
+    family: str
+    status: str
+    n_params: int | None
+    context_length: int | None
+    vocab_size: int | None
+
+
+class ExperimentOut(Schema):
+    id: int
+    name: str
+    dataset: int
+    dataset_name: str
+    status: str
+    model: dict[str, Any]
+    strategy: str
+    n_trials: int
+    budget_unit: str
+    budget: float
+    eval_every: int
+    seed: int
+    priority: str
+    trials: dict[str, int]
+    created: datetime
+    launched: datetime | None
+    cloned_from: int | None
+    tags: list[str]
+
+
+class TrialOut(Schema):
+    id: int
+    experiment: int
+    number: int
+    status: str
+    message: str
+    params: dict[str, Any]
+    attempt: int
+    step: int
+    total_steps: int
+    remaining_s: float | None
+    best_val_loss: float | None
+    best_val_ppl: float | None
+    final_bpb: float | None
+    final_loss: float | None
+    actions: list[str]
+    plan: dict[str, Any] | None
+    created: datetime
+    updated: str  # ISO 8601 to the microsecond: pass it as ``updated_since``
+    started: datetime | None
+    finished: datetime | None
+
+
+class StepOut(Schema):
+    step: int
+    loss: float
+    lr: float
+    tokens: int
+    time: float
+
+
+class EvalOut(Schema):
+    step: int
+    loss: float
+    perplexity: float
+    bpb: float | None
+    time: float
+
+
+class MetricsOut(Schema):
+    trial: TrialOut
+    steps: list[StepOut]
+    evals: list[EvalOut]
+    next: int  # pass as ``since`` to get only what came after
+
+
+class ArchiveOut(Schema):
+    status: str
+    message: str = ""
+    size_bytes: int | None = None
+    download: str | None = None
+
+
+class GenerationOut(Schema):
+    id: int
+    status: str
+    prompt: str
+    text: str
+    message: str
+
+
+class PreviewTrialOut(Schema):
+    number: int
+    params: dict[str, Any]
+    total_steps: int
+    plan: dict[str, Any] | None
+
+
+class PreviewOut(Schema):
+    status: str
+    id: int | None = None
+    message: str = ""
+    budget_bytes: int | None = None
+    trials: list[PreviewTrialOut] = []
+
+
+class CountOut(Schema):
+    count: int
+    detail: str

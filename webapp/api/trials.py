@@ -1,0 +1,182 @@
+"""Trials: read one, control it (pause, resume, cancel, retry, continue), poll its metrics with a cursor,
+download its model, and ask it to continue a prompt."""
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.http import FileResponse, HttpRequest
+from ninja import Router, Schema
+from ninja.errors import HttpError
+
+from webapp.api.auth import audit, team_of
+from webapp.api.schemas import ArchiveOut, GenerationOut, MetricsOut, TrialOut
+from webapp.experiments import archives, continuing, generations, selectors, services
+from webapp.experiments.continue_form import ContinueForm
+from webapp.experiments.events import trial_events_sync_quietly
+from webapp.experiments.generation_form import DEFAULTS, GenerationForm
+from webapp.ground.models import Generation, Trial, TrialArchive
+from webapp.telemetry.models import EvalMetric, StepMetric
+
+router = Router(tags=["trials"])
+MAX_STEPS_PER_POLL = 1000
+
+
+def trial_out(trial: Trial) -> dict[str, Any]:
+    fields = ("number", "status", "message", "params", "attempt", "step", "total_steps", "remaining_s",
+              "best_val_loss", "best_val_ppl", "final_bpb", "final_loss", "created", "started",
+              "finished")
+    return {"id": trial.pk, "experiment": trial.experiment_id, **{f: getattr(trial, f) for f in fields},
+            "updated": trial.updated.isoformat(),  # to the microsecond: the cursor of ``updated_since``
+            "actions": selectors.trial_actions(trial), "plan": selectors.plan_summary(trial.plan)}
+
+
+def _trial(request: HttpRequest, trial_id: int) -> Trial:
+    return selectors.trial_get(team=team_of(request), trial_id=trial_id)
+
+
+def _form_error(form: Any) -> ValidationError:
+    return ValidationError({field: list(messages) for field, messages in form.errors.items()})
+
+
+@router.get("/{trial_id}", response=TrialOut, summary="One trial")
+def trial_detail(request: HttpRequest, trial_id: int) -> dict[str, Any]:
+    trial_events_sync_quietly()  # statuses as the scheduler has them, as the pages show them
+    return trial_out(_trial(request, trial_id))
+
+
+@router.get("/{trial_id}/metrics", response=MetricsOut, summary="The trial's steps and evaluations after a cursor")
+def trial_metrics(request: HttpRequest, trial_id: int, since: int = -1) -> dict[str, Any]:
+    """The current attempt's training steps (at most 1,000 per call) and evaluations after step ``since``,
+    with the trial. Poll with ``since`` = the ``next`` of the last answer: an unchanged trial answers with
+    empty lists."""
+    trial_events_sync_quietly()
+    trial = _trial(request, trial_id)
+    steps = list(StepMetric.objects.filter(trial=trial, attempt=trial.attempt, step__gt=since)
+                 .order_by("step")[:MAX_STEPS_PER_POLL])
+    last = steps[-1].step if len(steps) == MAX_STEPS_PER_POLL else None
+    evals = EvalMetric.objects.filter(trial=trial, attempt=trial.attempt, step__gt=since).order_by("step")
+    if last is not None:
+        evals = evals.filter(step__lte=last)
+    evals = list(evals)
+    seen = [m.step for m in steps] + [m.step for m in evals]
+    return {"trial": trial_out(trial), "steps": steps, "evals": evals, "next": max(seen, default=since)}
+
+
+class ContinueIn(Schema):
+    steps: int
+    lr: float
+    warmup_steps: int = 0
+    decay: str = "cosine"
+
+
+@router.post("/{trial_id}/continue", response=TrialOut, summary="Train a finished trial further")
+def trial_continue(request: HttpRequest, trial_id: int, body: ContinueIn) -> dict[str, Any]:
+    """From its last checkpoint, for ``steps`` more steps at peak learning rate ``lr``: as the trial's page."""
+    trial = _trial(request, trial_id)
+    form = ContinueForm({f"{ContinueForm.prefix}-{key}": str(value) for key, value in body.dict().items()})
+    if not form.is_valid():
+        raise _form_error(form)
+    continuing.trial_continue(trial=trial, actor=request.user, **form.values())
+    audit(request, "trial.continue", f"trial {trial.pk}")
+    trial.refresh_from_db()
+    return trial_out(trial)
+
+
+def _archive_out(archive: TrialArchive | None, trial: Trial) -> dict[str, Any]:
+    if archive is None:
+        return {"status": "none", "message": "Not packed yet: POST to /trials/{id}/archive first."}
+    ready = archive.status == TrialArchive.Status.READY and archive.path.is_file()
+    return {"status": archive.status, "message": archive.message or archive.send_error,
+            "size_bytes": archive.size_bytes, "download": f"/api/v1/trials/{trial.pk}/export" if ready else None}
+
+
+@router.post("/{trial_id}/archive", response=ArchiveOut, summary="Pack the trial's model for download")
+def trial_archive(request: HttpRequest, trial_id: int) -> dict[str, Any]:
+    """The web worker packs the exported model (weights, config, tokenizer) into a .tar.gz; poll GET on the same
+    path until ``status`` is ready, then download ``download``."""
+    trial = _trial(request, trial_id)
+    archive = archives.trial_archive_request(trial=trial)
+    audit(request, "trial.archive", f"trial {trial.pk}")
+    return _archive_out(archive, trial)
+
+
+@router.get("/{trial_id}/archive", response=ArchiveOut, summary="Whether the trial's model is packed")
+def trial_archive_status(request: HttpRequest, trial_id: int) -> dict[str, Any]:
+    trial = _trial(request, trial_id)
+    return _archive_out(archives.trial_archive_get(trial=trial), trial)
+
+
+@router.get("/{trial_id}/export", summary="Download the trial's packed model (.tar.gz)",
+            response={200: bytes, 409: Any})
+def trial_export(request: HttpRequest, trial_id: int) -> FileResponse:
+    trial = _trial(request, trial_id)
+    archive = archives.trial_archive_get(trial=trial)
+    if archive is None or archive.status != TrialArchive.Status.READY or not archive.path.is_file():
+        raise HttpError(409, "This trial's model is not packed for download: POST to its archive first, and "
+                             "wait until it is ready.")
+    return FileResponse(archive.path.open("rb"), as_attachment=True, filename=archives.archive_filename(trial),
+                        content_type="application/gzip")
+
+
+class GenerateIn(Schema):
+    prompt: str
+    max_new_tokens: int = DEFAULTS["max_new_tokens"]
+    temperature: float = DEFAULTS["temperature"]
+    top_p: float = DEFAULTS["top_p"]
+    seed: int = DEFAULTS["seed"]
+
+
+def _generation_out(generation: Generation) -> dict[str, Any]:
+    return {"id": generation.pk, "status": generation.status, "prompt": generation.prompt,
+            "text": generation.text, "message": generation.message or generation.send_error}
+
+
+@router.post("/{trial_id}/generate", response={202: GenerationOut}, summary="Continue a prompt with the model")
+def trial_generate(request: HttpRequest, trial_id: int, body: GenerateIn) -> tuple[int, dict[str, Any]]:
+    """The web worker generates in the background: poll /trials/{id}/generations/{generation_id}."""
+    trial = _trial(request, trial_id)
+    form = GenerationForm({key: str(value) for key, value in body.dict().items()})
+    if not form.is_valid():
+        raise _form_error(form)
+    generation = generations.generation_request(trial=trial, actor=request.user, settings=form.settings())
+    audit(request, "trial.generate", f"trial {trial.pk}")
+    return 202, _generation_out(generation)
+
+
+@router.get("/{trial_id}/generations/{generation_id}", response=GenerationOut, summary="One generation")
+def trial_generation(request: HttpRequest, trial_id: int, generation_id: int) -> dict[str, Any]:
+    trial = _trial(request, trial_id)
+    return _generation_out(generations.generation_get(trial=trial, generation_id=generation_id))
+
+
+def _control(request: HttpRequest, trial_id: int, action: str) -> dict[str, Any]:
+    """The same controls as the trial's page, with the same roles: the team's owners, and the member who created
+    the experiment. A control its status does not allow answers 400 saying why."""
+    trial = _trial(request, trial_id)
+    if action == "retry":
+        services.trial_retry(trial=trial, actor=request.user)
+    else:
+        services.trial_control(trial=trial, action=action, actor=request.user)
+    audit(request, f"trial.{action}", f"trial {trial.pk}")
+    trial.refresh_from_db()
+    return trial_out(trial)
+
+
+@router.post("/{trial_id}/pause", response=TrialOut, summary="Pause the trial at its next unit boundary")
+def trial_pause(request: HttpRequest, trial_id: int) -> dict[str, Any]:
+    return _control(request, trial_id, "pause")
+
+
+@router.post("/{trial_id}/resume", response=TrialOut, summary="Resume a paused trial")
+def trial_resume(request: HttpRequest, trial_id: int) -> dict[str, Any]:
+    return _control(request, trial_id, "resume")
+
+
+@router.post("/{trial_id}/cancel", response=TrialOut, summary="Stop the trial for good")
+def trial_cancel(request: HttpRequest, trial_id: int) -> dict[str, Any]:
+    return _control(request, trial_id, "cancel")
+
+
+@router.post("/{trial_id}/retry", response=TrialOut, summary="Run a failed or cancelled trial again")
+def trial_retry(request: HttpRequest, trial_id: int) -> dict[str, Any]:
+    return _control(request, trial_id, "retry")
