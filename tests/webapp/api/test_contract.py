@@ -140,6 +140,9 @@ def test_the_audit_log_lists_api_writes_for_owners_only(alice, alice_team, alice
     page = alice_client.get(reverse("team_audit", args=[alice_team.pk]))
     assert page.status_code == 200 and "experiment.create" in page.content.decode()
     assert bob_client.get(reverse("team_audit", args=[alice_team.pk])).status_code == 403
+    audit_link = reverse("team_audit", args=[alice_team.pk])
+    assert audit_link in alice_client.get(reverse("team_detail", args=[alice_team.pk])).content.decode()
+    assert audit_link not in bob_client.get(reverse("team_detail", args=[alice_team.pk])).content.decode()
 
 
 def test_a_dataset_is_uploaded_with_the_pages_checks(alice_api, data_dir):

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.django_db
 
 
 def test_a_token_made_on_the_page_is_shown_once_stored_hashed_and_works(alice, alice_client):
+    assert reverse("api_tokens") in alice_client.get(reverse("team_list")).content.decode()  # every page links it
     response = alice_client.post(reverse("api_tokens"), {"name": "laptop", "scope": "read", "days": 7})
     assert response.status_code == 200
     secret = re.search(r'<code id="token-secret">([^<]+)</code>', response.content.decode()).group(1)
