@@ -5,7 +5,9 @@ downloaded."""
 from __future__ import annotations
 
 import io
+import re
 import tarfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -210,3 +212,14 @@ def test_continue_takes_the_forms_checks(alice_api, alice_team, alice_dataset):
     assert refused.status_code == 400 and "at most 1" in refused.json()["errors"]["lr"][0]
     not_finished = alice_api.post(f"/trials/{trial.pk}/continue", {"steps": 10, "lr": 0.001})
     assert not_finished.status_code == 400
+
+
+def test_the_docs_example_space_creates_a_random_search(alice_api, alice_dataset):
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "api.md").read_text()
+    example = re.search(r"```yaml\n(.*?)```", docs, re.S).group(1)
+    response = alice_api.post("/experiments", body(alice_dataset, space=example, strategy="random", n_trials=3))
+    assert response.status_code == 201, response.content
+    experiment = Experiment.objects.get(pk=response.json()["id"])
+    assert experiment.trials.count() == 3
+    assert all(0.0003 <= t.params["lr"] <= 0.003 and t.params["batch_size"] in (4, 8)
+               for t in experiment.trials.all())
