@@ -57,12 +57,12 @@ def dataset_create(
     return 201, dataset
 
 
-@router.get("/{dataset_id}", response=DatasetOut, summary="One dataset")
+@router.get("/{id:dataset_id}", response=DatasetOut, summary="One dataset")
 def dataset_detail(request: HttpRequest, dataset_id: int) -> Dataset:
     return selectors.dataset_get(team=team_of(request), dataset_id=dataset_id)
 
 
-@router.get("/{dataset_id}/preview", summary="A ready dataset's first text and its tokens, or first examples")
+@router.get("/{id:dataset_id}/preview", summary="A ready dataset's first text and its tokens, or first examples")
 def dataset_preview(request: HttpRequest, dataset_id: int) -> dict[str, Any]:
     dataset = selectors.dataset_get(team=team_of(request), dataset_id=dataset_id)
     if not dataset.is_ready:

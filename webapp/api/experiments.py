@@ -214,22 +214,22 @@ def _stored(preview: ExperimentPreview) -> dict[str, Any]:
             "trials": [_preview_trial(t) for t in previews.preview_trials(preview)]}
 
 
-@router.get("/previews/{preview_id}", response=PreviewOut, summary="A large sweep's preview, as far as it got")
+@router.get("/previews/{id:preview_id}", response=PreviewOut, summary="A large sweep's preview, as far as it got")
 def experiment_preview_get(request: HttpRequest, preview_id: int) -> dict[str, Any]:
     return _stored(previews.experiment_preview_get(team=team_of(request), preview_id=preview_id))
 
 
-@router.get("/{experiment_id}", response=ExperimentOut, summary="One experiment")
+@router.get("/{id:experiment_id}", response=ExperimentOut, summary="One experiment")
 def experiment_detail(request: HttpRequest, experiment_id: int) -> dict[str, Any]:
     return experiment_out(_listed(request, experiment_id))
 
 
-@router.get("/{experiment_id}/space", summary="The search space with its model: what create takes back")
+@router.get("/{id:experiment_id}/space", summary="The search space with its model: what create takes back")
 def experiment_space(request: HttpRequest, experiment_id: int) -> dict[str, Any]:
     return selectors.experiment_spec(selectors.experiment_get(team=team_of(request), experiment_id=experiment_id))
 
 
-@router.get("/{experiment_id}/trials", response=list[TrialOut], summary="The experiment's trials")
+@router.get("/{id:experiment_id}/trials", response=list[TrialOut], summary="The experiment's trials")
 def experiment_trials(request: HttpRequest, experiment_id: int, sort: str = "number",
                       updated_since: str | None = None) -> list[dict[str, Any]]:
     """``sort``: number, best or status. ``updated_since``: only trials changed after this time (ISO 8601),
@@ -247,7 +247,7 @@ def experiment_trials(request: HttpRequest, experiment_id: int, sort: str = "num
     return [trial_out(t) for t in trials]
 
 
-@router.post("/{experiment_id}/clone", response={201: ExperimentOut}, summary="A new experiment like this one")
+@router.post("/{id:experiment_id}/clone", response={201: ExperimentOut}, summary="A new experiment like this one")
 def experiment_clone(request: HttpRequest, experiment_id: int, changes: ExperimentChanges) -> tuple[int, Any]:
     """Everything of the source experiment, with the fields given changed; checked as a new experiment."""
     source = selectors.experiment_get(team=team_of(request), experiment_id=experiment_id)
@@ -278,17 +278,17 @@ def _act(request: HttpRequest, experiment_id: int, action: str) -> dict[str, Any
     return {"count": count, "detail": detail}
 
 
-@router.post("/{experiment_id}/launch", response=CountOut, summary="Send every trial not yet launched")
+@router.post("/{id:experiment_id}/launch", response=CountOut, summary="Send every trial not yet launched")
 def experiment_launch(request: HttpRequest, experiment_id: int) -> dict[str, Any]:
     return _act(request, experiment_id, "launch")
 
 
-@router.post("/{experiment_id}/cancel", response=CountOut, summary="Stop every trial that runs or waits")
+@router.post("/{id:experiment_id}/cancel", response=CountOut, summary="Stop every trial that runs or waits")
 def experiment_cancel(request: HttpRequest, experiment_id: int) -> dict[str, Any]:
     return _act(request, experiment_id, "cancel")
 
 
-@router.post("/{experiment_id}/retry-failed", response=CountOut, summary="Run every failed trial again")
+@router.post("/{id:experiment_id}/retry-failed", response=CountOut, summary="Run every failed trial again")
 def experiment_retry_failed(request: HttpRequest, experiment_id: int) -> dict[str, Any]:
     return _act(request, experiment_id, "retry-failed")
 

@@ -35,12 +35,12 @@ def models(request: HttpRequest) -> list[Checkpoint]:
     return list(checkpoint_list())
 
 
-@router.get("/models/{checkpoint_id}", response=CheckpointOut, summary="One checkpoint of the catalog")
+@router.get("/models/{id:checkpoint_id}", response=CheckpointOut, summary="One checkpoint of the catalog")
 def model(request: HttpRequest, checkpoint_id: int) -> Checkpoint:
     return checkpoint_get(checkpoint_id=checkpoint_id)
 
 
-@router.get("/leaderboards/{dataset_id}", summary="The team's best trials on a dataset, and each team's best")
+@router.get("/leaderboards/{id:dataset_id}", summary="The team's best trials on a dataset, and each team's best")
 def leaderboard(request: HttpRequest, dataset_id: int, metric: str | None = None, holdout: str | None = None,
                 limit: int = 50) -> dict[str, Any]:
     """``metric`` and ``holdout`` as on the leaderboard page; ``limit``: the team's best this many (1 to 200)."""

@@ -38,13 +38,13 @@ def _form_error(form: Any) -> ValidationError:
     return ValidationError({field: list(messages) for field, messages in form.errors.items()})
 
 
-@router.get("/{trial_id}", response=TrialOut, summary="One trial")
+@router.get("/{id:trial_id}", response=TrialOut, summary="One trial")
 def trial_detail(request: HttpRequest, trial_id: int) -> dict[str, Any]:
     trial_events_sync_quietly()  # statuses as the scheduler has them, as the pages show them
     return trial_out(_trial(request, trial_id))
 
 
-@router.get("/{trial_id}/metrics", response=MetricsOut, summary="The trial's steps and evaluations after a cursor")
+@router.get("/{id:trial_id}/metrics", response=MetricsOut, summary="The trial's steps and evaluations after a cursor")
 def trial_metrics(request: HttpRequest, trial_id: int, since: int = -1) -> dict[str, Any]:
     """The current attempt's training steps (at most 1,000 per call) and evaluations after step ``since``,
     with the trial. Poll with ``since`` = the ``next`` of the last answer: an unchanged trial answers with
@@ -69,7 +69,7 @@ class ContinueIn(Schema):
     decay: str = "cosine"
 
 
-@router.post("/{trial_id}/continue", response=TrialOut, summary="Train a finished trial further")
+@router.post("/{id:trial_id}/continue", response=TrialOut, summary="Train a finished trial further")
 def trial_continue(request: HttpRequest, trial_id: int, body: ContinueIn) -> dict[str, Any]:
     """From its last checkpoint, for ``steps`` more steps at peak learning rate ``lr``: as the trial's page."""
     trial = _trial(request, trial_id)
@@ -90,7 +90,7 @@ def _archive_out(archive: TrialArchive | None, trial: Trial) -> dict[str, Any]:
             "size_bytes": archive.size_bytes, "download": f"/api/v1/trials/{trial.pk}/export" if ready else None}
 
 
-@router.post("/{trial_id}/archive", response=ArchiveOut, summary="Pack the trial's model for download")
+@router.post("/{id:trial_id}/archive", response=ArchiveOut, summary="Pack the trial's model for download")
 def trial_archive(request: HttpRequest, trial_id: int) -> dict[str, Any]:
     """The web worker packs the exported model (weights, config, tokenizer) into a .tar.gz; poll GET on the same
     path until ``status`` is ready, then download ``download``."""
@@ -100,13 +100,13 @@ def trial_archive(request: HttpRequest, trial_id: int) -> dict[str, Any]:
     return _archive_out(archive, trial)
 
 
-@router.get("/{trial_id}/archive", response=ArchiveOut, summary="Whether the trial's model is packed")
+@router.get("/{id:trial_id}/archive", response=ArchiveOut, summary="Whether the trial's model is packed")
 def trial_archive_status(request: HttpRequest, trial_id: int) -> dict[str, Any]:
     trial = _trial(request, trial_id)
     return _archive_out(archives.trial_archive_get(trial=trial), trial)
 
 
-@router.get("/{trial_id}/export", summary="Download the trial's packed model (.tar.gz)",
+@router.get("/{id:trial_id}/export", summary="Download the trial's packed model (.tar.gz)",
             response={200: bytes, 409: Any})
 def trial_export(request: HttpRequest, trial_id: int) -> FileResponse:
     trial = _trial(request, trial_id)
@@ -131,9 +131,9 @@ def _generation_out(generation: Generation) -> dict[str, Any]:
             "text": generation.text, "message": generation.message or generation.send_error}
 
 
-@router.post("/{trial_id}/generate", response={202: GenerationOut}, summary="Continue a prompt with the model")
+@router.post("/{id:trial_id}/generate", response={202: GenerationOut}, summary="Continue a prompt with the model")
 def trial_generate(request: HttpRequest, trial_id: int, body: GenerateIn) -> tuple[int, dict[str, Any]]:
-    """The web worker generates in the background: poll /trials/{id}/generations/{generation_id}."""
+    """The web worker generates in the background: poll /trials/{id}/generations/{id:generation_id}."""
     trial = _trial(request, trial_id)
     form = GenerationForm({key: str(value) for key, value in body.dict().items()})
     if not form.is_valid():
@@ -143,7 +143,7 @@ def trial_generate(request: HttpRequest, trial_id: int, body: GenerateIn) -> tup
     return 202, _generation_out(generation)
 
 
-@router.get("/{trial_id}/generations/{generation_id}", response=GenerationOut, summary="One generation")
+@router.get("/{id:trial_id}/generations/{id:generation_id}", response=GenerationOut, summary="One generation")
 def trial_generation(request: HttpRequest, trial_id: int, generation_id: int) -> dict[str, Any]:
     trial = _trial(request, trial_id)
     return _generation_out(generations.generation_get(trial=trial, generation_id=generation_id))
@@ -162,21 +162,21 @@ def _control(request: HttpRequest, trial_id: int, action: str) -> dict[str, Any]
     return trial_out(trial)
 
 
-@router.post("/{trial_id}/pause", response=TrialOut, summary="Pause the trial at its next unit boundary")
+@router.post("/{id:trial_id}/pause", response=TrialOut, summary="Pause the trial at its next unit boundary")
 def trial_pause(request: HttpRequest, trial_id: int) -> dict[str, Any]:
     return _control(request, trial_id, "pause")
 
 
-@router.post("/{trial_id}/resume", response=TrialOut, summary="Resume a paused trial")
+@router.post("/{id:trial_id}/resume", response=TrialOut, summary="Resume a paused trial")
 def trial_resume(request: HttpRequest, trial_id: int) -> dict[str, Any]:
     return _control(request, trial_id, "resume")
 
 
-@router.post("/{trial_id}/cancel", response=TrialOut, summary="Stop the trial for good")
+@router.post("/{id:trial_id}/cancel", response=TrialOut, summary="Stop the trial for good")
 def trial_cancel(request: HttpRequest, trial_id: int) -> dict[str, Any]:
     return _control(request, trial_id, "cancel")
 
 
-@router.post("/{trial_id}/retry", response=TrialOut, summary="Run a failed or cancelled trial again")
+@router.post("/{id:trial_id}/retry", response=TrialOut, summary="Run a failed or cancelled trial again")
 def trial_retry(request: HttpRequest, trial_id: int) -> dict[str, Any]:
     return _control(request, trial_id, "retry")
