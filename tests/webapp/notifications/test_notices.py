@@ -189,6 +189,9 @@ def test_a_failing_endpoint_is_retried_after_the_waits_then_given_up(
     assert len({r.headers["X-Hydra-Delivery"] for r in receiver.received}) == 1  # one id for every try
 
 
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite's in-memory test database locks whole tables "
+                    "between threads, so the second write fails instead of waiting; the ordering this checks needs "
+                    "PostgreSQL's row locks (CI runs it there)")
 @pytest.mark.django_db(transaction=True)
 def test_two_last_trials_ending_at_once_end_the_experiment_once(
         alice_team, alice_dataset, launched, loopback_allowed):
