@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
+from django.http.multipartparser import MultiPartParserError
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, Throttled
 from ninja.errors import ValidationError as SchemaError
@@ -52,6 +53,11 @@ def _validation_error(request: HttpRequest, error: ValidationError) -> HttpRespo
         errors = {field: [m for e in items for m in e.messages] for field, items in error.error_dict.items()}
         return _error(request, 400, " ".join(m for ms in errors.values() for m in ms), errors)
     return _error(request, 400, " ".join(error.messages))
+
+
+@api.exception_handler(MultiPartParserError)
+def _bad_multipart(request: HttpRequest, error: MultiPartParserError) -> HttpResponse:
+    return _error(request, 400, f"The upload is not readable multipart/form-data: {error}")
 
 
 @api.exception_handler(AuthenticationError)

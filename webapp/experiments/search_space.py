@@ -449,17 +449,24 @@ def chat_template_of_text(text: str) -> str | None:
     return value
 
 
+def _unreadable(error: yaml.YAMLError) -> SearchSpaceError:
+    detail = str(error)  # PyYAML quotes at most a line's snippet; a long line is cut here
+    if len(detail) > 300:
+        detail = detail[:299] + "…"
+    return SearchSpaceError(f"This is neither YAML nor JSON: {detail}", field="space_text")
+
+
 def _load_text(text: str) -> object:
-    loader = _BoundedLoader(text)
+    try:
+        loader = _BoundedLoader(text)  # reads the text's characters already: a control character fails here
+    except yaml.YAMLError as error:
+        raise _unreadable(error) from None
     try:
         raw = loader.get_single_data()
     except SearchSpaceError:
         raise
     except yaml.YAMLError as error:
-        detail = str(error)  # PyYAML quotes at most a line's snippet; a long line is cut here
-        if len(detail) > 300:
-            detail = detail[:299] + "…"
-        raise SearchSpaceError(f"This is neither YAML nor JSON: {detail}", field="space_text") from None
+        raise _unreadable(error) from None
     except ValueError:  # an integer with more digits than int() reads
         raise SearchSpaceError("The search space holds a number too long to read.", field="space_text") from None
     finally:

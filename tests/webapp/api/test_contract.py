@@ -163,6 +163,12 @@ def test_a_dataset_is_uploaded_with_the_pages_checks(alice_api, data_dir):
     assert listed["count"] == 2 and listed["items"][0]["id"] == sample.json()["id"]
 
 
+def test_a_body_that_is_not_multipart_is_a_400(alice_api):
+    response = alice_api.client.post("/api/v1/datasets", b"--x\r\n", content_type="multipart/form-data",
+                                     headers=alice_api.headers)  # no boundary
+    assert response.status_code == 400 and "multipart" in response.json()["detail"]
+
+
 def test_an_upload_over_the_limit_is_a_413(alice_api, settings):
     from django.core.files.uploadedfile import SimpleUploadedFile
 

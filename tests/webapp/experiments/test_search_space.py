@@ -141,8 +141,9 @@ def test_it_refuses_a_single_anchor_too():
         ("lr: {values: [" + ", ".join(["0.1"] * (MAX_NODES + 1)) + "]}", f"more than {MAX_NODES} entries"),
         ("lr: {values: [" + "9" * 5000 + "]}", "number too long"),
         ("lr: {values: [0.1]\n" + "x" * 10_000, "neither YAML nor JSON"),
+        ("lr: {values: [0.1]}\x9a", "neither YAML nor JSON"),  # a control character YAML refuses to read
     ],
-    ids=["deep-brackets", "deep-values", "too-many-nodes", "long-integer", "broken"],
+    ids=["deep-brackets", "deep-values", "too-many-nodes", "long-integer", "broken", "control-character"],
 )
 def test_it_bounds_what_pasted_text_may_hold(text, words):
     with pytest.raises(SearchSpaceError, match=words) as caught:
