@@ -8,19 +8,39 @@ caller's input.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, Throttled
 from ninja.errors import ValidationError as SchemaError
+from ninja.renderers import JSONRenderer
+from ninja.responses import NinjaJSONEncoder
 
 from webapp import queue_client
 from webapp.api import datasets, experiments, lab, trials
 from webapp.api.auth import TokenAuth, TokenRateThrottle
 
+
+class TimeEncoder(NinjaJSONEncoder):
+    """Times in ISO 8601 to the microsecond with their offset (Django's encoder cuts them to milliseconds), so
+    that a time read back as a cursor (``updated_since``) selects exactly what came after it."""
+
+    def default(self, o: object) -> object:
+        if isinstance(o, datetime):
+            return o.isoformat()
+        return super().default(o)
+
+
+class Renderer(JSONRenderer):
+    encoder_class = TimeEncoder
+
+
 api = NinjaAPI(
     title="Hydra API", version="1", urls_namespace="api", auth=TokenAuth(), throttle=[TokenRateThrottle()],
+    renderer=Renderer(),
     description="Datasets, models, experiments, trials, leaderboards and the lab queue of a Hydra server. "
                 "Authenticate with a personal access token (`Authorization: Bearer hyd_…`), made on the "
                 "server's tokens page. Requests act in the team named by the `X-Hydra-Team` header, or else "

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from ninja import File, Form, Router
+from ninja import File, Form, Router, Status
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
 from ninja.pagination import LimitOffsetPagination, paginate
@@ -38,7 +38,7 @@ def dataset_create(
     val_fraction: str = Form("0.1"),
     server_path: str = Form("", description="source=import: a file under the server's import folder."),
     file: UploadedFile | None = File(None),
-) -> tuple[int, Dataset]:
+) -> Status:
     """The same checks and messages as the datasets page. The tokenizer is trained in the background: poll
     the dataset until its ``status`` is ready (or failed, with ``message``)."""
     team = team_of(request)
@@ -54,7 +54,7 @@ def dataset_create(
         vocab_size=data["vocab_size"], val_fraction=data["val_fraction"], filename=data["filename"],
         kind=data["kind"])
     audit(request, "dataset.create", f"dataset {dataset.pk}")
-    return 201, dataset
+    return Status(201, dataset)
 
 
 @router.get("/{id:dataset_id}", response=DatasetOut, summary="One dataset")

@@ -9,13 +9,14 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.dateparse import parse_datetime
-from ninja import Query, Router, Schema
+from ninja import Query, Router, Schema, Status
 from ninja.pagination import LimitOffsetPagination, paginate
 
 from webapp.api.auth import audit, team_of
 from webapp.api.schemas import CountOut, ExperimentOut, PreviewOut, TrialOut
 from webapp.api.trials import trial_out
 from webapp.experiments import previews, selectors, services
+from webapp.experiments.events import trial_events_sync_quietly
 from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet
 from webapp.experiments.listing import ExperimentListQuery, experiments_listed, trials_sorted
 from webapp.ground.models import Experiment, ExperimentPreview
@@ -180,10 +181,10 @@ def experiment_list(request: HttpRequest, filters: ExperimentFilters = Query(...
 
 
 @router.post("", response={201: ExperimentOut}, summary="Create an experiment (and launch it with launch: true)")
-def experiment_create(request: HttpRequest, body: ExperimentIn) -> tuple[int, dict[str, Any]]:
+def experiment_create(request: HttpRequest, body: ExperimentIn) -> Status:
     """Checked by the new-experiment form: the same rules and the same messages, under the field that caused
     them (``space`` for the search-space text)."""
-    return 201, _create(request, body.dict())
+    return Status(201, _create(request, body.dict()))
 
 
 @router.post("/preview", response=PreviewOut, summary="The trials an experiment would start with, and their memory")
@@ -234,6 +235,7 @@ def experiment_trials(request: HttpRequest, experiment_id: int, sort: str = "num
                       updated_since: str | None = None) -> list[dict[str, Any]]:
     """``sort``: number, best or status. ``updated_since``: only trials changed after this time (ISO 8601),
     for cheap polling: pass the largest ``updated`` seen so far."""
+    trial_events_sync_quietly()  # statuses as the scheduler has them, as the pages show them
     experiment = selectors.experiment_get(team=team_of(request), experiment_id=experiment_id)
     trials = trials_sorted(selectors.experiment_trials(experiment=experiment), sort)
     if updated_since:
@@ -248,7 +250,7 @@ def experiment_trials(request: HttpRequest, experiment_id: int, sort: str = "num
 
 
 @router.post("/{id:experiment_id}/clone", response={201: ExperimentOut}, summary="A new experiment like this one")
-def experiment_clone(request: HttpRequest, experiment_id: int, changes: ExperimentChanges) -> tuple[int, Any]:
+def experiment_clone(request: HttpRequest, experiment_id: int, changes: ExperimentChanges) -> Status:
     """Everything of the source experiment, with the fields given changed; checked as a new experiment."""
     source = selectors.experiment_get(team=team_of(request), experiment_id=experiment_id)
     body: dict[str, Any] = {
@@ -260,7 +262,7 @@ def experiment_clone(request: HttpRequest, experiment_id: int, changes: Experime
         "holdout_bytes": None, "chat_template": "",  # both are in the space already
     }
     body |= {key: value for key, value in changes.dict(exclude_unset=True).items()}
-    return 201, _create(request, body, source=source)
+    return Status(201, _create(request, body, source=source))
 
 
 def _act(request: HttpRequest, experiment_id: int, action: str) -> dict[str, Any]:

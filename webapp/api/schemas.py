@@ -90,7 +90,7 @@ class TrialOut(Schema):
     actions: list[str]
     plan: dict[str, Any] | None
     created: datetime
-    updated: str  # ISO 8601 to the microsecond: pass it as ``updated_since``
+    updated: datetime  # pass the largest seen as ``updated_since``
     started: datetime | None
     finished: datetime | None
 

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.http import FileResponse, HttpRequest
-from ninja import Router, Schema
+from ninja import Router, Schema, Status
 from ninja.errors import HttpError
 
 from webapp.api.auth import audit, team_of
@@ -23,10 +23,9 @@ MAX_STEPS_PER_POLL = 1000
 
 def trial_out(trial: Trial) -> dict[str, Any]:
     fields = ("number", "status", "message", "params", "attempt", "step", "total_steps", "remaining_s",
-              "best_val_loss", "best_val_ppl", "final_bpb", "final_loss", "created", "started",
+              "best_val_loss", "best_val_ppl", "final_bpb", "final_loss", "created", "updated", "started",
               "finished")
     return {"id": trial.pk, "experiment": trial.experiment_id, **{f: getattr(trial, f) for f in fields},
-            "updated": trial.updated.isoformat(),  # to the microsecond: the cursor of ``updated_since``
             "actions": selectors.trial_actions(trial), "plan": selectors.plan_summary(trial.plan)}
 
 
@@ -132,7 +131,7 @@ def _generation_out(generation: Generation) -> dict[str, Any]:
 
 
 @router.post("/{id:trial_id}/generate", response={202: GenerationOut}, summary="Continue a prompt with the model")
-def trial_generate(request: HttpRequest, trial_id: int, body: GenerateIn) -> tuple[int, dict[str, Any]]:
+def trial_generate(request: HttpRequest, trial_id: int, body: GenerateIn) -> Status:
     """The web worker generates in the background: poll /trials/{id}/generations/{id:generation_id}."""
     trial = _trial(request, trial_id)
     form = GenerationForm({key: str(value) for key, value in body.dict().items()})
@@ -140,7 +139,7 @@ def trial_generate(request: HttpRequest, trial_id: int, body: GenerateIn) -> tup
         raise _form_error(form)
     generation = generations.generation_request(trial=trial, actor=request.user, settings=form.settings())
     audit(request, "trial.generate", f"trial {trial.pk}")
-    return 202, _generation_out(generation)
+    return Status(202, _generation_out(generation))
 
 
 @router.get("/{id:trial_id}/generations/{id:generation_id}", response=GenerationOut, summary="One generation")
