@@ -387,7 +387,7 @@ def experiments_space(experiment_id: int) -> None:
 @click.option("--strategy", help="grid, random or tpe (server default: grid).")
 @click.option("--trials", "n_trials", type=int, help="Trials to sample (random and tpe).")
 @click.option("--budget", type=float, help="Each trial's budget, in --budget-unit.")
-@click.option("--budget-unit", help="steps, tokens or minutes (server default: steps).")
+@click.option("--budget-unit", help="steps or epochs (server default: steps).")
 @click.option("--eval-every", type=int, help="Evaluate every this many steps.")
 @click.option("--seed", type=int, help="The sweep's random seed.")
 @click.option("--memory-mib", "memory_budget_mib", type=int, help="Device memory per trial (default: auto).")

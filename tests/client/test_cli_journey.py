@@ -87,7 +87,8 @@ def _unpack(archive: Path, into: Path) -> Path:
 
 def test_a_model_is_trained_and_downloaded_from_the_command_line(devstack: DevStack, tmp_path: Path) -> None:
     hydra = Terminal(tmp_path)
-    login = hydra.run("login", devstack.url, input=_write_token(devstack) + "\n")
+    token = _write_token(devstack)
+    login = hydra.run("login", devstack.url, input=token + "\n")
     assert login.returncode == 0, login.stderr
     assert (tmp_path / "hydra.json").stat().st_mode & 0o777 == 0o600
 
@@ -124,3 +125,13 @@ def test_a_model_is_trained_and_downloaded_from_the_command_line(devstack: DevSt
         out = model(input_ids=tokens, labels=tokens)
     assert out.logits.shape == (1, 16, model.config.vocab_size)
     assert torch.isfinite(out.loss)
+
+    # The README's sweep from Python, on the same server: it runs as printed, with this server and token.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = re.search(r"```python\n(.*?)```", readme, re.S)[1]
+    example = example.replace('"http://127.0.0.1:8000"', repr(devstack.url)).replace('"hyd_..."', repr(token))
+    done = subprocess.run([sys.executable, "-c", example], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=COMMAND_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    rows = done.stdout.splitlines()
+    assert [row.split()[0] for row in rows] == ["1", "2", "3", "4"], done.stdout
