@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+from django.contrib.staticfiles import finders
 from django.urls import reverse
 from openapi_spec_validator import validate
 
@@ -203,3 +204,6 @@ def test_the_schema_is_valid_openapi_and_the_docs_page_loads_nothing_from_elsewh
     html = docs.content.decode()
     assert "swagger-ui" in html
     assert not re.search(r"(src|href)=\"https?://", html), html  # no CDN: a lab server may have no internet
+    scripts = re.findall(r'src="/static/([^"]+)"', html)
+    assert "ninja/swagger-ui-bundle.js" in scripts
+    assert all(finders.find(path) for path in scripts), scripts  # what collectstatic gathers and serves
