@@ -16,14 +16,17 @@ claims, and reads through a memory map, allocating nothing in proportion to a cl
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import json
 import mmap
 import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -236,6 +239,39 @@ def _readable_as_umask_allows(directory: Path) -> None:
         path.chmod(0o666 & ~umask)
 
 
+_PARSE_ONCE = threading.Lock()  # one import patches the gguf package at a time
+
+
+@contextlib.contextmanager
+def _parsed_once() -> Iterator[None]:
+    """Within an import, one parse of each GGUF file and one tensor-name map per architecture and depth.
+
+    transformers reads the file three times (the config, the weights, the tokenizer), each time parsing every
+    metadata field again (SmolLM2's vocabulary alone is 49,152 strings and its merges as many), and builds
+    gguf's tensor-name map once per module of the model. Both are pure functions of their arguments, and
+    transformers looks both up in the gguf package when it calls them, so for the import's duration the
+    package answers them from a cache. Nothing else changes: the weights, config and tokenizer written are
+    the same bytes (tests/engine/test_gguf_import_cache.py)."""
+    import gguf
+
+    with _PARSE_ONCE:
+        reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        readers: dict[tuple[str, str], object] = {}
+
+        def reader(path: str | os.PathLike[str], mode: str = "r") -> object:
+            key = (os.fspath(path), mode)
+            if key not in readers:
+                readers[key] = reader_class(path, mode)
+            return readers[key]
+
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(name_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
+            readers.clear()
+
+
 def import_gguf(gguf_path: Path | str, out_dir: Path | str, *,
                 progress: Callable[[str], None] | None = None) -> CheckpointInfo:
     """Convert the GGUF model ``gguf_path`` into the checkpoint directory ``out_dir`` (which must not exist).
@@ -259,10 +295,11 @@ def import_gguf(gguf_path: Path | str, out_dir: Path | str, *,
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         try:
-            model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
-                                                         dtype=torch.float32, local_files_only=True)
-            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
-                                                      local_files_only=True)
+            with _parsed_once():
+                model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                             dtype=torch.float32, local_files_only=True)
+                tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                          local_files_only=True)
         except Exception as err:  # a malformed file fails deep inside gguf or transformers, with any error type
             raise CheckpointError(f"{gguf_path} could not be loaded as a GGUF model: {err}") from err
         say("writing the weights as safetensors")
