@@ -280,17 +280,17 @@ def _act(request: HttpRequest, experiment_id: int, action: str) -> dict[str, Any
     return {"count": count, "detail": detail}
 
 
-@router.post("/{id:experiment_id}/launch", response=CountOut, summary="Send every trial not yet launched")
-def experiment_launch(request: HttpRequest, experiment_id: int) -> dict[str, Any]:
-    return _act(request, experiment_id, "launch")
+def _act_endpoint(action: str, summary: str) -> None:
+    """Register ``POST /experiments/{id}/<action>``: one path per control, so that the schema lists each."""
+
+    def endpoint(request: HttpRequest, experiment_id: int) -> dict[str, Any]:
+        return _act(request, experiment_id, action)
+
+    endpoint.__name__ = f"experiment_{action.replace('-', '_')}"  # the schema's operation id
+    router.post(f"/{{id:experiment_id}}/{action}", response=CountOut, summary=summary)(endpoint)
 
 
-@router.post("/{id:experiment_id}/cancel", response=CountOut, summary="Stop every trial that runs or waits")
-def experiment_cancel(request: HttpRequest, experiment_id: int) -> dict[str, Any]:
-    return _act(request, experiment_id, "cancel")
-
-
-@router.post("/{id:experiment_id}/retry-failed", response=CountOut, summary="Run every failed trial again")
-def experiment_retry_failed(request: HttpRequest, experiment_id: int) -> dict[str, Any]:
-    return _act(request, experiment_id, "retry-failed")
-
+for _action, _summary in (("launch", "Send every trial not yet launched"),
+                          ("cancel", "Stop every trial that runs or waits"),
+                          ("retry-failed", "Run every failed trial again")):
+    _act_endpoint(_action, _summary)

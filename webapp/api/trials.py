@@ -161,21 +161,17 @@ def _control(request: HttpRequest, trial_id: int, action: str) -> dict[str, Any]
     return trial_out(trial)
 
 
-@router.post("/{id:trial_id}/pause", response=TrialOut, summary="Pause the trial at its next unit boundary")
-def trial_pause(request: HttpRequest, trial_id: int) -> dict[str, Any]:
-    return _control(request, trial_id, "pause")
+def _control_endpoint(action: str, summary: str) -> None:
+    """Register ``POST /trials/{id}/<action>``: one path per control, so that the schema lists each."""
+
+    def endpoint(request: HttpRequest, trial_id: int) -> dict[str, Any]:
+        return _control(request, trial_id, action)
+
+    endpoint.__name__ = f"trial_{action}"  # the schema's operation id
+    router.post(f"/{{id:trial_id}}/{action}", response=TrialOut, summary=summary)(endpoint)
 
 
-@router.post("/{id:trial_id}/resume", response=TrialOut, summary="Resume a paused trial")
-def trial_resume(request: HttpRequest, trial_id: int) -> dict[str, Any]:
-    return _control(request, trial_id, "resume")
-
-
-@router.post("/{id:trial_id}/cancel", response=TrialOut, summary="Stop the trial for good")
-def trial_cancel(request: HttpRequest, trial_id: int) -> dict[str, Any]:
-    return _control(request, trial_id, "cancel")
-
-
-@router.post("/{id:trial_id}/retry", response=TrialOut, summary="Run a failed or cancelled trial again")
-def trial_retry(request: HttpRequest, trial_id: int) -> dict[str, Any]:
-    return _control(request, trial_id, "retry")
+for _action, _summary in (("pause", "Pause the trial at its next unit boundary"),
+                          ("resume", "Resume a paused trial"), ("cancel", "Stop the trial for good"),
+                          ("retry", "Run a failed or cancelled trial again")):
+    _control_endpoint(_action, _summary)
