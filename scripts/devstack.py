@@ -41,7 +41,11 @@ from worker.devices import host_devices
 from worker.processes import Service, StopSignals, Supervisor, stop_processes
 
 ROOT = Path(__file__).resolve().parent.parent
+# Without REDIS_URL, `run` starts (or reuses) a private Redis on this port and `test` one on the next, in folders
+# of their own: the tests never touch the data of a `make run` left running, and a test that runs `make run`
+# gets that stack's own Redis. HYDRA_REDIS_PORT moves `run`'s.
 PRIVATE_REDIS_PORT = 6390
+TEST_REDIS_PORT = 6391
 STOP_GRACE_S = 25.0
 
 
@@ -85,49 +89,60 @@ def redis_server_binary() -> str:
     return str(Path(spec.origin).parent / "bin" / "redis-server")
 
 
-def private_redis_command(redis_dir: Path) -> list[str]:
+def private_redis_port() -> int:
+    """`run`'s private Redis port: HYDRA_REDIS_PORT, else `PRIVATE_REDIS_PORT`."""
+    raw = os.environ.get("HYDRA_REDIS_PORT", "").strip()
+    if not raw:
+        return PRIVATE_REDIS_PORT
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise SystemExit(f"hydra: HYDRA_REDIS_PORT={raw!r} is not a port (1-65535).")
+    return int(raw)
+
+
+def private_redis_command(redis_dir: Path, port: int) -> list[str]:
     """The private Redis: an append-only file fsynced every second (``appendfsync everysec``), plus an RDB
     snapshot at most once a minute, both in `redis_dir`; on start it loads the append-only file."""
     return [
-        redis_server_binary(), "--bind", "127.0.0.1", "--port", str(PRIVATE_REDIS_PORT), "--dir", str(redis_dir),
+        redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(redis_dir),
         "--appendonly", "yes", "--appendfsync", "everysec", "--save", "60 1", "--daemonize", "no",
         "--protected-mode", "yes", "--logfile", str(redis_dir / "redis.log"),
     ]
 
 
-def private_redis_wait(process: subprocess.Popen[bytes], redis_dir: Path) -> None:
+def private_redis_wait(process: subprocess.Popen[bytes], redis_dir: Path, port: int) -> None:
     """Wait until the Redis just started answers (it may first load a large append-only file)."""
     deadline = time.monotonic() + 60
-    while not redis_ping(PRIVATE_REDIS_PORT):
+    while not redis_ping(port):
         if process.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"hydra: redis-server did not start; see {redis_dir / 'redis.log'}")
         time.sleep(0.1)
 
 
-def private_redis() -> tuple[str, Path | None]:
-    """The Redis URL to use, and the folder for a private Redis that must be started (None: one answers)."""
+def private_redis(port: int, folder: str) -> tuple[str, Path | None]:
+    """The Redis URL to use, and the folder for a private Redis on `port` that must be started (None: one
+    answers, or REDIS_URL names one)."""
     if os.environ.get("REDIS_URL"):
         say(f"using REDIS_URL={os.environ['REDIS_URL']}")
         return os.environ["REDIS_URL"], None
-    url = f"redis://127.0.0.1:{PRIVATE_REDIS_PORT}/0"
-    if redis_ping(PRIVATE_REDIS_PORT):
+    url = f"redis://127.0.0.1:{port}/0"
+    if redis_ping(port):
         say(f"reusing the Redis already running at {url}")
         return url, None
-    if port_answers(PRIVATE_REDIS_PORT):
-        raise SystemExit(f"hydra: port {PRIVATE_REDIS_PORT} is taken by something that is not Redis; set REDIS_URL.")
-    redis_dir = data_dir() / "redis"
+    if port_answers(port):
+        raise SystemExit(f"hydra: port {port} is taken by something that is not Redis; set REDIS_URL.")
+    redis_dir = data_dir() / folder
     redis_dir.mkdir(parents=True, exist_ok=True)
     return url, redis_dir
 
 
 @contextmanager
 def redis_available(processes: list[subprocess.Popen[bytes]]) -> Iterator[str]:
-    """Yield a Redis URL, starting a private server when none is configured."""
-    url, redis_dir = private_redis()
+    """Yield a Redis URL for the tests, starting a private server of their own when none is configured."""
+    url, redis_dir = private_redis(TEST_REDIS_PORT, "redis-test")
     if redis_dir is not None:
-        process = subprocess.Popen(private_redis_command(redis_dir), start_new_session=True)
+        process = subprocess.Popen(private_redis_command(redis_dir, TEST_REDIS_PORT), start_new_session=True)
         processes.append(process)
-        private_redis_wait(process, redis_dir)
+        private_redis_wait(process, redis_dir, TEST_REDIS_PORT)
         say(f"started redis-server at {url} (data in {redis_dir})")
     yield url
 
@@ -176,10 +191,12 @@ def run(host: str, port: int) -> int:
     supervisor = Supervisor(report=report)
     started = False
     try:
-        url, redis_dir = private_redis()
+        redis_port = private_redis_port()
+        url, redis_dir = private_redis(redis_port, "redis")
         if redis_dir is not None:
-            redis = supervisor.start(Service("redis-server", private_redis_command(redis_dir), stops_last=True))
-            private_redis_wait(redis, redis_dir)
+            redis = supervisor.start(Service("redis-server", private_redis_command(redis_dir, redis_port),
+                                             stops_last=True))
+            private_redis_wait(redis, redis_dir, redis_port)
             say(f"started redis-server at {url} (data in {redis_dir}, append-only)")
         env = {**os.environ, "REDIS_URL": url, "DEBUG": os.environ.get("DEBUG", "1")}
         manage("migrate", "--noinput", "-v", "0", env=env)

@@ -24,8 +24,6 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 ROOT = Path(__file__).resolve().parents[1]
-# Without REDIS_URL, `make run` starts its own Redis on this port (PRIVATE_REDIS_PORT in scripts/devstack.py).
-PRIVATE_REDIS_URL = "redis://127.0.0.1:6390/0"
 pytestmark = pytest.mark.processes  # `make run`'s services, killed in turn
 
 
@@ -54,9 +52,15 @@ def workers_online(redis_url: str, host_id: str) -> list[dict[str, object]]:
     return [info for reply in replies for info in reply.values() if isinstance(info, dict) and info["host"] == host_id]
 
 
-def web_worker_answers(host_id: str) -> bool:
+def private_redis_url() -> str:
+    """A free port for the Redis `make run` starts without REDIS_URL (HYDRA_REDIS_PORT): its own, never a
+    Redis that `make test` or a developer's `make run` has on the default port."""
+    return f"redis://127.0.0.1:{free_port()}/0"
+
+
+def web_worker_answers(redis_url: str, host_id: str) -> bool:
     """Whether the web worker of `host_id` answers a ping through make run's Redis (it reconnected)."""
-    app = Celery(broker=PRIVATE_REDIS_URL)
+    app = Celery(broker=redis_url)
     app.conf.control_exchange = "hydra-web"  # the web worker's own (webapp/background/celery_app.py)
     try:
         return bool(app.control.ping(destination=[f"web@{host_id}"], timeout=1.0))
@@ -75,7 +79,9 @@ def test_it_serves_login_and_a_worker_then_stops_everything_on_ctrl_c(tmp_path):
     port = free_port()
     env = {key: value for key, value in os.environ.items() if key not in {"REDIS_URL", "DATABASE_URL"}}
     # A fresh data folder: new SQLite database, demo user, and a private Redis that make run must start.
-    env |= {"HYDRA_DATA_DIR": str(tmp_path / "var"), "HYDRA_HOST_ID": "makerun"}
+    redis_url = private_redis_url()
+    env |= {"HYDRA_DATA_DIR": str(tmp_path / "var"), "HYDRA_HOST_ID": "makerun",
+            "HYDRA_REDIS_PORT": str(urllib.parse.urlsplit(redis_url).port)}
     log = (tmp_path / "make-run.log").open("w")
     make = subprocess.Popen(
         ["make", "run", f"PORT={port}"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -92,7 +98,7 @@ def test_it_serves_login_and_a_worker_then_stops_everything_on_ctrl_c(tmp_path):
             seen |= descendants(make.pid)
             try:
                 status, _ = get(f"{base}/health")  # up: the web server, its database and its Redis answer
-                workers = workers_online(PRIVATE_REDIS_URL, "makerun") if status == 200 else []
+                workers = workers_online(redis_url, "makerun") if status == 200 else []
             except OSError:
                 pass
             time.sleep(1)
@@ -142,9 +148,11 @@ class Stack:
         self.base = f"http://127.0.0.1:{self.port}"
         self.data_dir = tmp_path / "var"
         self.host_id = host_id
+        self.redis_url = private_redis_url()
         self.env = {key: value for key, value in os.environ.items() if key not in {"REDIS_URL", "DATABASE_URL"}}
         self.env |= {"HYDRA_DATA_DIR": str(self.data_dir), "HYDRA_HOST_ID": host_id, "HYDRA_DEVICES": "cpu:2",
-                     "HYDRA_SPILL_DIR": str(tmp_path / "spill")}
+                     "HYDRA_SPILL_DIR": str(tmp_path / "spill"),
+                     "HYDRA_REDIS_PORT": str(urllib.parse.urlsplit(self.redis_url).port)}
         self.log_path = tmp_path / "make-run.log"
         self.log = self.log_path.open("w")
         self.make = subprocess.Popen(["make", "run", f"PORT={self.port}"], cwd=ROOT, env=self.env, stdout=self.log,
@@ -185,7 +193,7 @@ class Stack:
 
     def units_done(self) -> dict[str, int]:
         """Each trial of the stack's queue (in its Redis) with the units it has done."""
-        client = redis.Redis.from_url(PRIVATE_REDIS_URL, decode_responses=True, socket_timeout=5)
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=5)
         try:
             prefix = f"hydra:{self.host_id}:trial:"
             return {key.removeprefix(prefix): int(client.hget(key, "units_done") or 0)
@@ -226,17 +234,17 @@ def test_redis_a_worker_and_the_ingest_killed_in_turn_come_back_and_the_experime
     stack = Stack(tmp_path, "makerun-durable")
     try:
         stack.wait("the stack", lambda: get(f"{stack.base}/health")[0] == 200
-                   and len(workers_online(PRIVATE_REDIS_URL, stack.host_id)) == 2)
+                   and len(workers_online(stack.redis_url, stack.host_id)) == 2)
         script = LAUNCH.replace("STEPS", str(STEPS)).replace("PASSWORD", STAFF_PASSWORD)
         launch = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=ROOT, capture_output=True,
-                                text=True, env=stack.env | {"REDIS_URL": PRIVATE_REDIS_URL}, timeout=120)
+                                text=True, env=stack.env | {"REDIS_URL": stack.redis_url}, timeout=120)
         assert "launched" in launch.stdout, launch.stderr
         stack.wait("a trial training", lambda: any(status == "running" and step > 0 for status, step in stack.trials()))
 
         for service, marker in (("redis-server", "redis-server"), ("worker cpu0", "--hostname cpu0@"),
                                 ("ingest", "hydra_ingest")):
             before = stack.units_done()
-            client = redis.Redis.from_url(PRIVATE_REDIS_URL, decode_responses=True)
+            client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
             client.set("test:last-write", "acknowledged")  # what only the append-only file keeps across a kill
             os.kill(stack.service_pid(marker), signal.SIGKILL)
             stack.wait(f"{service} started again", lambda service=service: stack.restarted(service))
@@ -245,8 +253,8 @@ def test_redis_a_worker_and_the_ingest_killed_in_turn_come_back_and_the_experime
                 assert after.keys() == before.keys() and all(after[t] >= before[t] for t in before), (before, after)
                 assert client.get("test:last-write") == "acknowledged"
             client.close()
-        stack.wait("the workers online", lambda: len(workers_online(PRIVATE_REDIS_URL, stack.host_id)) == 2)
-        stack.wait("the web worker back on Redis", lambda: web_worker_answers(stack.host_id))
+        stack.wait("the workers online", lambda: len(workers_online(stack.redis_url, stack.host_id)) == 2)
+        stack.wait("the web worker back on Redis", lambda: web_worker_answers(stack.redis_url, stack.host_id))
         trials_then = stack.trials()
 
         status, public = get(f"{stack.base}/health")

@@ -52,3 +52,15 @@ def test_the_second_stream_has_its_own_postgresql_database_and_sqlite_stays_as_i
 ])
 def test_a_run_that_chooses_its_tests_is_one_stream(devstack_script, args: list[str], one_stream: bool) -> None:
     assert devstack_script.selects_tests(args) is one_stream
+
+
+def test_make_runs_redis_port_is_the_default_or_a_valid_hydra_redis_port(devstack_script, monkeypatch) -> None:
+    monkeypatch.delenv("HYDRA_REDIS_PORT", raising=False)
+    assert devstack_script.private_redis_port() == devstack_script.PRIVATE_REDIS_PORT
+    assert devstack_script.TEST_REDIS_PORT != devstack_script.PRIVATE_REDIS_PORT  # make test never shares it
+    monkeypatch.setenv("HYDRA_REDIS_PORT", "7001")
+    assert devstack_script.private_redis_port() == 7001
+    for bad in ("0", "70000", "six", "-1"):
+        monkeypatch.setenv("HYDRA_REDIS_PORT", bad)
+        with pytest.raises(SystemExit, match="HYDRA_REDIS_PORT"):
+            devstack_script.private_redis_port()
