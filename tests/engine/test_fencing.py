@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.engine.conftest import CPU, run_all, tiny_spec
-from worker.engine import StaleWriterError, TrialSession, trial_create
+from worker.engine import StaleWriterError, TrialSession, spill_store, trial_create
 from worker.engine.faults import REACHED, RELEASE, Fault
 from worker.engine.spill_store import SpillStore
 
@@ -113,3 +113,28 @@ def test_a_writer_stalled_before_during_or_after_writing_cannot_commit_and_leave
     assert actual.keys() == expected.keys()
     for key, tensor in expected.items():
         assert torch.equal(actual[key], tensor), key
+
+
+def test_a_stale_writer_and_the_new_one_may_both_remove_its_files_at_once(tmp_path: Path, monkeypatch) -> None:
+    """The stale writer drops its staged files while the new writer's take removes them as orphans: whichever
+    unlinks a file second finds it gone, and neither fails for it (a stale unit is dropped, never a failed
+    trial)."""
+    store = SpillStore.create(tmp_path / "t", {"cursor": 0})
+    store.write("p0", torch.zeros(4))
+    store.commit()
+    stale = SpillStore.take(tmp_path / "t", 5)
+    stale.write("p0", torch.ones(4))
+    stale.write("g0", torch.ones(4))
+    real_unlink = spill_store.os.unlink
+
+    def raced(path: str) -> None:  # the other writer's cleanup got there first
+        real_unlink(path)
+        real_unlink(path)
+
+    monkeypatch.setattr(spill_store.os, "unlink", raced)
+    SpillStore.take(tmp_path / "t", 6)
+    stale.remove_own_files()
+    monkeypatch.undo()
+    assert sorted(p.name for p in (tmp_path / "t").glob("*.bin")) == ["p0@1.bin"]
+    with pytest.raises(StaleWriterError):
+        stale.commit()

@@ -142,8 +142,7 @@ class SpillStore:
         live = {f"{name}@{version}.bin" for name, version in self._committed_files.items()}
         with os.scandir(self.root) as entries:  # every unit calls this: no pathlib objects per file
             orphans = [e.path for e in entries if e.name.endswith(".bin") and e.name not in live]
-        for path in orphans:
-            os.unlink(path)
+        _unlink_all(orphans)
 
     @property
     def _next_version(self) -> int:
@@ -231,8 +230,7 @@ class SpillStore:
         live = {f"{name}@{version}.bin" for name, version in _read_manifest(self.root)["files"].items()}
         with os.scandir(self.root) as entries:
             mine = [e.path for e in entries if e.name.endswith(suffix) and e.name not in live]
-        for path in mine:
-            os.unlink(path)
+        _unlink_all(mine)
 
     def commit(self) -> None:
         """Atomically publish the working manifest and every staged buffer, then drop superseded files.
@@ -268,6 +266,15 @@ class SpillStore:
                 _file(self.root, name, version).unlink(missing_ok=True)
         self._committed_files = dict(self.manifest["files"])
         self._base_version = self.manifest["version"]
+
+
+def _unlink_all(paths: list[str]) -> None:
+    """Delete files that no commit refers to. One may already be gone: a stale writer dropping its own files
+    and the new writer removing orphans (:meth:`SpillStore.take`) can list the same file at once, and the
+    second unlink must not fail the unit that only cleans up."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _read_manifest(root: Path) -> dict[str, Any]:
