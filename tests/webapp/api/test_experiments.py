@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from tests.webapp.experiments.factories import make_experiment
 from tests.webapp.experiments.test_views import exported_trial
@@ -131,6 +133,11 @@ def test_the_list_pages_and_filters_as_the_page_does(alice_api, alice_team, alic
     assert alice_api.get("/experiments", status="draft").json()["count"] == 3
     assert alice_api.get("/experiments", status="running").json()["count"] == 0
     assert alice_api.get("/experiments", limit=1000).status_code == 400  # at most 100 a page
+    with CaptureQueriesContext(connection) as one:
+        alice_api.get("/experiments", limit=1)
+    with CaptureQueriesContext(connection) as three:
+        alice_api.get("/experiments", limit=3)
+    assert len(three.captured_queries) == len(one.captured_queries)  # a page's trials counted in one query
 
 
 def test_trials_are_listed_read_and_polled_with_a_cursor(alice_api, alice_team, alice_dataset):
