@@ -79,9 +79,7 @@ class TokenRateThrottle(BaseThrottle):
         token = getattr(request, "token", None)
         if token is None:
             return True
-        now = time.time()
-        minute = int(now // 60)
-        self._wait = 60 - now % 60
+        minute = int(time.time() // 60)
         key = f"hydra:api-rate:{token.digest[:24]}:{minute}"  # the digest: a pk may be used again
         try:
             pipe = _redis().pipeline()
@@ -94,12 +92,13 @@ class TokenRateThrottle(BaseThrottle):
         return int(count) <= settings.HYDRA.api_rate_per_minute
 
     def wait(self) -> float | None:
-        return getattr(self, "_wait", None)
+        """Seconds until the next minute of the clock, when every token's count starts again."""
+        return 60 - time.time() % 60
 
 
-def audit(request: HttpRequest, action: str, target: object = "", *, team: Team | None = None) -> None:
-    """Record a write the request made (call it once the write succeeded)."""
-    team = team or getattr(request, "team", None)
+def audit(request: HttpRequest, action: str, target: object = "") -> None:
+    """Record a write the request made in its team (call it once the write succeeded)."""
+    team = getattr(request, "team", None)
     token: AccessToken | None = getattr(request, "token", None)
     if team is None or token is None:
         return
