@@ -8,6 +8,8 @@ import hashlib
 from pathlib import Path
 
 import gguf
+import gguf.gguf_reader
+import gguf.tensor_mapping
 import pytest
 import torch
 
@@ -22,8 +24,9 @@ def _digests(directory: Path) -> dict[str, str]:
 
 
 def test_the_import_parsing_once_writes_the_same_checkpoint(smollm2_dir, tmp_path, monkeypatch):
-    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader_class, name_map)  # the session's import restored
+    # The session's import (`smollm2_dir`) left the package's names on their own definitions.
+    assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader
+    assert gguf.get_tensor_name_map is gguf.tensor_mapping.get_tensor_name_map
     monkeypatch.setattr(gguf_import, "_parsed_once", contextlib.nullcontext)  # transformers' own three parses
     with torch.random.fork_rng(devices=[]):
         gguf_import.import_gguf(smollm2_gguf_path(), tmp_path / "plain")
