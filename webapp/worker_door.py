@@ -63,8 +63,8 @@ from worker.engine.checkpoints import check_checkpoint, install_smollm2, smollm2
 from worker.engine.config import DataSpec, LoraSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
 from worker.engine.errors import BudgetError, CheckpointError, CheckpointFileTooLarge, CheckpointLinkError, SpecError
 from worker.engine.families import FAMILIES, Architecture, architecture_from_config, default_intermediate
-from worker.engine.partition import AUTO_BUDGET_FRACTION, LayerCost, solve
-from worker.engine.sizes import FP32, optimizer_slots
+from worker.engine.partition import AUTO_BUDGET_FRACTION, LayerCost, solve_with_head_chunks
+from worker.engine.sizes import FP32, chunked_head_transient_bytes, optimizer_slots
 from worker.engine.tokenizer import (
     END_OF_TEXT,
     MAX_VOCAB_SIZE,
@@ -148,6 +148,7 @@ __all__ = [
     "check_checkpoint",
     "checkpoint_dir",
     "checkpoint_file",
+    "chunked_head_transient_bytes",
     "control_changes",
     "default_intermediate",
     "encode_examples",
@@ -162,7 +163,7 @@ __all__ = [
     "read_limited",
     "render",
     "smollm2_gguf_path",
-    "solve",
+    "solve_with_head_chunks",
     "text_chunks",
     "timetable",
     "train_tokenizer",

@@ -20,6 +20,12 @@ while a unit of its shard runs, not in the trial's state, read from the host's o
 (``base_bytes`` in the plan: the model's parameters once, fp32). Its activations are those of full training
 (an upper bound: a frozen weight's input need not be kept) plus each adapter's rank-wide intermediate, and its
 dropout's output and mask when it has dropout.
+
+The head keeps its whole logits' log-softmax for backward, where backward adds the gradients of it and of the
+logits (3V per token). When that is what keeps the head from fitting, the engine computes its loss in token
+chunks (`worker.engine.chunked_loss`) and the estimate does the same, through the same solver: the head then
+holds a chunk's three logits-sized tensors (`chunked_head_transient_bytes`) beside its norm's, and the plan
+names the chunk (``head_token_chunk``). A LoRA adapter on ``lm_head`` has no chunked form.
 """
 
 from __future__ import annotations
@@ -29,7 +35,16 @@ from typing import Any
 
 from webapp.catalog.sizing import CPU_DEVICE_BUDGET
 from webapp.experiments.model_shapes import ModelShape
-from webapp.worker_door import AUTO_BUDGET_FRACTION, FP32, BudgetError, LayerCost, LoraSpec, optimizer_slots, solve
+from webapp.worker_door import (
+    AUTO_BUDGET_FRACTION,
+    FP32,
+    BudgetError,
+    LayerCost,
+    LoraSpec,
+    chunked_head_transient_bytes,
+    optimizer_slots,
+    solve_with_head_chunks,
+)
 
 
 class FitError(ValueError):
@@ -55,9 +70,10 @@ def _gib(n: int) -> str:
 
 
 def layer_costs(shape: ModelShape, *, batch: int, seq_len: int, slots: int,
-                lora: LoraSpec | None = None) -> list[LayerCost]:
+                lora: LoraSpec | None = None, head_token_chunk: int | None = None) -> list[LayerCost]:
     """Estimated bytes per layer (embedding, blocks, head) for one micro-batch of ``batch`` x ``seq_len``;
-    with ``lora``, a LoRA trial's: its adapters are the state, the base weights frozen bytes."""
+    with ``lora``, a LoRA trial's: its adapters are the state, the base weights frozen bytes; with
+    ``head_token_chunk``, the head's loss in chunks of that many tokens."""
     C, V, a = shape.n_embd, shape.vocab_size, shape.n_head  # the paper's names
     tokens = batch * seq_len
     arch = shape.architecture()
@@ -69,8 +85,12 @@ def layer_costs(shape: ModelShape, *, batch: int, seq_len: int, slots: int,
         kv = arch.kv_heads * arch.head_dim
         embedding_acts = 2 * tokens * C * FP32  # the embeddings and the rotary tables' share
         block_acts = tokens * (6 * C + 2 * kv + 4 * arch.intermediate + 2 * a * seq_len) * FP32
-    # The head: the logits, their softmax and gradient (3V) and the final norm's tensors (4C).
-    head_acts = tokens * (3 * V + 4 * C) * FP32
+    # The head: the logits, their softmax and gradient (3V) and the final norm's tensors (4C); in chunks, a
+    # chunk's logits-sized tensors instead of the whole ones.
+    if head_token_chunk is None:
+        head_acts = tokens * (3 * V + 4 * C) * FP32
+    else:
+        head_acts = tokens * 4 * C * FP32 + chunked_head_transient_bytes(tokens, V, head_token_chunk)
     acts = {"embedding": embedding_acts, "head": head_acts}
     if lora is None:
         # A borrowed (tied) weight and its gradient are held by the borrower too: the engine's lent bytes.
@@ -109,8 +129,14 @@ def memory_plan(shape: ModelShape, *, batch: int, seq_len: int, optimizer: str, 
 def _memory_plan(shape: ModelShape, batch: int, seq_len: int, slots: int, budget_bytes: int,
                  lora: LoraSpec | None) -> dict[str, Any]:
     costs = layer_costs(shape, batch=batch, seq_len=seq_len, slots=slots, lora=lora)
+
+    def chunked_head(chunk: int) -> LayerCost:
+        return layer_costs(shape, batch=batch, seq_len=seq_len, slots=slots, lora=lora, head_token_chunk=chunk)[-1]
+
+    adapted_head = lora is not None and "lm_head" in lora.target_modules
     try:
-        plan = solve(costs, budget_bytes).to_dict()
+        plan = solve_with_head_chunks(costs, budget_bytes, tokens=batch * seq_len,
+                                      chunked_head=None if adapted_head else chunked_head).to_dict()
     except BudgetError as error:
         raise FitError(layer=error.layer or "?", needed_bytes=error.needed_bytes or budget_bytes + 1,
                        budget_bytes=budget_bytes) from None

@@ -114,6 +114,7 @@ def plan_summary(plan: dict[str, Any] | None) -> dict[str, Any] | None:
         "frozen_bytes": plan.get("frozen_bytes") or 0,  # a LoRA trial's base weights, from the host's shared copy
         "base_bytes": plan.get("base_bytes"),
         "source": plan.get("source", "measured"),
+        "head_token_chunk": plan.get("head_token_chunk"),  # the head's loss in chunks of this many tokens
     }
 
 

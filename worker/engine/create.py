@@ -19,8 +19,8 @@ from worker.engine.config import TrialSpec
 from worker.engine.data import trial_data
 from worker.engine.errors import SpecError
 from worker.engine.layers import build_layer_stack
-from worker.engine.partition import MemoryPlan, choose_kept, plan_with_shards, solve
-from worker.engine.profile import copy_bytes_per_s, profile_layers
+from worker.engine.partition import MemoryPlan
+from worker.engine.profile import plan_layers, profile_layers
 from worker.engine.rng import initial_rng
 from worker.engine.spill_store import SpillStore
 from worker.engine.trial_state import TrialState
@@ -33,10 +33,11 @@ def trial_exists(*, spill_dir: Path, trial_id: str) -> bool:
 
 
 def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: torch.device,
-                 cuts: Sequence[int] | None = None) -> MemoryPlan:
+                 cuts: Sequence[int] | None = None, head_token_chunk: int | None = None) -> MemoryPlan:
     """Profile, plan and initialize a trial into ``spill_dir/trial_id``; return its memory plan.
 
-    ``cuts`` forces the shard start layers instead of solving (tests and benchmarks use it). Raises
+    ``cuts`` forces the shard start layers instead of solving, ``head_token_chunk`` the head's loss in chunks of
+    that many tokens whatever the budget (tests and benchmarks use them). Raises
     ``BudgetError`` when a layer cannot fit the budget, ``SpecError`` for bad data or checkpoints,
     ``SpillStoreError`` if the trial directory is taken.
     """
@@ -48,10 +49,10 @@ def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: tor
         tokenizer_dir = Path(spec.data.tokenizer_dir)
         if not any((tokenizer_dir / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
             raise SpecError(f"tokenizer_dir {tokenizer_dir} holds no tokenizer.json")
+    stack.layers[-1].token_chunk = head_token_chunk
     costs = profile_layers(stack, spec, device)
-    plan = solve(costs, spec.budget_bytes) if cuts is None else plan_with_shards(costs, cuts, spec.budget_bytes)
-    if spec.activations == "auto":
-        plan = choose_kept(plan, copy_bytes_per_s(device))
+    stack.layers[-1].token_chunk = None
+    plan = plan_layers(stack, spec, device, costs, spec.budget_bytes, cuts=cuts, head_token_chunk=head_token_chunk)
     base = None
     if spec.lora is not None:  # the frozen weights go to the host's shared base; the trial owns its adapters
         assert spec.model.pretrained_dir is not None, "TrialSpec checks it"

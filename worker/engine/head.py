@@ -11,13 +11,20 @@ import torch
 from torch import nn
 from transformers.loss.loss_utils import ForCausalLMLoss
 
+from worker.engine.chunked_loss import IGNORE, picked_log_probs, picked_loss
+
+
+def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
+    """Each position's target, flattened: the next token's label (every token of a row but its first is
+    predicted; a row's last position predicts nothing), as ``ForCausalLMLoss`` shifts them."""
+    return nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:].reshape(-1)
+
 
 def summed_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The shifted cross-entropy of every predicted token, summed (nats): what ``ForCausalLMLoss`` averages,
-    from the same fp32 logits and labels (every token of a row but its first is predicted)."""
-    targets = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].reshape(-1)
-    return nn.functional.cross_entropy(logits.float().view(-1, vocab_size), targets.to(logits.device),
-                                       ignore_index=-100, reduction="sum")
+    from the same fp32 logits and labels."""
+    return nn.functional.cross_entropy(logits.float().view(-1, vocab_size), shifted_targets(labels).to(logits.device),
+                                       ignore_index=IGNORE, reduction="sum")
 
 
 class CausalLMHead(nn.Module):
@@ -26,6 +33,11 @@ class CausalLMHead(nn.Module):
     ``norm`` is registered as ``norm_name``, the model's own name for it (GPT-2's ``ln_f``, the rotary
     families' ``norm``), before ``lm_head``: the layer's parameters are ``<norm_name>.*`` then
     ``lm_head.weight``.
+
+    With ``token_chunk`` set (the trial's plan sets it when the budget cannot hold a micro-batch's logits), the
+    loss is :mod:`worker.engine.chunked_loss`'s: the same numbers, never more than ``token_chunk`` rows of
+    logits at once. A head whose ``lm_head`` is not a plain bias-free linear layer (a LoRA-adapted one) has
+    no chunked form (``chunkable``) and computes its logits whole.
     """
 
     def __init__(self, norm: nn.Module, lm_head: nn.Linear, vocab_size: int, *, norm_name: str) -> None:
@@ -35,9 +47,22 @@ class CausalLMHead(nn.Module):
         self.lm_head = lm_head
         self.vocab_size = vocab_size
         self.loss_sums: list[torch.Tensor] | None = None  # set by an evaluation that wants summed losses
+        self.token_chunk: int | None = None  # rows of logits at once; None: the micro-batch's whole logits
+
+    @property
+    def chunkable(self) -> bool:
+        return type(self.lm_head) is nn.Linear and self.lm_head.bias is None
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         norm = self.get_submodule(self.norm_name)
+        if self.token_chunk is not None and self.chunkable:
+            normed = norm(hidden)
+            targets = shifted_targets(labels).to(normed.device)
+            picked = picked_log_probs(normed.reshape(-1, normed.shape[-1]), self.lm_head.weight, targets,
+                                      self.token_chunk)
+            if self.loss_sums is not None:
+                self.loss_sums.append(picked_loss(picked, targets, reduction="sum"))
+            return picked_loss(picked, targets)
         logits = self.lm_head(norm(hidden))  # (B, T, V)
         loss = ForCausalLMLoss(logits, labels, vocab_size=self.vocab_size)
         if self.loss_sums is not None:  # an evaluation: also the summed loss, for bits per byte

@@ -7,12 +7,18 @@ with ``reserve`` = the largest shard's device bytes in the plan, every shard mus
 ``device_bytes + activations + reserve <= budget``. The solver tries every possible reserve
 (each contiguous run's state), packs greedily (optimal for contiguous packing under a monotone limit),
 and keeps the plan with the fewest shards, then the smallest reserve.
+
+The LM head's activations grow with the vocabulary (a micro-batch's whole logits, their log-softmax and
+gradient): when they alone keep the head from fitting, :func:`solve_with_head_chunks` plans the head's loss in
+token chunks (:mod:`worker.engine.chunked_loss`, the same numbers without the whole logits), the largest chunk
+under which the plan fits. Chunking recomputes the logits, so a plan that fits without it does not chunk.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +26,9 @@ from worker.engine.errors import BudgetError
 
 # The share of a GPU's memory that "auto" budgets: the rest is the CUDA context and the allocator's slack.
 AUTO_BUDGET_FRACTION = 0.9
+# The fewest token rows a planned head chunk has: the chunked loss's smallest exact matmul
+# (worker.engine.chunked_loss.MIN_SPAN); smaller chunks would save little memory for much per-chunk overhead.
+MIN_HEAD_CHUNK = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,12 +80,17 @@ class ShardPlan(Bytes):
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryPlan:
-    """Pure data (JSON-able through :meth:`to_dict`): the shards, the prefetch reserve and the budget."""
+    """Pure data (JSON-able through :meth:`to_dict`): the shards, the prefetch reserve and the budget.
+
+    ``head_token_chunk``: the token rows of logits the head's loss computes at once (None: a micro-batch's
+    whole logits); the head's ``LayerCost`` is measured with it.
+    """
 
     budget_bytes: int
     reserve_bytes: int
     shards: tuple[ShardPlan, ...]
     layers: tuple[LayerCost, ...]
+    head_token_chunk: int | None = None
 
     @property
     def peak_bytes(self) -> int:
@@ -101,6 +115,7 @@ class MemoryPlan:
         return {
             "budget_bytes": self.budget_bytes,
             "reserve_bytes": self.reserve_bytes,
+            "head_token_chunk": self.head_token_chunk,
             "peak_bytes": self.peak_bytes,
             "state_bytes": self.state_bytes,
             "frozen_bytes": self.frozen_bytes,
@@ -120,6 +135,7 @@ class MemoryPlan:
             reserve_bytes=raw["reserve_bytes"],
             shards=tuple(shards),
             layers=tuple(LayerCost(**layer) for layer in raw["layers"]),
+            head_token_chunk=raw.get("head_token_chunk"),
         )
 
 
@@ -168,8 +184,41 @@ def solve(costs: Sequence[LayerCost], budget_bytes: int) -> MemoryPlan:
     return plan_with_shards(costs, best, budget_bytes)
 
 
-def plan_with_shards(costs: Sequence[LayerCost], cuts: Sequence[int], budget_bytes: int) -> MemoryPlan:
-    """A plan with explicit shard start indices ``cuts`` (first must be 0), not checked against the budget.
+def head_chunk_candidates(tokens: int) -> list[int]:
+    """Token chunks to try for a head that does not fit whole, largest first: the micro-batch's tokens halved
+    until a chunk would be under ``MIN_HEAD_CHUNK`` rows."""
+    out, chunk = [], tokens
+    while (chunk := math.ceil(chunk / 2)) >= MIN_HEAD_CHUNK:
+        out.append(chunk)
+    return out
+
+
+def solve_with_head_chunks(costs: Sequence[LayerCost], budget_bytes: int, *, tokens: int,
+                           chunked_head: Callable[[int], LayerCost] | None) -> MemoryPlan:
+    """:func:`solve`; when the head (the last layer) is what cannot fit, the head's loss in token chunks:
+    ``chunked_head(chunk)`` is the head's cost with ``chunk`` rows of logits at once, and the largest chunk of
+    :func:`head_chunk_candidates` under which the plan fits is planned. ``chunked_head`` None (a head with no
+    chunked form) and a layer other than the head that cannot fit raise the solver's ``BudgetError``."""
+    try:
+        return solve(costs, budget_bytes)
+    except BudgetError as error:
+        if chunked_head is None or error.layer != costs[-1].name:
+            raise
+        for chunk in head_chunk_candidates(tokens):
+            try:
+                plan = solve([*costs[:-1], chunked_head(chunk)], budget_bytes)
+            except BudgetError as smaller:
+                if smaller.layer != costs[-1].name:
+                    raise
+                continue
+            return dataclasses.replace(plan, head_token_chunk=chunk)
+        raise
+
+
+def plan_with_shards(costs: Sequence[LayerCost], cuts: Sequence[int], budget_bytes: int, *,
+                     head_token_chunk: int | None = None) -> MemoryPlan:
+    """A plan with explicit shard start indices ``cuts`` (first must be 0), not checked against the budget,
+    and the head's token chunk when given.
 
     The prefetch reserve is the largest shard's device bytes. Also used by tests that need a given shard shape.
     """
@@ -188,7 +237,7 @@ def plan_with_shards(costs: Sequence[LayerCost], cuts: Sequence[int], budget_byt
         for index, (first, stop) in enumerate(zip(cuts, stops, strict=True))
     )
     return MemoryPlan(budget_bytes=budget_bytes, reserve_bytes=max(s.device_bytes for s in shards),
-                      shards=shards, layers=tuple(costs))
+                      shards=shards, layers=tuple(costs), head_token_chunk=head_token_chunk)
 
 
 def choose_kept(plan: MemoryPlan, copy_bytes_per_s: float | None) -> MemoryPlan:

@@ -1,15 +1,19 @@
-"""Measure each layer's bytes and time for a trial's micro-batch, one materialized layer at a time."""
+"""Measure each layer's bytes and time for a trial's micro-batch, one materialized layer at a time, and plan the
+trial's shards from them."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Sequence
 
 import torch
 
 from worker.engine.config import TrialSpec
+from worker.engine.head import CausalLMHead
 from worker.engine.layers import LayerStack
-from worker.engine.partition import LayerCost
-from worker.engine.sizes import FP32, optimizer_slots
+from worker.engine.partition import LayerCost, MemoryPlan, choose_kept, plan_with_shards, solve, solve_with_head_chunks
+from worker.engine.sizes import FP32, chunked_head_transient_bytes, optimizer_slots
 from worker.engine.weights import init_layer
 
 
@@ -33,15 +37,18 @@ def copy_bytes_per_s(device: torch.device) -> float | None:
     return 2 * payload.numel() / (time.perf_counter() - start)
 
 
-def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> list[LayerCost]:
-    """Run each layer forward + backward on ``device`` for one micro-batch; count what autograd saves.
+def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device, *,
+                   indices: Sequence[int] | None = None) -> list[LayerCost]:
+    """Run each layer (or those of ``indices``) forward + backward on ``device`` for one micro-batch; count what
+    autograd saves.
 
     Activation bytes are the distinct non-weight storages saved for backward plus the layer's output and its
     gradient (on CUDA, at least the allocator's measured peak above the weights, less parameter
     gradients; a LoRA trial's frozen base weights are ``frozen_bytes``); ``forward_s`` and ``time_s`` time
     the forward and forward + backward. A borrowed (tied)
     parameter and its gradient count as the borrower's ``lent_bytes``: the borrowing shard holds a copy.
-    The layer's weights are a throwaway init; the caller's RNG is untouched.
+    The layer's weights are a throwaway init; the caller's RNG is untouched. The head adds the logits' tensors
+    that exist only within its backward (:func:`head_transient_bytes`).
     """
     batch, seq = spec.micro_batch_size, spec.data.seq_len
     width = stack.width
@@ -49,7 +56,8 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> 
     slots = optimizer_slots(spec.optimizer.kind, spec.optimizer.momentum)
     costs = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        for index, name in enumerate(stack.names):
+        for index in range(len(stack)) if indices is None else indices:
+            name = stack.names[index]
             params = [t.to(device).requires_grad_() for t in init_layer(stack, index, spec.seed)]
             for ref, tensor in zip(stack.owned[index], params, strict=True):
                 stack.bind(index, ref.name, tensor)
@@ -86,6 +94,9 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> 
             owned = stack.layer_numel(index)
             lent = sum(b.owner.numel for b in stack.borrowed[index])
             activations = sum(storages.values()) + 2 * out.numel() * out.element_size()
+            head = stack.layers[index]
+            if isinstance(head, CausalLMHead):  # the logits' tensors that backward makes and no hook sees
+                activations += head_transient_bytes(head, batch * seq, stack.config.vocab_size, bf16=spec.bf16)
             if device.type == "cuda":  # the allocator saw the real peak, backward's transients included
                 parameter_grads = (owned + lent) * FP32
                 activations = max(activations, torch.cuda.max_memory_allocated(device) - before - parameter_grads)
@@ -102,3 +113,47 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device) -> 
             ))
             stack.release(index, index + 1)
     return costs
+
+
+def head_transient_bytes(head: CausalLMHead, tokens: int, vocab: int, *, bf16: bool) -> int:
+    """Bytes of logits-sized tensors a head's forward + backward holds beyond what autograd saves: with whole
+    logits, the gradients of their log-softmax and of the logits themselves (beside the saved log-softmax);
+    in token chunks, a chunk's logits, log-softmax and gradient (nothing of them is saved)."""
+    if head.token_chunk is not None and head.chunkable:
+        return chunked_head_transient_bytes(tokens, vocab, head.token_chunk, low_precision=bf16)
+    return 2 * tokens * vocab * FP32
+
+
+def plan_layers(stack: LayerStack, spec: TrialSpec, device: torch.device, costs: Sequence[LayerCost],
+                budget_bytes: int, *, cuts: Sequence[int] | None = None, head_token_chunk: int | None = None
+                ) -> MemoryPlan:
+    """The trial's memory plan from its layers' measured ``costs`` (the head's measured with
+    ``head_token_chunk`` rows of logits at once, or whole when None or when the head has no chunked form).
+
+    With ``cuts`` the shards start at those layers; else the partition solver packs them, and when the whole
+    head cannot fit, the head is measured again in token chunks for :func:`solve_with_head_chunks`. With
+    ``spec.activations`` "auto", each shard keeps its activations when that is cheaper than recomputing them.
+    Raises ``BudgetError`` when a layer cannot fit even alone (the head in its smallest chunk).
+    """
+    head = stack.layers[-1]
+    assert isinstance(head, CausalLMHead)
+    if not head.chunkable:  # a LoRA-adapted lm_head: its logits are whole whatever was asked
+        head_token_chunk = None
+
+    def chunked_head(chunk: int) -> LayerCost:
+        head.token_chunk = chunk
+        try:
+            return profile_layers(stack, spec, device, indices=[len(stack) - 1])[0]
+        finally:
+            head.token_chunk = None
+
+    if cuts is not None:
+        plan = plan_with_shards(costs, cuts, budget_bytes, head_token_chunk=head_token_chunk)
+    elif head_token_chunk is not None:
+        plan = dataclasses.replace(solve(costs, budget_bytes), head_token_chunk=head_token_chunk)
+    else:
+        plan = solve_with_head_chunks(costs, budget_bytes, tokens=spec.micro_batch_size * spec.data.seq_len,
+                                      chunked_head=chunked_head if head.chunkable else None)
+    if spec.activations == "auto":
+        plan = choose_kept(plan, copy_bytes_per_s(device))
+    return plan

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from worker.engine.errors import EngineError
-from worker.engine.partition import MemoryPlan, choose_kept, plan_with_shards, solve
-from worker.engine.profile import copy_bytes_per_s
+from worker.engine.partition import MemoryPlan
+from worker.engine.profile import plan_layers
 from worker.engine.schedule import Timetable, UnitSpec
 from worker.engine.session import TrialSession
 from worker.engine.sizes import FP32
@@ -70,9 +70,8 @@ def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_
         raise EngineError(f"trial {trial_id!r} is finished: nothing to re-plan")
     old = session.plan
     budget = old.budget_bytes if budget_bytes is None else budget_bytes
-    plan = solve(old.layers, budget) if cuts is None else plan_with_shards(old.layers, cuts, budget)
-    if session.spec.activations == "auto":
-        plan = choose_kept(plan, copy_bytes_per_s(device))
+    plan = plan_layers(session.stack, session.spec, device, old.layers, budget, cuts=cuts,
+                       head_token_chunk=old.head_token_chunk)
     unit = session.timetable[state.cursor]
     _roll_back(session, unit)
     session.apply_pending_steps()  # writes p, m, v of shards with a pending step

@@ -123,6 +123,7 @@ class TrialSession(ShardUnits):
         """Derive everything that depends on the trial's plan; again after the trial was re-planned."""
         self.replans = self.state.replans
         self.plan = self.state.plan
+        self.stack.layers[-1].token_chunk = self.plan.head_token_chunk
         self.layout = Layout(self.stack, self.plan)
         self.timetable = Timetable.of(self.spec, shards=len(self.plan.shards))
         self._transfers.retain({})  # reads of the old plan's buffers will never be taken

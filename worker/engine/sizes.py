@@ -15,3 +15,11 @@ def optimizer_slots(kind: str, momentum: float) -> int:
     if kind == "adamw":
         return 2
     return 1 if momentum else 0
+
+
+def chunked_head_transient_bytes(tokens: int, vocab: int, token_chunk: int, *, low_precision: bool = False) -> int:
+    """Peak bytes of the chunk tensors a head whose loss runs in ``token_chunk``-row chunks
+    (:mod:`worker.engine.chunked_loss`) holds at once: a chunk's fp32 logits, their log-softmax and its
+    gradient, and under bf16 autocast a 16-bit copy of the logits. The weight-gradient pass's chunks of
+    vocabulary columns for every token are sized to the same number of values."""
+    return min(token_chunk, tokens) * vocab * (3 * FP32 + (2 if low_precision else 0))
