@@ -3,8 +3,11 @@
 The training state is what the engine keeps per parameter in fp32 (`worker.engine.sizes`): the parameters,
 their gradients and the optimizer's slots (AdamW two moments, SGD with momentum one). A checkpoint is
 *resident* on a device whose budget holds its whole training state, and *spilled* (sharded, its shards taking
-turns on the device) when the budget holds the largest layer's (`worker.engine.families` counts the layers);
-activations come on top and depend on the batch, so the experiment form's memory preview plans those.
+turns on the device) when the budget holds what the engine's smallest shard needs (`smallest_budget`): its
+largest layer's weights and gradients (`worker.engine.families` counts the layers; the optimizer state and the
+accumulated gradients stream through in chunks, and a head whose loss runs in chunks holds a tied weight without
+its gradient) and as much again for the prefetch of the next shard. Activations come on top and depend on the
+batch, so the experiment form's memory preview plans those.
 
 Devices are the device workers of this host that answer the health page's broadcast (`webapp.queue_client`);
 a GPU's budget is the share of its memory a trial plans for (`AUTO_BUDGET_FRACTION`), read through NVML; a CPU
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.template.defaultfilters import filesizeformat
 
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.paths import registered_dir
@@ -44,6 +48,13 @@ class Fit:
     state_bytes: int  # parameters + gradients + optimizer slots, fp32
     verdict: str  # "resident", "spilled", "too large", "fit unknown", UNAVAILABLE
     detail: str
+
+
+def smallest_budget(largest_layer_params: int) -> int:
+    """The least device memory a spilled trial of a model whose largest layer has ``largest_layer_params``
+    parameters needs before activations: that layer's fp32 weights and fresh gradients while its unit runs,
+    plus the prefetch reserve for them (the engine's `Bytes.device_bytes` and partition solver)."""
+    return 2 * 2 * largest_layer_params * FP32
 
 
 def state_bytes(n_params: int, *, optimizer: str, momentum: float) -> int:
@@ -95,7 +106,7 @@ def fits(checkpoint: Checkpoint, devices: Iterable[DeviceBudget]) -> list[Fit]:
     result = []
     for label, kind, momentum in OPTIMIZERS:
         total = state_bytes(n_params, optimizer=kind, momentum=momentum)
-        layer = (state_bytes(checkpoint.largest_layer_params, optimizer=kind, momentum=momentum)
+        layer = (smallest_budget(checkpoint.largest_layer_params)
                  if checkpoint.largest_layer_params is not None else None)
         result.append(Fit(label, total, UNAVAILABLE, reason) if reason else
                       _fit(label, total, layer, devices, unknown))
@@ -112,8 +123,10 @@ def _fit(label: str, total: int, layer: int | None, devices: list[DeviceBudget],
         return Fit(label, total, "spilled", "sharded, its shards taking turns on " + ", ".join(
             d.device for d in devices))
     spilled = [d.device for d in devices if d.budget_bytes is not None and layer <= d.budget_bytes]
+    needs = f"from {filesizeformat(layer)} of device memory plus activations"
     if spilled:
-        return Fit(label, total, "spilled", "sharded, its shards taking turns on " + ", ".join(spilled))
+        return Fit(label, total, "spilled", f"sharded, its shards taking turns on {', '.join(spilled)}; {needs}")
     largest = max(devices, key=lambda d: d.budget_bytes or 0)
     return Fit(label, total, "too large",
-               f"its largest layer's state alone is over {largest.device}'s budget, the largest here")
+               f"its largest layer needs {filesizeformat(layer)} with the prefetch of the next, over "
+               f"{largest.device}'s budget, the largest here")

@@ -24,8 +24,9 @@ dropout's output and mask when it has dropout.
 The head keeps its whole logits' log-softmax for backward, where backward adds the gradients of it and of the
 logits (3V per token). When that is what keeps the head from fitting, the engine computes its loss in token
 chunks (`worker.engine.chunked_loss`) and the estimate does the same, through the same solver: the head then
-holds a chunk's three logits-sized tensors (`chunked_head_transient_bytes`) beside its norm's, and the plan
-names the chunk (``head_token_chunk``). A LoRA adapter on ``lm_head`` has no chunked form.
+holds a chunk's three logits-sized tensors (`chunked_head_transient_bytes`) beside its norm's, a tied weight
+without its gradient (which streams to the store), and the plan names the chunk (``head_token_chunk``). A LoRA
+adapter on ``lm_head`` has no chunked form.
 """
 
 from __future__ import annotations
@@ -93,10 +94,12 @@ def layer_costs(shape: ModelShape, *, batch: int, seq_len: int, slots: int,
         head_acts = tokens * 4 * C * FP32 + chunked_head_transient_bytes(tokens, V, head_token_chunk)
     acts = {"embedding": embedding_acts, "head": head_acts}
     if lora is None:
-        # A borrowed (tied) weight and its gradient are held by the borrower too: the engine's lent bytes.
+        # A borrowed (tied) weight and its gradient are held by the borrower too: the engine's lent bytes. A
+        # chunked head hands the gradient to the store as it makes it, and holds the weight only.
+        copies = {"head": 1 if head_token_chunk is not None else 2}
         return [LayerCost(name=name, param_bytes=owned * FP32, grad_bytes=owned * FP32,
                           optim_bytes=owned * slots * FP32, activation_bytes=acts.get(name, block_acts),
-                          lent_bytes=2 * borrowed * FP32)
+                          lent_bytes=copies.get(name, 2) * borrowed * FP32)
                 for name, owned, borrowed in arch.layer_params()]
 
     r, dropout, targets = lora.r, lora.dropout, lora.target_modules

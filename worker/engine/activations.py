@@ -9,7 +9,8 @@ original forward's graph would have: the same saved values, the same weights.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ class KeptGraph:
     x: torch.Tensor
     owned: list[nn.Parameter]
     params: torch.Tensor | None = None
+    weights_saved: bool = False  # whether backward reads any of the shard's weights
 
     def restore(self, params: torch.Tensor, slots: Sequence[Slot], shape: Sequence[int], device: torch.device
                 ) -> None:
@@ -55,6 +57,7 @@ def forward_kept(run: Callable[[torch.Tensor], tuple[torch.Tensor, list[nn.Param
 
     def pack(t: torch.Tensor) -> tuple[Any, ...]:
         if t.untyped_storage().data_ptr() == weights:
+            kept.weights_saved = True
             return ("weight", t.storage_offset(), tuple(t.shape), t.stride())
         # detach(): an alias, so that emptying the input leaf or output below does not empty it
         return ("activation", t.detach() if on_cpu else t.to("cpu", non_blocking=True))
@@ -73,3 +76,25 @@ def forward_kept(run: Callable[[torch.Tensor], tuple[torch.Tensor, list[nn.Param
     for tensor in (*kept.owned, kept.x, kept.out):
         tensor.data = torch.empty(0, device=device, dtype=tensor.dtype)
     return out, kept
+
+
+class SavedStorage:
+    """Whether autograd saved a tensor of one storage for backward (see :func:`saves_storage`)."""
+
+    def __init__(self, storage: torch.UntypedStorage) -> None:
+        self.data_ptr = storage.data_ptr()
+        self.seen = False
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() == self.data_ptr:
+            self.seen = True
+        return t
+
+
+@contextlib.contextmanager
+def saves_storage(tensor: torch.Tensor) -> Iterator[SavedStorage]:
+    """Within the block, record whether autograd saves for backward any tensor that shares ``tensor``'s storage
+    (a shard's flat parameters: whether its backward needs the weights' values)."""
+    saved = SavedStorage(tensor.untyped_storage())
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+        yield saved

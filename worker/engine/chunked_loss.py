@@ -36,6 +36,7 @@ cuBLAS may pick another algorithm for a matmul of another shape, and the figures
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -65,13 +66,22 @@ def vocab_chunk(tokens: int, vocab: int, token_chunk: int) -> int:
     return max(MIN_SPAN, math.ceil(vocab * min(token_chunk, tokens) / max(tokens, 1)))
 
 
+class GradSink:
+    """Where a chunked loss's backward hands its weight's gradient, if anywhere: ``target`` is read when
+    backward runs (a unit sets it between the forward and the backward), and called with each chunk of rows in
+    row order; None: the gradient goes to ``weight.grad`` as usual."""
+
+    def __init__(self) -> None:
+        self.target: Callable[[torch.Tensor], None] | None = None
+
+
 class _LinearLogSoftmaxPick(torch.autograd.Function):
     """(hidden (N, C), weight (V, C), targets (N,)) -> (N, 1): each row's log-probability of its target
     (0 for an ignored row), in chunks; see the module docstring."""
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, token_chunk: int,
-                dtype: torch.dtype) -> torch.Tensor:
+                dtype: torch.dtype, sink: GradSink | None) -> torch.Tensor:
         tokens = hidden.shape[0]
         w = weight.to(dtype)
         h = hidden.to(dtype)
@@ -89,7 +99,7 @@ class _LinearLogSoftmaxPick(torch.autograd.Function):
             del logits, logp
         picked.masked_fill_((targets == IGNORE).unsqueeze(1), 0.0)
         ctx.save_for_backward(hidden, weight, targets, row_max, logsum)
-        ctx.token_chunk, ctx.dtype = token_chunk, dtype
+        ctx.token_chunk, ctx.dtype, ctx.sink = token_chunk, dtype, sink
         return picked
 
     @staticmethod
@@ -116,7 +126,8 @@ class _LinearLogSoftmaxPick(torch.autograd.Function):
 
         grad_weight = None
         if ctx.needs_input_grad[1]:
-            grad_weight = torch.empty_like(weight)
+            target = None if ctx.sink is None else ctx.sink.target
+            grad_weight = torch.empty_like(weight) if target is None else None
             for start, stop in spans(vocab, vocab_chunk(tokens, vocab, ctx.token_chunk)):
                 logp = _log_probs(F.linear(h, w[start:stop]).float(), row_max, logsum)
                 inside = (safe >= start) & (safe < stop)
@@ -126,9 +137,14 @@ class _LinearLogSoftmaxPick(torch.autograd.Function):
                 logp = torch.cat([logp, torch.zeros(tokens, 1, dtype=logp.dtype, device=logp.device)], 1)
                 grad_logits = torch._log_softmax_backward_data(grad_logp, logp, 1, torch.float32)[:, :-1]
                 del logp, grad_logp
-                grad_weight[start:stop] = (grad_logits.to(dtype).t() @ h).to(weight.dtype)
+                rows = (grad_logits.to(dtype).t() @ h).to(weight.dtype)
                 del grad_logits
-        return grad_hidden, grad_weight, None, None, None
+                if target is not None:
+                    target(rows)
+                else:
+                    grad_weight[start:stop] = rows
+                del rows
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def _log_probs(logits: torch.Tensor, row_max: torch.Tensor, logsum: torch.Tensor) -> torch.Tensor:
@@ -136,15 +152,19 @@ def _log_probs(logits: torch.Tensor, row_max: torch.Tensor, logsum: torch.Tensor
     return (logits - row_max.unsqueeze(1)) - logsum.unsqueeze(1)
 
 
-def picked_log_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, token_chunk: int
-                     ) -> torch.Tensor:
+def picked_log_probs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, token_chunk: int, *,
+                     weight_grad_sink: GradSink | None = None) -> torch.Tensor:
     """Each token's log-probability of its target under ``hidden @ weight.T``, as a (N, 1) tensor (0 where the
     target is ``IGNORE``), never holding more than ``token_chunk`` rows of logits. Under autocast the matmuls
-    run in its dtype, as the head's ``nn.Linear`` would."""
+    run in its dtype, as the head's ``nn.Linear`` would.
+
+    With a ``weight_grad_sink`` whose target is set when backward runs, backward hands the weight's gradient to
+    it a chunk of rows at a time, in row order, instead of accumulating it into ``weight.grad``: the gradient
+    then never exists whole (the engine streams a tied weight's contribution into its store this way)."""
     dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) \
         else torch.float32
     with torch.autocast(hidden.device.type, enabled=False):
-        return _LinearLogSoftmaxPick.apply(hidden.float(), weight, targets, token_chunk, dtype)
+        return _LinearLogSoftmaxPick.apply(hidden.float(), weight, targets, token_chunk, dtype, weight_grad_sink)
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, token_chunk: int,

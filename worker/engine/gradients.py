@@ -1,10 +1,13 @@
 """A shard's gradients accumulated over micro-batches, and a step's global gradient norm, with autograd's
 and ``clip_grad_norm_``'s own arithmetic.
 
-Accumulation adds each micro-batch's gradient to the sum so far in place, in micro-batch order, as
-autograd accumulates ``.grad``; a tied weight's gradient is the sum of its uses before it is accumulated,
-as autograd sums them. The global norm is the L2 norm of the per-parameter L2 norms in model parameter
-order, as ``torch.nn.utils.clip_grad_norm_`` computes it.
+Accumulation adds each micro-batch's gradient to the sum so far, in micro-batch order, as autograd
+accumulates ``.grad``; a tied weight's gradient is the sum of its uses before it is accumulated, as autograd
+sums them. All of it is elementwise, so it streams: the sum so far is read from the store, added to and
+written back ``GRAD_CHUNK`` elements at a time, and a borrower's contribution is added in place in chunks;
+the device never holds a second gradient-sized buffer beside the fresh gradients. The global norm is the L2
+norm of the per-parameter L2 norms in model parameter order, as ``torch.nn.utils.clip_grad_norm_`` computes
+it, each parameter's norm taken over its whole accumulated gradient.
 """
 
 from __future__ import annotations
@@ -18,38 +21,62 @@ from torch import nn
 from worker.engine.layout import Layout, Slot
 from worker.engine.sizes import FP32
 from worker.engine.spill_store import SpillStore
+from worker.engine.transfer import Transfers
+
+GRAD_CHUNK = 1 << 20  # elements of an accumulated gradient or a tied contribution on the device at once
 
 
 def with_tied(store: SpillStore, layout: Layout, shard: int, owned: Sequence[nn.Parameter], device: torch.device
               ) -> list[torch.Tensor]:
-    """The gradients of ``shard``'s owned parameters from this backward, each tied weight's plus what the
-    shards that borrow it left in their ``t`` buffers."""
+    """The gradients of ``shard``'s owned parameters from this backward, each tied weight's with what the
+    shards that borrow it left in their ``t`` buffers added in place (a chunk of the contribution at a time)."""
     fresh = [cast(torch.Tensor, p.grad) for p in owned]  # every owned parameter took part in the backward
     slot_index = {slot.ref: i for i, slot in enumerate(layout.slots[shard])}
     for slot, borrower, offset in layout.incoming(shard):
-        contribution = store.read_new(f"t{borrower}", slot.ref.numel, torch.float32, offset=offset * FP32)
-        i = slot_index[slot.ref]
-        # Autograd would sum both uses of the tied weight before accumulating: do the same.
-        fresh[i] = fresh[i] + contribution.view(slot.ref.shape).to(device)
+        grad = fresh[slot_index[slot.ref]]
+        assert grad.is_contiguous(), "autograd lays a gradient out like its (contiguous) parameter"
+        flat = grad.view(-1)
+        for start in range(0, slot.ref.numel, GRAD_CHUNK):
+            stop = min(slot.ref.numel, start + GRAD_CHUNK)
+            contribution = store.read_new(f"t{borrower}", stop - start, torch.float32,
+                                          offset=(offset + start) * FP32)
+            # Autograd would sum both uses of the tied weight before accumulating: do the same.
+            flat[start:stop].add_(contribution.to(device))
     return fresh
 
 
-def accumulate(flat: torch.Tensor, slots: Sequence[Slot], fresh: Sequence[torch.Tensor],
+def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequence[Slot], fresh: list[torch.Tensor],
                owned: Sequence[nn.Parameter], *, partial: bool) -> None:
-    """Add ``fresh`` into the shard's flat gradient buffer ``flat`` (or, unless ``partial``, start it
-    with them) and clear the parameters' ``.grad``."""
-    for slot, grad, param in zip(slots, fresh, owned, strict=True):
-        target = flat[slot.offset:slot.offset + slot.ref.numel]
-        if partial:
-            target.add_(grad.view(-1))  # old + new, in place, as autograd accumulates .grad
-        else:
-            target.copy_(grad.view(-1))
-        param.grad = None
+    """Stage the shard's flat gradient buffer ``name``: ``fresh`` added to the sum so far (or, unless
+    ``partial``, ``fresh`` itself), a chunk at a time; clear the parameters' ``.grad`` and empty ``fresh``
+    as each is written, so that its memory goes as soon as it is in the store."""
+    with store.writer(name) as append:
+        for index, (slot, param) in enumerate(zip(slots, owned, strict=True)):
+            grad = fresh[index].reshape(-1)
+            fresh[index] = torch.empty(0)  # ``grad`` and ``param.grad`` are its last references
+            for start in range(0, slot.ref.numel, GRAD_CHUNK):
+                stop = min(slot.ref.numel, start + GRAD_CHUNK)
+                if partial:  # old + new, as autograd accumulates .grad
+                    # The buffer's committed version: the one being written is registered when it is complete.
+                    old = transfers.load(store.path(name), stop - start, offset=(slot.offset + start) * FP32)
+                    store.bytes_read += old.nbytes
+                    append(old.add_(grad[start:stop]))
+                else:
+                    append(grad[start:stop])
+            param.grad = None
+            del grad
 
 
-def parameter_norms(flat: torch.Tensor, slots: Sequence[Slot]) -> list[float]:
-    """The L2 norm of each parameter's gradient in the shard's flat gradient buffer ``flat``."""
-    return [torch.linalg.vector_norm(flat[s.offset:s.offset + s.ref.numel], 2.0).item() for s in slots]
+def stored_norms(store: SpillStore, transfers: Transfers, name: str, slots: Sequence[Slot]) -> list[float]:
+    """The L2 norm of each parameter's accumulated gradient in the shard's flat gradient buffer ``name``, one
+    parameter on the device at a time."""
+    norms = []
+    for slot in slots:
+        grad = transfers.load(store.path(name), slot.ref.numel, offset=slot.offset * FP32)
+        store.bytes_read += grad.nbytes
+        norms.append(torch.linalg.vector_norm(grad, 2.0).item())
+        del grad
+    return norms
 
 
 def global_norm(norms: Sequence[float]) -> float:

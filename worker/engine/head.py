@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from transformers.loss.loss_utils import ForCausalLMLoss
 
-from worker.engine.chunked_loss import IGNORE, picked_log_probs, picked_loss
+from worker.engine.chunked_loss import IGNORE, GradSink, picked_log_probs, picked_loss
 
 
 def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
@@ -48,6 +48,9 @@ class CausalLMHead(nn.Module):
         self.vocab_size = vocab_size
         self.loss_sums: list[torch.Tensor] | None = None  # set by an evaluation that wants summed losses
         self.token_chunk: int | None = None  # rows of logits at once; None: the micro-batch's whole logits
+        # In chunks only: where backward hands the LM head weight's gradient, a chunk of rows at a time, instead
+        # of its .grad, when a unit sets its target for one backward (see chunked_loss.picked_log_probs).
+        self.weight_grad_sink = GradSink()
 
     @property
     def chunkable(self) -> bool:
@@ -59,7 +62,7 @@ class CausalLMHead(nn.Module):
             normed = norm(hidden)
             targets = shifted_targets(labels).to(normed.device)
             picked = picked_log_probs(normed.reshape(-1, normed.shape[-1]), self.lm_head.weight, targets,
-                                      self.token_chunk)
+                                      self.token_chunk, weight_grad_sink=self.weight_grad_sink)
             if self.loss_sums is not None:
                 self.loss_sums.append(picked_loss(picked, targets, reduction="sum"))
             return picked_loss(picked, targets)

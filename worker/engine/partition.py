@@ -1,8 +1,9 @@
 """The pure partition solver and the memory plan it produces.
 
 A shard is a contiguous run of layers. While a shard's unit runs, the device holds that shard's weights
-and gradients (``device_bytes``; the optimizer state only streams through in small chunks), its
-activations for one micro-batch, and — double buffering — the next shard's weights being copied in. So
+and fresh gradients (``device_bytes``; the accumulated gradients and the optimizer state only stream through
+in small chunks), its activations for one micro-batch, and — double buffering — the next shard's weights
+being copied in. So
 with ``reserve`` = the largest shard's device bytes in the plan, every shard must satisfy
 ``device_bytes + activations + reserve <= budget``. The solver tries every possible reserve
 (each contiguous run's state), packs greedily (optimal for contiguous packing under a monotone limit),
@@ -37,7 +38,9 @@ class Bytes:
 
     ``param_bytes``, ``grad_bytes`` and ``optim_bytes`` are the share of the training state (owned
     parameters only); ``lent_bytes`` is a borrowed (tied) parameter and its gradient, held on the device
-    by the borrower too. On the device a unit holds parameters, fresh gradients and the accumulated ones.
+    by the borrower too (the parameter alone when the gradient streams to the store as it is made: a head
+    whose loss runs in chunks). On the device a unit holds parameters and fresh gradients; the gradients
+    accumulated over micro-batches stream through in chunks (:mod:`worker.engine.gradients`).
     ``frozen_bytes`` are a LoRA trial's frozen base weights: on the device while a unit runs, with no
     gradient and no optimizer state, and not the trial's state (the host's shared base holds them).
     """
@@ -55,7 +58,7 @@ class Bytes:
 
     @property
     def device_bytes(self) -> int:
-        return self.param_bytes + 2 * self.grad_bytes + self.lent_bytes + self.frozen_bytes
+        return self.param_bytes + self.grad_bytes + self.lent_bytes + self.frozen_bytes
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -93,8 +93,13 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device, *,
             elapsed = time.perf_counter() - start
             owned = stack.layer_numel(index)
             lent = sum(b.owner.numel for b in stack.borrowed[index])
-            activations = sum(storages.values()) + 2 * out.numel() * out.element_size()
             head = stack.layers[index]
+            # A chunked head hands its tied weight's gradient to the store as it makes it (units.py): the
+            # borrower holds the weight only.
+            streams = (isinstance(head, CausalLMHead) and head.token_chunk is not None and head.chunkable
+                       and [b.name for b in stack.borrowed[index]] == ["lm_head.weight"])
+            lent_copies = 1 if streams else 2
+            activations = sum(storages.values()) + 2 * out.numel() * out.element_size()
             if isinstance(head, CausalLMHead):  # the logits' tensors that backward makes and no hook sees
                 activations += head_transient_bytes(head, batch * seq, stack.config.vocab_size, bf16=spec.bf16)
             if device.type == "cuda":  # the allocator saw the real peak, backward's transients included
@@ -105,7 +110,7 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device, *,
                 param_bytes=owned * FP32,
                 grad_bytes=owned * FP32,
                 optim_bytes=owned * slots * FP32,
-                lent_bytes=2 * lent * FP32,
+                lent_bytes=lent_copies * lent * FP32,
                 frozen_bytes=stack.frozen_numel(index) * FP32,
                 activation_bytes=activations,
                 forward_s=forward_s,

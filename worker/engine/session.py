@@ -205,9 +205,9 @@ class TrialSession(ShardUnits):
         return shard.first, shard.stop
 
     def prefetch(self, unit: UnitSpec, *, running: tuple[Path, int, int] | None = None) -> None:
-        """Start reading ``unit``'s shard state (parameters, and accumulated gradients when the unit adds
-        to them; a LoRA trial's base layers but for those of ``running``, the base layers of the unit about
-        to run on this device, see :meth:`base_read`) in the background, so that :meth:`run_unit` finds it
+        """Start reading ``unit``'s shard state (parameters; a LoRA trial's base layers but for those of
+        ``running``, the base layers of the unit about to run on this device, see :meth:`base_read`) in the
+        background, so that :meth:`run_unit` finds it
         loaded.
 
         Call it for the unit after the one about to run. What it reads is keyed by buffer version, so
@@ -216,14 +216,10 @@ class TrialSession(ShardUnits):
         self._sync()
         if self.stack.adapters and unit.phase != "S":
             BaseCache.prefetch(self.base_root, self.stack, *self._base_range(unit), self.device, running=running)
-        shard, meta = unit.shard, self.state.shards[unit.shard]
-        names = [f"p{shard}"]
-        if unit.phase in ("B", "FB") and meta.grad == "partial" and not meta.pending:
-            names.append(f"g{shard}")
-        for name in names:
-            version = self.store.version(name)
-            assert version is not None, f"{name} is always in the store when a unit may read it"
-            self._transfers.start((name, version), self.store.path(name), self.layout.numel[shard])
+        name = f"p{unit.shard}"  # the accumulated gradients stream through in chunks (worker.engine.gradients)
+        version = self.store.version(name)
+        assert version is not None, f"{name} is always in the store when a unit may read it"
+        self._transfers.start((name, version), self.store.path(name), self.layout.numel[unit.shard])
 
     def run_unit(self, *, token: int | None = None) -> UnitResult:
         """Run the next unit and commit its outputs with the advanced cursor (all or nothing).

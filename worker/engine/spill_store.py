@@ -21,6 +21,7 @@ commit, only removed as orphans.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import json
 import os
@@ -45,12 +46,22 @@ def _file(root: Path, name: str, version: int) -> Path:
 
 
 def read_file(path: Path, out: torch.Tensor, *, offset: int = 0) -> torch.Tensor:
-    """Fill the contiguous CPU tensor ``out`` with the bytes of ``path`` from byte ``offset``."""
-    view = out.view(torch.uint8).numpy()
+    """Fill the contiguous CPU tensor ``out`` with the bytes of ``path`` from byte ``offset``.
+
+    The file is read straight into the tensor's memory, through a buffer over its address rather than a NumPy
+    view (which would pin the tensor's storage at its size: a unit frees a shard's weights early by emptying
+    their storage, see ``ShardUnits._backward``)."""
+    assert out.is_contiguous() and out.device.type == "cpu"
+    nbytes = out.numel() * out.element_size()
+    view = memoryview((ctypes.c_char * nbytes).from_address(out.data_ptr())).cast("B") if nbytes else b""
+    done = 0
     with open(path, "rb", buffering=0) as f:
         f.seek(offset)
-        if f.readinto(view) != view.nbytes:
-            raise SpillStoreError(f"{path} is shorter than {offset + view.nbytes} bytes")
+        while done < nbytes:  # one read(2) returns at most about 2 GiB
+            got = f.readinto(view[done:])
+            if not got:
+                raise SpillStoreError(f"{path} is shorter than {offset + nbytes} bytes")
+            done += got
     return out
 
 

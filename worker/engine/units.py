@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from worker.engine import gradients, optimizer_step
-from worker.engine.activations import KeptGraph, forward_kept
+from worker.engine.activations import KeptGraph, forward_kept, saves_storage
 from worker.engine.config import TrialSpec
 from worker.engine.data import TokenBlocks, eval_batch, train_batch
 from worker.engine.examples import IGNORE, Batch, ExampleRows
@@ -84,7 +84,19 @@ class ShardUnits:
         self._set_rng("rng")
         self._note_step_start(unit)
         loss, owned, lent = self._run_shard(unit.shard, params, x, self._batch(unit).labels, train=True)
-        (loss / self.spec.micro_batches).backward()
+        head = self.stack.layers[-1]
+        if len(lent) == 1 and lent[0] is head.lm_head.weight and head.token_chunk is not None and head.chunkable:
+            # The tied LM head weight's gradient goes to the store in chunks of rows as the chunked loss makes
+            # them: its owner's shard adds it from there (gradients.with_tied), and it never exists whole here.
+            with self.store.writer(f"t{unit.shard}") as append:
+                head.weight_grad_sink.target = append
+                try:
+                    (loss / self.spec.micro_batches).backward()
+                finally:
+                    head.weight_grad_sink.target = None
+            lent = []
+        else:
+            (loss / self.spec.micro_batches).backward()
         self.store.write("rng", *rng_state(self.device))
         self.state.step_state.loss_sum += loss.item()
         return self._finish_backward(unit, x, owned, lent)
@@ -98,10 +110,17 @@ class ShardUnits:
             ids = self._batch(unit).ids
             kept.restore(params, self.layout.slots[unit.shard], (*ids.shape, self._width), self.device)
             out, x, owned, lent = kept.out, kept.x, kept.owned, []
+            weights_saved = kept.weights_saved
         else:
             x = self._shard_input(unit)
             self._set_rng(f"r{unit.micro_batch}.{unit.shard}")
-            out, owned, lent = self._run_shard(unit.shard, params, x, None, train=True)
+            with saves_storage(params) as saved:
+                out, owned, lent = self._run_shard(unit.shard, params, x, None, train=True)
+            weights_saved = saved.seen
+        if not weights_saved:
+            # Backward reads no weight of this shard (an embedding's gradient depends on the token ids alone):
+            # free the weights' memory for the gradients; the Parameters keep their shapes for autograd.
+            params.untyped_storage().resize_(0)
         grad_out = self._read_boundary(f"d{unit.micro_batch}.{unit.shard}", out.shape)
         if out.requires_grad:  # else a LoRA trial's first shard, with no adapter: nothing to differentiate
             torch.autograd.backward(out, grad_out.to(out.dtype))
@@ -210,7 +229,7 @@ class ShardUnits:
         set_rng_state(self.store.read_new(name, sum(self._rng_numel), torch.uint8), self._rng_numel, self.device)
 
     def _read_state(self, name: str) -> torch.Tensor:
-        """Shard buffer ``name`` (p or g) on the device, from the prefetch when it has it."""
+        """Shard buffer ``name`` (its parameters) on the device, from the prefetch when it has it."""
         version = self.store.version(name)
         tensor = None if version is None else self._transfers.take((name, version))
         if tensor is None:
@@ -287,15 +306,13 @@ class ShardUnits:
         if lent:
             store.write(f"t{shard}", *(p.grad for p in lent))
         fresh = gradients.with_tied(store, self.layout, shard, owned, self.device)
-        partial = meta.grad == "partial"
-        flat = self._read_state(f"g{shard}") if partial else torch.empty(self.layout.numel[shard], device=self.device)
-        gradients.accumulate(flat, self.layout.slots[shard], fresh, owned, partial=partial)
-        store.write(f"g{shard}", flat)
+        gradients.accumulate(store, self._transfers, f"g{shard}", self.layout.slots[shard], fresh, owned,
+                             partial=meta.grad == "partial")
         meta.grad = "partial"
         if unit.micro_batch < self.spec.micro_batches - 1:
             return {}
         state = self.state.step_state
-        state.norms[shard] = gradients.parameter_norms(flat, self.layout.slots[shard])
+        state.norms[shard] = gradients.stored_norms(store, self._transfers, f"g{shard}", self.layout.slots[shard])
         if shard > 0:
             return {}
         norms = [n for s in range(len(self.plan.shards)) for n in state.norms[s]]
