@@ -28,7 +28,8 @@ def test_a_state_within_a_budget_is_resident_and_one_over_it_is_spilled() -> Non
     assert (adamw.optimizer, adamw.state_bytes, adamw.verdict) == ("AdamW", 16 * 134_515_008, "spilled")
     # The 49,152 x 576 embedding's weights and gradients, twice: 453 MB, under cpu:1's 512 MiB.
     assert smallest_budget(28_311_552) == 16 * 28_311_552
-    assert adamw.detail == "sharded, its shards taking turns on cpu:0, cpu:1; from 432.0\xa0MB of device memory plus activations"
+    assert adamw.detail == ("sharded, its shards taking turns on cpu:0, cpu:1; "
+                            "from 432.0\xa0MB of device memory plus activations")
     assert (sgd.verdict, sgd.detail) == ("resident", "whole on cpu:0")
     assert fits(smol, [DeviceBudget("cpu:1", 400 << 20, "test")])[0].verdict == "too large"
     big = _checkpoint(7 * 10**9, largest_layer=10**9)  # a 7B model's largest layer (its embedding) alone is 16 GB
