@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def tiny_trial(tokens: str, *, seed: int, lr: float, steps: int = 3, width: int = 16,
-               budget_bytes: int = 200_000) -> TrialSpec:
+               budget_bytes: int = 140_000) -> TrialSpec:
     """A 2-block GPT-2 split into several shards, with dropout, AdamW, clipping and evaluation."""
     return TrialSpec(
         model=ModelSpec(n_layer=2, n_embd=width, n_head=2, vocab_size=64, n_positions=16, dropout=0.1),

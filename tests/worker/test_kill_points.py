@@ -126,7 +126,7 @@ def test_a_unit_out_of_memory_mid_backward_is_replanned_and_stays_exact(
 ) -> None:
     """The fault raises torch.OutOfMemoryError inside autograd's backward of a unit of a one-shard trial:
     the worker re-plans it under a smaller budget, and the trial ends with plain PyTorch's numbers."""
-    trial = tiny_trial(tokens, seed=3, lr=2e-3, steps=4, budget_bytes=450_000)
+    trial = tiny_trial(tokens, seed=3, lr=2e-3, steps=4, budget_bytes=400_000)
     units = timetable(trial, tmp_path / "probe")
     assert len({shard for *_, shard in units}) == 1
     target = units.index((1, 0, "FB", 0))
