@@ -12,6 +12,9 @@ import torch
 
 from worker.engine import TrialSpec
 from worker.engine.errors import BudgetError
+from worker.engine.layers import build_layer_stack
+from worker.engine.partition import solve
+from worker.engine.profile import profile_layers
 from worker.engine.train import train_trial
 
 
@@ -30,3 +33,17 @@ def fitting_spec(spec: TrialSpec, spill_dir: Path, device: torch.device, *, step
             spec = dataclasses.replace(spec, budget_bytes=max(needed, spec.budget_bytes + 1))
         finally:
             shutil.rmtree(spill_dir / "fitting-budget", ignore_errors=True)
+
+
+def whole_head_spec(spec: TrialSpec, device: torch.device) -> TrialSpec:
+    """``spec`` with the smallest budget from its own up at which the planner keeps the head's logits whole (it
+    computes the head's loss in token chunks, which costs compute, only when the whole head does not fit)."""
+    stack = build_layer_stack(spec.model, spec.lora)
+    costs = profile_layers(stack, spec, device)
+    budget = spec.budget_bytes
+    while True:
+        try:
+            solve(costs, budget)
+            return dataclasses.replace(spec, budget_bytes=budget)
+        except BudgetError as error:
+            budget = max(error.needed_bytes or budget + 1, budget + 1)

@@ -21,7 +21,10 @@ micro-batches, as the GPT-2 default (the tokens of a micro-batch set how much co
 spill traffic; benchmarks/RESULTS.md has runs at 1,024 tokens per step too), 3 timed steps, 2 rounds
 (``--quick``: 8 layers, 8 x 64 tokens). Its tied embedding alone is a fifth of the state, so when a quarter
 of the state cannot hold it next to its prefetch reserve the budget grows by twentieths of the state until the
-engine's planner fits it (``budget_bytes`` says which). ``--model
+engine's planner fits it (``budget_bytes`` says which). Then, unless ``--chunked-head``, the budget grows to the
+smallest at which the planner keeps the head's logits whole: this benchmark measures what spilling costs, and a
+head whose loss runs in token chunks (the planner's choice when the whole logits do not fit) recomputes its
+logits, a memory-for-compute trade of its own that ``benchmarks/chunked_head.py`` measures. ``--model
 llama-1b`` (for a GPU): Llama-3.2-1B's shape (16 layers, width 2,048, 32 heads with 8 key/value heads, MLP
 8,192, 128,256-token vocabulary, tied), 16k tokens per step on CUDA; ``--bf16`` computes in bf16 with fp32
 master weights in both runs (CUDA only).
@@ -31,7 +34,7 @@ one thread and then every core this process may use (``all``); on CUDA only ``al
 engine's own costs without contention for cores; all cores is how a worker with a whole machine runs, where
 the engine's file I/O and the prefetch thread compete with torch's threads for the same cores.
 
-The last line is one JSON object: ``{"model", "bf16", "shards", "state_bytes", "budget_bytes", "device",
+The last line is one JSON object: ``{"chunked_head", "model", "bf16", "shards", "state_bytes", "budget_bytes", "device",
 "runs": [{"threads", "resident_tokens_per_s", "spilled_tokens_per_s", "ratio", "ratio_no_double_buffer",
 "target_met"}, ...]}``; ratios are spilled over resident throughput in the same run. Target: ratio >= 0.9
 on CPU, >= 0.8 on GPU at 16k tokens per step.
@@ -60,7 +63,7 @@ from worker.engine.layers import model_config
 from worker.engine.train import train_trial
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.budgets import fitting_spec
+from benchmarks.budgets import fitting_spec, whole_head_spec
 
 FULL = {"layers": 12, "width": 768, "heads": 12, "vocab": 8192, "seq_len": 512, "batch": 4, "micro_batches": 2,
         "steps": 4, "rounds": 3}
@@ -138,6 +141,9 @@ def main() -> None:
     parser.add_argument("--spill-dir", type=Path, default=Path("/dev/shm"), help="where the spill store lives")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--chunked-head", action="store_true",
+                        help="keep the budget where the planner computes the head's loss in token chunks instead "
+                        "of raising it until the head fits whole")
     parser.add_argument("--rounds", type=int, help="interleaved measurement rounds, best kept (default 3; quick 2)")
     parser.add_argument("--threads", help="comma-separated torch CPU thread counts, each measured in a run of "
                         "its own; 'all' is every core this process may use (default 1,all; on CUDA all)")
@@ -177,6 +183,8 @@ def main() -> None:
             budget_bytes=budget, seed=0, bf16=args.bf16,
         )
         spec = fitting_spec(spec, workdir, device, step_bytes=state_bytes // 20)
+        if not args.chunked_head:
+            spec = whole_head_spec(spec, device)
         budget = spec.budget_bytes
         runs = []
         for threads in thread_counts:
@@ -198,6 +206,7 @@ def main() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps({
+        "chunked_head": args.chunked_head,
         "model": args.model,
         "bf16": args.bf16,
         "shards": shards,

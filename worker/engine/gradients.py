@@ -7,7 +7,8 @@ sums them. All of it is elementwise, so it streams: the sum so far is read from 
 written back ``GRAD_CHUNK`` elements at a time, and a borrower's contribution is added in place in chunks;
 the device never holds a second gradient-sized buffer beside the fresh gradients. The global norm is the L2
 norm of the per-parameter L2 norms in model parameter order, as ``torch.nn.utils.clip_grad_norm_`` computes
-it, each parameter's norm taken over its whole accumulated gradient.
+it, each parameter's norm taken over its whole accumulated gradient (read back from the store for a parameter
+of more than one chunk).
 """
 
 from __future__ import annotations
@@ -46,10 +47,15 @@ def with_tied(store: SpillStore, layout: Layout, shard: int, owned: Sequence[nn.
 
 
 def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequence[Slot], fresh: list[torch.Tensor],
-               owned: Sequence[nn.Parameter], *, partial: bool) -> None:
+               owned: Sequence[nn.Parameter], *, partial: bool, norms: bool = False) -> list[float] | None:
     """Stage the shard's flat gradient buffer ``name``: ``fresh`` added to the sum so far (or, unless
     ``partial``, ``fresh`` itself), a chunk at a time; clear the parameters' ``.grad`` and empty ``fresh``
-    as each is written, so that its memory goes as soon as it is in the store."""
+    as each is written, so that its memory goes as soon as it is in the store.
+
+    With ``norms`` (the step's last micro-batch) return the L2 norm of each parameter's accumulated gradient:
+    taken in memory when the parameter is one chunk, else over the parameter read back whole from the store.
+    """
+    measured: dict[int, float] = {}
     with store.writer(name) as append:
         for index, (slot, param) in enumerate(zip(slots, owned, strict=True)):
             grad = fresh[index].reshape(-1)
@@ -60,23 +66,26 @@ def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequen
                     # The buffer's committed version: the one being written is registered when it is complete.
                     old = transfers.load(store.path(name), stop - start, offset=(slot.offset + start) * FP32)
                     store.bytes_read += old.nbytes
-                    append(old.add_(grad[start:stop]))
+                    piece = old.add_(grad[start:stop])
                 else:
-                    append(grad[start:stop])
+                    piece = grad[start:stop]
+                if norms and stop - start == slot.ref.numel:  # the whole parameter's gradient
+                    measured[index] = torch.linalg.vector_norm(piece, 2.0).item()
+                append(piece)
+                del piece
             param.grad = None
             del grad
-
-
-def stored_norms(store: SpillStore, transfers: Transfers, name: str, slots: Sequence[Slot]) -> list[float]:
-    """The L2 norm of each parameter's accumulated gradient in the shard's flat gradient buffer ``name``, one
-    parameter on the device at a time."""
-    norms = []
-    for slot in slots:
-        grad = transfers.load(store.path(name), slot.ref.numel, offset=slot.offset * FP32)
-        store.bytes_read += grad.nbytes
-        norms.append(torch.linalg.vector_norm(grad, 2.0).item())
-        del grad
-    return norms
+    if not norms:
+        return None
+    out = []
+    for index, slot in enumerate(slots):
+        if index not in measured:
+            whole = transfers.load(store.path(name), slot.ref.numel, offset=slot.offset * FP32)
+            store.bytes_read += whole.nbytes
+            measured[index] = torch.linalg.vector_norm(whole, 2.0).item()
+            del whole
+        out.append(measured[index])
+    return out
 
 
 def global_norm(norms: Sequence[float]) -> float:

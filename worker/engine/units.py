@@ -306,13 +306,15 @@ class ShardUnits:
         if lent:
             store.write(f"t{shard}", *(p.grad for p in lent))
         fresh = gradients.with_tied(store, self.layout, shard, owned, self.device)
-        gradients.accumulate(store, self._transfers, f"g{shard}", self.layout.slots[shard], fresh, owned,
-                             partial=meta.grad == "partial")
+        last = unit.micro_batch == self.spec.micro_batches - 1
+        norms = gradients.accumulate(store, self._transfers, f"g{shard}", self.layout.slots[shard], fresh, owned,
+                                     partial=meta.grad == "partial", norms=last)
         meta.grad = "partial"
-        if unit.micro_batch < self.spec.micro_batches - 1:
+        if not last:
             return {}
         state = self.state.step_state
-        state.norms[shard] = gradients.stored_norms(store, self._transfers, f"g{shard}", self.layout.slots[shard])
+        assert norms is not None
+        state.norms[shard] = norms
         if shard > 0:
             return {}
         norms = [n for s in range(len(self.plan.shards)) for n in state.norms[s]]
