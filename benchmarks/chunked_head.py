@@ -10,7 +10,8 @@ gradient (both runs make one; the whole run makes it last, so this is, if anythi
 CUDA that is ``torch.cuda.max_memory_allocated`` over what was allocated before; on CPU the running total of the
 allocator's allocations and frees as PyTorch's profiler records them (the calling thread's).
 
-Defaults (``--vocab 151936``, Qwen2's vocabulary): width 896 (Qwen2-0.5B's), 2,048 tokens, fp32 on the CPU.
+Defaults (``--vocab 151936``, Qwen2's vocabulary): width 896 (Qwen2-0.5B's), 2,048 tokens (``--quick``: 256),
+fp32 on the CPU.
 For a GPU: ``--device cuda --bf16 --vocab 128256 --width 2048 --tokens 16384`` (Llama-3.2-1B's head at 16k
 tokens, bf16 autocast as the engine trains it).
 
@@ -61,11 +62,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--width", type=int, default=896)
-    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--tokens", type=int, help="tokens of the micro-batch (default 2048; quick 256)")
+    parser.add_argument("--quick", action="store_true", help="256 tokens: seconds on 2 CPU cores")
     parser.add_argument("--token-chunk", type=int, default=None, help="tokens of logits at once (default tokens/32)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast, as the engine's bf16 trials")
     args = parser.parse_args()
+    args.tokens = args.tokens or (256 if args.quick else 2048)
     device = torch.device(args.device)
     chunk = args.token_chunk or max(16, args.tokens // 32)
     generator = torch.Generator().manual_seed(0)

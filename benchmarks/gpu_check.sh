@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks in one short run, for a machine with a CUDA GPU: the CUDA tests of the engine and of the
-# worker's engine runner, then spill_overhead and memory_bound on the GPU (GPT-2's shape, then a Llama-style
+# worker's engine runner, then spill_overhead and memory_bound on the GPU (GPT-2's shape, then Llama-3.2-1B's LM
+# head on 16k tokens with whole logits and in token chunks (chunked_head), then a Llama-style
 # model of about 1B parameters in bf16 at 16k tokens per step, and the largest Llama-style model whose AdamW
 # state fits the host, Llama-3.2-3B's shape, under a 16 GB budget), then 8 LoRA trials sharing one frozen
 # base of Llama-3.1-8B's shape under a 16 GB budget (lora_sharing). Everything lands under $OUT
 # (default artifacts/gpu). Needs torch, transformers, safetensors, tokenizers, numpy, psutil, nvidia-ml-py,
 # redis-py and pytest in $PYTHON (default python3); no Django, Celery or Redis server. Each step runs under
-# a timeout, so the whole run ends within 36 minutes; the Llama cases come last.
+# a timeout, so the whole run ends within 39 minutes; the Llama cases come last.
 set -uo pipefail
 out="${OUT:-artifacts/gpu}"
 py="${PYTHON:-python3}"
@@ -27,6 +28,10 @@ timeout 240 "$py" -m pytest tests/worker/test_cuda_runner.py -m "cuda or not cud
   -p no:cacheprovider -p no:django --confcutdir=tests/worker -o addopts="-ra" 2>&1 | tee -a "$out/cuda-tests.txt"
 timeout 240 "$py" benchmarks/spill_overhead.py --device cuda --rounds 1 --steps 3 --spill-dir "$shm" 2>&1 | tee "$out/spill_overhead.txt"
 timeout 150 "$py" benchmarks/memory_bound.py --quick --device cuda 2>&1 | tee "$out/memory_bound.txt"
+# Llama-3.2-1B's LM head (128,256 x 2,048) on 16k tokens in bf16: whole logits against the token-chunked loss
+# (peak activation bytes and time of each, and how closely the loss and gradients agree on the GPU).
+timeout 180 "$py" benchmarks/chunked_head.py --device cuda --bf16 --vocab 128256 --width 2048 --tokens 16384 \
+  2>&1 | tee "$out/chunked_head_llama_1b.txt"
 # A Llama-style model of about 1B parameters, bf16 compute with fp32 master weights, 16k tokens per step.
 timeout 300 "$py" benchmarks/spill_overhead.py --model llama-1b --bf16 --device cuda --rounds 1 --steps 3 \
   --spill-dir "$shm" 2>&1 | tee "$out/spill_overhead_llama_1b.txt"

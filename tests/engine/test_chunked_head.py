@@ -29,18 +29,19 @@ ADAMW = OptimizerSpec(kind="adamw", lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1
 WIDE_VOCAB = 2048  # with 64-token micro-batches and 16-token chunks: 4 token chunks, 4 vocabulary chunks
 
 
-def whole_and_chunked(tokens: int, width: int, vocab: int, chunk: int, *, bf16: bool = False, seed: int = 0
-                      ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def whole_and_chunked(tokens: int, width: int, vocab: int, chunk: int, *, bf16: bool = False, seed: int = 0,
+                      device: torch.device = CPU) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """(loss, grad of hidden, grad of weight) from whole logits and from chunks, on the same inputs."""
     generator = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(tokens, width, generator=generator)
-    weight = torch.randn(vocab, width, generator=generator) * 0.2
+    hidden = torch.randn(tokens, width, generator=generator).to(device)
+    weight = (torch.randn(vocab, width, generator=generator) * 0.2).to(device)
     targets = torch.randint(0, vocab, (tokens,), generator=generator)
     targets[::7] = IGNORE
+    targets = targets.to(device)
     out = []
     for chunked in (False, True):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             if chunked:
                 loss = chunked_cross_entropy(h, w, targets, token_chunk=chunk)
             else:
