@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from tests.engine.conftest import CPU, SEQ, run_all, tiny_spec
 from tests.engine.test_lora import adapter_weights, lora_spec, save_base
 from tests.plain_pytorch import assert_bit_identical, exported_weights, initial_weights, plain_training
-from worker.engine import BudgetError, ModelSpec, OptimizerSpec, TrialSession, trial_create
+from worker.engine import BudgetError, ModelSpec, OptimizerSpec, TrialSession, TrialSpec, trial_create
 from worker.engine.chunked_loss import IGNORE, chunked_cross_entropy, spans
 from worker.engine.config import LoraSpec
 
@@ -100,13 +100,27 @@ def test_spans_are_balanced_and_never_a_matrix_vector_product() -> None:
 # -- whole trials ------------------------------------------------------------------------------------------------
 
 
-def wide_spec(tokens_path: Path, family: str, *, tied: bool, **overrides: object):
+def wide_spec(tokens_path: Path, family: str, *, tied: bool, **overrides: object) -> TrialSpec:
     """A 2-block model of ``family`` with a 2,048-token vocabulary on the tiny trial's random tokens."""
     model = ModelSpec(family=family, n_layer=2, n_embd=32, n_head=4, n_kv_head=None if family == "gpt2" else 2,
                       n_inner=None if family == "gpt2" else 48, vocab_size=WIDE_VOCAB, n_positions=SEQ,
                       dropout=0.1, tie_word_embeddings=tied)
     return tiny_spec(tokens_path, **{"model": model, "optimizer": ADAMW, "steps": 4, "eval_every": 2,
                                      "eval_batches": 1, **overrides})
+
+
+def trained_in_chunks(spec: TrialSpec, spill_dir: Path, out: Path, *, cuts: list[int]
+                      ) -> tuple[list[float], list[float]]:
+    """Train ``spec`` in shards starting at ``cuts`` with its head's loss in 16-token chunks and export it to
+    ``out``; its training losses and evaluation losses."""
+    plan = trial_create(spec=spec, spill_dir=spill_dir, trial_id="t", device=CPU, cuts=cuts, head_token_chunk=16)
+    assert plan.head_token_chunk == 16
+    session = TrialSession.open(spill_dir=spill_dir, trial_id="t", device=CPU)
+    assert session.stack.layers[-1].token_chunk == 16
+    results = run_all(session)
+    session.export(out)
+    return ([r.loss for r in results if r.loss is not None],
+            [r.eval_loss for r in results if r.eval_loss is not None])
 
 
 @pytest.fixture(scope="module")
@@ -123,15 +137,8 @@ def test_a_trial_with_a_chunked_head_trains_like_plain_pytorch(
 ) -> None:
     spec = wide_spec(wide_tokens, family, tied=tied)
     reference = plain_training(initial_weights(spec, tmp_path / "reference"), spec)
-    plan = trial_create(spec=spec, spill_dir=shm_dir, trial_id="t", device=CPU, cuts=[0, 2, 3], head_token_chunk=16)
-    assert plan.head_token_chunk == 16
-    session = TrialSession.open(spill_dir=shm_dir, trial_id="t", device=CPU)
-    assert session.stack.layers[-1].token_chunk == 16
-    results = run_all(session)
-    session.export(tmp_path / "final")
-
-    assert [r.loss for r in results if r.loss is not None] == reference.losses
-    assert [r.eval_loss for r in results if r.eval_loss is not None] == reference.eval_losses
+    assert trained_in_chunks(spec, shm_dir, tmp_path / "final", cuts=[0, 2, 3]) == (reference.losses,
+                                                                                  reference.eval_losses)
     assert_bit_identical(exported_weights(tmp_path / "final"), reference.weights)
 
 
@@ -173,14 +180,8 @@ def test_a_lora_trial_with_a_chunked_frozen_head_trains_like_peft(family: str, t
     base = save_base(tmp_path / "base", family)
     spec = lora_spec(tokens_path, base, family)
     reference = plain_training(initial_weights(spec, tmp_path / "reference"), spec)
-    plan = trial_create(spec=spec, spill_dir=tmp_path / "spill", trial_id="t", device=CPU, cuts=[0, 2],
-                        head_token_chunk=16)
-    assert plan.head_token_chunk == 16
-    session = TrialSession.open(spill_dir=tmp_path / "spill", trial_id="t", device=CPU)
-    results = run_all(session)
-    session.export(tmp_path / "final")
-    assert [r.loss for r in results if r.loss is not None] == reference.losses
-    assert [r.eval_loss for r in results if r.eval_loss is not None] == reference.eval_losses
+    assert trained_in_chunks(spec, tmp_path / "spill", tmp_path / "final", cuts=[0, 2]) == (reference.losses,
+                                                                                          reference.eval_losses)
     assert_bit_identical(adapter_weights(tmp_path / "final"), reference.weights)
 
 
