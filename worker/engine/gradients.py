@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from worker.engine.layout import Layout, Slot
+from worker.engine.optimizer_step import read_chunk
 from worker.engine.sizes import FP32
 from worker.engine.spill_store import SpillStore
 from worker.engine.transfer import Transfers
@@ -64,8 +65,7 @@ def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequen
                 stop = min(slot.ref.numel, start + GRAD_CHUNK)
                 if partial:  # old + new, as autograd accumulates .grad
                     # The buffer's committed version: the one being written is registered when it is complete.
-                    old = transfers.load(store.path(name), stop - start, offset=(slot.offset + start) * FP32)
-                    store.bytes_read += old.nbytes
+                    old = read_chunk(store, transfers, name, slot.offset + start, slot.offset + stop)
                     piece = old.add_(grad[start:stop])
                 else:
                     piece = grad[start:stop]
@@ -80,8 +80,7 @@ def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequen
     out = []
     for index, slot in enumerate(slots):
         if index not in measured:
-            whole = transfers.load(store.path(name), slot.ref.numel, offset=slot.offset * FP32)
-            store.bytes_read += whole.nbytes
+            whole = read_chunk(store, transfers, name, slot.offset, slot.offset + slot.ref.numel)
             measured[index] = torch.linalg.vector_norm(whole, 2.0).item()
             del whole
         out.append(measured[index])

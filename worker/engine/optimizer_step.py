@@ -45,10 +45,10 @@ def step_shard(*, store: SpillStore, transfers: Transfers, spec: TrialSpec, shar
         for start in range(0, numel, STEP_CHUNK):
             stop = min(numel, start + STEP_CHUNK)
             chunk = params[start:stop]
-            chunk.grad = _read_chunk(store, transfers, f"g{shard}", start, stop)
+            chunk.grad = read_chunk(store, transfers, f"g{shard}", start, stop)
             if clip is not None:
                 chunk.grad.mul_(clip)
-            state = {slot: _read_chunk(store, transfers, f"{slot}{shard}", start, stop) for slot in slots if has_state}
+            state = {slot: read_chunk(store, transfers, f"{slot}{shard}", start, stop) for slot in slots if has_state}
             optimizer: torch.optim.Optimizer
             if optim.kind == "adamw":
                 optimizer = torch.optim.AdamW([chunk], lr=lr, betas=optim.betas, eps=optim.eps,
@@ -71,7 +71,7 @@ def step_shard(*, store: SpillStore, transfers: Transfers, spec: TrialSpec, shar
     store.write(f"p{shard}", params)
 
 
-def _read_chunk(store: SpillStore, transfers: Transfers, name: str, start: int, stop: int) -> torch.Tensor:
+def read_chunk(store: SpillStore, transfers: Transfers, name: str, start: int, stop: int) -> torch.Tensor:
     """Elements ``[start, stop)`` of buffer ``name`` on the device."""
     tensor = transfers.load(store.path(name), stop - start, offset=start * FP32)
     store.bytes_read += tensor.nbytes
