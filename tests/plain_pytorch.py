@@ -3,7 +3,10 @@
 The family's own transformers model (``AutoModelForCausalLM``: ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ...)
 loaded from the engine's initial weights (the engine's streamed init is checked against
 GPT-2's distribution in tests/engine/test_init.py), ``torch.optim``, ``clip_grad_norm_`` and a ``LambdaLR``
-over the documented schedule definition; no engine code except the batch order. A LoRA trial's reference
+over the documented schedule definition; no engine code except the batch order. A step's loss is
+transformers' own gradient-accumulation rule: each micro-batch's summed token loss over the tokens the whole
+batch's loss covers (``num_items_in_batch``, counted as the Trainer counts it), and evaluations are the summed
+token losses of their batches over their tokens. A LoRA trial's reference
 is ``peft``'s ``PeftModel`` of the pretrained base with the engine's initial adapters; its weights are the
 adapters as ``peft`` saves them (``get_peft_model_state_dict``). On CPU with one thread
 every kernel adds in a fixed order, so the engine, sharded, spilled and run unit by unit in any process,
@@ -85,15 +88,17 @@ def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU, 
     losses, eval_losses = [], []
     for step in range(spec.steps if steps_run is None else steps_run):
         batch = train_batch(data, seed=spec.seed, step=step, batch_size=spec.batch_size)
+        # the Trainer's num_items_in_batch, clamped to 1 as TRL's SFT loss clamps it
+        batch_tokens = max(1, int((batch.labels[..., 1:] != -100).sum()))
         total = 0.0
         for index in range(spec.micro_batches):
             micro_batch = batch.micro_batch(spec.micro_batches, index, device)
             # use_cache=False as any training loop: a key/value cache would also hide packed rows from the mask
             loss = model(micro_batch.ids, labels=micro_batch.labels, position_ids=micro_batch.position_ids,
-                         use_cache=False).loss
-            (loss / spec.micro_batches).backward()
+                         use_cache=False, num_items_in_batch=batch_tokens).loss
+            loss.backward()
             total += loss.item()
-        losses.append(total / spec.micro_batches)
+        losses.append(total)
         if opt.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, opt.clip_norm)
         optimizer.step()
@@ -104,8 +109,9 @@ def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU, 
             with torch.no_grad():
                 batches = [eval_batch(data, batch=b, batch_size=spec.micro_batch_size).micro_batch(1, 0, device)
                            for b in range(spec.eval_batches)]
-                eval_losses.append(sum(model(b.ids, labels=b.labels, position_ids=b.position_ids,
-                                             use_cache=False).loss.item() for b in batches) / len(batches))
+                summed = sum(model(b.ids, labels=b.labels, position_ids=b.position_ids, use_cache=False,
+                                   num_items_in_batch=1).loss.item() for b in batches)
+                eval_losses.append(summed / sum(int((b.labels[..., 1:] != -100).sum()) for b in batches))
             model.train()
     if spec.lora is not None:  # the adapters, under the keys PEFT saves them with
         return Reference(losses, eval_losses, {k: v.clone() for k, v in get_peft_model_state_dict(model).items()})

@@ -91,12 +91,13 @@ def test_masked_examples_train_in_shards_exactly_like_plain_pytorch(
     assert_bit_identical(exported_weights(final), reference.weights)
 
 
-def save_base(directory: Path, family: str) -> Path:
+def save_base(directory: Path, family: str, *, attention_dropout: float = 0.1) -> Path:
     """A tiny pretrained checkpoint of `family` (random weights, a fixed seed), as save_pretrained writes it."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(3)
         shape = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                     intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=SEQ, attention_dropout=0.1)
+                     intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=SEQ,
+                     attention_dropout=attention_dropout)
         if family == "llama":
             LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=True)).save_pretrained(directory)
         else:

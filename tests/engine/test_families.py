@@ -129,8 +129,8 @@ def test_layer_by_layer_is_the_whole_model_bit_for_bit(case: str) -> None:
     stack = LayerStack(model)
     ids = torch.randint(0, 96, (2, 24))
 
-    torch.manual_seed(1)
-    whole = model(ids, labels=ids).loss
+    torch.manual_seed(1)  # the loss of a batch the engine divides by its predicted tokens, as transformers may
+    whole = model(ids, labels=ids, num_items_in_batch=ids[:, 1:].numel()).loss
     whole.backward()
     expected = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
@@ -138,7 +138,7 @@ def test_layer_by_layer_is_the_whole_model_bit_for_bit(case: str) -> None:
     torch.manual_seed(1)
     hidden = ids
     for index, layer in enumerate(stack.layers):
-        hidden = layer(hidden, ids) if index == len(stack) - 1 else layer(hidden)
+        hidden = layer(hidden, ids, ids[:, 1:].numel()) if index == len(stack) - 1 else layer(hidden)
     hidden.backward()
     assert hidden.item() == whole.item()
     assert all(torch.equal(p.grad, expected[name]) for name, p in model.named_parameters())
@@ -221,8 +221,9 @@ def test_the_export_loads_and_generates_with_its_tokenizer(
     assert type(model).__name__ == CAUSAL_LM_CLASSES[family]
     assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
     batch = TokenBlocks(spec.data, vocab_size=vocab).eval_batch(batch=0, batch_size=spec.micro_batch_size)
-    with torch.no_grad():
-        assert model(batch, labels=batch).loss.item() == engine_eval[0]
+    with torch.no_grad():  # an evaluation's loss: its summed token losses over the tokens it predicts
+        summed = model(batch, labels=batch, num_items_in_batch=1).loss.item()
+    assert summed / batch[:, 1:].numel() == engine_eval[0]
 
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out", local_files_only=True)
     assert tokenizer.eos_token == "<|endoftext|>"  # the corpus BPE's document end, so that generation stops there

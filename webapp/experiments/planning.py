@@ -37,6 +37,9 @@ from webapp.experiments.trial_data import (
 from webapp.experiments.trial_generation import TPE_FIRST_WAVE, initial_trials
 from webapp.worker_door import DataSpec, LoraSpec, ModelSpec, OptimizerSpec, ScheduleSpec, SpecError, TrialSpec
 
+# Batches of `batch_size` rows that a trial's regular evaluations read: micro-batch by micro-batch, so that every
+# trial of an experiment, however its batch is cut, is evaluated on the same validation rows.
+EVAL_BATCHES = 2
 MEMORY_PARAMETERS = ("batch_size", "micro_batches", "seq_len", "n_embd", "n_layer", "optimizer")
 EXAMPLE_PARAMETERS = ("packing", "loss_on")  # how examples are laid out and trained: instruction data only
 LORA_NEEDS_A_CHECKPOINT = ("lora_r: LoRA trains adapters on a pretrained checkpoint; choose one from the catalog, "
@@ -405,7 +408,7 @@ def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset,
         micro_batches=int(values["micro_batches"]),
         steps=steps,
         eval_every=eval_every,
-        eval_batches=2,
+        eval_batches=EVAL_BATCHES * int(values["micro_batches"]),
         seed=seed,
         budget_bytes=budget_bytes,
         bf16=values["precision"] == "bf16",

@@ -91,25 +91,42 @@ class ExampleSet:
         return cls(ids=ids, marks=marks, starts=starts, token_bytes=token_bytes)
 
 
+def predicted_tokens(labels: torch.Tensor) -> int:
+    """How many tokens of rows labelled `labels` (B, T) the loss covers: the labels after each row's first
+    position (a causal LM predicts every token from the ones before it) that are not IGNORE."""
+    return int((labels[:, 1:] != IGNORE).sum())
+
+
 @dataclass(frozen=True)
 class Batch:
-    """Rows of a batch: (B, T) int64 tensors."""
+    """Rows of a batch: (B, T) int64 tensors, and the tokens the loss of the whole batch covers.
+
+    A step's loss is the sum of its token losses over ``loss_tokens``, whichever micro-batch each token is
+    in: a micro-batch keeps its batch's count, by which its summed loss is divided, so the loss, the gradients
+    and the trained weights do not depend on how the batch is cut (transformers' ``num_items_in_batch``).
+    """
 
     ids: torch.Tensor  # token ids, PAD_ID after the last example
     labels: torch.Tensor  # the token where the loss covers it, else IGNORE
     position_ids: torch.Tensor | None  # from 0 at each example's first token; None: 0..T-1 in every row
+    loss_tokens: int  # predicted_tokens of the whole batch, also in each of its micro-batches
+
+    @classmethod
+    def of_rows(cls, ids: torch.Tensor, labels: torch.Tensor, position_ids: torch.Tensor | None) -> Batch:
+        return cls(ids=ids, labels=labels, position_ids=position_ids, loss_tokens=predicted_tokens(labels))
 
     @classmethod
     def of_blocks(cls, ids: torch.Tensor) -> Batch:
         """Token blocks: every token is a label, positions count from each row's start."""
-        return cls(ids=ids, labels=ids, position_ids=None)
+        return cls.of_rows(ids, ids, None)
 
     def micro_batch(self, n: int, index: int, device: torch.device) -> Batch:
-        """Micro-batch `index` of `n` equal ones, on `device`."""
+        """Micro-batch `index` of `n` equal ones, on `device`; its ``loss_tokens`` are the whole batch's."""
         def part(tensor: torch.Tensor) -> torch.Tensor:
             return tensor.chunk(n)[index].to(device)
         return Batch(ids=part(self.ids), labels=part(self.labels),
-                     position_ids=None if self.position_ids is None else part(self.position_ids))
+                     position_ids=None if self.position_ids is None else part(self.position_ids),
+                     loss_tokens=self.loss_tokens)
 
 
 Row = tuple[int, ...]  # the examples of one row, in order
@@ -225,8 +242,7 @@ class ExampleRows:
                 labels[r, at] = IGNORE  # an example's first token is predicted from nothing of its own
                 positions[r, at:] = np.arange(self.seq_len - at)
                 at += n
-        return Batch(ids=torch.from_numpy(ids), labels=torch.from_numpy(labels),
-                     position_ids=torch.from_numpy(positions))
+        return Batch.of_rows(torch.from_numpy(ids), torch.from_numpy(labels), torch.from_numpy(positions))
 
     # -- batches ---------------------------------------------------------------------------------------
 

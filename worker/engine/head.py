@@ -20,15 +20,13 @@ def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
     return nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:].reshape(-1)
 
 
-def summed_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """The shifted cross-entropy of every predicted token, summed (nats): what ``ForCausalLMLoss`` averages,
-    from the same fp32 logits and labels."""
-    return nn.functional.cross_entropy(logits.float().view(-1, vocab_size), shifted_targets(labels).to(logits.device),
-                                       ignore_index=IGNORE, reduction="sum")
-
-
 class CausalLMHead(nn.Module):
-    """Final norm, LM head and the shifted cross-entropy: ((B, T, C), (B, T)) -> scalar loss.
+    """Final norm, LM head and the shifted cross-entropy: ((B, T, C), (B, T), loss_tokens) -> scalar loss.
+
+    The loss is the summed cross-entropy of the tokens the labels cover divided by ``loss_tokens``, the tokens
+    the whole batch's loss covers (:class:`~worker.engine.examples.Batch`): micro-batches of one step add up to
+    the step's mean token loss however the batch is cut, as transformers' loss with ``num_items_in_batch``.
+    ``loss_tokens`` of 1 gives the summed loss (evaluations add sums up over their batches).
 
     ``norm`` is registered as ``norm_name``, the model's own name for it (GPT-2's ``ln_f``, the rotary
     families' ``norm``), before ``lm_head``: the layer's parameters are ``<norm_name>.*`` then
@@ -46,7 +44,6 @@ class CausalLMHead(nn.Module):
         self.add_module(norm_name, norm)
         self.lm_head = lm_head
         self.vocab_size = vocab_size
-        self.loss_sums: list[torch.Tensor] | None = None  # set by an evaluation that wants summed losses
         self.token_chunk: int | None = None  # rows of logits at once; None: the micro-batch's whole logits
         # In chunks only: where backward hands the LM head weight's gradient, a chunk of rows at a time, instead
         # of its .grad, when a unit sets its target for one backward (see chunked_loss.picked_log_probs).
@@ -56,18 +53,14 @@ class CausalLMHead(nn.Module):
     def chunkable(self) -> bool:
         return type(self.lm_head) is nn.Linear and self.lm_head.bias is None
 
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, loss_tokens: int) -> torch.Tensor:
+        divisor = max(loss_tokens, 1)  # a batch that trains no token has a loss of 0, as TRL clamps it
         norm = self.get_submodule(self.norm_name)
         if self.token_chunk is not None and self.chunkable:
             normed = norm(hidden)
             targets = shifted_targets(labels).to(normed.device)
             picked = picked_log_probs(normed.reshape(-1, normed.shape[-1]), self.lm_head.weight, targets,
                                       self.token_chunk, weight_grad_sink=self.weight_grad_sink)
-            if self.loss_sums is not None:
-                self.loss_sums.append(picked_loss(picked, targets, reduction="sum"))
-            return picked_loss(picked, targets)
+            return picked_loss(picked, targets, reduction="sum") / divisor
         logits = self.lm_head(norm(hidden))  # (B, T, V)
-        loss = ForCausalLMLoss(logits, labels, vocab_size=self.vocab_size)
-        if self.loss_sums is not None:  # an evaluation: also the summed loss, for bits per byte
-            self.loss_sums.append(summed_loss(logits, labels, self.vocab_size))
-        return loss
+        return ForCausalLMLoss(logits, labels, vocab_size=self.vocab_size, num_items_in_batch=divisor)

@@ -84,7 +84,7 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device, *,
             start = time.perf_counter()
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
                     torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.bf16):
-                out = layer(x, ids) if index == len(stack) - 1 else layer(x)
+                out = layer(x, ids, 1) if index == len(stack) - 1 else layer(x)
             _sync(device)
             forward_s = time.perf_counter() - start
             if out.requires_grad:  # a LoRA trial's first layers may have nothing to train

@@ -45,7 +45,8 @@ class PendingStep:
 
 @dataclass
 class StepState:
-    """Running sums of the step in flight: summed micro-batch losses, and per shard the norms of its
+    """Running sums of the step in flight: the micro-batches' losses (each its part of the step's mean token
+    loss), and per shard the norms of its
     parameters' accumulated gradients (set when the shard's backward of the last micro-batch ran)."""
 
     loss_sum: float = 0.0
@@ -54,10 +55,9 @@ class StepState:
 
 @dataclass
 class EvalState:
-    """Running sums of the evaluation in flight, over the validation batches done so far: their mean losses,
-    their summed token losses (nats), the tokens they predicted and those tokens' UTF-8 bytes."""
+    """Running sums of the evaluation in flight, over the validation batches done so far: their summed token
+    losses (nats), the tokens they predicted and those tokens' UTF-8 bytes."""
 
-    loss_sum: float = 0.0
     token_loss_sum: float = 0.0
     tokens: int = 0
     bytes: int = 0
@@ -151,7 +151,7 @@ class TrialState:
                                                           "total_norm": self.pending.total_norm},
             "step_state": {"loss_sum": self.step_state.loss_sum,
                            "norms": {str(shard): norms for shard, norms in self.step_state.norms.items()}},
-            "eval_state": {"loss_sum": self.eval_state.loss_sum, "token_loss_sum": self.eval_state.token_loss_sum,
+            "eval_state": {"token_loss_sum": self.eval_state.token_loss_sum,
                            "tokens": self.eval_state.tokens, "bytes": self.eval_state.bytes},
             "early_stop": {"best": self.early_stop.best, "since": self.early_stop.since,
                            **({"pruned": self.early_stop.pruned} if self.early_stop.pruned is not None else {})},
@@ -193,8 +193,10 @@ class TrialState:
                 **_keys(pending, "pending", required={"step", "total_norm"})),
             step_state=StepState(loss_sum=step_state["loss_sum"],
                                  norms={int(shard): norms for shard, norms in step_state["norms"].items()}),
-            eval_state=EvalState(**_keys(raw["eval_state"], "eval_state", required={"loss_sum"},
-                                         optional=frozenset({"token_loss_sum", "tokens", "bytes"}))),
+            # A store written before evaluations averaged per token also summed the batches' mean losses.
+            eval_state=EvalState(**_keys(raw["eval_state"], "eval_state", required=set(),
+                                         optional=frozenset({"token_loss_sum", "tokens", "bytes"}),
+                                         ignored=frozenset({"loss_sum"}))),
             early_stop=EarlyStop() if early_stop is None else EarlyStop(
                 **_keys(early_stop, "early_stop", required={"best", "since"}, optional=frozenset({"pruned"}))),
             replans=raw.get("replans", 0),

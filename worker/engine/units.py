@@ -83,7 +83,8 @@ class ShardUnits:
         x = self._shard_input(unit)
         self._set_rng("rng")
         self._note_step_start(unit)
-        loss, owned, lent = self._run_shard(unit.shard, params, x, self._batch(unit).labels, train=True)
+        batch = self._batch(unit)
+        loss, owned, lent = self._run_shard(unit.shard, params, x, (batch.labels, batch.loss_tokens), train=True)
         head = self.stack.layers[-1]
         if len(lent) == 1 and lent[0] is head.lm_head.weight and head.token_chunk is not None and head.chunkable:
             # The tied LM head weight's gradient goes to the store in chunks of rows as the chunked loss makes
@@ -91,12 +92,12 @@ class ShardUnits:
             with self.store.writer(f"t{unit.shard}") as append:
                 head.weight_grad_sink.target = append
                 try:
-                    (loss / self.spec.micro_batches).backward()
+                    loss.backward()
                 finally:
                     head.weight_grad_sink.target = None
             lent = []
         else:
-            (loss / self.spec.micro_batches).backward()
+            loss.backward()
         self.store.write("rng", *rng_state(self.device))
         self.state.step_state.loss_sum += loss.item()
         return self._finish_backward(unit, x, owned, lent)
@@ -129,10 +130,10 @@ class ShardUnits:
     def _evaluate(self, unit: UnitSpec) -> dict[str, Any]:
         """E: evaluation forward of one shard on one validation batch (dropout off, no graph).
 
-        A regular evaluation averages the mean losses of its ``eval_batches`` batches; the final one (see
-        :meth:`Timetable.final_evaluation`) covers the declared held-out tokens and reports their mean
-        loss per token. Both report bits per byte: the summed token losses over ln 2 and over the UTF-8 bytes of
-        the predicted tokens."""
+        A regular evaluation reads ``eval_batches`` batches; the final one (see
+        :meth:`Timetable.final_evaluation`) covers the declared held-out tokens. Both report the mean loss per
+        predicted token over all their batches (the summed token losses over the tokens, as a training step's
+        loss) and bits per byte: the summed token losses over ln 2 and over the UTF-8 bytes of those tokens."""
         params = self._load_shard(unit.shard)
         final = self.timetable.final_evaluation(unit.step)
         size = self.spec.micro_batch_size
@@ -149,25 +150,18 @@ class ShardUnits:
         self.stack.positions.ids = batch.position_ids
         x = ids if unit.shard == 0 else self._read_boundary(f"e{unit.shard - 1}", (*ids.shape, self._width))
         last = unit.shard == len(self.plan.shards) - 1
-        head = self.stack.layers[-1]
-        head.loss_sums = [] if last else None
-        try:
-            with torch.no_grad():
-                out = self._run_shard(unit.shard, params, x, batch.labels if last else None, train=False)[0]
-            summed = head.loss_sums[0].item() if last else 0.0
-        finally:
-            head.loss_sums = None
+        with torch.no_grad():  # the last shard's output: the batch's summed token loss (a divisor of 1)
+            out = self._run_shard(unit.shard, params, x, (batch.labels, 1) if last else None, train=False)[0]
         if not last:
             self.store.write(f"e{unit.shard}", out.float())
             return {}
         state = self.state.eval_state
-        state.loss_sum += out.item()
-        state.token_loss_sum += summed
+        state.token_loss_sum += out.item()
         state.tokens += int((batch.labels[:, 1:] != IGNORE).sum())
         state.bytes += n_bytes or 0
         if unit.micro_batch < (self.spec.final_eval_batches if final else self.spec.eval_batches) - 1:
             return {}
-        eval_loss = state.token_loss_sum / state.tokens if final else state.loss_sum / self.spec.eval_batches
+        eval_loss = state.token_loss_sum / state.tokens
         bpb = state.token_loss_sum / math.log(2) / state.bytes if self.data.token_bytes is not None else None
         metrics: dict[str, Any] = {"eval_loss": eval_loss, "eval_ppl": math.exp(eval_loss), "eval_bpb": bpb,
                                    "eval_tokens": state.tokens, "eval_bytes": state.bytes}
@@ -252,13 +246,15 @@ class ShardUnits:
             meta.pending, meta.grad = False, "empty"
         return params
 
-    def _run_shard(self, shard: int, params: torch.Tensor, x: torch.Tensor, labels: torch.Tensor | None, *,
+    def _run_shard(self, shard: int, params: torch.Tensor, x: torch.Tensor,
+                   targets: tuple[torch.Tensor, int] | None, *,
                    train: bool) -> tuple[torch.Tensor, list[nn.Parameter], list[nn.Parameter]]:
         """Bind the shard's weights into its layers and run them; return (output, owned, lent params).
 
         Owned parameters are views into ``params``; a parameter borrowed from another shard is read from
         that shard's committed buffer; a LoRA trial's frozen base weights come from the host's shared base.
-        The last layer needs ``labels`` and returns the loss. Units that
+        The last layer needs ``targets``, the labels and the divisor of their summed loss (the head's
+        ``loss_tokens``), and returns the loss. Units that
         need no graph call this under ``torch.no_grad``.
         """
         plan = self.plan.shards[shard]
@@ -288,7 +284,7 @@ class ShardUnits:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.spec.bf16):
             for index in range(plan.first, plan.stop):
                 layer = self.stack.layers[index].train(train)
-                x = layer(x, labels) if index == len(self.stack) - 1 else layer(x)
+                x = layer(x, *targets) if index == len(self.stack) - 1 else layer(x)
                 if index == plan.first:
                     self.reach("mid-forward")
                     if x.requires_grad:  # a graph is built: its backward passes this point too
@@ -319,7 +315,7 @@ class ShardUnits:
             return {}
         norms = [n for s in range(len(self.plan.shards)) for n in state.norms[s]]
         total_norm = gradients.global_norm(norms)
-        loss = state.loss_sum / self.spec.micro_batches
+        loss = state.loss_sum  # each micro-batch's loss is its part of the step's mean token loss
         self.state.mark_step_pending(unit.step, total_norm)
         return {
             "loss": loss,

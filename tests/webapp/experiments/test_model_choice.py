@@ -41,6 +41,8 @@ def test_a_llama_preset_carries_its_family_micro_batches_and_bf16_to_the_trial_s
         services.experiment_launch(experiment=experiment, actor=alice)
     specs = [t.spec for t in experiment.trials.order_by("number")]
     assert [(s["micro_batches"], s["bf16"], s["batch_size"]) for s in specs] == [(1, True, 4), (2, True, 4)]
+    # both evaluate two batches' rows, one micro-batch at a time: the same rows however the batch is cut
+    assert [s["eval_batches"] * s["batch_size"] // s["micro_batches"] for s in specs] == [8, 8]
     model = specs[0]["model"]
     assert (model["family"], model["n_head"], model["n_kv_head"], model["n_inner"]) == ("llama", 4, 2, 128)
     assert model["vocab_size"] == alice_dataset.vocab_size and model["pretrained_dir"] is None
