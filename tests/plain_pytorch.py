@@ -6,7 +6,9 @@ GPT-2's distribution in tests/engine/test_init.py), ``torch.optim``, ``clip_grad
 over the documented schedule definition; no engine code except the batch order. A step's loss is
 transformers' own gradient-accumulation rule: each micro-batch's summed token loss over the tokens the whole
 batch's loss covers (``num_items_in_batch``, counted as the Trainer counts it), and evaluations are the summed
-token losses of their batches over their tokens. A LoRA trial's reference
+token losses of their batches over their tokens. Dropout draws from the generators seeded before each
+micro-batch's forward with ``micro_batch_seed(seed, step, micro_batch)`` (`worker.engine.rng`). A LoRA trial's
+reference
 is ``peft``'s ``PeftModel`` of the pretrained base with the engine's initial adapters; its weights are the
 adapters as ``peft`` saves them (``get_peft_model_state_dict``). On CPU with one thread
 every kernel adds in a fixed order, so the engine, sharded, spilled and run unit by unit in any process,
@@ -28,6 +30,7 @@ from transformers import AutoModelForCausalLM
 from worker.engine import TrialSession, TrialSpec, trial_create
 from worker.engine.data import eval_batch, train_batch, trial_data
 from worker.engine.lora import ADAPTER_DIR
+from worker.engine.rng import micro_batch_seed
 
 CPU = torch.device("cpu")
 
@@ -84,7 +87,6 @@ def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU, 
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup)
     data = trial_data(spec.data, vocab_size=model.config.vocab_size)
-    torch.manual_seed(spec.seed)
     losses, eval_losses = [], []
     for step in range(spec.steps if steps_run is None else steps_run):
         batch = train_batch(data, seed=spec.seed, step=step, batch_size=spec.batch_size)
@@ -93,6 +95,7 @@ def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU, 
         total = 0.0
         for index in range(spec.micro_batches):
             micro_batch = batch.micro_batch(spec.micro_batches, index, device)
+            torch.manual_seed(micro_batch_seed(spec.seed, step, index))
             # use_cache=False as any training loop: a key/value cache would also hide packed rows from the mask
             loss = model(micro_batch.ids, labels=micro_batch.labels, position_ids=micro_batch.position_ids,
                          use_cache=False, num_items_in_batch=batch_tokens).loss

@@ -28,7 +28,7 @@ class Run:
     evals: list[tuple[int, float]]
     lrs: list[float]
     final: Path
-    state: dict[str, bytes]  # every shard's parameters and optimizer state, and the RNG stream
+    state: dict[str, bytes]  # every shard's parameters and optimizer state
 
 
 def train(session: TrialSession, into: Run) -> None:
@@ -42,7 +42,7 @@ def train(session: TrialSession, into: Run) -> None:
 
 def finish(session: TrialSession, run: Run) -> None:
     session.export(run.final)
-    names = [f"{kind}{s}" for s in range(len(session.plan.shards)) for kind in "pmv"] + ["rng"]
+    names = [f"{kind}{s}" for s in range(len(session.plan.shards)) for kind in "pmv"]
     run.state = {name: session.store.path(name).read_bytes() for name in names}
 
 

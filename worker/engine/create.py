@@ -2,9 +2,9 @@
 
 The store a created trial starts from is exactly the state of plain training before its first step:
 parameters as initialized (or as the pretrained checkpoint has them; a LoRA trial's adapters as ``peft``
-initializes them, its frozen base in the host's shared copy), zero AdamW moments, and the RNG
-stream of ``torch.manual_seed(seed)``. Layers are initialized one at a time and streamed into the store,
-so the model never exists whole in memory.
+initializes them, its frozen base in the host's shared copy) and zero AdamW moments; its dropout draws from
+a stream per micro-batch seeded from the trial's seed (`worker.engine.rng`). Layers are initialized one at a
+time and streamed into the store, so the model never exists whole in memory.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from worker.engine.errors import SpecError
 from worker.engine.layers import build_layer_stack
 from worker.engine.partition import MemoryPlan
 from worker.engine.profile import plan_layers, profile_layers
-from worker.engine.rng import initial_rng
 from worker.engine.spill_store import SpillStore
 from worker.engine.trial_state import TrialState
 from worker.engine.weights import PretrainedWeights, init_layer
@@ -77,6 +76,5 @@ def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: tor
         if spec.optimizer.kind == "adamw":  # both moments start at zero, as in torch.optim.AdamW
             store.write_stream(f"m{shard.index}", zeros(shard.index))
             store.write_stream(f"v{shard.index}", zeros(shard.index))
-    store.write("rng", *initial_rng(spec.seed, device))
     store.commit()
     return plan

@@ -33,6 +33,11 @@ class StaleWriterError(SpillStoreError):
     Nothing was written; the caller drops the unit's result (the newer writer owns the trial now)."""
 
 
+class LaneNotReady(EngineError):
+    """A lane of a wavefront has no unit that can run now: its next unit needs a unit not yet committed (another
+    device runs it), or the lane is through. Nothing was written; the caller gives the unit back."""
+
+
 class CheckpointError(SpecError):
     """A checkpoint directory or model file cannot be used; the message names the file and what is wrong."""
 

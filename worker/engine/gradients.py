@@ -28,10 +28,11 @@ from worker.engine.transfer import Transfers
 GRAD_CHUNK = 1 << 20  # elements of an accumulated gradient or a tied contribution on the device at once
 
 
-def with_tied(store: SpillStore, layout: Layout, shard: int, owned: Sequence[nn.Parameter], device: torch.device
-              ) -> list[torch.Tensor]:
-    """The gradients of ``shard``'s owned parameters from this backward, each tied weight's with what the
-    shards that borrow it left in their ``t`` buffers added in place (a chunk of the contribution at a time)."""
+def with_tied(store: SpillStore, layout: Layout, shard: int, owned: Sequence[nn.Parameter], device: torch.device,
+              *, micro_batch: int) -> list[torch.Tensor]:
+    """The gradients of ``shard``'s owned parameters from this backward of ``micro_batch``, each tied weight's
+    with what the shards that borrow it left for that micro-batch in their ``t`` buffers added in place (a chunk
+    of the contribution at a time); the buffers are dropped, read for the last time."""
     fresh = [cast(torch.Tensor, p.grad) for p in owned]  # every owned parameter took part in the backward
     slot_index = {slot.ref: i for i, slot in enumerate(layout.slots[shard])}
     for slot, borrower, offset in layout.incoming(shard):
@@ -40,10 +41,14 @@ def with_tied(store: SpillStore, layout: Layout, shard: int, owned: Sequence[nn.
         flat = grad.view(-1)
         for start in range(0, slot.ref.numel, GRAD_CHUNK):
             stop = min(slot.ref.numel, start + GRAD_CHUNK)
-            contribution = store.read_new(f"t{borrower}", stop - start, torch.float32,
+            contribution = store.read_new(f"t{micro_batch}.{borrower}", stop - start, torch.float32,
                                           offset=(offset + start) * FP32)
             # Autograd would sum both uses of the tied weight before accumulating: do the same.
             flat[start:stop].add_(contribution.to(device))
+    for borrower in sorted({borrower for _, borrower, _ in layout.incoming(shard)}):
+        # read for the last time once every weight it holds a contribution to is this shard's
+        if all(layout.by_ref[borrow.owner].shard == shard for borrow, _ in layout.lent[borrower]):
+            store.drop(f"t{micro_batch}.{borrower}")
     return fresh
 
 

@@ -5,14 +5,15 @@ Between two optimizer steps a trial's whole state is, per layer, its fp32 parame
 the step in flight, of which there is none). A shard's flat buffers are its layers' buffers laid end to
 end, and shards are contiguous runs of layers, so the concatenation of every shard's buffer is the same
 vector for any plan: re-packing is slicing that vector at the new shard starts, bit for bit. The trial's
-RNG stream and position in training carry over; the cursor is re-indexed into the new timetable.
+position in training carries over; the cursor is re-indexed into the new timetable (a micro-batch's random
+numbers come from its own seed, see `worker.engine.rng`, so there is no stream to carry).
 
 A trial is re-planned when a unit ran out of memory, which can be anywhere in a step. So the work of the
 segment in flight is rolled back first, to where it started:
 
     training of step k    accumulated gradients of step k are dropped (a shard still holding step k-1's
-                          gradients has its update pending: those stay and are applied), the RNG stream goes
-                          back to ``rs`` (saved by the step's first unit), the step's running sums are reset;
+                          gradients has its update pending: those stay and are applied), the step's running
+                          sums are reset, and units a wavefront committed ahead count as not run;
     evaluation after k    its running sum is reset (evaluation draws no random numbers);
     final updates (S)     nothing to undo.
 
@@ -81,8 +82,7 @@ def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_
     old_buffers = {kind: {s: store.path(f"{kind}{s}") for s in range(len(old.shards))}
                    for kind in SHARD_STATE if store.version(f"{kind}0") is not None}  # SGD: no m before step 1
     for name in list(store.buffers):
-        if name != "rng":  # boundary buffers and gradients of the old shapes: none is live after a rollback
-            store.drop(name)
+        store.drop(name)  # boundary buffers and gradients of the old shapes: none is live after a rollback
     for shard in plan.shards:
         start, stop = sum(layer_numel[:shard.first]), sum(layer_numel[:shard.stop])
         for kind, paths in old_buffers.items():
@@ -98,11 +98,8 @@ def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_
 def _roll_back(session: TrialSession, unit: UnitSpec) -> None:
     """Undo, in the session's working state, the units of ``unit``'s segment that already ran (see module doc)."""
     state = session.state
-    started = state.cursor > segment_start(session.timetable, unit)
     if unit.phase in ("F", "FB", "B"):
         state.reset_step()
-        if started:
-            session.rewind_rng_to_step_start()
     elif unit.phase == "E":
         state.reset_eval()
 

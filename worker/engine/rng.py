@@ -1,8 +1,13 @@
 """The global RNG state a unit runs under, as tensors the spill store can keep.
 
-A trial's dropout draws from the process-global generators (CPU, and the device's on CUDA). The session
-saves and restores their states around units, so a unit's random numbers depend only on the store, and a
-caller's own RNG state is the same after a unit as before it.
+A trial's dropout draws from the process-global generators (CPU, and the device's on CUDA). Each micro-batch's
+forward starts from generators seeded with :func:`micro_batch_seed` of the trial's seed, the step and the
+micro-batch, as a plain training loop that calls ``torch.manual_seed(micro_batch_seed(...))`` before each
+micro-batch's forward does; a shard's forward leaves the state it ended with for the next shard of the same
+micro-batch. So the random numbers of a micro-batch depend on nothing that another micro-batch did, and the
+micro-batches of one step may run on several devices at once (a wavefront) with the numbers of one device. The
+session saves and restores the generators around units, so a caller's own RNG state is the same after a unit as
+before it.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 
@@ -40,9 +46,17 @@ def caller_rng_kept(device: torch.device) -> Iterator[None]:
             torch.cuda.set_rng_state(saved[1], device)
 
 
-def initial_rng(seed: int, device: torch.device) -> list[torch.Tensor]:
-    """The RNG state right after ``torch.manual_seed(seed)``: where plain training's dropout starts."""
-    states = [torch.Generator().manual_seed(seed).get_state()]
+def micro_batch_seed(seed: int, step: int, micro_batch: int) -> int:
+    """The seed of micro-batch ``micro_batch`` of optimizer step ``step`` of a trial seeded ``seed``: NumPy's
+    ``SeedSequence`` of the three, so that nearby triples give unrelated streams."""
+    return int(np.random.SeedSequence([seed, step, micro_batch]).generate_state(1, np.uint64)[0])
+
+
+def seed_micro_batch(seed: int, step: int, micro_batch: int, device: torch.device) -> None:
+    """Seed the generators ``device``'s dropout draws from as ``torch.manual_seed(micro_batch_seed(...))``
+    seeds them (CPU's, and the device's on CUDA)."""
+    value = micro_batch_seed(seed, step, micro_batch)
+    torch.random.default_generator.manual_seed(value)
     if device.type == "cuda":
-        states.append(torch.Generator(device=device).manual_seed(seed).get_state())
-    return states
+        with torch.cuda.device(device):
+            torch.cuda.manual_seed(value)

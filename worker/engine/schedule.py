@@ -74,6 +74,39 @@ class UnitSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Segment:
+    """A run of the timetable whose units form ``lanes`` chains of ``length`` units each, lane after lane:
+    the training of one step (a lane per micro-batch, ``2n - 1`` units each), an evaluation (a lane per
+    evaluation batch, ``n`` units each) or the final updates (one lane of ``n`` units). Unit ``start + lane *
+    length + position`` is position ``position`` of lane ``lane``.
+
+    The units of a segment may run as a *wavefront*: the unit at ``(lane, position)`` needs only the unit before
+    it in its own lane and the unit at the same position of the lane before (the same phase on the same shard
+    for the previous micro-batch): every shard then sees the same operations in the same order as when the
+    lanes run one after another. A segment's first unit needs the whole segment before it."""
+
+    start: int
+    lanes: int
+    length: int
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.lanes * self.length
+
+    def index(self, lane: int, position: int) -> int:
+        return self.start + lane * self.length + position
+
+    def place(self, index: int) -> tuple[int, int]:
+        """(lane, position) of unit ``index`` of this segment."""
+        return divmod(index - self.start, self.length)
+
+    def needs(self, index: int) -> list[int]:
+        """The units unit ``index`` of this segment runs after (besides the segment before it)."""
+        lane, position = self.place(index)
+        return ([index - 1] if position else []) + ([index - self.length] if lane else [])
+
+
+@dataclass(frozen=True, kw_only=True)
 class Timetable:
     """The fixed unit sequence of a trial, addressable by index without materializing it.
 
@@ -144,6 +177,18 @@ class Timetable:
 
     def __len__(self) -> int:
         return self.step_offset(self.steps)
+
+    def segment(self, index: int) -> Segment:
+        """The segment unit ``index`` belongs to (see :class:`Segment`)."""
+        unit = self[index]
+        start = self.step_offset(unit.step)
+        if unit.phase in ("F", "FB", "B"):
+            return Segment(start=start, lanes=self.micro_batches, length=2 * self.shards - 1)
+        start += self.train_units_per_step
+        if unit.phase == "S":
+            return Segment(start=start, lanes=1, length=self.shards)
+        batches = self.final_eval_batches if self.final_evaluation(unit.step) else self.eval_batches
+        return Segment(start=start, lanes=batches, length=self.shards)
 
     def __iter__(self) -> Iterator[UnitSpec]:
         return (self[index] for index in range(len(self)))

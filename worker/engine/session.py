@@ -1,20 +1,23 @@
 """Trials as resumable sequences of shard units whose whole state lives in the spill store.
 
 ``TrialSession.open`` picks a trial created by :func:`~worker.engine.create.trial_create` up in any
-process, and each ``run_unit`` runs the next unit of the timetable (:mod:`worker.engine.schedule`) and
-commits its outputs together with the advanced cursor. A unit killed half-way leaves the previous commit,
-and re-running it gives identical numbers because the RNG state is part of the store.
+process, and each ``run_unit`` runs the next unit of the timetable (:mod:`worker.engine.schedule`), or the next
+unit of one lane of a wavefront, and commits its outputs together with the units now done. A unit killed
+half-way leaves the previous commit, and re-running it gives identical numbers because the RNG state is part of
+the store.
 
 Spill buffer names (per trial directory)::
 
     p{s} g{s}        shard s: flat fp32 parameters and accumulated gradients
     m{s} v{s}        shard s: optimizer state (AdamW exp_avg and exp_avg_sq; SGD momentum in m)
-    t{s}             shard s: gradients of parameters it borrows from another shard (tied weights)
+    t{m}.{s}         shard s, micro-batch m: gradients of parameters it borrows from another shard (tied weights)
     a{m}.{s} d{m}.{s} output of shard s for micro-batch m, and the loss gradient w.r.t. it
-    r{m}.{s}         RNG state before shard s ran forward on micro-batch m (replayed by the recompute)
-    rng              the trial's RNG stream (dropout of plain training, unit after unit)
-    rs               the RNG stream as the current step started (to roll the step back, see repartition)
-    e{s}             output of shard s for the current evaluation batch
+    r{m}.{s}         RNG state shard s starts its forward on micro-batch m from (the state shard s - 1 left;
+                     shard 0 starts from the micro-batch's seed, see worker.engine.rng)
+    e{b}.{s}         output of shard s for evaluation batch b
+
+A micro-batch's boundaries, tied gradients and RNG states are dropped by the unit that reads them last, so the
+store holds those of the micro-batches in flight.
 
 The small state next to them (cursor, per-shard flags, running sums) is a
 :class:`~worker.engine.trial_state.TrialState`.
@@ -33,7 +36,7 @@ from worker.engine import optimizer_step, shared_base
 from worker.engine.activations import KeptGraph
 from worker.engine.create import trial_create
 from worker.engine.data import trial_data
-from worker.engine.errors import EngineError, StaleWriterError
+from worker.engine.errors import EngineError, LaneNotReady, StaleWriterError
 from worker.engine.export import export_lora, export_pretrained
 from worker.engine.faults import Fault
 from worker.engine.layers import build_layer_stack
@@ -43,7 +46,7 @@ from worker.engine.schedule import Timetable, UnitSpec
 from worker.engine.shared_base import BaseCache
 from worker.engine.spill_store import SpillStore
 from worker.engine.transfer import Transfers
-from worker.engine.trial_state import TrialState
+from worker.engine.trial_state import TrialState, merge_trial_keys
 from worker.engine.units import ShardUnits
 
 __all__ = ["TrialSession", "UnitResult", "trial_create"]  # the session API in one import (trial_create: see create)
@@ -147,29 +150,66 @@ class TrialSession(ShardUnits):
         """Open the last committed state of trial ``trial_id``; raises ``SpillStoreError`` if absent."""
         return cls(SpillStore.open(Path(spill_dir) / trial_id), device)
 
-    def commit(self) -> None:
+    def commit(self, *, unit: int | None = None) -> None:
         """Publish the working state with every buffer staged since the last commit (all or nothing);
-        raises ``StaleWriterError`` if another writer took or committed the trial since."""
+        raises ``StaleWriterError`` if another writer took or committed the trial since (a lane's writer merges
+        onto other lanes' commits instead, see :class:`~worker.engine.spill_store.SpillStore`). ``unit``: the
+        unit this commit completes."""
         self.state.stage_in(self.store)
-        self.store.commit()
+        version = self.store.commit_version
+        self.store.commit(merge_trial_keys, unit=unit)
+        if self.store.commit_version != version + 1:  # merged onto other lanes' commits: their state too
+            self.state = TrialState.of(self.store, known=self.state)
 
     # -- the scheduler's view ------------------------------------------------------------------------
 
     @property
     def cursor(self) -> int:
-        """The timetable index of the next unit to run (``len(timetable)`` once the trial is finished), as
-        of the last commit this session read or made."""
+        """The timetable index of the first unit not committed (``len(timetable)`` once the trial is finished),
+        as of the last commit this session read or made; a wavefront may have committed units beyond it."""
         return self.state.cursor
 
     def next_unit(self) -> UnitSpec | None:
-        """The unit :meth:`run_unit` would run, or ``None`` when the trial is finished."""
+        """The unit :meth:`run_unit` runs without a lane (the first not committed), or ``None`` when the trial
+        is finished."""
         self._sync()
+        return self._next_unit()
+
+    def _next_unit(self) -> UnitSpec | None:
         cursor = self.state.cursor
         return self.timetable[cursor] if cursor < len(self.timetable) else None
 
     def remaining_units(self) -> int:
         self._sync()
-        return len(self.timetable) - self.state.cursor
+        return len(self.timetable) - self.state.units_committed
+
+    def lane_unit(self, lane: int) -> UnitSpec | None:
+        """The next unit of ``lane`` of the segment in flight (see :class:`~worker.engine.schedule.Segment`) if
+        every unit it needs is committed, else None (also when the lane is through, or the trial finished)."""
+        self._sync()
+        return self._lane_unit(lane)
+
+    def _lane_unit(self, lane: int) -> UnitSpec | None:
+        state = self.state
+        if state.cursor >= len(self.timetable):
+            return None
+        segment = self.timetable.segment(state.cursor)
+        if not 0 <= lane < segment.lanes:
+            return None
+        index = next((i for i in range(segment.index(lane, 0), segment.index(lane + 1, 0))
+                      if not state.committed(i)), None)
+        if index is None or not all(state.committed(i) for i in segment.needs(index)):
+            return None
+        return self.timetable[index]
+
+    def ready_lanes(self) -> list[int]:
+        """The lanes of the segment in flight whose next unit can run now, as of the last commit (units in flight
+        elsewhere included): a trial that has more than one may run them on several devices at once."""
+        self._sync()
+        if self.state.cursor >= len(self.timetable):
+            return []
+        segment = self.timetable.segment(self.state.cursor)
+        return [lane for lane in range(segment.lanes) if self._lane_unit(lane) is not None]
 
     def _sync(self) -> None:
         """Pick up commits made by other processes since this session last looked (SHARP moves trials)."""
@@ -221,20 +261,30 @@ class TrialSession(ShardUnits):
         assert version is not None, f"{name} is always in the store when a unit may read it"
         self._transfers.start((name, version), self.store.path(name), self.layout.numel[unit.shard])
 
-    def run_unit(self, *, token: int | None = None) -> UnitResult:
-        """Run the next unit and commit its outputs with the advanced cursor (all or nothing).
+    def run_unit(self, *, token: int | None = None, lane: int | None = None) -> UnitResult:
+        """Run the next unit (of ``lane``, when given) and commit its outputs (all or nothing).
 
         ``token`` is the caller's fencing token (the scheduler passes its lease's token; larger is newer):
         the unit first takes the store with it, and its commit is refused if a writer with a newer token
-        took the trial meanwhile. ``None`` is for a trial that only this process runs (no fencing, but
-        the commit still refuses if another commit landed since). Raises ``StaleWriterError`` when refused:
+        took the trial meanwhile. With ``lane`` the unit takes only that lane of the trial (see
+        :class:`~worker.engine.spill_store.SpillStore`): other lanes' units may run in other processes at the
+        same time, and their commits add up. ``None`` is for a trial that only this process runs (no fencing,
+        but the commit still refuses if another commit landed since). Raises ``StaleWriterError`` when refused:
         nothing was written and the unit's result must be dropped; also when the unit failed otherwise
-        (e.g. a file it read was superseded) after a newer writer took the trial. On any exception the
-        session reloads the last commit, so it stays usable; the unit re-runs.
+        (e.g. a file it read was superseded) after a newer writer took the trial. Raises ``LaneNotReady`` when
+        the lane has no unit that can run now. On any exception the session reloads the last commit, so it
+        stays usable; the unit re-runs.
         """
+        if lane is not None and token is None:
+            raise EngineError("a lane's unit runs beside other lanes' units: it needs a fencing token")
         if token is not None:
-            self.reopen(SpillStore.take(self.store.root, token))  # also removes orphans, under the lock
-        unit = self.next_unit()
+            self.reopen(SpillStore.take(self.store.root, token, lane=lane))  # also removes orphans, under the lock
+        elif not self.store.is_current():  # another process ran units since this session last looked
+            self.reopen(SpillStore.open(self.store.root))
+        # The store just taken is this writer's: no _sync (which would replace it with a reader's copy).
+        unit = self._next_unit() if lane is None else self._lane_unit(lane)
+        if unit is None and lane is not None and self.state.cursor < len(self.timetable):
+            raise LaneNotReady(f"lane {lane} of trial {self.trial_id} has no unit that can run now")
         if unit is None:
             raise EngineError(f"trial {self.trial_id} is finished: no unit left to run")
         if token is None:
@@ -264,25 +314,27 @@ class TrialSession(ShardUnits):
                 raise torch.OutOfMemoryError(
                     f"fault injection: shard {unit.shard} plans a peak of {self.plan.unit_peak_bytes(unit.shard)} "
                     f"bytes, over the injected device memory of {limit} bytes")
+            self.state.mark_committed(unit.index)
             # An early stop ends the timetable here, or goes on to the final evaluation on the declared held-out
             # set when the trial has one: the evaluation has applied every pending update.
-            self.state.cursor = self.timetable.final_eval_start if metrics.get("stopped_early") else unit.index + 1
+            if metrics.get("stopped_early"):
+                self.state.skip_to(self.timetable.final_eval_start)
             self.state.last_unit, self.state.last_metrics = unit.index, metrics
             self.reach("before-commit")
-            self.commit()
+            self.commit(unit=unit.index)
             self._transfers.retain(self.store.buffers)
             self.reach("after-commit")
         except BaseException as error:
             mine = self.store
             self.reopen(SpillStore.open(self.store.root))
             self._kept.clear()
-            if token is not None and self.store.fence > token and isinstance(error, Exception):
+            if token is not None and isinstance(error, Exception) and self._superseded(token, lane):
                 # A newer writer took the trial while this unit ran, and superseded (deleted) files it was
                 # reading: whatever the unit failed with, it could not have committed.
                 mine.remove_own_files()
                 raise StaleWriterError(
                     f"unit {unit.index} of trial {self.trial_id} failed ({type(error).__name__}: {error}) after a "
-                    f"writer with fencing token {self.store.fence} took the trial from token {token}") from error
+                    f"writer with a newer fencing token than {token} took the trial") from error
             raise
         finally:
             self.stack.release(self.plan.shards[unit.shard].first, self.plan.shards[unit.shard].stop)
@@ -312,6 +364,13 @@ class TrialSession(ShardUnits):
                           tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
                           chat_template=self.spec.data.chat_template, after_file=lambda: self.reach("mid-export"))
 
+    def _superseded(self, token: int, lane: int | None) -> bool:
+        """Whether a writer with a newer token than ``token`` took the trial, or ``lane`` of it, as last committed."""
+        if self.store.fence > token:
+            return True
+        held = self.store.manifest.get("lanes", {}).get(str(lane)) if lane is not None else None
+        return held is not None and held["token"] > token
+
     def reach(self, point: str) -> None:
         """Fault point `point` (a name of `worker.engine.faults.POINTS`) of the current unit."""
         if self.fault is not None:
@@ -329,6 +388,4 @@ class TrialSession(ShardUnits):
             for shard in range(len(self.plan.shards)):
                 self._load_shard(shard)
 
-    def rewind_rng_to_step_start(self) -> None:
-        """Stage the trial's RNG stream as it was when the current step's first unit ran (``rs``)."""
-        self.store.write("rng", self.store.read_new("rs", sum(self._rng_numel), torch.uint8))
+

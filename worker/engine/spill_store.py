@@ -7,15 +7,23 @@ commit intact; files of an uncommitted unit are orphans, removed by the next wri
 Safe against process death (what the scheduler's lease recovers from), not against power loss: nothing
 is fsynced, and the host tier (``/dev/shm``) does not survive a reboot anyway.
 
-One writer at a time, enforced by the store itself (fencing): the scheduler's lease makes one device
-the trial's writer, but a device that was only slow past its lease may still be running the unit that
-another device has re-run since. So a writer first takes the store (:meth:`SpillStore.take`) with its fencing
-token (the lease's token: larger is newer), and :meth:`SpillStore.commit` is a compare-and-commit: both
-run under an exclusive ``flock`` on ``manifest.lock`` and refuse with ``StaleWriterError`` when a newer
-token took the trial or another commit landed since the writer read the manifest. Taking the store is a
-commit that stages no buffer, so the version it uses never names a file; every writer therefore stages
-under a version no other writer stages under, and a stale writer's files are never referenced by a
-commit, only removed as orphans.
+One writer per *lane* at a time, enforced by the store itself (fencing): the scheduler's lease makes one
+device the writer of a trial's unit, but a device that was only slow past its lease may still be running the
+unit that another device has re-run since. So a writer first takes the store (:meth:`SpillStore.take`) with
+its fencing token (the lease's token: larger is newer), and :meth:`SpillStore.commit` is a compare-and-commit:
+both run under an exclusive ``flock`` on ``manifest.lock`` and refuse with ``StaleWriterError`` when a newer
+token took the trial (or the writer's lane) or another commit landed since the writer read the manifest.
+
+A writer that takes the whole trial (no lane) is its one writer, as a unit of a trial that runs one unit at a
+time is. A writer that takes a *lane* (a wavefront's micro-batch, see :class:`worker.engine.schedule.Segment`)
+shares the trial with the writers of other lanes: its commit is refused only when a newer token took its own
+lane or the whole trial, and a commit that finds another lane's commit landed since it read the manifest merges
+onto it (its own buffers, and its changes to the trial keys through the caller's merge), refusing only a
+conflict. Every writer stages its files under a *stage* of its own: the version of the commit that took the
+store plus one (a version no commit names a file with), or, for a writer that did not take the store, the next
+version. A lane's stage is kept in the manifest (``lanes``) while its writer may be staging, so that another
+writer's sweep of orphans leaves its files alone; a stale writer's files are never referenced by a commit,
+only removed as orphans.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ MANIFEST = "manifest.json"
 LOCK = "manifest.lock"
 FORMAT = "hydra-spill/1"
 # The manifest keys the store itself reads and writes; every other key is its caller's (the trial state).
-STORE_KEYS = frozenset({"format", "version", "files", "fence"})
+STORE_KEYS = frozenset({"format", "version", "files", "fence", "lanes"})
 
 
 def _file(root: Path, name: str, version: int) -> Path:
@@ -72,12 +80,18 @@ class SpillStore:
     buffer under the next version; :meth:`read` sees staged buffers first, then committed ones.
     """
 
-    def __init__(self, root: Path, manifest: dict[str, Any], stamp: tuple[int, int, int] | None = None) -> None:
+    def __init__(self, root: Path, manifest: dict[str, Any], stamp: tuple[int, int, int] | None = None, *,
+                 lane: int | None = None) -> None:
         self.root = root
         self.manifest = manifest
         self._stamp = stamp  # (inode, mtime ns, size) of the manifest file this copy was read from or written as
         self._committed_files: dict[str, int] = dict(manifest["files"])
         self._base_version: int = manifest["version"]
+        self._base = json.loads(json.dumps(manifest))  # what this writer read, for merging onto later commits
+        # The lane this writer took (None: the whole trial, or no take), and the stage its files carry.
+        self.lane = lane
+        lanes = manifest.get("lanes", {})
+        self._stage: int = lanes[str(lane)]["stage"] if lane is not None else int(manifest["version"]) + 1
         self.bytes_read = 0
         self.bytes_written = 0
         self.io_s = 0.0  # seconds this writer spent reading, writing and committing buffers
@@ -113,12 +127,14 @@ class SpillStore:
         return self._stamp == (st.st_ino, st.st_mtime_ns, st.st_size)
 
     @classmethod
-    def take(cls, root: Path, token: int) -> SpillStore:
-        """Become the trial's one writer with fencing ``token``; return the store as last committed.
+    def take(cls, root: Path, token: int, *, lane: int | None = None) -> SpillStore:
+        """Become the trial's one writer with fencing ``token``, or with ``lane`` the writer of that lane; return
+        the store as last committed.
 
         Under the manifest lock: refuse with ``StaleWriterError`` if a writer with a larger token took the
-        trial already, else record ``token`` in a commit of its own (which makes every commit prepared by
-        an earlier writer fail) and remove what earlier writers staged but never committed.
+        trial (or the lane) already, else record ``token`` in a commit of its own (which makes every commit
+        prepared by an earlier writer of the trial, or of the lane, fail) and remove what earlier writers
+        staged but never committed (but what the other lanes' writers may be staging).
         """
         with _locked(root):
             manifest = _read_manifest(root)
@@ -126,10 +142,32 @@ class SpillStore:
             if fence > token:
                 raise StaleWriterError(f"writer with fencing token {token} refused: the trial in {root} was "
                                        f"taken with token {fence} since")
-            store = cls(root, manifest | {"fence": token})
+            if lane is None:
+                store = cls(root, manifest | {"fence": token} | ({"lanes": {}} if manifest.get("lanes") else {}))
+            else:
+                lanes = dict(manifest.get("lanes", {}))
+                held = lanes.get(str(lane))
+                if held is not None and held["token"] > token:
+                    raise StaleWriterError(f"writer with fencing token {token} refused: lane {lane} of the trial "
+                                           f"in {root} was taken with token {held['token']} since")
+                # The take's own commit is version + 1, which names no file: the writer stages after it. What the
+                # lane's last writer committed stays known (see lane_committed).
+                lanes[str(lane)] = {"token": token, "stage": int(manifest["version"]) + 2,
+                                    **({"prev": {"token": held["token"], "unit": held["unit"]}}
+                                       if held is not None and "unit" in held else {})}
+                store = cls(root, manifest | {"lanes": lanes})
             store._publish()
+            store.lane = lane
+            store._stage = int(store.manifest["version"]) + 1  # = the lane's recorded stage
             store.remove_orphans()
         return store
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token this writer took the store with (None: it did not take it)."""
+        if self.lane is not None:
+            return int(self.manifest["lanes"][str(self.lane)]["token"])
+        return None
 
     @staticmethod
     def link_committed(root: Path, dest: Path) -> dict[str, Any]:
@@ -148,16 +186,17 @@ class SpillStore:
     def remove_orphans(self) -> None:
         """Delete files no commit refers to: what a unit killed (or refused) before its commit left behind.
 
-        Only the writer may call this (another process may be staging a unit's files right now).
+        Only a writer may call this: the whole trial's (another process may be staging a unit's files right
+        now), or a lane's, which leaves the files of the stages the other lanes' writers hold.
         """
         live = {f"{name}@{version}.bin" for name, version in self._committed_files.items()}
+        staging = {f"@{held['stage']}.bin" for lane, held in self.manifest.get("lanes", {}).items()
+                   if lane != str(self.lane)}
         with os.scandir(self.root) as entries:  # every unit calls this: no pathlib objects per file
-            orphans = [e.path for e in entries if e.name.endswith(".bin") and e.name not in live]
+            orphans = [e.path for e in entries if e.name.endswith(".bin") and e.name not in live
+                       and not any(e.name.endswith(suffix) for suffix in staging)]
         _unlink_all(orphans)
 
-    @property
-    def _next_version(self) -> int:
-        return int(self.manifest["version"]) + 1
 
     def path(self, name: str) -> Path:
         try:
@@ -211,8 +250,10 @@ class SpillStore:
 
     @contextlib.contextmanager
     def writer(self, name: str) -> Iterator[Callable[[torch.Tensor], None]]:
-        """Stage the next version of ``name`` from tensors appended one by one; staged only on success."""
-        version = self._next_version
+        """Stage a new version of ``name`` (this writer's stage) from tensors appended one by one; staged only
+        on success."""
+        version = self._stage
+        assert version > 0, "a lane's writer takes its lane again before it stages another unit"
         if self.before_stage is not None:
             self.before_stage(len(self.staged()))
         with open(_file(self.root, name, version), "wb") as f:
@@ -237,34 +278,84 @@ class SpillStore:
         writer that will not commit (refused, or failed after a newer writer took the trial). They carry a
         version no other writer stages under (see the module docstring); any file the committed manifest
         refers to is kept all the same."""
-        suffix = f"@{self._next_version}.bin"
+        suffix = f"@{self._stage}.bin"
         live = {f"{name}@{version}.bin" for name, version in _read_manifest(self.root)["files"].items()}
         with os.scandir(self.root) as entries:
             mine = [e.path for e in entries if e.name.endswith(suffix) and e.name not in live]
         _unlink_all(mine)
 
-    def commit(self) -> None:
+    def commit(self, merge: Callable[[dict[str, Any], dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None,
+               *, unit: int | None = None) -> None:
         """Atomically publish the working manifest and every staged buffer, then drop superseded files.
 
         Compare-and-commit: raises ``StaleWriterError`` (and publishes nothing) if the store was committed
         or taken by another writer since this one read it, having deleted the files it staged (see
-        :meth:`remove_own_files`); this store is then unusable (reopen it).
+        :meth:`remove_own_files`); this store is then unusable (reopen it). A lane's writer (see :meth:`take`)
+        whose lane and trial no newer token took merges onto the other lanes' commits instead: its buffers,
+        where no other commit changed them, and the trial keys by ``merge(base, mine, theirs)`` (which raises a
+        ``SpillStoreError`` for a conflict: refused as above). A lane's record keeps the ``unit`` its writer
+        committed (see :meth:`lane_committed`).
         """
         start = time.perf_counter()
         with _locked(self.root):
             if self._base_version > 0:  # version 0: a store being created, not yet on disk
-                on_disk = _read_manifest(self.root)["version"]
-                if on_disk != self._base_version:
-                    self.remove_own_files()
-                    raise StaleWriterError(
-                        f"commit refused: the trial in {self.root} is at version {on_disk}, this writer read "
-                        f"version {self._base_version}; another writer took it or committed since")
+                on_disk = _read_manifest(self.root)
+                if on_disk["version"] != self._base_version:
+                    try:
+                        self.manifest = self._merged(on_disk, merge)
+                    except SpillStoreError as error:
+                        self.remove_own_files()
+                        raise StaleWriterError(
+                            f"commit refused: the trial in {self.root} is at version {on_disk['version']}, this "
+                            f"writer read version {self._base_version}; {error}") from None
+                    self._committed_files = dict(self._base["files"])
+            if self.lane is not None and unit is not None:
+                lanes = self.manifest["lanes"]
+                held = lanes[str(self.lane)]
+                lanes[str(self.lane)] = {"token": held["token"], "stage": held["stage"], "unit": unit}
             self._publish()
         self.io_s += time.perf_counter() - start
 
+    def lane_committed(self, lane: int, token: int) -> int | None:
+        """The unit that the writer of ``lane`` with fencing ``token`` committed, if it did (None: it did not, or
+        another writer took the lane since): a writer that died after its commit, before anyone heard of it."""
+        held = self.manifest.get("lanes", {}).get(str(lane))
+        for record in (held, (held or {}).get("prev")):
+            if record is not None and record["token"] == token:
+                return record.get("unit")
+        return None
+
+    def _merged(self, on_disk: dict[str, Any], merge: Callable[..., dict[str, Any]] | None) -> dict[str, Any]:
+        """This writer's working manifest made onto ``on_disk``, a later commit; raises SpillStoreError saying
+        why it cannot be (see :meth:`commit`)."""
+        lane = self.lane
+        if lane is None or merge is None:
+            raise SpillStoreError("another writer took it or committed since")
+        if on_disk.get("fence", -1) > self.manifest.get("fence", -1):
+            raise SpillStoreError(f"the whole trial was taken with token {on_disk.get('fence')} since")
+        held = on_disk.get("lanes", {}).get(str(lane))
+        if held is None or held["token"] != self.token or held["stage"] != self._stage:
+            raise SpillStoreError(f"lane {lane} was taken with token {held and held['token']} since")
+        base_files, mine = self._base["files"], self.manifest["files"]
+        files = dict(on_disk["files"])
+        for name in {*base_files, *mine}:
+            if mine.get(name) == base_files.get(name):
+                continue
+            if files.get(name) != base_files.get(name):
+                raise SpillStoreError(f"buffer {name!r} was written by another commit since")
+            if name in mine:
+                files[name] = mine[name]
+            else:
+                files.pop(name, None)
+        trial = merge({k: v for k, v in self._base.items() if k not in STORE_KEYS},
+                      {k: v for k, v in self.manifest.items() if k not in STORE_KEYS},
+                      {k: v for k, v in on_disk.items() if k not in STORE_KEYS})
+        return {**trial, "format": FORMAT, "version": on_disk["version"], "files": files,
+                "fence": on_disk.get("fence", -1), "lanes": on_disk.get("lanes", {})}
+
     def _publish(self) -> None:
         """Replace the manifest by the working one under the next version; the caller holds the lock."""
-        self.manifest["version"] = self._next_version
+        self.manifest["version"] = int(self.manifest["version"]) + 1
         tmp = self.root / f"{MANIFEST}.tmp"
         with open(tmp, "w") as f:
             f.write(json.dumps(self.manifest))
@@ -277,6 +368,10 @@ class SpillStore:
                 _file(self.root, name, version).unlink(missing_ok=True)
         self._committed_files = dict(self.manifest["files"])
         self._base_version = self.manifest["version"]
+        self._base = json.loads(json.dumps(self.manifest))
+        # A whole trial's writer stages its next unit after this commit; a lane's writer takes its lane again
+        # first (its stage is the one the other lanes' writers leave alone).
+        self._stage = self._base_version + 1 if self.lane is None else -1
 
 
 def _unlink_all(paths: list[str]) -> None:

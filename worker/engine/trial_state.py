@@ -75,14 +75,16 @@ class EarlyStop:
 
 @dataclass(kw_only=True)
 class TrialState:
-    """Everything of a trial that is not a buffer: its spec and plan, the index of the next unit in the
-    timetable (``cursor``), per-shard flags, the pending update, running sums, and how often it was
-    re-planned. Edited in place during a unit; committed with the unit's buffers by the session."""
+    """Everything of a trial that is not a buffer: its spec and plan, which units of the timetable are
+    committed (every unit before ``cursor``, and the units of ``ahead``: those a wavefront committed beyond it,
+    see :class:`~worker.engine.schedule.Segment`), per-shard flags, the pending update, running sums, and how
+    often it was re-planned. Edited in place during a unit; committed with the unit's buffers by the session."""
 
     trial_id: str
     spec: TrialSpec
     plan: MemoryPlan
     cursor: int = 0
+    ahead: list[int] = field(default_factory=list)  # sorted, each > cursor; empty when units ran in order
     shards: list[ShardState]
     pending: PendingStep | None = None
     step_state: StepState = field(default_factory=StepState)
@@ -104,6 +106,25 @@ class TrialState:
     def start(cls, *, trial_id: str, spec: TrialSpec, plan: MemoryPlan, base: str | None = None) -> TrialState:
         """A trial before its first unit."""
         return cls(trial_id=trial_id, spec=spec, plan=plan, shards=[ShardState() for _ in plan.shards], base=base)
+
+    # -- progress --------------------------------------------------------------------------------------
+
+    def committed(self, index: int) -> bool:
+        return index < self.cursor or index in self.ahead
+
+    @property
+    def units_committed(self) -> int:
+        return self.cursor + len(self.ahead)
+
+    def mark_committed(self, index: int) -> None:
+        """Unit ``index`` is committed: the cursor moves past every unit committed in a row from it."""
+        self.ahead = sorted({*self.ahead, index})
+        _normalize(self)
+
+    def skip_to(self, index: int) -> None:
+        """Every unit before ``index`` counts as committed (an early stop skips the steps it leaves out)."""
+        self.cursor = max(self.cursor, index)
+        _normalize(self)
 
     # -- transitions -----------------------------------------------------------------------------------
 
@@ -134,7 +155,7 @@ class TrialState:
         self.plan = plan
         self.replans += 1
         self.shards = [ShardState(optim_steps=optim_steps) for _ in plan.shards]
-        self.cursor = cursor
+        self.cursor, self.ahead = cursor, []
         self.last_unit, self.last_metrics = -1, {}  # an index into the old timetable means nothing now
 
     # -- the manifest ----------------------------------------------------------------------------------
@@ -146,6 +167,7 @@ class TrialState:
             "spec": self._json_of("spec", self.spec),
             "plan": self._json_of("plan", self.plan),
             "cursor": self.cursor,
+            **({"ahead": list(self.ahead)} if self.ahead else {}),
             "shards": [{"pending": s.pending, "grad": s.grad, "optim_steps": s.optim_steps} for s in self.shards],
             "pending": None if self.pending is None else {"step": self.pending.step,
                                                           "total_norm": self.pending.total_norm},
@@ -187,6 +209,7 @@ class TrialState:
             spec=known.spec if same else TrialSpec.from_dict(raw["spec"]),  # type: ignore[union-attr]
             plan=known.plan if same else MemoryPlan.from_dict(raw["plan"]),  # type: ignore[union-attr]
             cursor=raw["cursor"],
+            ahead=list(raw.get("ahead", [])),
             shards=[ShardState(**_keys(s, "shards[]", required={"pending", "grad", "optim_steps"}))
                     for s in raw["shards"]],
             pending=None if pending is None else PendingStep(
@@ -218,7 +241,66 @@ class TrialState:
 
 
 _REQUIRED = frozenset({"trial_id", "spec", "plan", "cursor", "shards", "pending", "step_state", "eval_state"})
-_OPTIONAL = frozenset({"early_stop", "replans", "last_unit", "last_metrics", "base"})
+_OPTIONAL = frozenset({"early_stop", "replans", "last_unit", "last_metrics", "base", "ahead"})
+
+
+def _normalize(state: TrialState) -> None:
+    ahead = sorted(i for i in set(state.ahead) if i >= state.cursor)
+    while ahead and ahead[0] == state.cursor:
+        ahead.pop(0)
+        state.cursor += 1
+    state.ahead = ahead
+
+
+class MergeConflict(SpillStoreError):
+    """Two commits changed the same part of a trial's state: the later one must run its unit again."""
+
+
+def merge_trial_keys(base: dict[str, Any], mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    """The trial keys of a commit made from ``base`` (``mine``) onto a store that moved on to ``theirs`` since:
+    units of one trial that run at once (a wavefront's lanes) each change other parts of its state, and their
+    commits add up. Every unit committed in either is committed; ``last_unit`` and ``last_metrics`` are the
+    later commit's (``mine``); any other value both changed is a ``MergeConflict``, and so is a re-plan in
+    between (the unit ran under the old plan)."""
+    if theirs.get("replans", 0) != base.get("replans", 0):
+        raise MergeConflict(f"the trial was re-planned (re-plan {theirs.get('replans', 0)}) while this unit ran")
+    progress = {"cursor", "ahead", "last_unit", "last_metrics"}
+    merged = _merge({k: v for k, v in base.items() if k not in progress},
+                    {k: v for k, v in mine.items() if k not in progress},
+                    {k: v for k, v in theirs.items() if k not in progress}, "")
+    cursor = max(int(mine["cursor"]), int(theirs["cursor"]))
+    ahead = sorted(i for i in {*mine.get("ahead", []), *theirs.get("ahead", [])} if i >= cursor)
+    while ahead and ahead[0] == cursor:
+        ahead.pop(0)
+        cursor += 1
+    merged.update(cursor=cursor, **({"ahead": ahead} if ahead else {}))
+    for key in ("last_unit", "last_metrics"):
+        if key in mine:
+            merged[key] = mine[key]
+    return merged
+
+
+_ABSENT = object()
+
+
+def _merge(base: Any, mine: Any, theirs: Any, where: str) -> Any:
+    """Three-way merge of JSON values: a side that did not change takes the other's; dicts merge key by key,
+    lists of one length element by element; anything else changed on both sides is a conflict."""
+    if mine == base:
+        return theirs
+    if theirs in (base, mine):
+        return mine
+    if isinstance(base, dict) and isinstance(mine, dict) and isinstance(theirs, dict):
+        out = {}
+        for key in {*base, *mine, *theirs}:
+            value = _merge(base.get(key, _ABSENT), mine.get(key, _ABSENT), theirs.get(key, _ABSENT), f"{where}.{key}")
+            if value is not _ABSENT:
+                out[key] = value
+        return out
+    if (isinstance(base, list) and isinstance(mine, list) and isinstance(theirs, list)
+            and len(base) == len(mine) == len(theirs)):
+        return [_merge(b, m, t, f"{where}[{i}]") for i, (b, m, t) in enumerate(zip(base, mine, theirs, strict=True))]
+    raise MergeConflict(f"trial state{where} was changed by another commit while this unit ran")
 
 
 def _json_native(value: Any) -> Any:

@@ -25,7 +25,7 @@ from worker.engine.examples import IGNORE, Batch, ExampleRows
 from worker.engine.layers import LayerStack, ParamRef
 from worker.engine.layout import Layout
 from worker.engine.partition import MemoryPlan
-from worker.engine.rng import rng_state, set_rng_state
+from worker.engine.rng import rng_state, seed_micro_batch, set_rng_state
 from worker.engine.schedule import Timetable, UnitSpec, step_lr
 from worker.engine.shared_base import BaseCache
 from worker.engine.sizes import FP32
@@ -61,9 +61,7 @@ class ShardUnits:
         graph, unless the plan keeps this shard's activations (then the graph is kept in this process)."""
         params = self._load_shard(unit.shard)
         x = self._shard_input(unit)
-        self._set_rng("rng")
-        self._note_step_start(unit)
-        self.store.write(f"r{unit.micro_batch}.{unit.shard}", *rng_state(self.device))
+        self._start_rng(unit)
         # A LoRA shard's graph would hold its frozen weights as activations: it recomputes instead.
         if (self.plan.shards[unit.shard].keep_activations and not self.layout.lent[unit.shard]
                 and not self.stack.adapters):
@@ -73,7 +71,8 @@ class ShardUnits:
         else:
             with torch.no_grad():
                 out = self._run_shard(unit.shard, params, x, None, train=True)[0]
-        self.store.write("rng", *rng_state(self.device))
+        # where the micro-batch's next shard starts drawing (and this shard's backward, on recompute)
+        self.store.write(f"r{unit.micro_batch}.{unit.shard + 1}", *rng_state(self.device))
         self.store.write(f"a{unit.micro_batch}.{unit.shard}", out.float())
         return {}
 
@@ -81,15 +80,15 @@ class ShardUnits:
         """FB: the last shard's forward, loss and backward in one go (nothing to recompute)."""
         params = self._load_shard(unit.shard)
         x = self._shard_input(unit)
-        self._set_rng("rng")
-        self._note_step_start(unit)
+        self._start_rng(unit)
+        self._consumed(unit)  # nothing recomputes this shard: its input and RNG state are read for the last time
         batch = self._batch(unit)
         loss, owned, lent = self._run_shard(unit.shard, params, x, (batch.labels, batch.loss_tokens), train=True)
         head = self.stack.layers[-1]
         if len(lent) == 1 and lent[0] is head.lm_head.weight and head.token_chunk is not None and head.chunkable:
             # The tied LM head weight's gradient goes to the store in chunks of rows as the chunked loss makes
             # them: its owner's shard adds it from there (gradients.with_tied), and it never exists whole here.
-            with self.store.writer(f"t{unit.shard}") as append:
+            with self.store.writer(f"t{unit.micro_batch}.{unit.shard}") as append:
                 head.weight_grad_sink.target = append
                 try:
                     loss.backward()
@@ -98,7 +97,6 @@ class ShardUnits:
             lent = []
         else:
             loss.backward()
-        self.store.write("rng", *rng_state(self.device))
         self.state.step_state.loss_sum += loss.item()
         return self._finish_backward(unit, x, owned, lent)
 
@@ -114,7 +112,7 @@ class ShardUnits:
             weights_saved = kept.weights_saved
         else:
             x = self._shard_input(unit)
-            self._set_rng(f"r{unit.micro_batch}.{unit.shard}")
+            self._start_rng(unit)
             with saves_storage(params) as saved:
                 out, owned, lent = self._run_shard(unit.shard, params, x, None, train=True)
             weights_saved = saved.seen
@@ -123,6 +121,8 @@ class ShardUnits:
             # free the weights' memory for the gradients; the Parameters keep their shapes for autograd.
             params.untyped_storage().resize_(0)
         grad_out = self._read_boundary(f"d{unit.micro_batch}.{unit.shard}", out.shape)
+        self._consumed(unit)
+        self.store.drop(f"d{unit.micro_batch}.{unit.shard}")
         if out.requires_grad:  # else a LoRA trial's first shard, with no adapter: nothing to differentiate
             torch.autograd.backward(out, grad_out.to(out.dtype))
         return self._finish_backward(unit, x, owned, lent)
@@ -148,12 +148,15 @@ class ShardUnits:
             n_bytes = self.data.eval_bytes(batch=unit.micro_batch, batch_size=size)
         ids = batch.ids
         self.stack.positions.ids = batch.position_ids
-        x = ids if unit.shard == 0 else self._read_boundary(f"e{unit.shard - 1}", (*ids.shape, self._width))
+        x = ids
+        if unit.shard:
+            x = self._read_boundary(f"e{unit.micro_batch}.{unit.shard - 1}", (*ids.shape, self._width))
+            self.store.drop(f"e{unit.micro_batch}.{unit.shard - 1}")
         last = unit.shard == len(self.plan.shards) - 1
         with torch.no_grad():  # the last shard's output: the batch's summed token loss (a divisor of 1)
             out = self._run_shard(unit.shard, params, x, (batch.labels, 1) if last else None, train=False)[0]
         if not last:
-            self.store.write(f"e{unit.shard}", out.float())
+            self.store.write(f"e{unit.micro_batch}.{unit.shard}", out.float())
             return {}
         state = self.state.eval_state
         state.token_loss_sum += out.item()
@@ -214,13 +217,22 @@ class ShardUnits:
     def _read_boundary(self, name: str, shape: Sequence[int]) -> torch.Tensor:
         return self.store.read_new(name, math.prod(shape), torch.float32).view(*shape).to(self.device)
 
-    def _note_step_start(self, unit: UnitSpec) -> None:
-        """Keep the RNG state a step starts from (``rs``): rolling the step back restores it."""
-        if unit.micro_batch == 0 and unit.shard == 0:
-            self.store.write("rs", *rng_state(self.device))
+    def _start_rng(self, unit: UnitSpec) -> None:
+        """Set the generators to where the unit's shard starts drawing for its micro-batch: the micro-batch's
+        seed for the first shard, else the state the previous shard's forward left (see worker.engine.rng)."""
+        if unit.shard == 0:
+            seed_micro_batch(self.spec.seed, unit.step, unit.micro_batch, self.device)
+        else:
+            raw = self.store.read_new(f"r{unit.micro_batch}.{unit.shard}", sum(self._rng_numel), torch.uint8)
+            set_rng_state(raw, self._rng_numel, self.device)
 
-    def _set_rng(self, name: str) -> None:
-        set_rng_state(self.store.read_new(name, sum(self._rng_numel), torch.uint8), self._rng_numel, self.device)
+    def _consumed(self, unit: UnitSpec) -> None:
+        """Drop what the micro-batch's units before this one left for it alone (its input boundary and RNG
+        state): none reads them again, and a trial's store then holds the boundaries of the micro-batches in
+        flight only."""
+        if unit.shard:
+            self.store.drop(f"a{unit.micro_batch}.{unit.shard - 1}")
+            self.store.drop(f"r{unit.micro_batch}.{unit.shard}")
 
     def _read_state(self, name: str) -> torch.Tensor:
         """Shard buffer ``name`` (its parameters) on the device, from the prefetch when it has it."""
@@ -300,8 +312,8 @@ class ShardUnits:
         if unit.shard > 0:
             store.write(f"d{unit.micro_batch}.{unit.shard - 1}", x.grad)
         if lent:
-            store.write(f"t{shard}", *(p.grad for p in lent))
-        fresh = gradients.with_tied(store, self.layout, shard, owned, self.device)
+            store.write(f"t{unit.micro_batch}.{shard}", *(p.grad for p in lent))
+        fresh = gradients.with_tied(store, self.layout, shard, owned, self.device, micro_batch=unit.micro_batch)
         last = unit.micro_batch == self.spec.micro_batches - 1
         norms = gradients.accumulate(store, self._transfers, f"g{shard}", self.layout.slots[shard], fresh, owned,
                                      partial=meta.grad == "partial", norms=last)

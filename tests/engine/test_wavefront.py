@@ -1,0 +1,219 @@
+"""The micro-batches of a step run on several devices at once (a wavefront) and give the numbers of one device.
+
+Micro-batch m's unit on a shard runs after micro-batch m - 1's unit of the same phase on that shard, and after
+the unit before it in its own micro-batch; every shard then sees the same operations in the same order as on one
+device, so the losses, evaluations and trained weights are bit-identical on CPU. The devices are simulated in
+one process (`tests/engine/wavefront.py`): they take their lanes before any computes and commit in reverse
+order, so every commit of a round but the first merges onto the others'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.engine.conftest import CPU, run_all, tiny_spec
+from tests.engine.test_examples_training import example_spec
+from tests.engine.test_examples_training import examples_dir as examples_dir
+from tests.engine.test_lora import lora_spec, save_base
+from tests.engine.wavefront import run_wavefront
+from tests.plain_pytorch import assert_bit_identical, exported_weights
+from worker.engine import TrialSession, TrialSpec, UnitResult, trial_create
+from worker.engine.durable import checkpoint, restore_from_checkpoint
+from worker.engine.errors import LaneNotReady, StaleWriterError
+from worker.engine.lora import ADAPTER_DIR
+from worker.engine.schedule import Timetable
+
+
+def figures(results: list[UnitResult]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    losses = sorted((r.unit.step, r.loss) for r in results if r.loss is not None)
+    evals = sorted((r.unit.step, r.eval_loss) for r in results if r.eval_loss is not None)
+    return losses, evals
+
+
+def trained(spec: TrialSpec, root: Path, cuts: list[int], devices: int) -> tuple[list, list, Path, int]:
+    """Train `spec` on `devices` devices (1: in timetable order, one session); its figures, export and the most
+    of its units that ran at once."""
+    trial_create(spec=spec, spill_dir=root, trial_id="t", device=CPU, cuts=cuts)
+    if devices == 1:
+        session = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
+        results, widest = run_all(session), 1
+    else:
+        run = run_wavefront(root, "t", devices)
+        results, widest = run.results, run.widest
+        session = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
+    # A micro-batch's boundaries, tied gradients and RNG states (a{m}.{s}, ...) go with the unit that reads
+    # them last.
+    assert not [name for name in session.store.buffers if "." in name]
+    session.export(root / "final")
+    session.close()
+    return (*figures(results), root / "final", widest)
+
+
+def weights_of(export: Path, spec: TrialSpec) -> dict[str, torch.Tensor]:
+    if spec.lora is not None:
+        return load_file(export / ADAPTER_DIR / "adapter_model.safetensors")
+    return exported_weights(export)
+
+
+def gpt2_tied(tokens_path: Path, _: Path) -> TrialSpec:
+    """Dropout, AdamW with weight decay, clipping, the tied LM head; 4 micro-batches of 1 row."""
+    return tiny_spec(tokens_path, micro_batches=4, steps=4, eval_every=2, eval_batches=3)
+
+
+def llama_untied(tokens_path: Path, _: Path) -> TrialSpec:
+    spec = tiny_spec(tokens_path, micro_batches=4, steps=3, eval_every=3, eval_batches=2)
+    return dataclasses.replace(spec, model=dataclasses.replace(spec.model, family="llama", n_kv_head=2,
+                                                                 tie_word_embeddings=False))
+
+
+def lora(tokens_path: Path, root: Path) -> TrialSpec:
+    return lora_spec(tokens_path, save_base(root / "base", "llama"), "llama", micro_batches=4, steps=3)
+
+
+CASES = {"gpt2-tied": (gpt2_tied, [0, 2, 4, 5]), "llama-untied": (llama_untied, [0, 1, 3]),
+         "lora": (lora, [0, 1, 2, 3])}
+
+
+@pytest.mark.parametrize("devices", [2, 3])
+@pytest.mark.parametrize("case", CASES)
+def test_a_wavefront_trains_bit_for_bit_as_one_device(case: str, devices: int, tokens_path: Path,
+                                                      tmp_path: Path) -> None:
+    make, cuts = CASES[case]
+    spec = make(tokens_path, tmp_path)
+    one = trained(spec, tmp_path / "one", cuts, devices=1)
+    many = trained(spec, tmp_path / "many", cuts, devices=devices)
+
+    assert many[3] == devices  # the wavefront did run that wide
+    assert many[0] == one[0] and many[1] == one[1]
+    assert_bit_identical(weights_of(many[2], spec), weights_of(one[2], spec))
+
+
+def test_packed_chat_examples_train_as_a_wavefront_bit_for_bit(examples_dir: Path, tmp_path: Path) -> None:
+    spec = example_spec(examples_dir, packing=True, micro_batches=4, steps=4)
+    one = trained(spec, tmp_path / "one", [0, 2, 4], devices=1)
+    many = trained(spec, tmp_path / "many", [0, 2, 4], devices=3)
+    assert many[0] == one[0] and many[1] == one[1]
+    assert_bit_identical(weights_of(many[2], spec), weights_of(one[2], spec))
+
+
+def test_lanes_become_ready_as_a_staircase(tokens_path: Path, tmp_path: Path) -> None:
+    """3 shards, 3 micro-batches: a lane's unit needs the one before it and the previous lane's at its place."""
+    spec = tiny_spec(tokens_path, batch_size=3, micro_batches=3, steps=1, eval_every=0)
+    trial_create(spec=spec, spill_dir=tmp_path, trial_id="t", device=CPU, cuts=[0, 2, 4])
+    session = TrialSession.open(spill_dir=tmp_path, trial_id="t", device=CPU)
+    seen = []
+    tokens = itertools.count(2)
+
+    def step(lane: int) -> str:
+        unit = session.run_unit(token=next(tokens), lane=lane).unit
+        seen.append((unit.micro_batch, unit.phase, unit.shard, session.ready_lanes()))
+        return f"{unit.phase}{unit.shard}"
+
+    assert session.ready_lanes() == [0]
+    with pytest.raises(LaneNotReady):
+        session.run_unit(token=1, lane=1)
+    assert step(0) == "F0" and session.ready_lanes() == [0, 1]
+    assert step(1) == "F0" and session.ready_lanes() == [0, 2]  # lane 1's F1 needs lane 0's F1
+    assert step(0) == "F1" and session.ready_lanes() == [0, 1, 2]
+    assert [step(2), step(0), step(1)] == ["F0", "FB2", "F1"]
+    assert session.ready_lanes() == [0, 1, 2]
+    assert [step(0), step(0)] == ["B1", "B0"]
+    assert session.ready_lanes() == [1, 2]
+    assert [step(1), step(1), step(1), step(2), step(2), step(2), step(2)] == ["FB2", "B1", "B0", "F1", "FB2",
+                                                                                   "B1", "B0"]
+    assert session.ready_lanes() == [0]  # the final updates: one lane
+    timetable = Timetable.of(spec, shards=3)
+    assert session.state.units_committed == timetable.train_units_per_step == 15
+    assert session.remaining_units() == len(timetable) - 15 == 3
+
+
+def test_a_lane_writer_a_newer_one_took_over_is_refused_while_other_lanes_merge(tokens_path: Path,
+                                                                                 tmp_path: Path) -> None:
+    """Lane 1's first writer stalls before its commit; a newer writer re-runs lane 1's unit, and lane 0 goes on
+    meanwhile: the stale writer is refused, its files are gone, and the trial ends as one device trains it."""
+    spec = tiny_spec(tokens_path, micro_batches=2, steps=2, eval_every=0)
+    one = trained(spec, tmp_path / "one", [0, 3], devices=1)
+    root = tmp_path / "many"
+    trial_create(spec=spec, spill_dir=root, trial_id="t", device=CPU, cuts=[0, 3])
+    stale, newer, other = (TrialSession.open(spill_dir=root, trial_id="t", device=CPU) for _ in range(3))
+    other.run_unit(token=1, lane=0)  # F0 of micro-batch 0: lane 1 may start
+    reached, release = threading.Event(), threading.Event()
+
+    class Stall:
+        def reach(self, point: str, *, trial_id: str, unit: int) -> None:
+            if point == "before-commit":
+                reached.set()
+                release.wait(60)
+
+    stale.fault = Stall()  # type: ignore[assignment]
+    refused: list[BaseException] = []
+
+    def run_stale() -> None:
+        try:
+            stale.run_unit(token=2, lane=1)
+        except StaleWriterError as error:
+            refused.append(error)
+
+    thread = threading.Thread(target=run_stale)
+    thread.start()
+    assert reached.wait(60)
+    assert newer.run_unit(token=3, lane=1).unit.micro_batch == 1
+    assert other.run_unit(token=4, lane=0).unit.phase == "FB"  # merged onto lane 1's commit
+    release.set()
+    thread.join(60)
+    assert len(refused) == 1 and "lane 1" in str(refused[0])
+    on_disk = {p.name for p in root.joinpath("t").iterdir() if p.suffix == ".bin"}
+    assert on_disk == {f"{name}@{version}.bin" for name, version in other.store.buffers.items()}  # none stale
+    run = run_wavefront(root, "t", 2, first_token=5)
+    session = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
+    session.export(root / "final")
+    assert figures(run.results)[0] == one[0]  # step 0 ends with micro-batch 1's backward, in this run
+    assert_bit_identical(exported_weights(root / "final"), exported_weights(one[2]))
+
+
+def test_a_checkpoint_taken_mid_wavefront_resumes_bit_for_bit(tokens_path: Path, tmp_path: Path) -> None:
+    """A checkpoint of a commit with units of later micro-batches done ahead of the first, restored after the
+    host lost its store, trains on (here on one device) to the weights of an uninterrupted run."""
+    spec = tiny_spec(tokens_path, micro_batches=2, steps=3, eval_every=0)
+    one = trained(spec, tmp_path / "one", [0, 2, 4], devices=1)
+    spill, disk = tmp_path / "spill", tmp_path / "checkpoints"
+    trial_create(spec=spec, spill_dir=spill, trial_id="t", device=CPU, cuts=[0, 2, 4])
+    session = TrialSession.open(spill_dir=spill, trial_id="t", device=CPU)
+    for token, lane in enumerate([0, 1, 0, 1], start=1):  # F0 and F1 of both micro-batches of step 0
+        session.run_unit(token=token, lane=lane)
+    assert session.state.ahead, "units of micro-batch 1 are committed beyond the cursor"
+    assert checkpoint(spill_dir=spill, checkpoint_dir=disk, trial_id="t") is not None
+    session.close()
+    for path in (spill / "t").iterdir():  # the host lost its memory tier
+        path.unlink()
+    (spill / "t").rmdir()
+    assert restore_from_checkpoint(checkpoint_dir=disk, spill_dir=spill, trial_id="t") is not None
+    restored = TrialSession.open(spill_dir=spill, trial_id="t", device=CPU)
+    results = run_all(restored)
+    restored.export(tmp_path / "final")
+    assert figures(results)[0] == one[0]
+    assert_bit_identical(exported_weights(tmp_path / "final"), exported_weights(one[2]))
+
+
+def test_a_micro_batch_draws_from_its_own_seed(tokens_path: Path, tmp_path: Path) -> None:
+    """Dropout masks of micro-batch 1 do not depend on micro-batch 0's forward having run: the same unit of
+    micro-batch 1 run first or second gives the same boundary."""
+    spec = tiny_spec(tokens_path, micro_batches=2, steps=1, eval_every=0)
+    outputs = []
+    for order in ([0, 1], [0, 0, 1]):
+        root = tmp_path / "-".join(map(str, order))
+        trial_create(spec=spec, spill_dir=root, trial_id="t", device=CPU, cuts=[0, 2, 4])
+        session = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
+        for token, lane in enumerate(order, start=1):
+            session.run_unit(token=token, lane=lane)
+        outputs.append(np.fromfile(session.store.path("a1.0"), dtype=np.float32))
+    assert np.array_equal(*outputs)
+    assert spec.model.dropout > 0
