@@ -14,6 +14,13 @@ one with the lowest final validation loss among those ASHA let finish.
 
 The last line is one JSON object: ``{"trials", "device_s_full", "device_s_asha", "ratio", "same_best",
 "device"}``. Target: ``ratio`` (ASHA's device time over the full run's) at most 0.5, with ``same_best``.
+
+``--wavefronts`` measures something else on the same sweep: the trials cut each step into 4 micro-batches, and
+the ASHA run goes twice, once with each trial on one device at most (``max_devices`` 1) and once letting the
+scheduler run a trial's micro-batches on both devices when no other trial waits (the default), which is when
+ASHA's few survivors train alone. Its JSON: ``{"trials", "makespan_s_narrow", "makespan_s_wavefronts",
+"makespan_ratio", "same_best", "device", "target_met"}``; target: ``makespan_ratio`` at most 0.8, with the same
+best trial.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from worker.scheduling import pruning
 
 TRIALS = 9
 TARGET_RATIO = 0.5
+TARGET_MAKESPAN_RATIO = 0.8
 
 
 def markov_tokens(path: Path, n: int = 65_536, vocab: int = 256) -> Path:
@@ -56,26 +64,29 @@ def markov_tokens(path: Path, n: int = 65_536, vocab: int = 256) -> Path:
     return path
 
 
-def trials(tokens: Path, steps: int) -> dict[str, TrialSpec]:
+def trials(tokens: Path, steps: int, micro_batches: int = 1) -> dict[str, TrialSpec]:
     rng = random.Random(3)
     rates = [10 ** rng.uniform(math.log10(1e-4), math.log10(1e-2)) for _ in range(TRIALS)]
     return {
         f"t{n}": TrialSpec(
             model=ModelSpec(n_layer=4, n_embd=128, n_head=4, vocab_size=256, n_positions=64, dropout=0.0),
             data=DataSpec(tokens_path=str(tokens), seq_len=64), optimizer=OptimizerSpec(lr=lr),
-            schedule=ScheduleSpec(warmup_steps=0, decay="cosine"), batch_size=8, micro_batches=1, steps=steps,
+            schedule=ScheduleSpec(warmup_steps=0, decay="cosine"), batch_size=8, micro_batches=micro_batches,
+            steps=steps,
             eval_every=max(1, steps // 9), eval_batches=2, seed=0, budget_bytes=16 << 20)
         for n, lr in enumerate(rates, start=1)
     }
 
 
-def run(specs: dict[str, TrialSpec], devices: list[Device], root: Path, pruner: PrunerSpec | None) -> dict:
-    """Train `specs` on real device workers; each trial's end state, final evaluation and device seconds."""
+def run(specs: dict[str, TrialSpec], devices: list[Device], root: Path, pruner: PrunerSpec | None,
+        max_devices: int | None = None) -> dict:
+    """Train `specs` on real device workers (each on `max_devices` at most at once); each trial's end state,
+    final evaluation, device seconds and the wall time from the first submission to the last trial's end."""
     study = f"asha-bench-{uuid.uuid4().hex[:8]}"
     with LocalWorkers(devices=devices, redis_url=config.current().redis_url, root=root) as workers:
         try:
             for n, (trial_id, spec) in enumerate(specs.items(), start=1):
-                job = EngineJob(trial=spec, pruning=None if pruner is None else PruningJob(
+                job = EngineJob(trial=spec, max_devices=max_devices, pruning=None if pruner is None else PruningJob(
                     study=study, trial_number=n, pruner=pruner))
                 workers.queue.submit(trial_id=trial_id, job=job, export_dir=str(root / "exports" / trial_id))
             start = time.monotonic()
@@ -99,10 +110,15 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2, help="CPU device workers (default 2)")
     parser.add_argument("--steps", type=int, default=81, help="steps per trial (default 81: rungs at 9 and 27)")
     parser.add_argument("--quick", action="store_true", help="27 steps per trial (rungs at 3 and 9)")
+    parser.add_argument("--wavefronts", action="store_true",
+                        help="the ASHA sweep with 4 micro-batches a step, on one device per trial and as wavefronts")
     args = parser.parse_args()
     steps = 27 if args.quick else args.steps
     devices = [Device("cpu", i, 1) for i in range(args.devices)]
     asha = PrunerSpec(kind="asha", min_resource=max(1, steps // 9), reduction_factor=3)
+    if args.wavefronts:
+        wavefronts(devices, steps, asha)
+        return
     with tempfile.TemporaryDirectory(prefix="hydra-asha-") as tmp:
         root = Path(tmp)
         specs = trials(markov_tokens(root / "tokens.npy"), steps)
@@ -120,6 +136,26 @@ def main() -> None:
                       "device_s_asha": round(pruned["device_s"], 2), "ratio": round(ratio, 3),
                       "same_best": best_asha == best_full, "device": f"{args.devices} x cpu",
                       "target_met": ratio <= TARGET_RATIO and best_asha == best_full}))
+
+
+def wavefronts(devices: list[Device], steps: int, asha: PrunerSpec) -> None:
+    """The ASHA sweep with each trial on one device at most, then with wavefronts (see the module docstring)."""
+    with tempfile.TemporaryDirectory(prefix="hydra-asha-wavefronts-") as tmp:
+        root = Path(tmp)
+        specs = trials(markov_tokens(root / "tokens.npy"), steps, micro_batches=4)
+        narrow = run(specs, devices, root / "narrow", asha, max_devices=1)
+        wide = run(specs, devices, root / "wide", asha)
+    best = {}
+    for name, result in (("narrow", narrow), ("wide", wide)):
+        finished = {t: v for t, v in result["final"].items() if result["states"][t] == "finished"}
+        best[name] = min(finished, key=finished.get) if finished else None
+        print(f"{name}: {result['wall_s']:.1f} s wall, {result['device_s']:.1f} device-s, best {best[name]}",
+              file=sys.stderr)
+    ratio = wide["wall_s"] / narrow["wall_s"]
+    print(json.dumps({"trials": TRIALS, "makespan_s_narrow": round(narrow["wall_s"], 2),
+                      "makespan_s_wavefronts": round(wide["wall_s"], 2), "makespan_ratio": round(ratio, 3),
+                      "same_best": best["narrow"] == best["wide"], "device": f"{len(devices)} x cpu",
+                      "target_met": ratio <= TARGET_MAKESPAN_RATIO and best["narrow"] == best["wide"]}))
 
 
 if __name__ == "__main__":

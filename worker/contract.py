@@ -149,7 +149,10 @@ class EngineJob:
     ends); 0 turns checkpoints off.
 
     ``pruning``: the trial is one of a study whose pruner may stop it at an evaluation (None: it trains its
-    whole budget)."""
+    whole budget).
+
+    ``max_devices``: the most devices the micro-batches of one of its steps may run on at once when devices
+    would otherwise idle (a wavefront; None: as many as it has micro-batches)."""
 
     trial: TrialSpec
     budget: Budget = "explicit"
@@ -157,8 +160,14 @@ class EngineJob:
     continue_from: str | None = None
     checkpoint_minutes: float = DEFAULT_CHECKPOINT_MINUTES
     pruning: PruningJob | None = None
+    max_devices: int | None = None
 
     kind = "engine"
+
+    @property
+    def width_cap(self) -> int:
+        """The most devices its units may run on at once: its micro-batches, at most ``max_devices``."""
+        return min(self.trial.micro_batches, self.max_devices or self.trial.micro_batches)
 
     def __post_init__(self) -> None:
         if self.budget not in ("explicit", "auto"):
@@ -171,6 +180,10 @@ class EngineJob:
                            f"checkpoints) to {MAX_CHECKPOINT_MINUTES:.0f}.")
         if not isinstance(self.resume, bool):
             raise JobError(f"engine job resume={self.resume!r} must be true or false.")
+        if self.max_devices is not None and (isinstance(self.max_devices, bool) or not isinstance(self.max_devices, int)
+                                             or self.max_devices < 1):
+            raise JobError(f"engine job max_devices={self.max_devices!r} must be a whole number of devices from 1, "
+                           "or null (as many as the trial has micro-batches).")
         if self.continue_from is not None and (not isinstance(self.continue_from, str) or not self.continue_from
                                                or not self.trial.continuations):
             raise JobError(f"engine job continue_from={self.continue_from!r} needs the id of the ended trial and a "
@@ -180,7 +193,8 @@ class EngineJob:
         return {"kind": self.kind, "trial": self.trial.to_dict(), "budget": self.budget,
                 **({"continue_from": self.continue_from} if self.continue_from is not None else {}),
                 "checkpoint_minutes": self.checkpoint_minutes, **({"resume": True} if self.resume else {}),
-                **({"pruning": self.pruning.to_dict()} if self.pruning is not None else {})}
+                **({"pruning": self.pruning.to_dict()} if self.pruning is not None else {}),
+                **({"max_devices": self.max_devices} if self.max_devices is not None else {})}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,6 +208,7 @@ class SyntheticJob:
     plan_ms: float = 0.0
 
     kind = "synthetic"
+    width_cap = 1  # its units count in the queue alone: one at a time
 
     def __post_init__(self) -> None:
         if not isinstance(self.units, int) or self.units < 1:
@@ -223,7 +238,8 @@ def job_from_dict(raw: Mapping[str, Any]) -> Job:
             return EngineJob(trial=TrialSpec.from_dict(dict(raw["trial"])), budget=raw.get("budget", "explicit"),
                              resume=raw.get("resume", False), continue_from=raw.get("continue_from"),
                              checkpoint_minutes=raw.get("checkpoint_minutes", DEFAULT_CHECKPOINT_MINUTES),
-                             pruning=PruningJob.from_dict(raw["pruning"]) if raw.get("pruning") else None)
+                             pruning=PruningJob.from_dict(raw["pruning"]) if raw.get("pruning") else None,
+                             max_devices=raw.get("max_devices"))
         if kind == SyntheticJob.kind:
             return SyntheticJob(units=raw["units"], unit_ms=raw.get("unit_ms", 0.0),
                                 fail_at_unit=raw.get("fail_at_unit"), plan_ms=raw.get("plan_ms", 0.0))
@@ -322,7 +338,9 @@ def control_changes(state: str, control: Control) -> bool:
 class TrialRecord:
     """A trial's state in its host's queue. `control` is a waiting 'pause' or 'cancel', or ''. `team`,
     `priority` (0 low, 1 normal, 2 high) and `host_bytes` are what it was submitted with; `admitted` says
-    whether the host holds its spill store's place (see the scheduler's admission)."""
+    whether the host holds its spill store's place (see the scheduler's admission). `devices`: the devices
+    running units of it now (more than one: its micro-batches run as a wavefront); `width`: the most devices
+    admission gave it room for, `width_cap` the most its micro-batches and its experiment allow."""
 
     trial_id: str
     state: str
@@ -345,6 +363,9 @@ class TrialRecord:
     priority: int = 1
     host_bytes: int = 0
     admitted: bool = False
+    devices: list[str] = dataclasses.field(default_factory=list)
+    width: int = 1
+    width_cap: int = 1
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from worker.engine import TrialSession, TrialSpec, UnitResult, trial_create
 from worker.engine.durable import checkpoint, restore_from_checkpoint
 from worker.engine.errors import LaneNotReady, StaleWriterError
 from worker.engine.lora import ADAPTER_DIR
+from worker.engine.repartition import repartition
 from worker.engine.schedule import Timetable
 
 
@@ -217,3 +218,24 @@ def test_a_micro_batch_draws_from_its_own_seed(tokens_path: Path, tmp_path: Path
         outputs.append(np.fromfile(session.store.path("a1.0"), dtype=np.float32))
     assert np.array_equal(*outputs)
     assert spec.model.dropout > 0
+
+
+def test_a_replan_mid_wavefront_rolls_every_lane_back_and_stays_exact(tokens_path: Path, tmp_path: Path) -> None:
+    """A unit of micro-batch 0 ran out of memory while micro-batch 1 had units committed ahead: the re-plan rolls
+    the whole step back (the units ahead count as not run) and the trial ends as one device trains it."""
+    spec = tiny_spec(tokens_path, micro_batches=2, steps=2, eval_every=0)
+    one = trained(spec, tmp_path / "one", [0, 2, 4], devices=1)
+    root = tmp_path / "many"
+    trial_create(spec=spec, spill_dir=root, trial_id="t", device=CPU, cuts=[0, 2, 4])
+    session = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
+    for token, lane in enumerate([0, 1, 0, 1], start=1):
+        session.run_unit(token=token, lane=lane)
+    assert session.state.ahead
+    repartition(spill_dir=root, trial_id="t", device=CPU, cuts=[0, 1, 3, 5], token=10)
+    replanned = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
+    assert (replanned.state.cursor, replanned.state.ahead, replanned.ready_lanes()) == (0, [], [0])
+    replanned.close()
+    run = run_wavefront(root, "t", 2, first_token=11)
+    TrialSession.open(spill_dir=root, trial_id="t", device=CPU).export(root / "final")
+    assert figures(run.results)[0] == one[0]
+    assert_bit_identical(exported_weights(root / "final"), exported_weights(one[2]))

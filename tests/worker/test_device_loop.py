@@ -82,11 +82,11 @@ class RecordingRunner(SyntheticRunner):
     def __init__(self) -> None:
         self.guesses: list[tuple[str, str | None]] = []
 
-    def run_unit(self, *, trial_id: str, job, units_done: int, next_trial: str | None, token: int,
-                 remaining_units: int | None = None):
+    def run_unit(self, *, trial_id: str, job, units_done: int, next_trial: str | None, token: int, lane: int = 0,
+                 expired: str = ""):
         self.guesses.append((trial_id, next_trial))
         return super().run_unit(trial_id=trial_id, job=job, units_done=units_done, next_trial=next_trial,
-                                token=token, remaining_units=remaining_units)
+                                token=token, lane=lane, expired=expired)
 
 
 def test_it_plans_runs_and_guesses_the_next_trial(shard_queue: ShardQueue) -> None:
@@ -117,13 +117,13 @@ class ArrivingRunner(SyntheticRunner):
         self.during, self.at, self.arrive = during, at, arrive
         self.ran: list[str] = []
 
-    def run_unit(self, *, trial_id: str, job, units_done: int, next_trial: str | None, token: int,
-                 remaining_units: int | None = None):
+    def run_unit(self, *, trial_id: str, job, units_done: int, next_trial: str | None, token: int, lane: int = 0,
+                 expired: str = ""):
         self.ran.append(trial_id)
         if (trial_id, units_done) == (self.during, self.at):
             self.arrive()
         return super().run_unit(trial_id=trial_id, job=job, units_done=units_done, next_trial=next_trial,
-                                token=token, remaining_units=remaining_units)
+                                token=token, lane=lane, expired=expired)
 
 
 def test_a_guess_the_policy_refuses_goes_back_and_the_policy_s_choice_runs(shard_queue: ShardQueue) -> None:

@@ -10,7 +10,14 @@ from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tests.plain_pytorch import assert_bit_identical, plain_reference
-from tests.worker.test_kill_points import blocked, completed, start, timetable
+from tests.worker.test_kill_points import (
+    assert_each_once_in_wavefront_order,
+    blocked,
+    completed,
+    completed_on,
+    start,
+    timetable,
+)
 from worker.contract import EngineJob
 from worker.engine import DataSpec, ModelSpec, OptimizerSpec, TrialSpec
 from worker.engine.config import LoraSpec
@@ -82,7 +89,8 @@ def test_a_lora_trial_whose_worker_is_killed_mid_unit_trains_on_exactly_from_the
     record = workers.wait_for_states(["k"], {"finished", "failed"}, 120)["k"]
     assert (record.state, record.requeues) == ("finished", 1), record.message
     done = completed(workers, "k")
-    assert [u for u, _ in done] == units and done[target][1] != victim
+    assert_each_once_in_wavefront_order(done, units, trial)
+    assert completed_on(done, units[target]) != victim
     assert bases(workers.spill_dir) == []
     assert_trained_like_peft(workers, "k", trial, tmp_path)
 

@@ -229,3 +229,55 @@ def test_fair_share_rules() -> None:
     assert arrival_usage("B", {"A": 6.0, "C": 4.0}, {"C": 2.0, "B": 3.0}, ["A", "C"]) == 6.0  # C: 2 per weight
     assert arrival_usage("B", {"A": 6.0, "B": 30.0}, {}, ["A"]) == 30.0  # pausing does not reset usage
     assert decayed(8.0, 7200.0) == 2.0 and decayed(8.0, -5.0) == 8.0
+
+
+# Wavefronts: a trial on several devices ------------------------------------------------------------------
+
+
+def lanes(trials: list[TrialLoad], devices: list[str]) -> list[tuple[str, str, int, int, float]]:
+    return [(s.device, s.trial_id, s.lane, s.unit, s.start) for s in timetable(trials, devices)]
+
+
+WAVE = TrialLoad("a", 6, 1.0, segments=((2, 3),))  # one step of 2 micro-batches, 3 units each
+
+
+def test_a_lone_trial_widens_onto_the_idle_device_as_its_docstring_draws() -> None:
+    assert lanes([WAVE], DEVICES) == [
+        ("cpu0", "a", 0, 0, 0.0),
+        ("cpu0", "a", 0, 1, 1.0), ("cpu1", "a", 1, 3, 1.0),  # micro-batch 1 starts after 0's first unit
+        ("cpu0", "a", 0, 2, 2.0), ("cpu1", "a", 1, 4, 2.0),
+        ("cpu0", "a", 1, 5, 3.0),  # cpu1 waits: unit 5 needs unit 4
+    ]
+
+
+def test_a_widened_trial_gives_the_device_back_when_another_trial_can_run() -> None:
+    b = TrialLoad("b", 3, 1.0, arrival=1.0)
+    assert lanes([WAVE, b], DEVICES) == [
+        ("cpu0", "a", 0, 0, 0.0),
+        ("cpu0", "a", 0, 1, 1.0), ("cpu1", "b", 0, 0, 1.0),  # a could widen, but b has no unit in flight
+        ("cpu0", "a", 0, 2, 2.0), ("cpu1", "b", 0, 1, 2.0),
+        ("cpu0", "a", 1, 3, 3.0), ("cpu1", "b", 0, 2, 3.0),
+        ("cpu0", "a", 1, 4, 4.0),
+        ("cpu0", "a", 1, 5, 5.0),
+    ]
+
+
+def test_a_trial_never_runs_on_more_devices_than_its_width_or_its_micro_batches() -> None:
+    narrow = TrialLoad("a", 6, 1.0, segments=((2, 3),), width=1)
+    assert {s.device for s in timetable([narrow], DEVICES)} == {"cpu0"}
+    four = TrialLoad("a", 8, 1.0, segments=((2, 4),))
+    most = max(sum(1 for s in timetable([four], ["cpu0", "cpu1", "cpu2"]) if s.start <= t < s.end) for t in range(8))
+    assert most == 2
+
+
+@pytest.mark.parametrize(("y_weight", "cpu0_from_clock_2"), [(1.0, "yxxxx"), (3.0, "yyyyx")])
+def test_every_unit_of_a_widened_trial_is_charged_to_its_team(y_weight: float, cpu0_from_clock_2: str) -> None:
+    """Team x's lone trial takes both devices until y arrives at clock 2, having used 3 device seconds (its second
+    device's unit counts): y arrives at that usage, goes first (never served), and from then on fair share
+    decides at every unit boundary; x widens onto whatever device y leaves."""
+    x = TrialLoad("x", 8, 1.0, segments=((2, 4),), team="x")
+    y = TrialLoad("y", 4, 1.0, team="y", arrival=2.0)
+    got = [(s.device, s.trial_id, s.start) for s in timetable([x, y], DEVICES, weights={"x": 1.0, "y": y_weight})]
+    assert got[:3] == [("cpu0", "x", 0.0), ("cpu0", "x", 1.0), ("cpu1", "x", 1.0)]
+    assert "".join(trial for device, trial, start in got if device == "cpu0" and start >= 2.0) == cpu0_from_clock_2
+    assert max(end for end in (s.end for s in timetable([x, y], DEVICES))) == 7.0  # 12 units on 2 devices: 6, +1 wait

@@ -10,7 +10,9 @@ from pathlib import Path
 import redis
 
 from tests.worker.test_queue import SPEC, runnable, survey
+from tests.worker.test_queue_wavefront import FOUR
 from worker import api, config
+from worker.contract import EngineJob
 from worker.scheduling import keys, telemetry
 from worker.scheduling.policy import BaseShard
 from worker.scheduling.queue import ShardQueue
@@ -64,6 +66,10 @@ def test_every_key_a_host_keeps_is_in_the_key_map_and_every_entry_is_kept(
     queue.complete_then_survey(queue.claim("a2", "cpu0"), "epoch-1", remaining_units=2, unit_s=0.5, claim=["b2"])
     queue.submit(trial_id="p1", job=SPEC, export_dir="")
     queue.claim_plan("cpu1")
+    # w1's micro-batches may run at once: with lane 0 in flight and lane 1 ready, it waits to widen
+    queue.submit(trial_id="w1", job=EngineJob(trial=FOUR), export_dir="", team="beta")
+    queue.plan_done(queue.claim_plan("cpu1"), remaining_units=9, unit_s=0.5, plan={}, ready=[0, 1], ready_version=1)
+    queue.claim("w1", "cpu1")
     worker_config = dataclasses.replace(config.current(), redis_url=redis_url)
     api.heartbeat_set(config=worker_config, name="ingest", host_id=host_id)
     api.role_take(config=worker_config, role="reconciler", owner="test", ttl_s=60, host_id=host_id)
@@ -80,7 +86,7 @@ def test_every_key_the_scripts_and_the_queue_name_is_in_the_key_map() -> None:
     python = "".join(path.read_text() for path in QUEUE.glob("*.py"))
     names = set(re.findall(r"key\('([a-z_]+)'\)", lua)) | set(re.findall(r"key\(\"([a-z_]+)\"\)", python))
     prefixes = set(re.findall(r"key\('([a-z_]+:)' \.\.", lua)) | set(re.findall(r"key\(f\"([a-z_]+:)\{", python))
-    assert len(names) > 20 and prefixes == {"held:", "device:", "runnable:", "trial:"}
+    assert len(names) > 20 and prefixes == {"held:", "device:", "runnable:", "trial:", "widen:"}
     assert [name for name in names if keys.host_key(name) is None] == []
     patterns = [key.pattern for key in keys.HOST_KEYS]
     assert [p for p in prefixes if not any(pattern.startswith(p + "<") for pattern in patterns)] == []

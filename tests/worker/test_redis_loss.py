@@ -83,29 +83,33 @@ def _place(done: UnitDone) -> tuple[object, ...]:
 
 def test_a_trial_planned_again_takes_up_its_store_and_trains_exactly(tokens: str, tmp_path: Path) -> None:
     """The queue lost the trial after some units; planned again (by a new runner: another process), it
-    goes on from its last commit, first reporting that commit's unit again, and ends with plain PyTorch's
-    weights."""
+    goes on from its last commit, first reporting that commit's unit again (the next lease of its lane carries
+    the token that committed it, as the queue's plan_done keeps it), and ends with plain PyTorch's weights.
+    Each unit runs in the first lane ready, as a queue of one device leases them."""
     trial = tiny_trial(tokens, seed=3, lr=2e-3)
     with one_thread():
         first = EngineRunner(spill_dir=tmp_path / "spill", device=CPU)
         planned = first.plan(trial_id="t", job=EngineJob(trial=trial))
-        done = [first.run_unit(trial_id="t", job=EngineJob(trial=trial), units_done=i, next_trial=None, token=1,
-                               remaining_units=planned.remaining_units - i) for i in range(5)]
+        done, lane = [], planned.ready[0]
+        for i in range(5):
+            done.append(first.run_unit(trial_id="t", job=EngineJob(trial=trial), units_done=i, next_trial=None,
+                                       token=1 + i, lane=lane))
+            lane = done[-1].ready[0]
 
         again = EngineRunner(spill_dir=tmp_path / "spill", device=CPU)
         resumed = again.plan(trial_id="t", job=EngineJob(trial=trial, resume=True))
         assert (resumed.units_done, resumed.remaining_units) == (4, planned.remaining_units - 4)
-        assert resumed.plan == planned.plan
+        assert resumed.plan == planned.plan and resumed.expired == (done[-1].micro_batch, 5)
         reported = again.run_unit(trial_id="t", job=EngineJob(trial=trial), units_done=4, next_trial=None,
-                                  token=2, remaining_units=resumed.remaining_units)
+                                  token=6, lane=resumed.expired[0], expired=str(resumed.expired[1]))
         assert isinstance(reported, UnitDone) and isinstance(done[-1], UnitDone)
         assert _place(reported) == _place(done[-1])  # unit 4 reported again, with what it committed
-        left, units_done = reported.remaining_units, 5
+        left, units_done, token = reported.remaining_units, 5, 7
         while left:
             result = again.run_unit(trial_id="t", job=EngineJob(trial=trial), units_done=units_done,
-                                    next_trial=None, token=2, remaining_units=left)
+                                    next_trial=None, token=token, lane=reported.ready[0])
             assert isinstance(result, UnitDone)
-            left, units_done = result.remaining_units, units_done + 1
+            left, units_done, token, reported = result.remaining_units, units_done + 1, token + 1, result
         again.export(trial_id="t", job=EngineJob(trial=trial), export_dir=str(tmp_path / "export"))
     assert units_done == planned.remaining_units
     assert_bit_identical(exported_weights(tmp_path / "export"), plain_reference(trial, tmp_path / "plain").weights)
@@ -128,8 +132,7 @@ def test_a_store_left_by_another_trial_under_the_same_id_is_not_taken_up(tokens:
     runner = EngineRunner(spill_dir=tmp_path, device=CPU)
     old = EngineJob(trial=tiny_trial(tokens, seed=0, lr=1e-3))
     planned = runner.plan(trial_id="1", job=old)
-    runner.run_unit(trial_id="1", job=old, units_done=0, next_trial=None, token=1,
-                    remaining_units=planned.remaining_units)
+    runner.run_unit(trial_id="1", job=old, units_done=0, next_trial=None, token=1, lane=planned.ready[0])
     new = EngineJob(trial=tiny_trial(tokens, seed=1, lr=1e-3))
 
     fresh = runner.plan(trial_id="1", job=new)

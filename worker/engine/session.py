@@ -281,6 +281,7 @@ class TrialSession(ShardUnits):
             self.reopen(SpillStore.take(self.store.root, token, lane=lane))  # also removes orphans, under the lock
         elif not self.store.is_current():  # another process ran units since this session last looked
             self.reopen(SpillStore.open(self.store.root))
+        replans = self.state.replans
         # The store just taken is this writer's: no _sync (which would replace it with a reader's copy).
         unit = self._next_unit() if lane is None else self._lane_unit(lane)
         if unit is None and lane is not None and self.state.cursor < len(self.timetable):
@@ -328,7 +329,7 @@ class TrialSession(ShardUnits):
             mine = self.store
             self.reopen(SpillStore.open(self.store.root))
             self._kept.clear()
-            if token is not None and isinstance(error, Exception) and self._superseded(token, lane):
+            if token is not None and isinstance(error, Exception) and self._superseded(token, lane, replans):
                 # A newer writer took the trial while this unit ran, and superseded (deleted) files it was
                 # reading: whatever the unit failed with, it could not have committed.
                 mine.remove_own_files()
@@ -364,9 +365,11 @@ class TrialSession(ShardUnits):
                           tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
                           chat_template=self.spec.data.chat_template, after_file=lambda: self.reach("mid-export"))
 
-    def _superseded(self, token: int, lane: int | None) -> bool:
-        """Whether a writer with a newer token than ``token`` took the trial, or ``lane`` of it, as last committed."""
-        if self.store.fence > token:
+    def _superseded(self, token: int, lane: int | None, replans: int) -> bool:
+        """Whether, as last committed, a writer with a newer token than ``token`` took the trial, or ``lane`` of it,
+        or the trial was re-planned since it had ``replans`` re-plans (by a unit of another lane, which ran out
+        of memory: its re-plan dropped the buffers of this one's segment)."""
+        if self.store.fence > token or self.state.replans != replans:
             return True
         held = self.store.manifest.get("lanes", {}).get(str(lane)) if lane is not None else None
         return held is not None and held["token"] > token

@@ -167,7 +167,7 @@ class TrialState:
             "spec": self._json_of("spec", self.spec),
             "plan": self._json_of("plan", self.plan),
             "cursor": self.cursor,
-            **({"ahead": list(self.ahead)} if self.ahead else {}),
+            "ahead": list(self.ahead),
             "shards": [{"pending": s.pending, "grad": s.grad, "optim_steps": s.optim_steps} for s in self.shards],
             "pending": None if self.pending is None else {"step": self.pending.step,
                                                           "total_norm": self.pending.total_norm},
@@ -273,7 +273,7 @@ def merge_trial_keys(base: dict[str, Any], mine: dict[str, Any], theirs: dict[st
     while ahead and ahead[0] == cursor:
         ahead.pop(0)
         cursor += 1
-    merged.update(cursor=cursor, **({"ahead": ahead} if ahead else {}))
+    merged.update(cursor=cursor, ahead=ahead)
     for key in ("last_unit", "last_metrics"):
         if key in mine:
             merged[key] = mine[key]

@@ -58,7 +58,7 @@ from worker.scheduling.policy import (
     unit_time_estimate,
 )
 from worker.scheduling.queue import Lease, LeaseLost, PlanJob, ShardQueue, Survey
-from worker.scheduling.runner import Replanned, TrialRunner, UnitDone
+from worker.scheduling.runner import LaneBusy, Replanned, TrialRunner, UnitDone
 from worker.scheduling.telemetry import Span
 
 log = logging.getLogger(__name__)
@@ -265,8 +265,8 @@ class DeviceLoop:
         try:
             state = self.queue.plan_done(
                 job, remaining_units=planned.remaining_units, unit_s=planned.unit_s, plan=planned.plan,
-                units_done=planned.units_done,
-                also=lambda pipe: telemetry.add(pipe, self.queue.host_id, "spans", span),
+                units_done=planned.units_done, ready=planned.ready, ready_version=planned.ready_version,
+                expired=planned.expired, also=lambda pipe: telemetry.add(pipe, self.queue.host_id, "spans", span),
             )
         except LeaseLost as error:
             log.warning("%s", error)
@@ -306,12 +306,17 @@ class DeviceLoop:
                                      lease.trial_id):
                 runner = self._runner(lease.job)
                 done = runner.run_unit(trial_id=lease.trial_id, job=lease.job, units_done=lease.units_done,
-                                       remaining_units=lease.remaining_units,
-                                       next_trial=next_trial, token=int(lease.token))
+                                       next_trial=next_trial, token=int(lease.token), lane=lease.lane,
+                                       expired=lease.expired)
                 if isinstance(done, UnitDone) and done.remaining_units == 0:
                     runner.export(trial_id=lease.trial_id, job=lease.job, export_dir=lease.export_dir)
         except LeaseLost as error:  # a newer lease holder owns the trial: drop this unit, fail nothing
             log.warning("unit dropped: %s", error)
+            return
+        except LaneBusy as error:  # the queue's view of the lane was behind its state: give the lease back
+            log.info("lease of trial %s given back: %s", lease.trial_id, error)
+            with contextlib.suppress(LeaseLost):
+                self.queue.unclaim(lease)
             return
         except Exception as error:  # a unit that raises fails its trial; the other trials go on
             self._fail(lease.trial_id, lease.token, f"unit {lease.units_done}", error)
@@ -329,7 +334,8 @@ class DeviceLoop:
         try:
             state = self.queue.replan(
                 lease, remaining_units=replanned.remaining_units, unit_s=replanned.unit_s, plan=replanned.plan,
-                message=replanned.message, also=lambda pipe: telemetry.add(pipe, self.queue.host_id, "spans", span),
+                message=replanned.message, ready=replanned.ready, ready_version=replanned.ready_version,
+                also=lambda pipe: telemetry.add(pipe, self.queue.host_id, "spans", span),
             )
         except LeaseLost as error:
             log.warning("%s", error)
@@ -356,7 +362,8 @@ class DeviceLoop:
             _, self._survey, self._next = self.queue.complete_then_survey(
                 lease, self.config.epoch, remaining_units=done.remaining_units, unit_s=unit_s, message=done.message,
                 steps_done=done.step + 1, next_base=done.next_base, holding=done.base, pruned=done.pruned,
-                rung=done.rung, claim=claim, plan=not done.keeps_activations,
+                rung=done.rung, ready=done.ready, ready_version=done.ready_version, claim=claim,
+                plan=not done.keeps_activations,
                 hold_s=HOLD_UNITS * unit_s if done.keeps_activations else 0.0,
                 also=lambda pipe: telemetry.add_all(pipe, self.queue.host_id, span=span, steps=done.steps,
                                                     evals=done.evals),

@@ -50,7 +50,7 @@ import torch
 from worker.contract import EngineJob, LeaseLost
 from worker.engine import durable, shared_base
 from worker.engine.durable import CheckpointInfo, Snapshot
-from worker.engine.errors import BudgetError, SpecError, SpillStoreError, StaleWriterError
+from worker.engine.errors import BudgetError, LaneNotReady, SpecError, SpillStoreError, StaleWriterError
 from worker.engine.faults import Fault
 from worker.engine.partition import AUTO_BUDGET_FRACTION, MemoryPlan
 from worker.engine.repartition import repartition
@@ -58,7 +58,7 @@ from worker.engine.session import TrialSession, UnitResult, trial_create
 from worker.engine.spill_store import SpillStore
 from worker.scheduling import pruning
 from worker.scheduling.policy import BaseShard
-from worker.scheduling.runner import Planned, Replanned, UnitDone, WorkloadError
+from worker.scheduling.runner import LaneBusy, Planned, Replanned, UnitDone, WorkloadError
 from worker.scheduling.telemetry import CheckpointMetrics, EvalMetrics, StepMetrics
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class EngineRunner:
         plan = trial_create(spec=trial, spill_dir=self.spill_dir, trial_id=trial_id, device=self.device)
         session = self._open(trial_id)
         return Planned(remaining_units=session.remaining_units(), unit_s=first_unit_estimate(plan),
-                       plan=plan.to_dict())
+                       plan=plan.to_dict(), ready=session.ready_lanes(), ready_version=session.store.commit_version)
 
     def _holds(self, trial_id: str, job: EngineJob) -> bool:
         """Whether the trial's committed store was made for `job`'s spec (whatever memory budget it got)."""
@@ -148,15 +148,22 @@ class EngineRunner:
         """The queue's view of a trial that goes on from its committed store. Its last committed unit counts
         as not yet reported (units_done one short, one more unit left): whether its report reached the queue
         before the queue lost the trial cannot be known, and reporting it again is idempotent, so the first
-        unit the trial runs is that report (`_committed_unreported`), with the metrics it committed."""
+        unit its lane runs is that report (`_committed_unreported`), with the metrics it committed."""
         session = self._open(trial_id)
-        left, done = session.remaining_units(), session.cursor
-        if session.state.last_unit >= 0:
-            left, done = left + 1, done - 1
+        left, done = session.remaining_units(), session.state.units_committed
+        last, expired = session.state.last_unit, None
+        if last >= 0:
+            lane = session.timetable.segment(last).place(last)[0]
+            held = session.store.manifest.get("lanes", {}).get(str(lane), {})
+            if held.get("unit") == last:
+                left, done, expired = left + 1, done - 1, (lane, int(held["token"]))
         log.warning("trial %s resumes from its spill store at unit %d of %d", trial_id, session.cursor,
                     len(session.timetable))
+        ready = session.ready_lanes()
+        if expired is not None and expired[0] not in ready:
+            ready = sorted({*ready, expired[0]})
         return Planned(remaining_units=left, unit_s=first_unit_estimate(session.plan), plan=session.plan.to_dict(),
-                       units_done=done)
+                       units_done=done, ready=ready, ready_version=session.store.commit_version, expired=expired)
 
     def _has_checkpoint(self, trial_id: str) -> bool:
         return self.checkpoint_dir is not None and durable.latest(self.checkpoint_dir, trial_id) is not None
@@ -204,12 +211,13 @@ class EngineRunner:
         return info
 
     def run_unit(self, *, trial_id: str, job: EngineJob, units_done: int, next_trial: str | None,
-                 token: int, remaining_units: int | None = None) -> UnitDone | Replanned:
-        """Run the trial's next unit, fenced by `token` (see `TrialRunner.run_unit`). When its store vanished
-        (the host's spill directory was wiped) before or during the unit, the store is restored from the
-        trial's last checkpoint and the next unit from there runs instead (`_store_gone`)."""
+                 token: int, lane: int | None = None, expired: str = "") -> UnitDone | Replanned:
+        """Run the next unit of the trial's `lane` (None: its next unit in timetable order, the whole trial taken),
+        fenced by `token` (see `TrialRunner.run_unit`). When its store vanished (the host's spill directory was
+        wiped) before or during the unit, the store is restored from the trial's last checkpoint and the next unit
+        from there runs instead (`_store_gone`)."""
         unit = functools.partial(self._run_unit, trial_id=trial_id, job=job, next_trial=next_trial, token=token,
-                                 remaining_units=remaining_units)
+                                 lane=lane, expired=expired)
         try:
             return unit()
         except (OSError, SpillStoreError) as error:
@@ -219,30 +227,32 @@ class EngineRunner:
         self._store_gone(trial_id, job)
         return unit()
 
-    def _run_unit(self, *, trial_id: str, job: EngineJob, next_trial: str | None, token: int,
-                  remaining_units: int | None) -> UnitDone | Replanned:
+    def _run_unit(self, *, trial_id: str, job: EngineJob, next_trial: str | None, token: int, lane: int | None,
+                  expired: str) -> UnitDone | Replanned:
         if not SpillStore.exists(self.spill_dir / trial_id):  # the host lost it (rebooted, /dev/shm wiped)
             self._drop(trial_id)
             self._store_gone(trial_id, job)
         session = self._open(trial_id)
-        left = session.remaining_units()
-        behind = left < remaining_units if remaining_units is not None else left == 0
-        if behind and session.state.last_unit >= 0:
-            return self._committed_unreported(trial_id, session, token)
+        unreported = session.store.lane_committed(lane, int(expired)) if expired and lane is not None else None
+        if unreported is not None:
+            assert lane is not None
+            return self._committed_unreported(trial_id, session, token, lane, unreported)
         if not self.prefetch:
             next_trial = None
         session.stop_rule = None if job.pruning is None else functools.partial(self._ask_pruner, trial_id, job)
-        running = session.next_base_read()
+        coming = session.next_unit() if lane is None else session.lane_unit(lane)
+        running = session.base_read(coming)
         if next_trial == trial_id:
-            cursor = session.cursor
-            if cursor + 1 < len(session.timetable):
-                session.prefetch(session.timetable[cursor + 1], running=running)
+            if coming is not None and coming.index + 1 < len(session.timetable):
+                session.prefetch(session.timetable[coming.index + 1], running=running)
         elif next_trial is not None:
             self._prefetch_other(next_trial, running)
         try:
-            result = session.run_unit(token=token)
+            result = session.run_unit(token=token, lane=lane)
         except StaleWriterError as error:
             raise LeaseLost(f"trial {trial_id!r}: {error}") from error
+        except LaneNotReady as error:
+            raise LaneBusy(str(error)) from error
         except torch.OutOfMemoryError as error:
             reason = str(error).split("\n")[0]  # CUDA's message goes on about allocator settings
         else:
@@ -256,7 +266,7 @@ class EngineRunner:
                                    step=result.final_step if result.final_step is not None else result.unit.step + 1)
                 else:
                     rung = pruning.rung_of(self._studies(), job.pruning)
-            return unit_done(trial_id, result, left, keeps=session.keeps_activations(),
+            return unit_done(trial_id, result, session, keeps=session.keeps_activations(),
                              base=_shard_of(running), next_base=_shard_of(session.next_base_read()), rung=rung)
         # Outside the except block: its traceback holds the failed unit's frames and their device tensors.
         del session
@@ -332,22 +342,25 @@ class EngineRunner:
         """Block until every checkpoint started so far is written (tests, benchmarks, shutdown)."""
         self._writer.submit(lambda: None).result()
 
-    def _committed_unreported(self, trial_id: str, session: TrialSession, token: int) -> UnitDone:
-        """The trial's last committed unit was never reported: the device that ran it died after its commit
+    def _committed_unreported(self, trial_id: str, session: TrialSession, token: int, lane: int,
+                              index: int) -> UnitDone:
+        """Unit `index` of `lane` was committed and never reported: the device that ran it died after its commit
         (or, after the trial's last unit, while exporting). Report that unit done in its place, with the
-        metrics it committed, so that its step's loss is not lost and the queue's count is right again;
-        the device then goes on with the next unit, or exports the trial."""
+        metrics it committed (kept for the trial's last committed unit), so that its step's loss is not lost and
+        the queue's count is right again; the lane then goes on with its next unit, or the device exports the
+        trial."""
         try:
-            SpillStore.take(self.spill_dir / trial_id, token)  # fenced like a unit: one device reports it
+            # fenced like a unit of the lane: one device reports it
+            session.reopen(SpillStore.take(self.spill_dir / trial_id, token, lane=lane))
         except StaleWriterError as error:
             raise LeaseLost(f"trial {trial_id!r}: {error}") from error
         state = session.state
-        unit = session.timetable[state.last_unit]
         log.warning("trial %s: unit %d was committed by a device that did not report it; reporting it now",
-                    trial_id, unit.index)
-        result = UnitResult(unit=unit, seconds=0.0, bytes_read=0, bytes_written=0, peak_device_bytes=None,
-                            **state.last_metrics)
-        return unit_done(trial_id, result, session.remaining_units())
+                    trial_id, index)
+        metrics = state.last_metrics if state.last_unit == index else {}
+        result = UnitResult(unit=session.timetable[index], seconds=0.0, bytes_read=0, bytes_written=0,
+                            peak_device_bytes=None, **metrics)
+        return unit_done(trial_id, result, session)
 
     def _replan(self, trial_id: str, reason: str, token: int) -> Replanned:
         dropped = self._drop(trial_id)  # the session's caches belong to the old plan
@@ -368,8 +381,10 @@ class EngineRunner:
             raise WorkloadError(f"out of device memory ({reason}), and no smaller plan exists: {error}") from None
         message = (f"re-planned after out-of-memory: {len(old.shards)} -> {len(plan.shards)} shards, budget "
                    f"{old.budget_bytes / 2**20:.1f} -> {budget / 2**20:.1f} MiB ({reason})")
-        return Replanned(remaining_units=self._open(trial_id).remaining_units(), unit_s=first_unit_estimate(plan),
-                         plan=plan.to_dict(), message=message)
+        session = self._open(trial_id)
+        return Replanned(remaining_units=session.remaining_units(), unit_s=first_unit_estimate(plan),
+                         plan=plan.to_dict(), message=message, ready=session.ready_lanes(),
+                         ready_version=session.store.commit_version)
 
     def export(self, *, trial_id: str, job: EngineJob, export_dir: str) -> None:
         """Export the model directory, then delete the trial's spill store (host RAM on /dev/shm); with
@@ -464,11 +479,14 @@ def _shard_of(read: tuple[Path, int, int] | None) -> BaseShard | None:
     return None if read is None else BaseShard(read[0].name, read[1], read[2])
 
 
-def unit_done(trial_id: str, result: UnitResult, remaining_units: int, *, keeps: bool = False,
+def unit_done(trial_id: str, result: UnitResult, session: TrialSession, *, keeps: bool = False,
               base: BaseShard | None = None, next_base: BaseShard | None = None, rung: int | None = None) -> UnitDone:
-    """Translate the engine's result of one unit into the scheduler's record. `rung`: the pruner's rung the
-    trial reached at this unit's evaluation."""
+    """Translate the engine's result of one unit into the scheduler's record, with the trial's units left and
+    ready lanes as `session` last read its store. `rung`: the pruner's rung the trial reached at this unit's
+    evaluation."""
     unit = result.unit
+    ready, version = session.ready_lanes(), session.store.commit_version
+    remaining_units = len(session.timetable) - session.state.units_committed  # as of that same commit
     now = time.time()
     steps = (
         [StepMetrics(trial=trial_id, step=unit.step, loss=result.loss, lr=result.lr or 0.0,
@@ -486,7 +504,8 @@ def unit_done(trial_id: str, result: UnitResult, remaining_units: int, *, keeps:
         remaining_units=remaining_units, step=unit.step, micro_batch=unit.micro_batch, phase=unit.phase,
         shard=unit.shard, bytes_moved=result.bytes_read + result.bytes_written,
         peak_bytes=result.peak_device_bytes or 0, io_s=result.io_s, steps=steps, evals=evals, keeps_activations=keeps,
-        base=base, next_base=next_base, pruned=result.pruned is not None, rung=rung,
+        base=base, next_base=next_base, pruned=result.pruned is not None, rung=rung, ready=ready,
+        ready_version=version,
         message=(result.pruned if result.pruned is not None else
                  f"stopped early after step {unit.step + 1}: no lower validation loss in the last "
                  f"evaluations (patience)" if result.stopped_early else ""),

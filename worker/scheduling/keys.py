@@ -59,8 +59,8 @@ PLACEHOLDERS = {
 
 TRIAL_FIELDS = (
     "state", "message", "control", "updated", "active",
-    "job", "export_dir", "submitted", "team", "priority", "host_bytes", "plan",
-    "lease", "device", "last_device", "held_until", "next_base",
+    "job", "export_dir", "submitted", "team", "priority", "host_bytes", "lane_bytes", "width_cap", "width", "plan",
+    "device", "last_device", "held_until", "held_lane", "next_base", "ready", "ready_v", "expired",
     "remaining_units", "unit_s", "units_done", "requeues", "replans",
     "undo_device", "undo_message", "undo_active", "undo_served",
 )
@@ -70,10 +70,16 @@ HOST_KEYS: tuple[Key, ...] = (
     Key("trial:<id>", "hash",
         "the trial: state, message, control (a pause or cancel waiting for its unit to end), updated (s), "
         "active (set while it trains: its runnable/running flips publish no event); job (JSON), export_dir, "
-        "submitted (s), team, priority, host_bytes, plan (JSON); lease (its token), device, last_device, "
-        "held_until (ms: last_device keeps its activations until then), next_base (the shared base layers its "
-        "next unit reads); remaining_units, unit_s, units_done, requeues, replans; undo_* (what a speculative "
-        "claim changed, for giving it back)", TRIAL_FIELDS),
+        "submitted (s), team, priority, host_bytes, lane_bytes (more per device beyond the first its micro-batches "
+        "run on at once), width_cap (the most devices its micro-batches and experiment allow), width (the most "
+        "admission gave it room for), plan (JSON); device (of its last lease), last_device, held_until (ms: "
+        "last_device keeps the activations of its held_lane until then), next_base (the shared base layers its "
+        "next unit reads); ready (the lanes whose next unit can run, as of its store's commit ready_v), expired "
+        "(lane=token of leases that expired, whose unit may have committed unreported); remaining_units, unit_s, "
+        "units_done, requeues, replans; undo_* (what a speculative claim changed, for giving it back)",
+        TRIAL_FIELDS),
+    Key("trial:<id>:leases", "hash",
+        "the trial's units in flight: lease token -> its lane (`plan` while it is planned) and device"),
     Key("planning", "list", "trials waiting to be planned (LPUSH in, RPOP out: FIFO)"),
     Key("planning_teams", "hash", "team -> its trials waiting to be planned"),
     Key("planning_blocked", "string",
@@ -85,6 +91,9 @@ HOST_KEYS: tuple[Key, ...] = (
     Key("runnable:<team>:<priority>:device:<device>", "zset", "the same, of the trials last run on the device"),
     Key("runnable:<team>:<priority>:base:<base>", "zset",
         "the same, of the trials whose next unit reads the shared base"),
+    Key("widen:<team>:<priority>", "zset",
+        "the same, of running trials that may take another device (a lane of their wavefront is free): what a "
+        "device takes only when no trial without a unit in flight can run on it"),
     Key("held:<device>", "set", "trials the device may hold the activations of (checked on survey)"),
     Key("teams", "set", "teams with a trial runnable or running"),
     Key("team_work", "hash", "team -> how many of its trials are runnable or running"),
@@ -97,7 +106,7 @@ HOST_KEYS: tuple[Key, ...] = (
     Key("admitted_bytes", "string", "the sum of the admitted trials' host bytes"),
     Key("team_admitted", "hash", "team -> its admitted trials"),
     Key("team_bytes", "hash", "team -> its admitted trials' host bytes"),
-    Key("leases", "zset", "trial id -> lease expiry (ms): planning or running trials"),
+    Key("leases", "zset", "`<trial id> <token>` -> lease expiry (ms): every unit (or planning) in flight"),
     Key("seq", "string", "lease token counter, never below the clock in ms x 1000"),
     Key("wake", "list", "wake-up tokens for idle devices (at most 64)"),
     Key("reap", "list", "trials that ended cancelled or failed, whose spill store a device of the host frees"),

@@ -39,6 +39,23 @@ just ran. At clock 2 cpu0 claims first: A and C tie at 2, both last ran there, a
 Trials hop (C: cpu0 → cpu1 → cpu0), each device interleaves trials, and the makespan is
 5 = ceil(9 units / 2 devices).
 
+A trial on several devices (a wavefront): the micro-batches of one of its steps may run at once, micro-batch m's
+unit at a place of its chain after m - 1's unit at that place (`worker.engine.schedule.Segment`). A device takes
+a second (third, ...) unit of a trial that has one in flight only when no trial without a unit in flight can
+run on it (a *widening* candidate comes after every other), and never more than the trial's micro-batches or
+its width (`TrialLoad.width`: what its experiment and the host's memory allow). So a lone trial of 2
+micro-batches of 3 units each, on two devices (``A3`` is its unit of index 3, micro-batch 1's first)::
+
+    clock   0    1    2    3    4
+    cpu0    A0   A1   A2   A5   .
+    cpu1    .    A3   A4   .    .
+
+and when trial B arrives at clock 1, the device that frees up then takes B's unit rather than A's second lane::
+
+    clock   0    1    2    3    4    5
+    cpu0    A0   A1   A2   A3   A4   A5
+    cpu1    .    B0   B1   B2   .    .
+
 Base affinity on one device: A and C are LoRA trials on base X, each with two shards (units read X0, X1, X0:
 the first shard's forward, the last shard's forward and backward, the first shard's backward); B trains a
 whole model and reads no base. ``*`` marks a unit that found its base layers held::
@@ -99,7 +116,8 @@ class BaseShard:
 class Candidate:
     """A runnable trial as the policy sees it. `held_by`: the device whose process keeps activations of
     the trial's micro-batch in flight (see the module docstring), if any. `next_base`: the shared base
-    layers its next unit reads (None without LoRA, or before its first unit)."""
+    layers its next unit reads (None without LoRA, or before its first unit). `widening`: the trial runs on
+    other devices already and may take this one too (a lane of its wavefront is free)."""
 
     trial_id: str
     remaining_s: float
@@ -108,6 +126,7 @@ class Candidate:
     next_base: BaseShard | None = None
     team: str = ""
     priority: int = PRIORITIES["normal"]
+    widening: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,16 +150,26 @@ def order_key(candidate: Candidate, device: str, holding: BaseShard | None = Non
 def pick(candidates: Iterable[Candidate], device: str, holding: BaseShard | None = None,
          shares: Shares | None = None) -> Candidate | None:
     """The candidate `device` should run next, or None when there is none: a trial it holds, else, of
-    those no other device holds, one of the team whose turn it is (by `shares`; all teams as one without
-    them) and of the highest priority there, the longest (see the module docstring). `holding`: the
-    shared base layers the device holds now (those its last unit read)."""
-    candidates = [c for c in candidates if c.held_by in (None, device)]
-    candidates = [c for c in candidates if c.held_by == device] or candidates
-    if not candidates:
-        return None
-    if shares is not None and candidates[0].held_by is None:
-        team = team_turn({c.team for c in candidates}, shares.usage, shares.weights, shares.served)
-        candidates = [c for c in candidates if c.team == team]
+    those no other device holds and that run nowhere (then, only when there is none, of those that run on other
+    devices and may take this one too: `widening`), one of the team whose turn it is (by `shares`; all teams as
+    one without them) and of the highest priority there, the longest (see the module docstring). `holding`:
+    the shared base layers the device holds now (those its last unit read)."""
+    candidates = list(candidates)
+    held = [c for c in candidates if c.held_by == device]
+    if held:
+        return _longest(held, device, holding)
+    for pool in ([c for c in candidates if not c.widening and c.held_by is None],
+                 [c for c in candidates if c.widening]):
+        if pool:
+            if shares is not None:
+                team = team_turn({c.team for c in pool}, shares.usage, shares.weights, shares.served)
+                pool = [c for c in pool if c.team == team]
+            return _longest(pool, device, holding)
+    return None
+
+
+def _longest(candidates: list[Candidate], device: str, holding: BaseShard | None) -> Candidate:
+    """Of `candidates` (one team's, or the held ones), the longest of the highest priority (ties: order_key)."""
     top = max(c.priority for c in candidates)
     candidates = [c for c in candidates if c.priority == top]
     longest = max(c.remaining_s for c in candidates)
@@ -173,7 +202,10 @@ def unit_time_estimate(previous_s: float, measured_s: float) -> float:
 @dataclass(frozen=True)
 class TrialLoad:
     """A trial for `timetable`: `units` units of `unit_s` seconds each; unit i reads the shared base layers
-    ``bases[i % len(bases)]`` (none when `bases` is empty)."""
+    ``bases[i % len(bases)]`` (none when `bases` is empty). `segments`: its units as runs of ``(lanes, length)``
+    lanes of chains (the micro-batches of a step, see `worker.engine.schedule.Segment`), whose lanes may run on
+    several devices at once; none: one lane of `units`. `width`: the most devices it may run on at once (0: as
+    many as a segment has lanes)."""
 
     trial_id: str
     units: int
@@ -182,15 +214,26 @@ class TrialLoad:
     team: str = ""
     priority: int = PRIORITIES["normal"]
     arrival: float = 0.0  # when the trial is submitted
+    segments: tuple[tuple[int, int], ...] = ()
+    width: int = 0
 
     def base(self, unit: int) -> BaseShard | None:
         return self.bases[unit % len(self.bases)] if self.bases and unit < self.units else None
 
+    def lanes(self) -> list[tuple[int, int, int]]:
+        """Its segments as (first unit, lanes, length)."""
+        out, start = [], 0
+        for lanes, length in self.segments or ((1, self.units),):
+            out.append((start, lanes, length))
+            start += lanes * length
+        assert start == self.units, f"the segments of {self.trial_id} hold {start} units, not {self.units}"
+        return out
+
 
 @dataclass(frozen=True)
 class Slot:
-    """Unit number `unit` of `trial_id` runs on `device` from `start` to `end`; `base_held`: it reads shared
-    base layers that the device held already."""
+    """Unit number `unit` of `trial_id` (of its lane `lane`) runs on `device` from `start` to `end`; `base_held`:
+    it reads shared base layers that the device held already."""
 
     device: str
     trial_id: str
@@ -198,6 +241,45 @@ class Slot:
     start: float
     end: float
     base_held: bool = False
+    lane: int = 0
+
+
+@dataclass
+class _Progress:
+    """A trial's units in `timetable`: committed ones, and those in flight with their end."""
+
+    load: TrialLoad
+    committed: set[int] = field(default_factory=set)
+    flying: dict[int, float] = field(default_factory=dict)  # unit -> when it ends
+
+    def settle(self, now: float) -> None:
+        for unit, end in list(self.flying.items()):
+            if end <= now:
+                self.committed.add(unit)
+                del self.flying[unit]
+
+    @property
+    def left(self) -> int:
+        return self.load.units - len(self.committed) - len(self.flying)
+
+    def ready(self) -> list[tuple[int, int]]:
+        """(lane, unit) of each lane whose next unit can run now and is not in flight (see Segment)."""
+        cursor = next((u for u in range(self.load.units) if u not in self.committed), self.load.units)
+        for start, lanes, length in self.load.lanes():
+            if start <= cursor < start + lanes * length:
+                break
+        else:
+            return []
+        out = []
+        for lane in range(lanes):
+            first = start + lane * length
+            unit = next((u for u in range(first, first + length) if u not in self.committed), None)
+            if unit is None or unit in self.flying:
+                continue
+            needs = ([unit - 1] if unit > first else []) + ([unit - length] if lane else [])
+            if all(n in self.committed for n in needs):
+                out.append((lane, unit))
+        return out
 
 
 def timetable(trials: Sequence[TrialLoad], devices: Sequence[str],
@@ -205,65 +287,64 @@ def timetable(trials: Sequence[TrialLoad], devices: Sequence[str],
     """Replay Sharded-LRTF on `devices` for `trials`, yielding slots in the order devices claim them.
 
     A device frees up at the end of its unit; devices free at the same moment claim in `devices` order. A
-    trial has at most one unit in flight; a device that finds nothing runnable waits for the next unit
-    to end. Remaining time is exact here (units * unit_s), as it becomes in a running system. A device
-    holds the base layers its last unit read (none after a unit that reads none). With `weights`, teams
-    share the devices by fair share (`fair_share`, without decay): a unit's time is charged to its team
-    when it is leased; a team arrives when it has a trial runnable or running again after having none.
+    trial runs one unit at a time, or, when no trial without a unit in flight can run on a device, one more
+    of a lane of its wavefront (up to its width; see `TrialLoad.segments`); a device that finds nothing runnable
+    waits for the next unit to end. A unit's lane is the first that can run. Remaining time is exact here (units
+    left * unit_s), as it becomes in a running system. A device holds the base layers its last unit read (none
+    after a unit that reads none). With `weights`, teams share the devices by fair share (`fair_share`, without
+    decay): a unit's time is charged to its team when it is leased; a team arrives when it has a trial runnable
+    or running again after having none.
     """
     if not devices:
         raise ValueError("timetable needs at least one device; got none.")
-    loads = {t.trial_id: t for t in trials}
-    left = {t.trial_id: t.units for t in trials}
-    unit_s = {t.trial_id: t.unit_s for t in trials}
-    done = {t.trial_id: 0 for t in trials}
-    busy_until: dict[str, float] = {}  # trial id -> end of its unit in flight
+    progress = {t.trial_id: _Progress(t) for t in trials}
     last_device: dict[str, str] = {}
     holding: dict[str, BaseShard | None] = {}
     shares = Shares(weights=dict(weights)) if weights is not None else None
     active: set[str] = set()  # teams with a trial runnable or running
     free = [(0.0, rank) for rank in range(len(devices))]  # (free at, device rank)
     heapq.heapify(free)
-    while any(left.values()):
+    while any(p.left for p in progress.values()):
         now, rank = heapq.heappop(free)
         device = devices[rank]
+        for p in progress.values():
+            p.settle(now)
         if shares is not None:
-            _arrive(loads.values(), left, busy_until, now, active, shares)
-        runnable = [
-            Candidate(trial_id, remaining_seconds(units, unit_s[trial_id]), last_device.get(trial_id),
-                      next_base=loads[trial_id].base(done[trial_id]), team=loads[trial_id].team,
-                      priority=loads[trial_id].priority)
-            for trial_id, units in left.items()
-            if units > 0 and busy_until.get(trial_id, 0.0) <= now and loads[trial_id].arrival <= now
-        ]
+            _arrive(progress.values(), now, active, shares)
+        runnable = []
+        for trial_id, p in progress.items():
+            load = p.load
+            ready = p.ready() if load.arrival <= now else []
+            width = load.width or max(lanes for _, lanes, _ in load.lanes())
+            if not ready or (p.flying and len(p.flying) >= width):
+                continue
+            runnable.append(Candidate(trial_id, remaining_seconds(p.left, load.unit_s), last_device.get(trial_id),
+                                      next_base=load.base(ready[0][1]), team=load.team, priority=load.priority,
+                                      widening=bool(p.flying)))
         chosen = pick(runnable, device, holding.get(device), shares)
         if chosen is None:
-            later = [end for end in busy_until.values() if end > now]
-            later += [t.arrival for t in loads.values() if t.arrival > now]
+            later = [end for p in progress.values() for end in p.flying.values() if end > now]
+            later += [t.arrival for t in trials if t.arrival > now]
             heapq.heappush(free, (min(later), rank))
             continue
+        p = progress[chosen.trial_id]
         if shares is not None:
-            shares.usage[chosen.team] = shares.usage.get(chosen.team, 0.0) + unit_s[chosen.trial_id]
+            shares.usage[chosen.team] = shares.usage.get(chosen.team, 0.0) + p.load.unit_s
             shares.served[chosen.team] = now
-        trial_id = chosen.trial_id
-        end = now + unit_s[trial_id]
+        lane, unit = p.ready()[0]
+        end = now + p.load.unit_s
         base = chosen.next_base
         held = base is not None and base.overlaps(holding.get(device))
-        yield Slot(device, trial_id, done[trial_id], now, end, base_held=held)
+        yield Slot(device, chosen.trial_id, unit, now, end, base_held=held, lane=lane)
         holding[device] = base
-        left[trial_id] -= 1
-        done[trial_id] += 1
-        busy_until[trial_id] = end
-        last_device[trial_id] = device
+        p.flying[unit] = end
+        last_device[chosen.trial_id] = device
         heapq.heappush(free, (end, rank))
 
 
-def _arrive(loads: Iterable[TrialLoad], left: Mapping[str, int], busy_until: Mapping[str, float], now: float,
-            active: set[str], shares: Shares) -> None:
+def _arrive(progress: Iterable[_Progress], now: float, active: set[str], shares: Shares) -> None:
     """Update the teams with work at `now` for `timetable`: an arriving team starts at `arrival_usage`."""
-    with_work = {t.team for t in loads if left[t.trial_id] > 0 and t.arrival <= now}
-    running = {t.team for t in loads if busy_until.get(t.trial_id, 0.0) > now}
-    with_work |= running
+    with_work = {p.load.team for p in progress if (p.left > 0 and p.load.arrival <= now) or p.flying}
     for team in sorted(with_work - active):
         shares.usage[team] = arrival_usage(team, shares.usage, shares.weights, active)
     active.intersection_update(with_work)

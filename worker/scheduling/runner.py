@@ -20,14 +20,25 @@ class WorkloadError(Exception):
     """A trial's spec or state cannot be run; fails that trial with this message."""
 
 
+class LaneBusy(Exception):
+    """The leased lane has no unit that can run now (its next unit needs one another device runs): nothing ran,
+    and the lease goes back."""
+
+
 @dataclass(frozen=True)
 class Planned:
-    """A planned trial: units to run, a first unit-time estimate, and the plan as JSON-able data."""
+    """A planned trial: units to run, a first unit-time estimate, and the plan as JSON-able data; the lanes whose
+    next unit can run (of its wavefront, see `UnitDone.ready`) as of its state's version `ready_version`."""
 
     remaining_units: int
     unit_s: float
     plan: dict[str, Any]
     units_done: int = 0  # units its state already holds: a trial the queue lost resumes from its store
+    ready: list[int] = field(default_factory=lambda: [0])
+    ready_version: int = 0
+    # (lane, token) of the unit its state holds last, which the queue may never have heard of: the lane's next
+    # lease reports it first (a trial the queue lost, resumed from its store)
+    expired: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,11 @@ class UnitDone:
     next_base: BaseShard | None = None  # those the trial's next unit reads (for the policy's base affinity)
     pruned: bool = False  # with no unit left: the experiment's pruner stopped the trial at this evaluation
     rung: int | None = None  # the pruner's rung the trial reached at this unit's evaluation
+    # The lanes (micro-batches of the segment in flight) whose next unit can run now, as of the trial state's
+    # version `ready_version` that this unit's commit made or found: more than one, and the trial may run on
+    # several devices at once.
+    ready: list[int] = field(default_factory=lambda: [0])
+    ready_version: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,6 +77,8 @@ class Replanned:
     unit_s: float
     plan: dict[str, Any]
     message: str
+    ready: list[int] = field(default_factory=lambda: [0])
+    ready_version: int = 0
 
 
 class TrialRunner(Protocol):
@@ -70,13 +88,15 @@ class TrialRunner(Protocol):
         ...
 
     def run_unit(self, *, trial_id: str, job: Job, units_done: int, next_trial: str | None,
-                 token: int, remaining_units: int | None = None) -> UnitDone | Replanned:
-        """Run the trial's next unit (`units_done` units ran before, by any device) and commit it; or, if it
-        ran out of device memory, re-plan the trial with smaller shards and return `Replanned`.
+                 token: int, lane: int | None = None, expired: str = "") -> UnitDone | Replanned:
+        """Run the next unit of the trial's `lane` (`units_done` units ran before, by any device; None: its next
+        unit in timetable order, the whole trial taken) and commit it; or, if it ran out of device memory,
+        re-plan the trial with smaller shards and return `Replanned`.
 
-        `remaining_units` is the queue's count of the trial's units left. A runner whose trial state has
-        fewer finds a unit committed by a device that died before the queue heard of it: it reports that
-        unit (with the metrics it committed) instead of running another.
+        `expired` is the token of the lane's lease that expired last ('' for none): when the trial's state holds
+        a unit that writer committed (it died before the queue heard of it), the runner reports that unit (with
+        the metrics it committed) instead of running another. Raises `LaneBusy` when the lane has no unit
+        that can run now.
 
         `token` is the lease's fencing token (larger is newer). Raises `LeaseLost` when the trial's state
         refuses this writer because a newer lease holder took it: nothing was committed, drop the unit.

@@ -27,13 +27,14 @@ class SyntheticRunner:
                        plan={"kind": "synthetic", "units": job.units})
 
     def run_unit(self, *, trial_id: str, job: SyntheticJob, units_done: int, next_trial: str | None,
-                 token: int, remaining_units: int | None = None) -> UnitDone:
+                 token: int, lane: int | None = None, expired: str = "") -> UnitDone:
         if job.unit_ms:
             time.sleep(job.unit_ms / 1000)
         if units_done == job.fail_at_unit:
             raise SyntheticUnitError(f"synthetic unit {units_done} of trial {trial_id!r} failed on purpose")
-        return UnitDone(remaining_units=job.units - units_done - 1, step=units_done, micro_batch=0,
-                        phase="synthetic", shard=0, bytes_moved=0, peak_bytes=0)
+        left = job.units - units_done - 1
+        return UnitDone(remaining_units=left, step=units_done, micro_batch=0, phase="synthetic", shard=0,
+                        bytes_moved=0, peak_bytes=0, ready=[0] if left else [], ready_version=units_done + 1)
 
     def export(self, *, trial_id: str, job: SyntheticJob, export_dir: str) -> None:
         """A synthetic trial has no result to write."""

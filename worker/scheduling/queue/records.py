@@ -38,7 +38,9 @@ class PlanJob:
 
 @dataclass(frozen=True)
 class Lease:
-    """A claimed unit of `trial_id`; `units_done` units of it ran before (it names the unit)."""
+    """A claimed unit of `trial_id`: the next unit of its `lane` (the micro-batch of its wavefront, see
+    `worker.engine.schedule.Segment`); `units_done` units of it ran before. `expired`: the token of the lane's
+    lease that expired last, whose unit may have committed without the queue hearing of it ('' for none)."""
 
     trial_id: str
     token: str
@@ -49,6 +51,8 @@ class Lease:
     unit_s: float
     job_data: dict[str, Any]
     export_dir: str
+    lane: int = 0
+    expired: str = ""
 
     job = functools.cached_property(_stored_job)
 
@@ -84,13 +88,13 @@ def claim_ids(trial_ids: Sequence[str]) -> str:
 
 def lease_from(raw: list[Any] | None, device: str) -> Lease | None:
     """The lease a claim returns (``id, token, lease_ms, units_done, job, export_dir, remaining_units,
-    unit_s``), or None for none."""
+    unit_s, lane, expired``), or None for none."""
     if raw is None:
         return None
-    trial_id, token, lease_ms, units_done, job, export_dir, remaining_units, unit_s = raw
+    trial_id, token, lease_ms, units_done, job, export_dir, remaining_units, unit_s, lane, expired = raw
     return Lease(trial_id=trial_id, token=token, device=device, lease_s=int(lease_ms) / 1000,
                  units_done=int(units_done), remaining_units=int(remaining_units), unit_s=float(unit_s),
-                 job_data=json.loads(job), export_dir=export_dir)
+                 job_data=json.loads(job), export_dir=export_dir, lane=int(lane), expired=expired or "")
 
 
 def plan_job_from(raw: list[Any] | None) -> PlanJob | None:
@@ -104,8 +108,8 @@ def plan_job_from(raw: list[Any] | None) -> PlanJob | None:
 def survey_from(reply: list[Any], device: str) -> Survey:
     """The survey script's reply (``lua/survey.lua``) as a survey: ``[0]`` when the device's loop must end,
     else ``[1, planning, elsewhere, reap, teams]``, four entries per team with work (``team, usage, weight,
-    served``) and eight per candidate: ``id, remaining_s, last_device, units_done, held_by, next_base, team,
-    priority`` ('' for no trial to reap, no last device, no holder, no base layers, never served); then the
+    served``) and nine per candidate: ``id, remaining_s, last_device, units_done, held_by, next_base, team,
+    priority, wide`` ('' for no trial to reap, no last device, no holder, no base layers, never served); then the
     lease its speculative claim took for `device`, and the trial it took to plan, or nil for each.
     """
     raw, claimed, planned = reply
@@ -114,10 +118,10 @@ def survey_from(reply: list[Any], device: str) -> Survey:
     _, planning, elsewhere, reap, teams, *flat = raw
     shares = shares_from(flat, int(teams))
     candidates, units_done = [], {}
-    for i in range(4 * int(teams), len(flat), 8):
-        trial_id, score, last_device, done, held_by, next_base, team, priority = flat[i : i + 8]
+    for i in range(4 * int(teams), len(flat), 9):
+        trial_id, score, last_device, done, held_by, next_base, team, priority, wide = flat[i : i + 9]
         candidates.append(Candidate(trial_id, float(score), last_device or None, held_by or None,
-                                    BaseShard.parse(next_base), team, int(priority)))
+                                    BaseShard.parse(next_base), team, int(priority), widening=bool(int(wide))))
         units_done[trial_id] = int(done)
     return Survey(alive=True, planning=int(planning), candidates=candidates, units_done=units_done,
                   reap=reap or None, shares=shares, planning_elsewhere=bool(int(elsewhere)),

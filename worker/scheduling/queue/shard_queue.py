@@ -132,15 +132,17 @@ class ShardQueue:
     # Submitting and controlling trials -----------------------------------------------------------------
 
     def submit(self, *, trial_id: str, job: Job, export_dir: str, team: str = "", priority: str = "normal",
-               host_bytes: int = 0, paused: bool = False) -> None:
+               host_bytes: int = 0, lane_bytes: int = 0, paused: bool = False) -> None:
         """Add a trial in state planning; a device worker will plan it once it is admitted. `team` shares
         the devices with the other teams by fair share; `priority` (low, normal, high) orders the team's own
         trials; `host_bytes` is what its spill store will take on the host tier (0: unknown, counted as
-        nothing), which admission checks against the host's capacity. `paused`: once planned, the trial
-        waits paused until resumed (see `resume_all`, for a sweep released at once). Raises TrialExists,
-        ValueError."""
-        if not isinstance(host_bytes, int) or host_bytes < 0:
-            raise ValueError(f"host_bytes={host_bytes!r} must be a whole number of bytes, 0 or more.")
+        nothing), which admission checks against the host's capacity, and `lane_bytes` what it takes more for
+        each device beyond the first its micro-batches run on at once (a wavefront: admission admits it as wide
+        as there is room for, up to `Job.width_cap`). `paused`: once planned, the trial waits paused until
+        resumed (see `resume_all`, for a sweep released at once). Raises TrialExists, ValueError."""
+        for name, value in (("host_bytes", host_bytes), ("lane_bytes", lane_bytes)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} must be a whole number of bytes, 0 or more.")
         if not TRIAL_ID_PATTERN.match(trial_id):
             raise ValueError(f"trial id {trial_id!r} must be 1-64 letters, digits, '.', '_' or '-'.")
         if not TEAM_PATTERN.match(team):
@@ -149,7 +151,7 @@ class ShardQueue:
             raise ValueError(f"priority {priority!r} must be one of {', '.join(PRIORITIES)}.")
         outcome = self._scripts.run("submit", id=trial_id, job=json.dumps(job.to_dict()), export_dir=export_dir,
                                     team=team, priority=PRIORITIES[priority], host_bytes=host_bytes,
-                                    paused="1" if paused else "0")
+                                    paused="1" if paused else "0", width_cap=job.width_cap, lane_bytes=lane_bytes)
         if outcome == "exists":
             raise TrialExists(f"trial {trial_id!r} already exists on host {self.host_id!r}.")
 
@@ -254,16 +256,21 @@ class ShardQueue:
 
     def plan_done(
         self, job: PlanJob, *, remaining_units: int, unit_s: float, plan: Mapping[str, Any], units_done: int = 0,
+        ready: Sequence[int] = (0,), ready_version: int = 0, expired: tuple[int, int] | None = None,
         also: Also | None = None,
     ) -> str:
         """Record a trial's plan and first estimate; it becomes runnable (or paused/cancelled if asked).
 
         `units_done` > 0 says the trial's state already holds that many units (it resumes from its store).
-        `also` queues commands to send in the same round trip (telemetry). Raises LeaseLost.
+        `ready`: the lanes whose next unit can run, as of its state's commit `ready_version` (see `complete`).
+        `expired`: (lane, token) of a unit its state holds that the queue may never have heard of (the lane's
+        next lease reports it first). `also` queues commands to send in the same round trip (telemetry). Raises
+        LeaseLost.
         """
         outcome: str = self._run_after(
             also, "plan_done", id=job.trial_id, token=job.token, remaining_units=remaining_units,
-            unit_s=repr(unit_s), plan=json.dumps(dict(plan)), units_done=int(units_done),
+            unit_s=repr(unit_s), plan=json.dumps(dict(plan)), units_done=int(units_done), ready=_lanes(ready),
+            ready_v=int(ready_version), expired="" if expired is None else f"{expired[0]}={expired[1]}",
         )
         return self._check_lease(outcome, job.trial_id)
 
@@ -285,6 +292,12 @@ class ShardQueue:
         only give it back), in one round trip (`worker.scheduling.queue.speculative`)."""
         return speculative.unclaim_then_claim(self._scripts, claimed, trial_ids)
 
+    def unclaim(self, lease: Lease) -> str:
+        """Give back a lease whose unit did not run (its lane had no unit that could run after all): as
+        `unclaim_then_claim` gives back a speculative claim. Raises LeaseLost."""
+        return self._check_lease(self._scripts.run("unclaim", id=lease.trial_id, token=lease.token,
+                                                   expired=lease.expired), lease.trial_id)
+
     def renew(self, trial_id: str, token: str) -> bool:
         """Extend a lease by the host's lease length; False when it was already lost."""
         return bool(self._scripts.run("renew", id=trial_id, token=token))
@@ -292,9 +305,15 @@ class ShardQueue:
     def complete(
         self, lease: Lease, *, remaining_units: int, unit_s: float, message: str = "",
         steps_done: int | None = None, hold_s: float = 0.0, next_base: BaseShard | None = None,
-        pruned: bool = False, rung: int | None = None, also: Also | None = None,
+        pruned: bool = False, rung: int | None = None, ready: Sequence[int] = (0,), ready_version: int = 0,
+        also: Also | None = None,
     ) -> str:
-        """End a unit: the trial finishes (0 units left), or becomes runnable, paused or cancelled.
+        """End a unit: the trial finishes (0 units left), or becomes runnable, paused or cancelled; or, while
+        units of its other lanes are in flight, stays running.
+
+        `ready` and `remaining_units` are the trial's state as the unit's commit left it, version
+        `ready_version`: the lanes whose next unit can run now, and the units left. Units of several lanes may
+        complete in another order than they committed; the newest commit's view is kept.
 
         `unit_s` is the trial's new unit-time estimate; `message` and `steps_done` (the training steps the
         trial has taken, so a reader of the events need not wait for its metrics) go with the finished
@@ -306,7 +325,7 @@ class ShardQueue:
         LeaseLost when the lease expired meanwhile (the unit is being re-run elsewhere).
         """
         args = _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch="",
-                              next_base=next_base, pruned=pruned, rung=rung)
+                              next_base=next_base, pruned=pruned, rung=rung, ready=ready, ready_version=ready_version)
         outcome: str = self._run_after(also, "complete", **args)
         return self._check_lease(outcome, lease.trial_id)
 
@@ -314,7 +333,8 @@ class ShardQueue:
         self, lease: Lease, epoch: str, *, remaining_units: int, unit_s: float, message: str = "",
         steps_done: int | None = None, hold_s: float = 0.0, next_base: BaseShard | None = None,
         holding: BaseShard | None = None, pruned: bool = False, rung: int | None = None,
-        claim: Sequence[str] = (), plan: bool = False, also: Also | None = None,
+        ready: Sequence[int] = (0,), ready_version: int = 0, claim: Sequence[str] = (), plan: bool = False,
+        also: Also | None = None,
     ) -> tuple[str, Survey, Lease | None]:
         """`complete`, then `survey` for the same device, in one round trip: what a device loop does between
         two units. Returns the trial's state, the survey, and the lease on the trial's next unit if this
@@ -335,15 +355,16 @@ class ShardQueue:
         (``LeaseLost.survey``), with what it claimed."""
         outcome, raw = self._scripts.run_all(also=also, calls=[
             ("complete", _complete_args(lease, remaining_units, unit_s, message, steps_done, hold_s, epoch=epoch,
-                                        next_base=next_base, pruned=pruned, rung=rung)),
+                                        next_base=next_base, pruned=pruned, rung=rung, ready=ready,
+                                        ready_version=ready_version)),
             ("survey", _survey_args(lease.device, epoch, holding, claim, plan)),
         ])
         survey = survey_from(raw, lease.device)
         if isinstance(outcome, list):
-            token, lease_ms = outcome
+            token, lease_ms, lane, expired = outcome
             after = dataclasses.replace(lease, token=token, lease_s=int(lease_ms) / 1000,
                                         units_done=lease.units_done + 1, remaining_units=remaining_units,
-                                        unit_s=unit_s)
+                                        unit_s=unit_s, lane=int(lane), expired=expired or "")
             return "running", survey, after
         try:
             return self._check_lease(outcome, lease.trial_id), survey, None
@@ -353,14 +374,16 @@ class ShardQueue:
 
     def replan(
         self, lease: Lease, *, remaining_units: int, unit_s: float, plan: Mapping[str, Any], message: str,
-        also: Also | None = None,
+        ready: Sequence[int] = (0,), ready_version: int = 0, also: Also | None = None,
     ) -> str:
         """End a unit that did not complete because its trial was re-planned (out of device memory): the
-        trial takes `plan` and its new unit count and becomes runnable again (or paused/cancelled if asked),
-        with `message` on its event. Raises LeaseLost."""
+        trial takes `plan`, its new unit count and `ready` lanes and becomes runnable again (or paused/cancelled
+        if asked), with `message` on its event; units of its other lanes in flight lose their leases. Raises
+        LeaseLost."""
         outcome: str = self._run_after(
             also, "replan", id=lease.trial_id, token=lease.token, remaining_units=remaining_units,
             unit_s=repr(unit_s), plan=json.dumps(dict(plan)), device=lease.device, message=message,
+            ready=_lanes(ready), ready_v=int(ready_version),
         )
         return self._check_lease(outcome, lease.trial_id)
 
@@ -381,10 +404,14 @@ class ShardQueue:
 
     def trial(self, trial_id: str) -> TrialRecord:
         """The trial's state as plain data. Raises TrialNotFound."""
-        fields = self.client.hgetall(self.key(f"trial:{trial_id}"))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.key(f"trial:{trial_id}"))
+        pipe.hvals(self.key(f"trial:{trial_id}:leases"))
+        pipe.hexists(self.key("admitted"), trial_id)
+        fields, leases, admitted = pipe.execute()
         if not fields:
             raise TrialNotFound(f"trial {trial_id!r} does not exist on host {self.host_id!r}.")
-        return _record(trial_id, fields, bool(self.client.hexists(self.key("admitted"), trial_id)))
+        return _record(trial_id, fields, bool(admitted), leases)
 
     def trials(self) -> list[TrialRecord]:
         """Every trial of this host, oldest first."""
@@ -393,9 +420,10 @@ class ShardQueue:
         pipe.hkeys(self.key("admitted"))
         for trial_id in ids:
             pipe.hgetall(self.key(f"trial:{trial_id}"))
+            pipe.hvals(self.key(f"trial:{trial_id}:leases"))
         admitted, *rows = pipe.execute()
-        return [_record(trial_id, fields, trial_id in set(admitted))
-                for trial_id, fields in zip(ids, rows, strict=True) if fields]
+        return [_record(trial_id, fields, trial_id in set(admitted), leases)
+                for trial_id, fields, leases in zip(ids, rows[::2], rows[1::2], strict=True) if fields]
 
     def states(self) -> dict[str, str]:
         """Every trial of this host -> its state, oldest first; `trials` without the jobs and plans."""
@@ -406,7 +434,7 @@ class ShardQueue:
         return {trial_id: state for trial_id, state in zip(ids, pipe.execute(), strict=True) if state is not None}
 
 
-def _record(trial_id: str, fields: Mapping[str, str], admitted: bool) -> TrialRecord:
+def _record(trial_id: str, fields: Mapping[str, str], admitted: bool, leases: Sequence[str] = ()) -> TrialRecord:
     remaining_units = int(fields["remaining_units"]) if "remaining_units" in fields else None
     unit_s = float(fields["unit_s"]) if "unit_s" in fields else None
     return TrialRecord(
@@ -435,6 +463,9 @@ def _record(trial_id: str, fields: Mapping[str, str], admitted: bool) -> TrialRe
         priority=int(fields.get("priority", 1)),
         host_bytes=int(fields.get("host_bytes", 0)),
         admitted=admitted,
+        devices=sorted({held.split(" ", 1)[1] for held in leases if not held.startswith("plan ")}),
+        width=int(fields.get("width", 1)),
+        width_cap=int(fields.get("width_cap", 1)),
     )
 
 
@@ -450,10 +481,19 @@ def _survey_args(device: str, epoch: str, holding: BaseShard | None = None, clai
 def _complete_args(
     lease: Lease, remaining_units: int, unit_s: float, message: str, steps_done: int | None, hold_s: float, *,
     epoch: str, next_base: BaseShard | None = None, pruned: bool = False, rung: int | None = None,
+    ready: Sequence[int] = (0,), ready_version: int = 0,
 ) -> dict[str, object]:
     """The complete script's arguments; `epoch` is the device loop's that goes on with a held trial, or ''."""
     return {"id": lease.trial_id, "token": lease.token, "remaining_units": remaining_units,
             "unit_s": repr(unit_s), "device": lease.device, "message": message,
             "steps_done": "" if steps_done is None else int(steps_done), "hold_ms": int(hold_s * 1000),
             "epoch": epoch, "next_base": "" if next_base is None else str(next_base),
-            "ended": "pruned" if pruned else "finished", "rung": "" if rung is None else int(rung)}
+            "ended": "pruned" if pruned else "finished", "rung": "" if rung is None else int(rung),
+            "ready": _lanes(ready), "ready_v": int(ready_version)}
+
+
+def _lanes(lanes: Sequence[int]) -> str:
+    """Lanes as the scripts take them, separated by spaces; ValueError for anything not a lane number."""
+    if any(isinstance(lane, bool) or not isinstance(lane, int) or lane < 0 for lane in lanes):
+        raise ValueError(f"lanes must be whole numbers from 0; got {list(lanes)!r}")
+    return " ".join(str(lane) for lane in lanes)

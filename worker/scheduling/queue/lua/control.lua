@@ -3,7 +3,10 @@
 -- A trial whose unit (or planning) is in flight is asked through `control`, which the end of that unit honours
 -- (after_unit); any other changes at once.
 local function ask(control)
-  return function() redis.call('HSET', tkey(id), 'control', control) end
+  return function()
+    redis.call('HSET', tkey(id), 'control', control)
+    widen_update(id)  -- no other device takes a unit of it meanwhile
+  end
 end
 local function drop_pause()
   if redis.call('HGET', tkey(id), 'control') == 'pause' then redis.call('HDEL', tkey(id), 'control') end

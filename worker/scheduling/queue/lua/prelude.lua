@@ -6,6 +6,9 @@
 local P = ARGV[1]
 local function key(name) return P .. name end
 local function tkey(id) return P .. 'trial:' .. id end
+-- The units of a trial leased now: token -> '<lane> <device>' (lane 'plan' for its planning). A trial runs one
+-- unit at a time, or, widened onto idle devices, one unit per lane of a wavefront (worker.engine.schedule).
+local function lkey(id) return P .. 'trial:' .. id .. ':leases' end
 -- The host's settings a script uses are read once, on first use (a script runs many times per unit).
 local CONFIG
 local function config()
@@ -28,12 +31,13 @@ end
 local function lease_ms()
   return config().lease
 end
--- Lease `id` to `device` for the host's lease length: a new token, kept on the trial, and the expiry in the
--- leases set. Returns the token and the lease length (ms).
+-- Lease `lane` of `id` (or 'plan', its planning) to `device` for the host's lease length: a new token, kept in
+-- the trial's leases, and the expiry in the leases set ('<id> <token>'). Returns the token and the lease length
+-- (ms).
 -- Tokens fence the spill store, which keeps the largest it saw, so they must grow even across a Redis that
 -- lost its data (emptied, or restarted from an append-only file a second behind): no token is below the
 -- clock's milliseconds times 1000, which exceeds every token granted before (at most 1000 a millisecond).
-local function grant_lease(id, device)
+local function grant_lease(id, device, lane)
   local seq = redis.call('INCR', key('seq'))
   local floor = now_ms() * 1000
   if seq < floor then
@@ -42,9 +46,31 @@ local function grant_lease(id, device)
   end
   local token = string.format('%d', seq)
   local ms = lease_ms()
-  redis.call('HSET', tkey(id), 'lease', token, 'device', device)
-  redis.call('ZADD', key('leases'), now_ms() + ms, id)
+  redis.call('HSET', lkey(id), token, lane .. ' ' .. device)
+  redis.call('HSET', tkey(id), 'device', device)
+  redis.call('ZADD', key('leases'), now_ms() + ms, id .. ' ' .. token)
   return token, ms
+end
+-- The lanes of `id` leased now (a set), and how many units are in flight.
+local function lanes_in_flight(id)
+  local flying, n = {}, 0
+  for _, held in ipairs(redis.call('HVALS', lkey(id))) do
+    flying[string.match(held, '^(%S+)')] = true
+    n = n + 1
+  end
+  return flying, n
+end
+-- The first lane whose next unit can run (the engine's last report, `ready`) and that no unit in flight holds,
+-- nor, for `device` (nil: any device), another device's kept activations (`held_lane` of `last_device` until
+-- `held_until`); nil when none.
+local function free_lane(id, device)
+  local t = redis.call('HMGET', tkey(id), 'ready', 'held_lane', 'last_device', 'held_until')
+  local flying = lanes_in_flight(id)
+  local held = (device and tonumber(t[4] or '0') > now_ms() and t[3] ~= device) and t[2] or nil
+  for lane in string.gmatch(t[1] or '0', '%S+') do
+    if not flying[lane] and lane ~= held then return lane end
+  end
+  return nil
 end
 -- Fair share (worker.scheduling.fair_share, whose rules these mirror): per team, its usage in device seconds
 -- decayed by half every half_life_ms, as of usage_at; its weight (1 when unset); when it was last served.
@@ -114,6 +140,22 @@ local function runnable_remove(id)
   if by_base then redis.call('ZREM', by_base, id) end
   return redis.call('ZREM', set, id)
 end
+-- The widening sets: per team and priority, the running trials that may take another device now (a lane ready
+-- and free, fewer units in flight than its admitted width, no pause or cancel waiting), scored as the runnable
+-- sets. A device takes one only when no trial without a unit in flight has one for it (policy.pick).
+local function widen_key(id)
+  local t = redis.call('HMGET', tkey(id), 'team', 'priority')
+  return key('widen:' .. (t[1] or '') .. ':' .. (t[2] or '1'))
+end
+local function widen_update(id)
+  local t = redis.call('HMGET', tkey(id), 'state', 'control', 'width', 'remaining_units', 'unit_s')
+  local _, n = lanes_in_flight(id)
+  if t[1] == 'running' and not t[2] and n > 0 and n < tonumber(t[3] or '1') and free_lane(id, nil) then
+    redis.call('ZADD', widen_key(id), -(tonumber(t[4] or '0') * tonumber(t[5] or '0')), id)
+  else
+    redis.call('ZREM', widen_key(id), id)
+  end
+end
 -- The bytes of the host tier trials' stores may take (0: no limit): what an administrator set for the host,
 -- else what its workers found when they started.
 local function capacity_of_host()
@@ -122,7 +164,8 @@ local function capacity_of_host()
 end
 -- Admission: a trial may make its spill store (be planned) once its team is under its quotas (trials and
 -- bytes admitted at once) and the host tier has room for its bytes; it stays admitted, its store on the
--- host, until it ends. Returns true, or false and why it waits.
+-- host, until it ends. Returns true, or false and why it waits. (It is admitted as wide as the room allows:
+-- see admit.)
 local function admissible(id)
   if redis.call('HEXISTS', key('admitted'), id) == 1 then return true end
   local t = redis.call('HMGET', tkey(id), 'team', 'host_bytes')
@@ -161,8 +204,8 @@ local function planning_elsewhere(device)
   local planners = redis.call('HGETALL', key('planners'))
   for i = 1, #planners, 2 do
     local other, id = planners[i], planners[i + 1]
-    local t = redis.call('HMGET', tkey(id), 'state', 'device', 'lease')
-    if t[1] ~= 'planning' or t[2] ~= other or not t[3] then
+    local t = redis.call('HMGET', tkey(id), 'state', 'device')
+    if t[1] ~= 'planning' or t[2] ~= other or redis.call('EXISTS', lkey(id)) == 0 then
       redis.call('HDEL', key('planners'), other)
     elseif other ~= device then
       return true
@@ -188,13 +231,28 @@ local function planning_remove(id)
   end
   return removed
 end
+-- Admit an admissible trial, as wide as the host tier and its team's byte quota have room for: each micro-batch
+-- it runs at once beyond the first keeps `lane_bytes` more in its store (its boundaries), up to `width_cap`
+-- (its micro-batches, and its experiment's most devices per trial). A trial admitted narrow stays narrow.
 local function admit(id)
   if redis.call('HEXISTS', key('admitted'), id) == 1 then return end
-  local t = redis.call('HMGET', tkey(id), 'team', 'host_bytes')
-  redis.call('HSET', key('admitted'), id, t[2] or '0')
-  redis.call('INCRBY', key('admitted_bytes'), string.format('%d', tonumber(t[2] or '0')))
-  redis.call('HINCRBY', key('team_admitted'), t[1] or '', 1)
-  redis.call('HINCRBY', key('team_bytes'), t[1] or '', string.format('%d', tonumber(t[2] or '0')))
+  local t = redis.call('HMGET', tkey(id), 'team', 'host_bytes', 'lane_bytes', 'width_cap')
+  local team, bytes, lane = t[1] or '', tonumber(t[2] or '0'), tonumber(t[3] or '0')
+  local capacity, used = capacity_of_host(), tonumber(redis.call('GET', key('admitted_bytes')) or '0')
+  local byte_quota = tonumber(redis.call('HGET', key('byte_quotas'), team) or '0')
+  local team_bytes = tonumber(redis.call('HGET', key('team_bytes'), team) or '0')
+  local width = 1
+  while width < tonumber(t[4] or '1') do
+    local more = bytes + width * lane
+    if (capacity > 0 and used + more > capacity) or (byte_quota > 0 and team_bytes + more > byte_quota) then break end
+    width = width + 1
+  end
+  bytes = bytes + (width - 1) * lane
+  redis.call('HSET', tkey(id), 'width', width)
+  redis.call('HSET', key('admitted'), id, string.format('%d', bytes))
+  redis.call('INCRBY', key('admitted_bytes'), string.format('%d', bytes))
+  redis.call('HINCRBY', key('team_admitted'), team, 1)
+  redis.call('HINCRBY', key('team_bytes'), team, string.format('%d', bytes))
 end
 local function unadmit(id)
   local bytes = redis.call('HGET', key('admitted'), id)
@@ -214,7 +272,13 @@ local function set_state(id, state, message, quiet, steps_done, rung)
   local is = state == 'runnable' or state == 'running'
   if was ~= is then team_work(id, is) end
   redis.call('HSET', tkey(id), 'state', state, 'message', message or '', 'updated', now_ms() / 1000)
-  if state == 'finished' or state == 'pruned' or state == 'cancelled' or state == 'failed' then unadmit(id) end
+  if state == 'finished' or state == 'pruned' or state == 'cancelled' or state == 'failed' then
+    unadmit(id)
+    -- No unit of it commits any more: what other lanes still run is refused (the trial's leases go with it).
+    for _, token in ipairs(redis.call('HKEYS', lkey(id))) do redis.call('ZREM', key('leases'), id .. ' ' .. token) end
+    redis.call('DEL', lkey(id))
+  end
+  if state ~= 'running' then redis.call('ZREM', widen_key(id), id) end
   -- No unit of it will run again (a retry is a new trial): the next survey on this host frees its state.
   if state == 'cancelled' or state == 'failed' then redis.call('LPUSH', key('reap'), id) end
   if quiet then return end
@@ -238,12 +302,37 @@ local function make_runnable(id, quiet, message)
   set_state(id, 'runnable', message, quiet)
   wake()
 end
--- End a lease: 'ok', or 'lost' when the token is no longer the trial's (it expired and was requeued).
+-- End a lease: 'ok' and its lane, or 'lost' when the token is no longer the trial's (it expired and was
+-- requeued, or the trial ended).
 local function release(id, token)
-  if redis.call('HGET', tkey(id), 'lease') ~= token then return 'lost' end
-  redis.call('HDEL', tkey(id), 'lease')
-  redis.call('ZREM', key('leases'), id)
-  return 'ok'
+  local held = redis.call('HGET', lkey(id), token)
+  if not held then return 'lost' end
+  redis.call('HDEL', lkey(id), token)
+  redis.call('ZREM', key('leases'), id .. ' ' .. token)
+  return 'ok', string.match(held, '^(%S+)')
+end
+-- Drop every other unit of `id` in flight (a re-plan, or a failure: what they would commit is refused).
+local function release_all(id)
+  for _, token in ipairs(redis.call('HKEYS', lkey(id))) do redis.call('ZREM', key('leases'), id .. ' ' .. token) end
+  redis.call('DEL', lkey(id))
+end
+-- The token of the lease of `lane` that expired last (its unit may have committed unreported: the next unit of
+-- the lane reports it first), taken off the trial; '' when none.
+local function take_expired(id, lane)
+  local pairs_ = redis.call('HGET', tkey(id), 'expired') or ''
+  local found, rest = '', {}
+  for item in string.gmatch(pairs_, '%S+') do
+    local l, token = string.match(item, '^([^=]+)=(.+)$')
+    if l == lane then found = token else rest[#rest + 1] = item end
+  end
+  if #rest > 0 then redis.call('HSET', tkey(id), 'expired', table.concat(rest, ' '))
+  else redis.call('HDEL', tkey(id), 'expired') end
+  return found
+end
+local function note_expired(id, lane, token)
+  take_expired(id, lane)
+  local before = redis.call('HGET', tkey(id), 'expired')
+  redis.call('HSET', tkey(id), 'expired', (before and (before .. ' ') or '') .. lane .. '=' .. token)
 end
 -- Where a trial goes when its unit ends without finishing it: honour a pending pause or cancel.
 local function after_unit(id, quiet, message)
@@ -254,19 +343,25 @@ local function after_unit(id, quiet, message)
   make_runnable(id, quiet, message)
   return 'runnable'
 end
--- Lease the next unit of the first of `ids` (trial ids separated by spaces, best first) that is runnable:
--- {id, token, lease_ms, units_done, job, export_dir, remaining_units, unit_s}, or false when none is.
--- `before(id)`, if given, runs once the trial is out of the runnable sets and before the lease changes it.
+-- Lease the next unit of the first of `ids` (trial ids separated by spaces, best first) that is runnable, or
+-- that is running and may take another device (a free lane: see widen_update):
+-- {id, token, lease_ms, units_done, job, export_dir, remaining_units, unit_s, lane, expired} (expired: the
+-- token of the lane's lease that expired last, or ''), or false when none is. `before(id, wide)`, if given,
+-- runs once the trial is out of the runnable (or widening) sets and before the lease changes it.
 local function claim_first(ids, device, before)
   for id in string.gmatch(ids, '%S+') do
-    if runnable_remove(id) == 1 then
-      if before then before(id) end
+    local ok, wide = runnable_remove(id) == 1, false
+    if not ok and redis.call('ZSCORE', widen_key(id), id) and free_lane(id, device) then ok, wide = true, true end
+    if ok then
+      local lane = free_lane(id, device) or string.match(redis.call('HGET', tkey(id), 'ready') or '', '%S+') or '0'
+      if before then before(id, wide) end
       local active = redis.call('HGET', tkey(id), 'active')
-      local token, ms = grant_lease(id, device)
+      local token, ms = grant_lease(id, device, lane)
       charge(id)
-      set_state(id, 'running', nil, active == '1')
+      if not wide then set_state(id, 'running', nil, active == '1') end
+      widen_update(id)
       local u = redis.call('HMGET', tkey(id), 'units_done', 'job', 'export_dir', 'remaining_units', 'unit_s')
-      return {id, token, ms, u[1], u[2], u[3], u[4], u[5]}
+      return {id, token, ms, u[1], u[2], u[3], u[4], u[5], lane, take_expired(id, lane)}
     end
   end
   return false
@@ -318,7 +413,7 @@ local function claim_plan(device, idle)
   planning_remove(best)
   admit(best)
   redis.call('HSET', tkey(best), 'message', '')
-  local token, ms = grant_lease(best, device)
+  local token, ms = grant_lease(best, device, 'plan')
   redis.call('HSET', key('planners'), device, best)
   return {best, token, ms, redis.call('HGET', tkey(best), 'job')}
 end

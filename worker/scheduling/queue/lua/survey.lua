@@ -29,23 +29,40 @@ if loop[1] ~= epoch or loop[2] == '1' then return {{0}, false, false} end
 -- When the device was last seen, to the second (`load`): not rewritten at every unit.
 if not loop[3] or now_ms() / 1000 - tonumber(loop[3]) >= 1 then redis.call('HSET', dkey, 'seen', now_ms() / 1000) end
 local expired = redis.call('ZRANGEBYSCORE', key('leases'), '-inf', now_ms())
-for _, id in ipairs(expired) do
-  redis.call('ZREM', key('leases'), id)
-  redis.call('HDEL', tkey(id), 'lease', 'held_until')
-  redis.call('HINCRBY', tkey(id), 'requeues', 1)
-  local state = redis.call('HGET', tkey(id), 'state')
-  if state == 'planning' then
-    planning_add(id, true)
-    wake()
-  elseif state == 'running' then
-    after_unit(id, false, 'lease of ' .. redis.call('HGET', tkey(id), 'device') .. ' expired; the unit runs again')
+for _, member in ipairs(expired) do
+  redis.call('ZREM', key('leases'), member)
+  local id, token = string.match(member, '^(%S+) (%S+)$')
+  local held = id and redis.call('HGET', lkey(id), token)
+  if not id and redis.call('HGET', tkey(member), 'state') == 'running' then
+    -- a lease granted before trials could run on several devices: the trial's one unit runs again
+    redis.call('HDEL', tkey(member), 'lease', 'held_until')
+    after_unit(member, false, 'lease expired; the unit runs again')
+  elseif held then
+    redis.call('HDEL', lkey(id), token)
+    redis.call('HDEL', tkey(id), 'held_until')
+    redis.call('HINCRBY', tkey(id), 'requeues', 1)
+    local lane, device = string.match(held, '^(%S+) (%S+)$')
+    -- The unit may have committed before its device went silent: the lane's next lease reports it first.
+    if lane ~= 'plan' then note_expired(id, lane, token) end
+    local state = redis.call('HGET', tkey(id), 'state')
+    local _, in_flight = lanes_in_flight(id)
+    if in_flight > 0 then
+      widen_update(id)
+    elseif state == 'planning' then
+      planning_add(id, true)
+      wake()
+    elseif state == 'running' then
+      after_unit(id, false, 'lease of ' .. device .. ' expired; the unit runs again')
+    end
   end
 end
 -- Else {1, planning, elsewhere, reap, teams, then per team with work: team, usage, weight, served (ms, '' if
--- never), then per candidate: id, remaining_s, last_device, units_done, held_by, next_base, team, priority}:
+-- never), then per candidate: id, remaining_s, last_device, units_done, held_by, next_base, team, priority,
+-- wide}:
 -- planning counts the trials waiting to be planned, elsewhere is 1 when another device is planning one (a
 -- device with units to run then runs them, without asking to plan); '' stands for no trial to reap, no last
--- device, no holder, no base layers read by the next unit.
+-- device, no holder, no base layers read by the next unit. `wide` is 1 for a trial that runs already and may
+-- take this device too (a lane of its wavefront; see widen_update), else 0.
 local planning = plannable()
 local out = {1, planning, (planning > 0 and planning_elsewhere(device)) and 1 or 0,
              redis.call('RPOP', key('reap')) or ''}
@@ -53,7 +70,7 @@ local teams = shares_into(out)
 local seen = {}
 -- Add a candidate once, from its runnable set's score (minus its remaining seconds); returns its remaining
 -- seconds and its holder ('' when none).
-local function candidate(id, score, team, priority)
+local function candidate(id, score, team, priority, wide)
   local remaining = tonumber(score)
   remaining = remaining == 0 and 0 or -remaining
   local extra = redis.call('HMGET', tkey(id), 'last_device', 'units_done', 'held_until', 'next_base')
@@ -61,7 +78,7 @@ local function candidate(id, score, team, priority)
   if not seen[id] then
     seen[id] = true
     for _, value in ipairs({id, string.format('%.17g', remaining), extra[1] or '', extra[2] or '0', held_by,
-                            extra[4] or '', team, priority}) do
+                            extra[4] or '', team, priority, wide and 1 or 0}) do
       table.insert(out, value)
     end
   end
@@ -76,6 +93,10 @@ for _, id in ipairs(redis.call('SMEMBERS', held)) do
     local priority = t[5] or '1'
     local score = redis.call('ZSCORE', key('runnable:' .. (t[4] or '') .. ':' .. priority), id)
     if score then candidate(id, score, t[4] or '', priority) end
+  else  -- running on other devices too: its held lane may be this device's next unit
+    local priority = t[5] or '1'
+    local score = redis.call('ZSCORE', key('widen:' .. (t[4] or '') .. ':' .. priority), id)
+    if score then candidate(id, score, t[4] or '', priority, true) end
   end
 end
 local held_first, held_stop
@@ -119,6 +140,16 @@ for _, team in ipairs(teams) do
       end
     end
     if any then break end
+  end
+end
+-- Per team with work, the longest of the running trials of its highest priority with any that may take this
+-- device too (a lane of their wavefronts): the policy gives a device to one only when no trial without a unit
+-- in flight can run on it.
+for _, team in ipairs(teams) do
+  for priority = 2, 0, -1 do
+    local wide = redis.call('ZRANGE', key('widen:' .. team .. ':' .. priority), 0, head - 1, 'WITHSCORES')
+    for i = 1, #wide, 2 do candidate(wide[i], wide[i + 1], team, priority, true) end
+    if #wide > 0 then break end
   end
 end
 -- A device plans next when trials wait to be planned and no other device plans them (see claim_plan).

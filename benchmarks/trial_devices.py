@@ -1,0 +1,137 @@
+"""One trial on one device and on two: how much a wavefront of micro-batches speeds up a lone trial.
+
+One spilled Llama-shaped trial (SmolLM2-135M's layers, width and heads, a 16,384-token vocabulary so that CPU
+steps stay short; ``--quick``: 8 layers, width 256) with ``--micro-batches`` (default 4) micro-batches a step
+trains to its end on real CPU device workers of one thread each (Celery processes under a throw-away host
+namespace of ``REDIS_URL``, spill stores on /dev/shm): first with one device worker, then with two, where the
+scheduler runs the step's micro-batches on both devices at once as a wavefront (no other trial waits, so the
+second device takes a second lane of the same trial). Rounds alternate one and two devices.
+
+``speedup`` = one device's wall time / two devices' (median over the rounds, from submission to the end of the
+export), ``ceiling`` = the machine's own speedup of the same single-threaded matmul work in two pinned processes
+against one (as `sharp_scaling.py` measures it, in every round), ``of_ceiling`` = speedup / ceiling;
+``identical``: the final weights of the one-device and the two-device runs compared with ``torch.equal`` (every
+tensor). Targets: speedup >= 1.7 and >= 0.9 x ceiling. ``devices_at_once``: the most units of the trial that
+overlapped in time in the median two-device run (2 when the wavefront ran).
+
+The last line is one JSON object: ``{"shape", "micro_batches", "rounds", "one_device_s", "two_devices_s",
+"speedup", "ceiling", "of_ceiling", "identical", "devices_at_once", "target_met"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from benchmarks.local_workers import LocalWorkers
+from benchmarks.sharp_scaling import hardware_speedup
+from worker import config
+from worker.contract import EngineJob
+from worker.devices import Device
+from worker.engine.config import DataSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
+
+SHAPE = {"layers": 30, "width": 576, "heads": 9, "kv_heads": 3, "inner": 1536, "vocab": 16384, "seq_len": 128}
+QUICK = SHAPE | {"layers": 8, "width": 256, "heads": 4, "kv_heads": 2, "inner": 512, "vocab": 4096, "seq_len": 64}
+TARGET_SPEEDUP, TARGET_OF_CEILING = 1.7, 0.9
+
+
+def trial(tokens: Path, shape: dict[str, int], *, micro_batches: int, steps: int, budget_bytes: int) -> TrialSpec:
+    return TrialSpec(
+        model=ModelSpec(family="llama", n_layer=shape["layers"], n_embd=shape["width"], n_head=shape["heads"],
+                        n_kv_head=shape["kv_heads"], n_inner=shape["inner"], vocab_size=shape["vocab"],
+                        n_positions=shape["seq_len"], dropout=0.0),
+        data=DataSpec(tokens_path=str(tokens), seq_len=shape["seq_len"]),
+        optimizer=OptimizerSpec(kind="adamw", lr=1e-3, weight_decay=0.1, clip_norm=1.0),
+        schedule=ScheduleSpec(warmup_steps=1, decay="cosine"),
+        batch_size=2 * micro_batches, micro_batches=micro_batches, steps=steps, eval_every=0, seed=3,
+        budget_bytes=budget_bytes,
+    )
+
+
+def train(workers: LocalWorkers, trial_id: str, spec: TrialSpec, export: Path) -> tuple[float, list[dict]]:
+    """Seconds from submission to the end of the trial's export, and its units' spans."""
+    start = time.monotonic()
+    workers.queue.submit(trial_id=trial_id, job=EngineJob(trial=spec), export_dir=str(export))
+    workers.wait_until_ended([trial_id], timeout_s=3600)
+    elapsed = time.monotonic() - start
+    (record,) = [r for r in workers.queue.trials() if r.trial_id == trial_id]
+    if record.state != "finished":
+        raise SystemExit(f"trial {trial_id} {record.state}: {record.message}")
+    return elapsed, [s for s in workers.entries("spans") if s["trial"] == trial_id and s["phase"] != "plan"]
+
+
+def at_once(spans: list[dict]) -> int:
+    """The most spans that overlap in time."""
+    edges = sorted([(float(s["start"]), 1) for s in spans] + [(float(s["end"]), -1) for s in spans])
+    most = running = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def weights(export: Path) -> dict[str, torch.Tensor]:
+    return {name: tensor for path in sorted(export.glob("*.safetensors")) for name, tensor in load_file(path).items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches a step (default 4)")
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps (default 3; quick 2)")
+    parser.add_argument("--rounds", type=int, help="rounds of (one device, two devices) (default 3; quick 1)")
+    parser.add_argument("--budget-mb", type=float, default=60, help="device budget (default 60: several shards)")
+    parser.add_argument("--quick", action="store_true", help="a small shape, 2 steps, 1 round")
+    args = parser.parse_args()
+    shape = QUICK if args.quick else SHAPE
+    steps = args.steps if not args.quick else 2
+    rounds = args.rounds or (1 if args.quick else 3)
+    host_tier = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    one_s, two_s, ceilings, overlaps, identical = [], [], [], [], True
+    with tempfile.TemporaryDirectory(prefix="hydra-trial-devices-", dir=host_tier) as tmp:
+        root = Path(tmp)
+        tokens = root / "tokens.npy"
+        np.save(tokens, np.random.default_rng(0).integers(0, shape["vocab"], 1 << 16).astype(np.int32))
+        spec = trial(tokens, shape, micro_batches=args.micro_batches, steps=steps,
+                     budget_bytes=int(args.budget_mb * 1e6))
+        redis_url = config.current().redis_url
+        for r in range(rounds):
+            runs = {}
+            for count in (1, 2):
+                devices = [Device("cpu", i, 1) for i in range(count)]
+                with LocalWorkers(devices=devices, redis_url=redis_url, root=root / f"r{r}-{count}") as workers:
+                    export = root / f"export-{r}-{count}"
+                    seconds, spans = train(workers, f"r{r}-d{count}", spec, export)
+                runs[count] = (seconds, spans, export)
+                print(f"round {r + 1}: {count} device(s) {seconds:.2f} s, {at_once(spans)} units at once at most",
+                      file=sys.stderr)
+            one_s.append(runs[1][0])
+            two_s.append(runs[2][0])
+            overlaps.append(at_once(runs[2][1]))
+            a, b = weights(runs[1][2]), weights(runs[2][2])
+            identical &= a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+            ceilings.append(hardware_speedup(2, 192))
+            print(f"round {r + 1}: ceiling {ceilings[-1]:.3f}", file=sys.stderr)
+    speedup = statistics.median(one_s) / statistics.median(two_s)
+    ceiling = statistics.median(ceilings)
+    print(json.dumps({
+        "shape": "quick" if args.quick else "smollm2-135m-layers", "micro_batches": args.micro_batches,
+        "rounds": rounds, "one_device_s": round(statistics.median(one_s), 3),
+        "two_devices_s": round(statistics.median(two_s), 3), "speedup": round(speedup, 3),
+        "ceiling": round(ceiling, 3), "of_ceiling": round(speedup / ceiling, 3), "identical": identical,
+        "devices_at_once": max(overlaps),
+        "target_met": identical and speedup >= TARGET_SPEEDUP and speedup >= TARGET_OF_CEILING * ceiling,
+    }))
+
+
+if __name__ == "__main__":
+    main()
