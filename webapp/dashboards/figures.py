@@ -233,21 +233,25 @@ def device_utilization(samples: Mapping[str, SampleSeries], origin: float | None
     }
 
 
-def device_memory(samples: Mapping[str, SampleSeries], origin: float | None, budget_bytes: int | None) -> Figure:
-    """Memory used per device against the experiment's device budget (else each device's total), dashed."""
+def device_memory(samples: Mapping[str, SampleSeries], origin: float | None, budgets: Sequence[int]) -> Figure:
+    """Memory used per device against the device budgets the trials are planned for (dashed lines).
+
+    The axis scales to the use and the budgets: a device's total (a CPU device's is the host's memory) is
+    named beside it in the legend rather than drawn, so that a few GiB used are not a flat line at the bottom
+    of a host's tens of GiB.
+    """
     start = origin or 0.0
     traces = [
-        {"type": "scattergl", "mode": "lines", "name": text(lane), "x": [round(t - start, 3) for t in s.time],
-         "y": [round(m / 2**30, 4) for m in s.memory_used], "line": {"color": colour(i)},
-         "meta": {"lane": lane, "role": "memory"}}
+        {"type": "scattergl", "mode": "lines", "name": _lane_name(lane, s.memory_total),
+         "x": [round(t - start, 3) for t in s.time], "y": [round(m / 2**30, 4) for m in s.memory_used],
+         "line": {"color": colour(i)}, "meta": {"lane": lane, "role": "memory"}}
         for i, (lane, s) in enumerate(sorted(samples.items()))
     ]
-    limits = {budget_bytes} if budget_bytes else {s.memory_total for s in samples.values() if s.memory_total}
-    label = "budget" if budget_bytes else "device total"
     # Lines across the whole plot (paper x), so they need no update as the live traces grow.
     shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": round(v / 2**30, 4),
                "y1": round(v / 2**30, 4), "line": {"dash": "dash", "color": "#d62728", "width": 1},
-               "label": {"text": label, "textposition": "end", "font": {"size": 11}}} for v in sorted(limits)]
+               "label": {"text": f"budget {v / 2**30:.3g} GiB", "textposition": "end", "font": {"size": 11}}}
+              for v in sorted(set(budgets))]
     return {
         "data": traces,
         "layout": BASE_LAYOUT | {
@@ -257,6 +261,10 @@ def device_memory(samples: Mapping[str, SampleSeries], origin: float | None, bud
             "shapes": shapes,
         },
     }
+
+
+def _lane_name(lane: str, total_bytes: int) -> str:
+    return text(lane) if not total_bytes else f"{text(lane)} (of {total_bytes / 2**30:.3g} GiB)"
 
 
 def device_points(devices: Devices, trials: Sequence[TrialInfo]) -> dict[str, Any]:

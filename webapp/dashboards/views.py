@@ -159,7 +159,8 @@ def experiment_devices(request: HttpRequest, experiment_id: int) -> HttpResponse
         "trials": trials,
         "timeline_figure": figures.device_timeline(devices, trials),
         "utilization_figure": figures.device_utilization(devices.samples, devices.origin),
-        "memory_figure": figures.device_memory(devices.samples, devices.origin, experiment.memory_budget_bytes),
+        "memory_figure": figures.device_memory(devices.samples, devices.origin,
+                                               selectors.planned_budgets(experiment=experiment)),
         "state": state,
     })
 

@@ -51,7 +51,7 @@ def _device_figures(experiment: Experiment) -> dict:
     return {
         "timeline": figures.device_timeline(devices, trials),
         "utilization": figures.device_utilization(devices.samples, devices.origin),
-        "memory": figures.device_memory(devices.samples, devices.origin, None),
+        "memory": figures.device_memory(devices.samples, devices.origin, []),
         "cursor": (devices.cursor, devices.sample_after),
     }
 

@@ -76,6 +76,17 @@ def test_the_memory_plan_stacks_resident_and_spilled_bytes_per_shard():
     assert figure["layout"]["shapes"][0]["y0"] == 8.0
 
 
+def test_the_memory_axis_scales_to_the_use_and_the_budgets_not_to_the_hosts_memory():
+    host = int(23.6 * 2**30)
+    samples = {"cpu0": SampleSeries(time=[1.0, 2.0], utilization=[0.5, 0.5], memory_used=[2**30, 1.6 * 2**30],
+                                    memory_total=host)}
+    figure = figures.device_memory(samples, 0.0, [4 * 2**30, 4 * 2**30])
+    assert [(shape["y0"], shape["label"]["text"]) for shape in figure["layout"]["shapes"]] == [(4.0, "budget 4 GiB")]
+    (trace,) = figure["data"]
+    assert max(trace["y"]) == 1.6 and trace["name"] == "cpu0 (of 23.6 GiB)"
+    assert figures.device_memory(samples, 0.0, [])["layout"]["shapes"] == []
+
+
 def test_parallel_coordinates_map_categories_to_ticks_and_skip_unscored_trials():
     trials = [_trial(1, 1, {"lr": 0.1, "optimizer": "sgd"}, 2.0), _trial(2, 2, {"lr": 0.01, "optimizer": "adamw"}, 1.5),
               _trial(3, 3, {"lr": 0.5, "optimizer": "sgd"})]
@@ -120,7 +131,7 @@ def test_every_figure_escapes_user_text():
         "timeline": figures.device_timeline(devices, trials),
         "poll": figures.device_points(devices, trials)["spans"],
         "utilization": figures.device_utilization(samples, 0.0),
-        "memory": figures.device_memory(samples, 0.0, None),
+        "memory": figures.device_memory(samples, 0.0, []),
         "plan": figures.memory_plan({"shards": [shard]}),
         "leaderboard": figures.leaderboard([(f"{MARKUP} #1", 2.0)]),
     }

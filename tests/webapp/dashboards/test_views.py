@@ -231,3 +231,19 @@ def test_the_plan_page_shows_a_lora_trials_shared_base_apart_from_its_own_state(
     page = alice_client.get(reverse("dashboard_trial_plan", args=[full.pk])).content.decode()
     assert "Shared base:" not in page and "frozen base" not in page
     assert "shared base" not in alice_client.get(reverse("trial_detail", args=[full.pk])).content.decode()
+
+
+def test_the_devices_page_draws_the_budgets_the_trials_were_planned_for(alice_client, experiment):
+    first, second = experiment.trials.order_by("number")
+    Trial.objects.filter(pk=first.pk).update(plan={"budget_bytes": 3 << 30, "shards": []})
+    Trial.objects.filter(pk=second.pk).update(plan={"budget_bytes": 2 << 30, "shards": []})
+    page = alice_client.get(reverse("dashboard_devices", args=[experiment.pk])).content.decode()
+    memory = json.loads(page.split('id="memory-figure" type="application/json">')[1].split("</script>")[0])
+    assert [shape["y0"] for shape in memory["layout"]["shapes"]] == [2.0, 3.0]
+    assert [trace["name"] for trace in memory["data"]] == ["cpu0 (of 8 GiB)"]  # the device's total, named only
+
+    experiment.memory_budget_bytes = 1 << 30  # an explicit budget is the one every trial runs under
+    experiment.save(update_fields=["memory_budget_bytes"])
+    page = alice_client.get(reverse("dashboard_devices", args=[experiment.pk])).content.decode()
+    memory = json.loads(page.split('id="memory-figure" type="application/json">')[1].split("</script>")[0])
+    assert [shape["y0"] for shape in memory["layout"]["shapes"]] == [1.0]
