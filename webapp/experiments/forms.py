@@ -33,7 +33,7 @@ from webapp.experiments.model_shapes import (
     model_from_spec,
     model_shape,
 )
-from webapp.experiments.planning import CapError, ExperimentDraft, check_caps
+from webapp.experiments.planning import CapError, ExperimentDraft, check_caps, check_steps_budget
 from webapp.experiments.pruning import pruner_spec
 from webapp.experiments.search_space import (
     ALIASES,
@@ -130,7 +130,7 @@ class ExperimentForm(forms.Form):
     n_trials = forms.IntegerField(min_value=1, max_value=MAX_TRIALS, initial=8,
                                   help_text="For random search and TPE.")
     budget_unit = forms.ChoiceField(choices=Experiment.BudgetUnit.choices, initial=Experiment.BudgetUnit.STEPS)
-    budget = forms.FloatField(min_value=0.01, max_value=10_000_000, initial=200)
+    budget = forms.FloatField(min_value=0.01, initial=200)  # its cap is the steps cap (`check_steps_budget`)
     eval_every = forms.IntegerField(min_value=1, max_value=1_000_000, initial=20,
                                     help_text="Evaluate every this many steps.")
     seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0)
@@ -305,6 +305,11 @@ class ExperimentForm(forms.Form):
                 self.add_error("memory_budget_mib", "Give the budget in MiB, or choose auto.")
             else:
                 budget = cleaned["memory_budget_mib"] * 1024 * 1024
+        if cleaned.get("budget_unit") == Experiment.BudgetUnit.STEPS and cleaned.get("budget") is not None:
+            try:
+                check_steps_budget(budget=cleaned["budget"], caps=settings.HYDRA.caps)
+            except CapError as error:
+                self.add_error(error.field, str(error))
         pruner = self._pruner(cleaned)
         holdout = cleaned.get("holdout_bytes")
         holdout_field = "holdout_bytes"

@@ -61,6 +61,7 @@ def test_a_space_given_as_an_object_is_the_same_as_its_text(alice_api, alice_dat
     ({"space": "lr: [unclosed"}, "space", "YAML"),
     ({"space": "nonsense_param: {values: [1]}"}, "space", "nonsense_param"),
     ({"budget": -1}, "budget", "greater than or equal to 0.01"),
+    ({"budget": 100_000_000}, "budget", "A trial would take 100,000,000 optimizer steps; the cap is"),
     ({"strategy": "magic"}, "strategy", "Select a valid choice"),
     ({"name": ""}, "name", "This field is required"),
 ])

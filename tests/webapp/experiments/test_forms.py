@@ -172,6 +172,22 @@ def test_it_refuses_ten_million_epochs_as_more_steps_than_the_cap(alice_team, al
     assert "HYDRA_MAX_STEPS_PER_TRIAL" in message and f"{settings.HYDRA.caps.steps_per_trial:,}" in message
 
 
+def test_a_budget_in_steps_over_the_cap_gets_the_caps_one_message_even_beside_other_errors(
+        alice_team, alice_dataset, settings):
+    cap = settings.HYDRA.caps.steps_per_trial
+    form = bound(alice_team, post_data(alice_dataset, budget=100_000_000, name=""))
+    assert not form.is_valid()
+    assert form.errors["budget"] == [f"A trial would take 100,000,000 optimizer steps; the cap is {cap:,} per trial "
+                                     "(HYDRA_MAX_STEPS_PER_TRIAL). Lower the budget."]
+    assert f"at most {cap:,} optimizer steps" in form.fields["budget"].help_text  # the same cap, said once
+    assert bound(alice_team, post_data(alice_dataset, budget=cap)).is_valid()
+
+
+def test_an_absurd_budget_in_epochs_is_refused_by_the_steps_cap_not_a_crash(alice_team, alice_dataset):
+    form = bound(alice_team, post_data(alice_dataset, budget_unit="epochs", budget=1e300))
+    assert not form.is_valid() and "HYDRA_MAX_STEPS_PER_TRIAL" in text(form.errors["budget"])
+
+
 def test_it_refuses_a_trial_over_the_token_cap(alice_team, alice_dataset, settings):
     with_caps(settings, tokens_per_trial=10_000)
     rows = [{"name": "batch_size", "kind": "categorical", "values": "2, 8"},
