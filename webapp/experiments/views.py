@@ -130,7 +130,8 @@ def experiment_create(request: HttpRequest) -> HttpResponse:
             form.add_draft_error(error)
         except ValidationError as error:
             form_add_errors(form, error)
-    status = 400 if request.method == "POST" and (form.errors or form.rows.total_error_count()) else 200
+    row_errors = not form.pasted_text() and form.rows.total_error_count()
+    status = 400 if request.method == "POST" and (form.errors or row_errors) else 200
     return render(request, "experiments/experiment_form.html", {
         "form": form, "rows": form.rows, "preview": preview, "source": source,
         "parameters": PARAMETERS, "kinds": KINDS,

@@ -14,7 +14,7 @@ from tests.webapp.experiments.test_forms import post_data
 from tests.webapp.web_worker import CLOSED_PORT_URL, redis_at
 from webapp.background.reconcile import WebWorkReconciled, web_work_reconcile
 from webapp.experiments.model_shapes import PRESETS, model_from_spec, model_to_spec
-from webapp.experiments.search_space import checkpoint_minutes_of_text, load_spec_text
+from webapp.experiments.space_text import checkpoint_minutes_of_text, load_spec_text
 from webapp.ground.models import Experiment, Trial, TrialArchive
 
 pytestmark = pytest.mark.django_db
