@@ -10,7 +10,14 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from tests.webapp.telemetry.factories import make_experiment, write_sample, write_span, write_steps
+from tests.webapp.api.conftest import api_for
+from tests.webapp.telemetry.factories import (
+    make_experiment,
+    write_final_eval,
+    write_sample,
+    write_span,
+    write_steps,
+)
 from webapp.dashboards import selectors
 from webapp.experiments.ingest import telemetry_ingest
 from webapp.ground.models import Trial
@@ -119,7 +126,7 @@ def test_long_curves_are_downsampled_to_the_budget(alice_client, experiment, mon
     figure = json.loads(page.split('id="curves-figure" type="application/json">')[1].split("</script>")[0])
     raw = [t for t in figure["data"] if t["meta"]["role"] == "raw"]
     assert [len(t["x"]) for t in raw] == [50, 40]
-    assert raw[0]["x"][0] == 0 and raw[0]["x"][-1] == 899  # the ends are kept
+    assert raw[0]["x"][0] == 1 and raw[0]["x"][-1] == 900  # the ends are kept
 
 
 def test_the_devices_poll_returns_new_spans_per_lane(alice_client, experiment):
@@ -247,3 +254,27 @@ def test_the_devices_page_draws_the_budgets_the_trials_were_planned_for(alice_cl
     page = alice_client.get(reverse("dashboard_devices", args=[experiment.pk])).content.decode()
     memory = json.loads(page.split('id="memory-figure" type="application/json">')[1].split("</script>")[0])
     assert [shape["y0"] for shape in memory["layout"]["shapes"]] == [1.0]
+
+
+def test_the_curves_the_api_and_the_leaderboard_count_steps_alike(alice, alice_client, alice_team, redis_client,
+                                                                   host_id):
+    # Evaluations every 10 steps: the workers report them after steps 9, 19, 29 and 39 of their 0-based count.
+    experiment = make_experiment(alice_team, name="counted", total_steps=40)
+    trial = experiment.trials.get()
+    write_steps(redis_client, host_id, trial, range(0, 40))
+    write_final_eval(redis_client, host_id, trial, step=39, loss=2.0, bpb=1.4)
+    telemetry_ingest(host_id=host_id)
+    trial.refresh_from_db()
+
+    curves = alice_client.get(reverse("dashboard_curves_data", args=[experiment.pk])).json()["points"][str(trial.pk)]
+    assert curves["eval_x"] == [10, 20, 30, 40]  # drawn at the steps they were measured after
+    assert curves["x"][0] == 1 and curves["x"][-1] == 40  # the first step's loss at step 1
+    tokens = alice_client.get(reverse("dashboard_curves_data", args=[experiment.pk]), {"x": "tokens"}).json()
+    assert tokens["points"][str(trial.pk)]["eval_x"] == [10 * 256, 20 * 256, 30 * 256, 40 * 256]
+
+    api = api_for(alice)
+    metrics = api.get(f"/trials/{trial.pk}/metrics").json()
+    assert [e["step"] for e in metrics["evals"]] == [10, 20, 30, 40]
+    assert metrics["steps"][0]["step"] == 1 and metrics["steps"][-1]["step"] == 40 == metrics["trial"]["step"]
+    board = api.get(f"/leaderboards/{experiment.dataset_id}").json()["team"]
+    assert [(row["trial_id"], row["step"]) for row in board] == [(trial.pk, 40)]  # the final evaluation's
