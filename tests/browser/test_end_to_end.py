@@ -6,7 +6,6 @@ trials ranked, then clone the sweep into a long run and cancel it. No page may l
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import tarfile
@@ -336,13 +335,19 @@ def _see_losses_fall(page, *, vocab_size: int) -> tuple[dict[int, Row], dict[int
     return rows, losses
 
 
-def _download_the_best_model(page, rows: dict[int, Row], tmp_path: Path) -> tuple[int, Path, dict[str, Any]]:
-    """The best trial's page: its engine spec, and its model downloaded and unpacked. Returns the trial, the
-    model directory and the spec."""
+def _download_the_best_model(page, stack: DevStack, rows: dict[int, Row],
+                             tmp_path: Path) -> tuple[int, Path, dict[str, Any]]:
+    """The best trial's page: its own curves and its parameters as given, then its model downloaded and
+    unpacked. Returns the trial, the model directory and the engine spec the stack trained it with."""
     best = min(rows, key=lambda trial: rows[trial].best_val_loss)
     page.locator(f'#trial-table tr[data-trial="{best}"] td a').first.click()
     page.wait_for_url(re.compile(rf"/trials/{best}/$"))
-    spec = json.loads(page.inner_text("section.card:has(h2:text-is('Engine spec')) pre"))
+    page.wait_for_selector("#curves-plot .main-svg")
+    evals = page.evaluate("() => document.getElementById('curves-plot').data.find(t => t.meta.role === 'eval').x")
+    assert evals == list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY)), evals  # at the steps they were measured after
+    settings = page.inner_text("#trial-settings")
+    assert "dropout" in settings and "/" not in settings  # the defaults that applied, and no server path
+    spec = stack.trial_spec(best)
     # The web worker packs the model; the page reloads itself until the download link is there.
     page.click(".actions >> text=Prepare model download")
     page.wait_for_selector(".actions >> text=Download model (.tar.gz)", timeout=60_000)
@@ -466,7 +471,7 @@ def test_a_new_user_trains_a_sweep_and_sees_it_ranked(page, devstack: DevStack, 
     _wait_until_finished(page, devstack, experiment_id)
     _checked(page, screenshots_dir, "6-experiment-finished")
     rows, losses = _see_losses_fall(page, vocab_size=vocab_size)
-    best, model_dir, spec = _download_the_best_model(page, rows, tmp_path)
+    best, model_dir, spec = _download_the_best_model(page, devstack, rows, tmp_path)
     _use_the_model(model_dir, spec, final_val_loss=losses[best]["eval"][-1])
     page.click("h1 a")  # the trial page's way back to its experiment
     _see_leaderboard(page, screenshots_dir)

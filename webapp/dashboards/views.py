@@ -140,6 +140,37 @@ def _trial_rows(trials: list[selectors.TrialInfo]) -> dict[str, dict[str, Any]]:
                         "best_val_loss": t.best_val_loss, "best_val_ppl": t.best_val_ppl} for t in trials}
 
 
+def trial_curves(trial: Trial) -> dict[str, Any]:
+    """The trial page's own learning curves: the figure and the poll state ``dashboards.js`` keeps them live
+    with (``figure``, ``state``)."""
+    trials = selectors.trial_infos([trial])
+    curves = selectors.curves(trials=trials)
+    return {
+        "figure": figures.learning_curves(curves),
+        "state": {"kind": "curves", "url": reverse("dashboard_trial_curves_data", args=[trial.pk]),
+                  "cursor": {"after_step": curves.cursor.step, "after_eval": curves.cursor.eval},
+                  "running": trial.is_active, "poll_ms": POLL_MS, "smoothing": 0.6},
+    }
+
+
+@team_required
+@require_GET
+def trial_curves_data(request: HttpRequest, trial_id: int) -> JsonResponse:
+    """The trial's steps and evaluations since the cursor, as `experiment_curves_data` answers for its
+    experiment (the trial page's curves)."""
+    trials = selectors.trial_infos([_trial(request, trial_id)])
+    after_step, after_eval = _count(request, "after_step"), _count(request, "after_eval")
+    after = None if after_step is None and after_eval is None else selectors.Cursor(after_step or 0, after_eval or 0)
+    curves = selectors.curves(trials=trials, after=after)
+    points = figures.curve_points(curves, x="step", metric="loss")
+    return JsonResponse({
+        "cursor": {"after_step": curves.cursor.step, "after_eval": curves.cursor.eval},
+        "running": trials[0].status in Trial.ACTIVE,
+        "points": {str(tid): p for tid, p in points.items() if p["x"] or p["eval_x"]},
+        "trials": _trial_rows(trials),
+    })
+
+
 @team_required
 @require_GET
 def experiment_devices(request: HttpRequest, experiment_id: int) -> HttpResponse:

@@ -13,6 +13,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
+from webapp.dashboards import views as dashboard_views
 from webapp.datasets.http import form_add_errors, team_required
 from webapp.datasets.selectors import dataset_list
 from webapp.experiments import (
@@ -49,6 +50,7 @@ from webapp.experiments.search_space import (
     parse_search_space,
 )
 from webapp.experiments.trial_data import experiment_tokens
+from webapp.experiments.trial_settings import trial_settings
 from webapp.ground.models import Experiment, ExperimentPreview, Trial
 from webapp.ids import parse_id
 from webapp.labqueue.selectors import trial_end_estimates
@@ -311,7 +313,7 @@ def _trial_page(request: HttpRequest, trial: Trial, *, form: GenerationForm | No
         "eta": _etas([trial]).get(trial.pk),
         "can_change": selectors.experiment_can_change(user=request.user, experiment=trial.experiment),
         "plan": selectors.plan_summary(trial.plan), "shards": selectors.plan_shard_rows(trial.plan),
-        "spec_json": json.dumps(trial.spec, indent=2) if trial.spec else "",
+        "settings": trial_settings(trial), "curves": dashboard_views.trial_curves(trial),
         "archive": archives.trial_archive_get(trial=trial),
         "generations": shown, "held_out": held_out, "held_out_pending": held_out_pending,
         "generating": held_out_pending or any(g.status == g.Status.PENDING for g in shown),

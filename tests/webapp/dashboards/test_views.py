@@ -278,3 +278,18 @@ def test_the_curves_the_api_and_the_leaderboard_count_steps_alike(alice, alice_c
     assert metrics["steps"][0]["step"] == 1 and metrics["steps"][-1]["step"] == 40 == metrics["trial"]["step"]
     board = api.get(f"/leaderboards/{experiment.dataset_id}").json()["team"]
     assert [(row["trial_id"], row["step"]) for row in board] == [(trial.pk, 40)]  # the final evaluation's
+
+
+def test_the_trial_curves_poll_answers_the_trials_new_points_and_404_for_another_teams(alice_client, bob_client,
+                                                                                        experiment, redis_client,
+                                                                                        host_id):
+    second = experiment.trials.get(number=2)
+    url = reverse("dashboard_trial_curves_data", args=[second.pk])
+    first = alice_client.get(url).json()
+    assert list(first["points"]) == [str(second.pk)] and first["points"][str(second.pk)]["x"][-1] == 40
+    assert first["running"] is True
+    write_steps(redis_client, host_id, second, range(40, 42))
+    telemetry_ingest(host_id=host_id)
+    update = alice_client.get(url, first["cursor"]).json()
+    assert update["points"][str(second.pk)]["x"] == [41, 42]
+    assert bob_client.get(url).status_code == 404
