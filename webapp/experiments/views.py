@@ -15,6 +15,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboards import views as dashboard_views
 from webapp.datasets.http import form_add_errors, team_required
+from webapp.datasets.models import DatasetTokens
 from webapp.datasets.selectors import dataset_list
 from webapp.experiments import (
     archives,
@@ -189,12 +190,16 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
          "eta": etas.get(t.pk)}
         for t in listed
     ]
+    state = selectors.experiment_state(experiment=experiment)
+    tokens = experiment_tokens(experiment=experiment)
     return render(request, "experiments/experiment_detail.html", {
         "experiment": experiment, "trials": trials, "page": page, "sort": sort, "sorts": TRIAL_SORTS,
-        "state": selectors.experiment_state(experiment=experiment),
+        "state": state,
+        # The page refreshes its live parts while something moves: a trial, or the tokens its trials wait for.
+        "live": bool(state["active"]) or (tokens is not None and tokens.status == DatasetTokens.Status.TOKENIZING),
         "can_change": selectors.experiment_can_change(user=request.user, experiment=experiment),
         "space_yaml": yaml.safe_dump(experiment.search_space, sort_keys=False),
-        "tokens": experiment_tokens(experiment=experiment),
+        "tokens": tokens,
         "pruner_text": pruning.describe(experiment.pruner),
         "examples": _examples_setup(experiment),
     })
