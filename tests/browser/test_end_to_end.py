@@ -184,6 +184,18 @@ def _launch(page, *, trials: int) -> int:
     return experiment_id
 
 
+def _see_the_page_follow_its_trials(page) -> None:
+    """Once launched, the experiment page shows its trials train by itself: a trial's status and steps move
+    on the page it is, with no reload."""
+    page.evaluate("() => { window.notReloaded = true; }")  # gone if the page reloads
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#trial-table tbody tr[data-trial]')].some(row => "
+        "row.dataset.status === 'running' && parseInt(row.querySelector('td[data-field=step]').innerText, 10) > 0)",
+        timeout=STATE_TIMEOUT_S * 1000)
+    assert page.evaluate("() => window.notReloaded") is True
+    assert page.inner_text("h1 .badge").strip() == "running"
+
+
 def _trial_rows(page) -> dict[int, Row]:
     rows = page.eval_on_selector_all("#trial-table tbody tr[data-trial]", TRIAL_ROWS_JS)
     return {int(trial): Row(**row) for trial, row in rows.items()}
@@ -462,6 +474,7 @@ def test_a_new_user_trains_a_sweep_and_sees_it_ranked(page, devstack: DevStack, 
     _checked(page, screenshots_dir, "3-preview")
     experiment_id = _launch(page, trials=3)
     _checked(page, screenshots_dir, "4-experiment-launched")
+    _see_the_page_follow_its_trials(page)
 
     trial, paused = _pause_a_trial(page, screenshots_dir)
     _see_trials_take_turns_on_a_device(page)
