@@ -96,8 +96,11 @@ class DevStack:
     def trial_spec(self, trial_id: int) -> dict[str, Any]:
         """The engine spec the stack sent for a trial, from its database: server-side facts (where its tokens
         are) that no page shows."""
+        from webapp.ground.models import Trial
+
         with closing(sqlite3.connect(self.data_dir / "hydra.sqlite3")) as database:
-            (spec,) = database.execute("SELECT spec FROM ground_trial WHERE id = ?", (trial_id,)).fetchone()
+            (spec,) = database.execute(f"SELECT spec FROM {Trial._meta.db_table} WHERE id = ?",
+                                       (trial_id,)).fetchone()
         return json.loads(spec)
 
     def demo_login(self) -> tuple[str, str]:

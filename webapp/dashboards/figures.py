@@ -24,6 +24,7 @@ Metric = Literal["loss", "perplexity"]
 X_AXES: tuple[XAxis, ...] = ("step", "tokens", "time")
 METRICS: tuple[Metric, ...] = ("loss", "perplexity")
 SMOOTHING_CHOICES = (0.0, 0.3, 0.6, 0.8, 0.9, 0.95)  # the weights `ema` smooths a learning curve with
+DEFAULT_SMOOTHING = 0.6
 X_TITLES = {"step": "optimizer step", "tokens": "training tokens", "time": "wall time (s since launch)"}
 
 # Plotly's qualitative "D3" palette: a trial keeps its colour on every figure of the page.
@@ -129,7 +130,7 @@ def curve_points(curves: Curves, *, x: XAxis, metric: Metric) -> dict[int, dict[
     return points
 
 
-def learning_curves(curves: Curves, *, x: XAxis = "step", metric: Metric = "loss", smoothing: float = 0.6,
+def learning_curves(curves: Curves, *, x: XAxis = "step", metric: Metric = "loss", smoothing: float = DEFAULT_SMOOTHING,
                     log_y: bool = False) -> Figure:
     """Train (raw, faded, behind its smoothed curve) and validation curves of every trial, a legend group each.
 
