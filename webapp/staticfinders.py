@@ -28,7 +28,9 @@ class PlotlyFinder(BaseFinder):
         if path == f"{PREFIX}/{PLOTLY_FILE}":
             match = str(PLOTLY_DIR / PLOTLY_FILE)
             return [match] if find_all else match
-        return [] if find_all else ""
+        # No match is an empty list either way, as Django's own finders answer: `finders.find` adds a
+        # falsy non-list answer to its matches, and a "match" of "" would reach WhiteNoise as a path.
+        return []
 
     def list(self, ignore_patterns: list[str] | None) -> Any:
         storage = FileSystemStorage(location=str(PLOTLY_DIR))

@@ -36,6 +36,19 @@
   });
   body.querySelectorAll("tr").forEach(updateRow);
 
+  // Pasted text replaces the rows: set them aside (and say so above them) while the text box holds any.
+  const pasted = document.getElementById("id_space_text");
+  const rowsTable = document.getElementById("space-rows");
+  function updateRowsSetAside() {
+    const aside = pasted.value.trim() !== "";
+    document.getElementById("rows-set-aside").hidden = !aside;
+    rowsTable.classList.toggle("set-aside", aside);
+    rowsTable.inert = aside;
+    document.getElementById("add-space-row").disabled = aside;
+  }
+  pasted.addEventListener("input", updateRowsSetAside);
+  updateRowsSetAside();
+
   // data-show-when="field=value1,value2": show the block only while `field` has one of those values.
   function choice(name) {
     const checked = form.querySelector("input[name='" + name + "']:checked");
@@ -70,4 +83,9 @@
   }
   const preparing = document.querySelector("#preview[data-poll]");
   if (preparing) poll(preparing);
+
+  // After "Preview trials" the answer is the preview, below the long form: bring it into view; after a refusal,
+  // the first error.
+  const answer = document.getElementById("preview") || form.querySelector(".errorlist, .errors");
+  if (answer) answer.scrollIntoView({block: "start"});
 })();

@@ -129,4 +129,5 @@ def devstack(tmp_path: Path) -> Iterator[DevStack]:
     assert left == [], f"still running after Ctrl-C: {left}\n{stack.log()}"
 
 
-from tests.webapp.telemetry.conftest import data_dir, host_id  # noqa: E402, F401 -- fixtures
+from tests.webapp.experiments.conftest import scheduler  # noqa: E402, F401 -- fixtures
+from tests.webapp.telemetry.conftest import data_dir, host_id  # noqa: E402, F401

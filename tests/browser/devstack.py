@@ -6,15 +6,19 @@ SIGINT to devstack's group (what Ctrl-C in a terminal does), waits, and reports 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
+from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import psutil
 import redis
@@ -88,6 +92,16 @@ class DevStack:
         """This host's device workers that answer the Celery broadcast every worker on the shared Redis gets."""
         replies = api.workers_online(config=self.worker_config, timeout_s=1.0)
         return [w for w in replies if w.get("host") == self.host_id]
+
+    def trial_spec(self, trial_id: int) -> dict[str, Any]:
+        """The engine spec the stack sent for a trial, from its database: server-side facts (where its tokens
+        are) that no page shows."""
+        from webapp.ground.models import Trial
+
+        with closing(sqlite3.connect(self.data_dir / "hydra.sqlite3")) as database:
+            (spec,) = database.execute(f"SELECT spec FROM {Trial._meta.db_table} WHERE id = ?",
+                                       (trial_id,)).fetchone()
+        return json.loads(spec)
 
     def demo_login(self) -> tuple[str, str]:
         username, password = (self.data_dir / "demo-login.txt").read_text().split()

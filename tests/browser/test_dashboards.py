@@ -112,6 +112,18 @@ def test_the_dashboards_draw_grow_and_stop_live(page, live_server, alice, alice_
     page.wait_for_selector("#plan-plot .main-svg")
     _shot(page, screenshots_dir, "dashboard-memory-plan")
 
+    # The trial's own page: its curves (evaluations at the steps they followed), its parameters with the
+    # defaults that applied, and its memory plan's table within the page's width.
+    page.goto(f"{live_server.url}/trials/{trials[0].pk}/")
+    page.wait_for_selector("#curves-plot .main-svg")
+    evals = page.evaluate("() => document.getElementById('curves-plot').data.find(t => t.meta.role === 'eval').x")
+    assert evals == [10, 20, 30, 35], evals  # every 10 steps, then the final evaluation after step 35
+    assert page.inner_text('#trial-settings dd[data-parameter="lr"]') == "0.001"
+    assert page.inner_text('#trial-settings dd[data-parameter="dropout"]') == "0.1 default"
+    assert page.evaluate("() => { const wrap = document.querySelector('#memory-plan .table-wrap');"
+                         " return wrap.scrollWidth <= wrap.clientWidth; }"), "the memory plan overflows the page"
+    _shot(page, screenshots_dir, "trial-page")
+
     page.goto(f"{live_server.url}/dashboards/datasets/{experiment.dataset_id}/leaderboard/")
     page.wait_for_selector("#leaderboard-plot .main-svg")
     assert page.locator("#leaderboard-table tbody tr").count() == 3

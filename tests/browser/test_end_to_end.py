@@ -6,7 +6,6 @@ trials ranked, then clone the sweep into a long run and cancel it. No page may l
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import tarfile
@@ -185,6 +184,18 @@ def _launch(page, *, trials: int) -> int:
     return experiment_id
 
 
+def _see_the_page_follow_its_trials(page) -> None:
+    """Once launched, the experiment page shows its trials train by itself: a trial's status and steps move
+    on the page it is, with no reload."""
+    page.evaluate("() => { window.notReloaded = true; }")  # gone if the page reloads
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#trial-table tbody tr[data-trial]')].some(row => "
+        "row.dataset.status === 'running' && parseInt(row.querySelector('td[data-field=step]').innerText, 10) > 0)",
+        timeout=STATE_TIMEOUT_S * 1000)
+    assert page.evaluate("() => window.notReloaded") is True
+    assert page.inner_text("h1 .badge").strip() == "running"
+
+
 def _trial_rows(page) -> dict[int, Row]:
     rows = page.eval_on_selector_all("#trial-table tbody tr[data-trial]", TRIAL_ROWS_JS)
     return {int(trial): Row(**row) for trial, row in rows.items()}
@@ -336,13 +347,19 @@ def _see_losses_fall(page, *, vocab_size: int) -> tuple[dict[int, Row], dict[int
     return rows, losses
 
 
-def _download_the_best_model(page, rows: dict[int, Row], tmp_path: Path) -> tuple[int, Path, dict[str, Any]]:
-    """The best trial's page: its engine spec, and its model downloaded and unpacked. Returns the trial, the
-    model directory and the spec."""
+def _download_the_best_model(page, stack: DevStack, rows: dict[int, Row],
+                             tmp_path: Path) -> tuple[int, Path, dict[str, Any]]:
+    """The best trial's page: its own curves and its parameters as given, then its model downloaded and
+    unpacked. Returns the trial, the model directory and the engine spec the stack trained it with."""
     best = min(rows, key=lambda trial: rows[trial].best_val_loss)
     page.locator(f'#trial-table tr[data-trial="{best}"] td a').first.click()
     page.wait_for_url(re.compile(rf"/trials/{best}/$"))
-    spec = json.loads(page.inner_text("section.card:has(h2:text-is('Engine spec')) pre"))
+    page.wait_for_selector("#curves-plot .main-svg")
+    evals = page.evaluate("() => document.getElementById('curves-plot').data.find(t => t.meta.role === 'eval').x")
+    assert evals == list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY)), evals  # at the steps they were measured after
+    settings = page.inner_text("#trial-settings")
+    assert "dropout" in settings and "/" not in settings  # the defaults that applied, and no server path
+    spec = stack.trial_spec(best)
     # The web worker packs the model; the page reloads itself until the download link is there.
     page.click(".actions >> text=Prepare model download")
     page.wait_for_selector(".actions >> text=Download model (.tar.gz)", timeout=60_000)
@@ -457,6 +474,7 @@ def test_a_new_user_trains_a_sweep_and_sees_it_ranked(page, devstack: DevStack, 
     _checked(page, screenshots_dir, "3-preview")
     experiment_id = _launch(page, trials=3)
     _checked(page, screenshots_dir, "4-experiment-launched")
+    _see_the_page_follow_its_trials(page)
 
     trial, paused = _pause_a_trial(page, screenshots_dir)
     _see_trials_take_turns_on_a_device(page)
@@ -466,7 +484,7 @@ def test_a_new_user_trains_a_sweep_and_sees_it_ranked(page, devstack: DevStack, 
     _wait_until_finished(page, devstack, experiment_id)
     _checked(page, screenshots_dir, "6-experiment-finished")
     rows, losses = _see_losses_fall(page, vocab_size=vocab_size)
-    best, model_dir, spec = _download_the_best_model(page, rows, tmp_path)
+    best, model_dir, spec = _download_the_best_model(page, devstack, rows, tmp_path)
     _use_the_model(model_dir, spec, final_val_loss=losses[best]["eval"][-1])
     page.click("h1 a")  # the trial page's way back to its experiment
     _see_leaderboard(page, screenshots_dir)

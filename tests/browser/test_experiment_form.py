@@ -35,3 +35,63 @@ def test_it_shows_only_the_chosen_models_fields(page, live_server, alice, alice_
     page.check("input[name=memory_budget][value=explicit]")
     assert page.is_visible("#id_memory_budget_mib")
     assert page.errors == []
+
+
+# The text of a select's chosen option fits the select: its width is at least the text's, as drawn in the select's
+# own font, plus room for the arrow.
+OPTION_FITS_JS = """select => {
+    const context = document.createElement("canvas").getContext("2d");
+    context.font = getComputedStyle(select).font;
+    return context.measureText(select.selectedOptions[0].text).width + 24 <= select.clientWidth;
+}"""
+
+
+def test_pasted_text_sets_the_rows_aside_and_the_preview_comes_into_view(page, live_server, alice, alice_team,
+                                                                         screenshots_dir):
+    dataset = make_dataset(alice_team)
+    page.goto(f"{live_server.url}/login/?next=/experiments/new/%3Fdataset%3D{dataset.pk}")
+    page.fill("input[name=username]", "alice")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/experiments/new/?dataset={dataset.pk}")
+
+    kinds = page.locator("#space-rows select[name$='-kind']")
+    for value, label in (("categorical", "categorical (values)"), ("logfloat", "log-float range")):
+        kinds.first.select_option(value)
+        assert kinds.first.evaluate("select => select.selectedOptions[0].text") == label
+        assert kinds.first.evaluate(OPTION_FITS_JS), f"{label!r} is cut in the Kind menu"
+    kinds.first.select_option("categorical")
+
+    assert not page.is_visible("#rows-set-aside")
+    page.click("details.space-help summary")
+    page.fill("#id_space_text", "lr: 0.002\nbatch_size: [2, 4]\n")
+    assert page.is_visible("#rows-set-aside")
+    assert page.locator("#space-rows").evaluate("table => table.inert") and page.is_disabled("#add-space-row")
+    page.fill("#id_space_text", "")
+    assert not page.is_visible("#rows-set-aside") and page.is_enabled("#add-space-row")
+    page.fill("#id_space_text", "lr: 0.002\nbatch_size: [2, 4]\n")
+
+    page.fill("#id_name", "pasted")
+    page.click("button[name=action][value=preview]")
+    page.wait_for_load_state()
+    assert page.locator("#preview").count() == 1, page.locator(".errorlist, .errors").all_inner_texts()
+    assert page.inner_text("#preview h2").startswith("Preview: 2 trials")
+    # In view: its heading and first rows inside the window (as far down as the page scrolls).
+    top, bottom = page.locator("#preview").evaluate(
+        "section => [section.getBoundingClientRect().top, section.getBoundingClientRect().bottom]")
+    window = page.evaluate("() => window.innerHeight")
+    assert top >= 0 and (top < 100 or bottom <= window), f"the preview spans {top:.0f}..{bottom:.0f} px of {window}"
+    # The rows stay set aside after the answer, as long as the text is there.
+    assert page.is_visible("#rows-set-aside") and page.is_disabled("#add-space-row")
+    page.screenshot(path=str(screenshots_dir / "experiment-form-preview.png"))
+
+    page.fill("#id_space_text", "lora_rank: [8]\noptimizer: adam\n")
+    page.click("button[name=action][value=preview]")
+    page.wait_for_load_state()
+    errors = page.locator("#id_space_text ~ .errorlist li, .errorlist li").all_inner_texts()
+    assert any(e.startswith("Unknown parameter 'lora_rank'; did you mean lora_r?") for e in errors), errors
+    assert "optimizer: 'adam' is not one of adamw, sgd." in errors
+    first_error = page.locator(".errorlist").first.evaluate("list => list.getBoundingClientRect().top")
+    assert 0 <= first_error < 900, "the first error is out of view"
+    # The refused form answers 400, which Chromium logs; nothing else may be logged.
+    assert [e for e in page.errors if "status of 400 (Bad Request)" not in e] == []

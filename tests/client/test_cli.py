@@ -123,6 +123,38 @@ def test_a_bad_search_space_prints_the_forms_message_and_exits_1(alice_hydra: Sh
     assert "Traceback" not in result.output
 
 
+def test_a_space_with_several_mistakes_prints_each_and_exits_1(alice_hydra: Shell, alice_team, db_lock,
+                                                               tmp_path: Path) -> None:
+    with db_lock:
+        dataset = make_dataset(alice_team)
+    space = tmp_path / "space.yaml"
+    space.write_text("lora_rank: [8]\nlr: 0.001\noptimizer: adam\n")
+    result = alice_hydra("experiments", "create", str(space), "--name", "typos", "--dataset", str(dataset.pk))
+    assert result.exit_code == 1
+    assert "space: Unknown parameter 'lora_rank'; did you mean lora_r?" in result.stderr
+    assert "space: optimizer: 'adam' is not one of adamw, sgd." in result.stderr
+    space.write_text("lr: [0.1\nbatch_size: 8\n")
+    result = alice_hydra("experiments", "create", str(space), "--name", "broken", "--dataset", str(dataset.pk))
+    assert result.exit_code == 1
+    assert ("space: The pasted text is neither YAML nor JSON: line 2, column 11: expected ',' or ']', but got ':' "
+            "(in the [ list that opens at line 1, column 5).") in result.stderr
+
+
+def test_a_budget_over_the_cap_prints_the_forms_one_message(alice_hydra: Shell, alice_team, db_lock, settings,
+                                                              tmp_path: Path) -> None:
+    with db_lock:
+        dataset = make_dataset(alice_team)
+    space = tmp_path / "space.yaml"
+    space.write_text("lr: 0.001\n")
+    result = alice_hydra("experiments", "create", str(space), "--name", "long", "--dataset", str(dataset.pk),
+                         "--budget", "100000000")
+    assert result.exit_code == 1
+    cap = settings.HYDRA.caps.steps_per_trial
+    assert (f"budget: A trial would take 100,000,000 optimizer steps; the cap is {cap:,} per trial "
+            "(HYDRA_MAX_STEPS_PER_TRIAL)") in result.stderr
+    assert "less than or equal" not in result.stderr
+
+
 def test_a_sample_dataset_is_made_and_tokenized_in_the_background(alice_hydra: Shell) -> None:
     made = _document(alice_hydra("datasets", "sample", "--json"))
     assert (made["name"], made["source"], made["kind"], made["status"]) == (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 from django.core.cache import cache
+from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
@@ -134,6 +136,25 @@ def test_it_shows_the_details_to_staff(staff_client):
     page = staff_client.get(reverse("health")).content.decode()
     assert "Workers online" in page and body["redis"]["detail"] in page
     assert 'href="/health/"' in staff_client.get(reverse("team_list")).content.decode()
+
+
+def test_make_runs_demo_user_of_a_new_lab_is_its_staff_and_reads_the_details(django_user_model):
+    call_command("hydra_demo", stdout=io.StringIO())
+    demo = django_user_model.objects.get(username="demo")
+    assert demo.is_staff and not demo.is_superuser
+    client = Client()
+    client.force_login(demo)
+    assert client.get(reverse("health")).status_code == 200
+    assert 'href="/health/"' in client.get(reverse("team_list")).content.decode()
+
+
+def test_a_demo_user_made_in_a_lab_that_has_users_is_not_staff(alice, django_user_model):
+    call_command("hydra_demo", stdout=io.StringIO())
+    demo = django_user_model.objects.get(username="demo")
+    assert not demo.is_staff
+    client = Client()
+    client.force_login(demo)
+    assert client.get(reverse("health")).status_code == 403
 
 
 def test_it_broadcasts_to_the_workers_once_for_two_quick_requests(staff_client, monkeypatch):

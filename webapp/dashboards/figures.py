@@ -24,6 +24,7 @@ Metric = Literal["loss", "perplexity"]
 X_AXES: tuple[XAxis, ...] = ("step", "tokens", "time")
 METRICS: tuple[Metric, ...] = ("loss", "perplexity")
 SMOOTHING_CHOICES = (0.0, 0.3, 0.6, 0.8, 0.9, 0.95)  # the weights `ema` smooths a learning curve with
+DEFAULT_SMOOTHING = 0.6
 X_TITLES = {"step": "optimizer step", "tokens": "training tokens", "time": "wall time (s since launch)"}
 
 # Plotly's qualitative "D3" palette: a trial keeps its colour on every figure of the page.
@@ -36,6 +37,7 @@ BYTE_CATEGORIES = (("param_bytes", "parameters"), ("grad_bytes", "gradients"), (
                    ("activation_bytes", "activations"))
 # A LoRA trial's frozen base weights, in a colour apart from the four byte categories' on the memory plan.
 FROZEN_NAME, FROZEN_COLOUR = "frozen base", "#7f7f7f"
+SPREAD_MAX_VALUES = 12  # a parameter with at most this many distinct numbers is drawn as categories, spread
 MAX_EXP = 50.0  # exp(50) overflows nothing, and a loss that high is divergence, not a perplexity worth drawing
 BASE_LAYOUT: Figure = {
     "margin": {"l": 60, "r": 20, "t": 40, "b": 50},
@@ -128,7 +130,7 @@ def curve_points(curves: Curves, *, x: XAxis, metric: Metric) -> dict[int, dict[
     return points
 
 
-def learning_curves(curves: Curves, *, x: XAxis = "step", metric: Metric = "loss", smoothing: float = 0.6,
+def learning_curves(curves: Curves, *, x: XAxis = "step", metric: Metric = "loss", smoothing: float = DEFAULT_SMOOTHING,
                     log_y: bool = False) -> Figure:
     """Train (raw, faded, behind its smoothed curve) and validation curves of every trial, a legend group each.
 
@@ -233,21 +235,25 @@ def device_utilization(samples: Mapping[str, SampleSeries], origin: float | None
     }
 
 
-def device_memory(samples: Mapping[str, SampleSeries], origin: float | None, budget_bytes: int | None) -> Figure:
-    """Memory used per device against the experiment's device budget (else each device's total), dashed."""
+def device_memory(samples: Mapping[str, SampleSeries], origin: float | None, budgets: Sequence[int]) -> Figure:
+    """Memory used per device against the device budgets the trials are planned for (dashed lines).
+
+    The axis scales to the use and the budgets: a device's total (a CPU device's is the host's memory) is
+    named beside it in the legend rather than drawn, so that a few GiB used are not a flat line at the bottom
+    of a host's tens of GiB.
+    """
     start = origin or 0.0
     traces = [
-        {"type": "scattergl", "mode": "lines", "name": text(lane), "x": [round(t - start, 3) for t in s.time],
-         "y": [round(m / 2**30, 4) for m in s.memory_used], "line": {"color": colour(i)},
-         "meta": {"lane": lane, "role": "memory"}}
+        {"type": "scattergl", "mode": "lines", "name": _lane_name(lane, s.memory_total),
+         "x": [round(t - start, 3) for t in s.time], "y": [round(m / 2**30, 4) for m in s.memory_used],
+         "line": {"color": colour(i)}, "meta": {"lane": lane, "role": "memory"}}
         for i, (lane, s) in enumerate(sorted(samples.items()))
     ]
-    limits = {budget_bytes} if budget_bytes else {s.memory_total for s in samples.values() if s.memory_total}
-    label = "budget" if budget_bytes else "device total"
     # Lines across the whole plot (paper x), so they need no update as the live traces grow.
     shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": round(v / 2**30, 4),
                "y1": round(v / 2**30, 4), "line": {"dash": "dash", "color": "#d62728", "width": 1},
-               "label": {"text": label, "textposition": "end", "font": {"size": 11}}} for v in sorted(limits)]
+               "label": {"text": f"budget {v / 2**30:.3g} GiB", "textposition": "end", "font": {"size": 11}}}
+              for v in sorted(set(budgets))]
     return {
         "data": traces,
         "layout": BASE_LAYOUT | {
@@ -257,6 +263,10 @@ def device_memory(samples: Mapping[str, SampleSeries], origin: float | None, bud
             "shapes": shapes,
         },
     }
+
+
+def _lane_name(lane: str, total_bytes: int) -> str:
+    return text(lane) if not total_bytes else f"{text(lane)} (of {total_bytes / 2**30:.3g} GiB)"
 
 
 def device_points(devices: Devices, trials: Sequence[TrialInfo]) -> dict[str, Any]:
@@ -326,7 +336,7 @@ def _layer_range(layers: Sequence[str]) -> str:
 
 def _dimension_values(values: Sequence[Any]) -> tuple[list[float], dict[str, Any]]:
     """Numbers as they are; anything else (optimizer names) mapped to 0, 1, ... with tick labels."""
-    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+    if _numeric(values):
         return [float(v) for v in values], {}
     categories = sorted({str(v) for v in values})
     codes = {c: i for i, c in enumerate(categories)}
@@ -334,14 +344,36 @@ def _dimension_values(values: Sequence[Any]) -> tuple[list[float], dict[str, Any
                                                     "ticktext": [text(c) for c in categories]}
 
 
+def _numeric(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+
+
+def varied(trials: Sequence[TrialInfo]) -> list[str]:
+    """The parameters whose values differ between `trials`, in name order: a parameter every trial shares (a
+    fixed value, or one every trial left at its default) tells nothing on a comparison plot."""
+    names = sorted({name for t in trials for name in t.params})
+    return [name for name in names if len({repr(t.params.get(name)) for t in trials}) > 1]
+
+
+def _nothing_varied(layout: Figure) -> Figure:
+    return {"data": [], "layout": layout | {
+        "xaxis": {"visible": False}, "yaxis": {"visible": False},
+        "annotations": [{"text": "No parameter differs between the trials with a result yet.", "showarrow": False,
+                         "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}]}}
+
+
 def hyperparameters(trials: Sequence[TrialInfo], *, metric: Metric = "loss") -> Figure:
-    """Parallel coordinates of every searched parameter and the best validation metric, coloured by it.
+    """Parallel coordinates of every parameter that varied and the best validation metric, coloured by it.
 
     Only trials with a validation result take part.
     """
     scored = [(t, _best(t, metric)) for t in trials]
     scored = [(t, v) for t, v in scored if v is not None]
-    names = sorted({name for t, _ in scored for name in t.params})
+    layout = BASE_LAYOUT | {"title": {"text": f"Hyperparameters vs best validation {metric}"},
+                            "margin": {"l": 70, "r": 70, "t": 80, "b": 30}}
+    names = varied([t for t, _ in scored])
+    if not names:
+        return _nothing_varied(layout)
     dimensions = []
     for name in names:
         values, ticks = _dimension_values([t.params.get(name, "") for t, _ in scored])
@@ -351,35 +383,64 @@ def hyperparameters(trials: Sequence[TrialInfo], *, metric: Metric = "loss") -> 
     return {
         "data": [{"type": "parcoords", "dimensions": dimensions,
                   "line": {"color": best, "colorscale": "Viridis", "reversescale": True, "showscale": True}}],
-        "layout": BASE_LAYOUT | {"title": {"text": f"Hyperparameters vs best validation {metric}"},
-                                 "margin": {"l": 70, "r": 70, "t": 80, "b": 30}},
+        "layout": layout,
     }
 
 
+def spread(values: Sequence[Any]) -> tuple[list[float], list[Any]] | None:
+    """Positions that keep trials of one value from hiding each other: each distinct value (in order) at its
+    index, the trials sharing it side by side within +-0.25 of it, in the order given; and the values, for
+    the ticks. None when the values are many distinct numbers, which a value axis shows apart already."""
+    if _numeric(values):
+        distinct: list[Any] = sorted(set(values))
+        if len(distinct) > SPREAD_MAX_VALUES or len(distinct) == len(values):
+            return None
+    else:
+        distinct = sorted(set(values), key=str)
+    index = {repr(v): i for i, v in enumerate(distinct)}
+    counts = {key: sum(1 for v in values if repr(v) == key) for key in index}
+    seen = dict.fromkeys(index, 0)
+    positions = []
+    for value in values:
+        key = repr(value)
+        n, k = counts[key], seen[key]
+        seen[key] += 1
+        positions.append(round(index[key] + (k - (n - 1) / 2) * (0.5 / n if n > 1 else 0), 4))
+    return positions, distinct
+
+
 def hyperparameter_scatter(trials: Sequence[TrialInfo], *, metric: Metric = "loss") -> Figure:
-    """One small scatter per parameter: its value (x) against the trial's best validation metric (y)."""
+    """One small scatter per parameter that varied: its value (x) against the trial's best validation metric
+    (y). Trials of one value stand side by side (`spread`), half see-through, so that none hides another; the
+    hover names the trial and its exact value."""
     scored = [(t, _best(t, metric)) for t in trials]
     scored = [(t, v) for t, v in scored if v is not None]
-    names = sorted({name for t, _ in scored for name in t.params})
-    traces: list[Figure] = []
+    names = varied([t for t, _ in scored])
     layout: Figure = BASE_LAYOUT | {"title": {"text": f"Each hyperparameter vs best validation {metric}"},
                                     "showlegend": False}
+    if not names:
+        return _nothing_varied(layout)
+    traces: list[Figure] = []
     gap = 0.04
     width = (1 - gap * max(len(names) - 1, 0)) / max(len(names), 1)
     for i, name in enumerate(names):
         axis = "" if i == 0 else str(i + 1)
         values = [t.params.get(name) for t, _ in scored]
-        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        placed = spread(values)
         traces.append({
             "type": "scatter", "mode": "markers", "name": text(name), "xaxis": f"x{axis}", "yaxis": f"y{axis}",
-            "x": values if numeric else [text(v) for v in values], "y": [v for _, v in scored],
-            "text": [text(t.label) for t, _ in scored],
-            "marker": {"color": [colour(_index_of(trials, t)) for t, _ in scored], "size": 9},
-            "hovertemplate": f"%{{text}}<br>{text(name)} = %{{x}}<br>{metric} %{{y:.4g}}<extra></extra>",
+            "x": values if placed is None else placed[0], "y": [v for _, v in scored],
+            "text": [text(t.label) for t, _ in scored], "customdata": [text(v) for v in values],
+            "marker": {"color": [colour(_index_of(trials, t)) for t, _ in scored], "size": 10, "opacity": 0.75,
+                       "line": {"width": 1, "color": "#ffffff"}},
+            "hovertemplate": f"%{{text}}<br>{text(name)} = %{{customdata}}<br>{metric} %{{y:.4g}}<extra></extra>",
         })
         start = i * (width + gap)
         x_axis: Figure = {"domain": [start, start + width], "title": {"text": text(name)}, "anchor": f"y{axis}"}
-        if numeric and _spans_decades(values):
+        if placed is not None:
+            x_axis |= {"tickvals": list(range(len(placed[1]))), "ticktext": [text(v) for v in placed[1]],
+                       "range": [-0.5, len(placed[1]) - 0.5]}
+        elif _spans_decades(values):
             x_axis["type"] = "log"
         layout[f"xaxis{axis}"] = x_axis
         layout[f"yaxis{axis}"] = {"anchor": f"x{axis}", "title": {"text": metric if i == 0 else ""}}

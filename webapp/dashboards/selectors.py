@@ -250,6 +250,15 @@ def devices(*, experiment: Experiment, trials: list[TrialInfo], after: int | Non
     return Devices(spans=span_rows, samples=samples, origin=origin, cursor=cursor, sample_after=last_sample)
 
 
+def planned_budgets(*, experiment: Experiment) -> list[int]:
+    """The device budgets `experiment`'s trials run under: its explicit one, else those their plans were made
+    for (a device's "auto" budget), smallest first."""
+    if experiment.memory_budget_bytes:
+        return [experiment.memory_budget_bytes]
+    planned = experiment.trials.exclude(plan__isnull=True).values_list("plan__budget_bytes", flat=True).distinct()
+    return sorted({int(b) for b in planned if isinstance(b, int) and b > 0})
+
+
 def experiment_origin(*, experiment: Experiment, trials: Sequence[TrialInfo]) -> float | None:
     """Where the devices page's time axis starts: the experiment's launch, else its trials' first unit."""
     if experiment.launched:

@@ -11,5 +11,6 @@ urlpatterns = [
          name="dashboard_devices_data"),
     path("experiments/<id:experiment_id>/metrics.csv", views.experiment_metrics_csv, name="dashboard_metrics_csv"),
     path("trials/<id:trial_id>/plan/", views.trial_plan, name="dashboard_trial_plan"),
+    path("trials/<id:trial_id>/curves.json", views.trial_curves_data, name="dashboard_trial_curves_data"),
     path("datasets/<id:dataset_id>/leaderboard/", views.dataset_leaderboard, name="dashboard_leaderboard"),
 ]

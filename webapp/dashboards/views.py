@@ -82,7 +82,7 @@ def experiment_curves(request: HttpRequest, experiment_id: int) -> HttpResponse:
     experiments = _compared(request, experiment)
     x = _choice(request, "x", figures.X_AXES, "step")
     metric = _choice(request, "metric", figures.METRICS, "loss")
-    smoothing = _choice(request, "smooth", figures.SMOOTHING_CHOICES, 0.6)
+    smoothing = _choice(request, "smooth", figures.SMOOTHING_CHOICES, figures.DEFAULT_SMOOTHING)
     log_y = request.GET.get("logy") == "1"
     trials = selectors.experiment_trials(experiments=experiments)
     curves = selectors.curves(trials=trials)
@@ -121,15 +121,22 @@ def experiment_curves_data(request: HttpRequest, experiment_id: int) -> JsonResp
     experiments = _compared(request, experiment)
     x = _choice(request, "x", figures.X_AXES, "step")
     metric = _choice(request, "metric", figures.METRICS, "loss")
+    trials = selectors.experiment_trials(experiments=experiments)
+    running = any(selectors.experiment_is_running(experiment=e) for e in experiments)
+    return _curves_answer(request, trials, x=x, metric=metric, running=running)
+
+
+def _curves_answer(request: HttpRequest, trials: list[selectors.TrialInfo], *, x: figures.XAxis,
+                   metric: figures.Metric, running: bool) -> JsonResponse:
+    """The poll's answer for `trials`: what is new since the request's cursor, on the given axes."""
     after_step, after_eval = _count(request, "after_step"), _count(request, "after_eval")
     # Without a cursor: the whole history at the level of detail that fits the budget (a first load).
     after = None if after_step is None and after_eval is None else selectors.Cursor(after_step or 0, after_eval or 0)
-    trials = selectors.experiment_trials(experiments=experiments)
     curves = selectors.curves(trials=trials, after=after)
     points = figures.curve_points(curves, x=x, metric=metric)
     return JsonResponse({
         "cursor": {"after_step": curves.cursor.step, "after_eval": curves.cursor.eval},
-        "running": any(selectors.experiment_is_running(experiment=e) for e in experiments),
+        "running": running,
         "points": {str(tid): p for tid, p in points.items() if p["x"] or p["eval_x"]},
         "trials": _trial_rows(trials),
     })
@@ -138,6 +145,28 @@ def experiment_curves_data(request: HttpRequest, experiment_id: int) -> JsonResp
 def _trial_rows(trials: list[selectors.TrialInfo]) -> dict[str, dict[str, Any]]:
     return {str(t.id): {"status": t.status, "step": t.step, "total_steps": t.total_steps,
                         "best_val_loss": t.best_val_loss, "best_val_ppl": t.best_val_ppl} for t in trials}
+
+
+def trial_curves(trial: Trial) -> dict[str, Any]:
+    """The trial page's own learning curves: the figure and the poll state ``dashboards.js`` keeps them live
+    with (``figure``, ``state``)."""
+    trials = selectors.trial_infos([trial])
+    curves = selectors.curves(trials=trials)
+    return {
+        "figure": figures.learning_curves(curves),
+        "state": {"kind": "curves", "url": reverse("dashboard_trial_curves_data", args=[trial.pk]),
+                  "cursor": {"after_step": curves.cursor.step, "after_eval": curves.cursor.eval},
+                  "running": trial.is_active, "poll_ms": POLL_MS, "smoothing": figures.DEFAULT_SMOOTHING},
+    }
+
+
+@team_required
+@require_GET
+def trial_curves_data(request: HttpRequest, trial_id: int) -> JsonResponse:
+    """The trial's steps and evaluations since the cursor, as `experiment_curves_data` answers for its
+    experiment (the trial page's curves)."""
+    trial = _trial(request, trial_id)
+    return _curves_answer(request, selectors.trial_infos([trial]), x="step", metric="loss", running=trial.is_active)
 
 
 @team_required
@@ -159,7 +188,8 @@ def experiment_devices(request: HttpRequest, experiment_id: int) -> HttpResponse
         "trials": trials,
         "timeline_figure": figures.device_timeline(devices, trials),
         "utilization_figure": figures.device_utilization(devices.samples, devices.origin),
-        "memory_figure": figures.device_memory(devices.samples, devices.origin, experiment.memory_budget_bytes),
+        "memory_figure": figures.device_memory(devices.samples, devices.origin,
+                                               selectors.planned_budgets(experiment=experiment)),
         "state": state,
     })
 

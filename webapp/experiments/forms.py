@@ -33,7 +33,7 @@ from webapp.experiments.model_shapes import (
     model_from_spec,
     model_shape,
 )
-from webapp.experiments.planning import CapError, ExperimentDraft, check_caps
+from webapp.experiments.planning import CapError, ExperimentDraft, check_caps, check_steps_budget
 from webapp.experiments.pruning import pruner_spec
 from webapp.experiments.search_space import (
     ALIASES,
@@ -43,18 +43,22 @@ from webapp.experiments.search_space import (
     SearchSpace,
     SearchSpaceError,
     canonical_name,
+    parse_search_space,
+    rows_from_space,
+    space_from_rows,
+)
+from webapp.experiments.space_text import (
     chat_template_of_text,
     checkpoint_minutes_of_text,
     holdout_bytes_of_text,
     load_spec_text,
-    parse_search_space,
     pruner_of_text,
-    rows_from_space,
-    space_from_rows,
 )
 from webapp.ground.models import Experiment
 from webapp.worker_door import DEFAULT_CHECKPOINT_MINUTES, MAX_CHECKPOINT_MINUTES
 
+KIND_LABELS = {"categorical": "categorical (values)", "int": "int range", "float": "float range",
+               "logfloat": "log-float range"}
 MODEL_KINDS = [("preset", "Preset"), ("custom", "Custom size"), ("checkpoint", "Pretrained checkpoint"),
                ("pretrained", "Pretrained directory (older experiments)")]
 
@@ -77,7 +81,7 @@ class ParameterRowForm(forms.Form):
 
     name = forms.ChoiceField(choices=[(n, f"{n} — {p.label}") for n, p in PARAMETERS.items()]
                              + [(alias, f"{alias} — {name} on instruction data") for alias, name in ALIASES.items()])
-    kind = forms.ChoiceField(choices=[(k, k) for k in KINDS])
+    kind = forms.ChoiceField(choices=[(k, KIND_LABELS[k]) for k in KINDS])
     values = forms.CharField(required=False, max_length=1000, help_text="Comma-separated (categorical).")
     low = forms.CharField(required=False, max_length=40)
     high = forms.CharField(required=False, max_length=40)
@@ -123,14 +127,14 @@ class ExperimentForm(forms.Form):
                                      help_text="A save_pretrained GPT-2 directory, relative to the models root.")
     space_text = forms.CharField(
         required=False, max_length=MAX_SPACE_TEXT, widget=forms.Textarea(attrs={"rows": 6}),
-        help_text="Optional: paste a search space as YAML or JSON; it replaces the rows above, and a model: entry "
-                  "replaces the model chosen above.",
+        help_text="Optional: paste a search space as YAML or JSON; it replaces the rows above (which are set aside "
+                  "while it is there), and a model: entry replaces the model chosen above.",
     )
     strategy = forms.ChoiceField(choices=Experiment.Strategy.choices, initial=Experiment.Strategy.GRID)
     n_trials = forms.IntegerField(min_value=1, max_value=MAX_TRIALS, initial=8,
                                   help_text="For random search and TPE.")
     budget_unit = forms.ChoiceField(choices=Experiment.BudgetUnit.choices, initial=Experiment.BudgetUnit.STEPS)
-    budget = forms.FloatField(min_value=0.01, max_value=10_000_000, initial=200)
+    budget = forms.FloatField(min_value=0.01, initial=200)  # its cap is the steps cap (`check_steps_budget`)
     eval_every = forms.IntegerField(min_value=1, max_value=1_000_000, initial=20,
                                     help_text="Evaluate every this many steps.")
     seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0)
@@ -203,10 +207,17 @@ class ExperimentForm(forms.Form):
                                            f"optimizer steps and {caps.tokens_per_trial:,} tokens.")
 
     def is_valid(self) -> bool:
-        """Valid when the form and every row are; `clean` may add errors to rows, so rows are judged after."""
+        """Valid when the form and every row are; `clean` may add errors to rows, so rows are judged after.
+        Pasted text replaces the rows: then only the form counts."""
         form_valid = super().is_valid()
+        if self.pasted_text():
+            return form_valid
         rows_valid = self.rows.is_valid() and not self.rows.non_form_errors()
         return form_valid and rows_valid
+
+    def pasted_text(self) -> bool:
+        """Whether a search space was pasted (it replaces the rows)."""
+        return bool(str(self.data.get("space_text") or "").strip()) if self.is_bound else False
 
     def _model(self, cleaned: dict[str, Any]) -> dict[str, Any] | None:
         """The stored model choice, or None after adding field errors for a custom size's missing fields."""
@@ -305,6 +316,11 @@ class ExperimentForm(forms.Form):
                 self.add_error("memory_budget_mib", "Give the budget in MiB, or choose auto.")
             else:
                 budget = cleaned["memory_budget_mib"] * 1024 * 1024
+        if cleaned.get("budget_unit") == Experiment.BudgetUnit.STEPS and cleaned.get("budget") is not None:
+            try:
+                check_steps_budget(budget=cleaned["budget"], caps=settings.HYDRA.caps)
+            except CapError as error:
+                self.add_error(error.field, str(error))
         pruner = self._pruner(cleaned)
         holdout = cleaned.get("holdout_bytes")
         holdout_field = "holdout_bytes"
@@ -374,7 +390,12 @@ class ExperimentForm(forms.Form):
         return template
 
     def _add_space_error(self, error: SearchSpaceError, *, from_text: bool) -> None:
-        """Put a search-space error where the user will look: the pasted text, the row, or the strategy."""
+        """Put each of a search-space error's errors where the user will look: the pasted text, the row, or the
+        strategy."""
+        for each in error.errors:
+            self._add_one_space_error(each, from_text=from_text)
+
+    def _add_one_space_error(self, error: SearchSpaceError, *, from_text: bool) -> None:
         message = str(error)
         if not message:
             return  # the rows already carry their own field errors
@@ -383,7 +404,8 @@ class ExperimentForm(forms.Form):
         elif from_text or error.field == "space_text":
             self.add_error("space_text", message)
         elif error.parameter is None:
-            self.rows._non_form_errors = self.rows.error_class([message])  # Django offers no setter
+            # Django offers no setter for the formset's own errors.
+            self.rows._non_form_errors = self.rows.error_class([*self.rows.non_form_errors(), message])
         else:
             row = self.row_for(error.parameter)
             field = error.field if error.field in ParameterRowForm.base_fields else None

@@ -159,14 +159,18 @@ def _memory_plan(shape: ModelShape, batch: int, seq_len: int, slots: int, budget
 def shared_base_costs(plans: list[dict[str, Any]]) -> dict[str, Any] | None:
     """What the LoRA trials among ``plans`` (estimated plans of one experiment's trials, all on the same
     pretrained model) cost in host memory: with the shared base, one base plus each trial's own spilled state;
-    without it, a copy of the base per trial. None when no plan is a LoRA trial's."""
+    without it, a copy of the base per trial. None when no plan is a LoRA trial's.
+
+    ``read_bytes`` is what one trial's shards read of the base onto the devices: more than the base when the
+    head is tied, for the embedding's shard and the head's shard each read the one matrix they share."""
     lora = [plan for plan in plans if plan.get("base_bytes")]
     if not lora:
         return None
     base = max(plan["base_bytes"] for plan in lora)
     states = sum(sum(plan["spilled_bytes"].values()) for plan in lora)
     return {"trials": len(lora), "base_bytes": base, "state_bytes": states,
-            "shared_bytes": base + states, "unshared_bytes": len(lora) * base + states}
+            "shared_bytes": base + states, "unshared_bytes": len(lora) * base + states,
+            "read_bytes": max(plan.get("frozen_bytes") or 0 for plan in lora)}
 
 
 def auto_budget_bytes() -> tuple[int, str]:

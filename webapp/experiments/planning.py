@@ -114,23 +114,43 @@ def hyperparameters(params: dict[str, Value], shape: ModelShape) -> dict[str, Va
     return values
 
 
+# Past 2**53 a float counts steps inexactly, and an infinite count has no integer: an absurd budget counts as this
+# many steps, far over any cap, which refuses it.
+MOST_STEPS = float(2**53)
+
+
 def total_steps(*, budget_unit: str, budget: float, batch_size: int, seq_len: int, epoch: EpochSize) -> int:
     """Optimizer steps of a trial: the budget itself, or epochs over the training split (at least 1): its tokens
     in blocks of `seq_len`, or its examples one a row (an estimate under packing: see `EpochSize.rows`)."""
     if budget_unit == "steps":
-        return max(1, int(budget))
+        return max(1, int(min(budget, MOST_STEPS)))
     if epoch.examples is None:
-        return max(1, math.ceil(budget * epoch.tokens / (batch_size * seq_len)))
-    return max(1, math.ceil(budget * epoch.rows(seq_len) / batch_size))
+        steps = budget * epoch.tokens / (batch_size * seq_len)
+    else:
+        steps = budget * epoch.rows(seq_len) / batch_size
+    return max(1, math.ceil(min(steps, MOST_STEPS)))
+
+
+def steps_cap_error(*, steps: int, caps: Caps) -> CapError:
+    """The one refusal of a trial longer than the steps cap, quoting its steps."""
+    return CapError(
+        f"A trial would take {steps:,} optimizer steps; the cap is "
+        f"{caps.steps_per_trial:,} per trial (HYDRA_MAX_STEPS_PER_TRIAL). Lower the budget.", field="budget",
+    )
+
+
+def check_steps_budget(*, budget: float, caps: Caps) -> None:
+    """Raise CapError for a budget in steps over the steps cap: it needs neither the dataset nor the search
+    space, so the form checks it with the fields, before the draft (`check_caps` checks epochs)."""
+    steps = total_steps(budget_unit="steps", budget=budget, batch_size=1, seq_len=1, epoch=EpochSize())
+    if steps > caps.steps_per_trial:
+        raise steps_cap_error(steps=steps, caps=caps)
 
 
 def check_trial_caps(*, steps: int, batch_size: int, seq_len: int, caps: Caps) -> None:
     """Raise CapError when one trial of `steps` steps of `batch_size` x `seq_len` tokens is over a cap."""
     if steps > caps.steps_per_trial:
-        raise CapError(
-            f"A trial would take {steps:,} optimizer steps; the cap is {caps.steps_per_trial:,} per trial "
-            "(HYDRA_MAX_STEPS_PER_TRIAL). Lower the budget.", field="budget",
-        )
+        raise steps_cap_error(steps=steps, caps=caps)
     tokens = steps * batch_size * seq_len
     if tokens > caps.tokens_per_trial:
         raise CapError(

@@ -7,38 +7,35 @@ also the YAML/JSON users paste and download, is::
     batch_size: {kind: categorical, values: [8, 16]}
     n_layer:    {kind: int, low: 2, high: 6, step: 2}
 
-and a bare list of values is read as a categorical one (``batch_size: [8, 16]``).
+and a bare list of values is read as a categorical one (``batch_size: [8, 16]``), a bare value as a fixed one
+(``lr: 0.001``: a categorical parameter of one value).
 
-Pasted text may also name the model, beside the parameters, under the key ``model`` (`load_spec_text`):
-``model: {preset: llama-micro}``, ``model: {checkpoint: <catalog name>}`` or a custom size such as
+Pasted text (`webapp.experiments.space_text`) may also name the model, beside the parameters, under the key
+``model``: ``model: {preset: llama-micro}``, ``model: {checkpoint: <catalog name>}`` or a custom size such as
 ``model: {family: llama, n_layer: 4, n_embd: 128, n_head: 4, n_kv_head: 2, n_positions: 512}``; and how often
-its trials take durable checkpoints, under ``checkpoint_minutes`` (`checkpoint_minutes_of_text`); and, for
-instruction and chat data, the chat template that renders its conversations, under ``chat_template``
-(`chat_template_of_text`).
+its trials take durable checkpoints, under ``checkpoint_minutes``; and, for instruction and chat data, the chat
+template that renders its conversations, under ``chat_template``.
 
 Instruction data adds three parameters: ``packing`` (``[true, false]``: several whole examples in a row, or
 one), ``loss_on`` (which tokens the loss covers: ``assistant``, ``last`` or ``all``) and the sequence length,
 which may be written ``max_seq_len`` there (`ALIASES`): on examples it is the longest one a row holds, longer
 ones being dropped, never cut. It is one parameter, stored and shown as ``seq_len``.
 
-Every error is a `SearchSpaceError` naming the parameter and the field, so forms can put it beside the row.
-Pasted text is read by `load_search_space_text`, whose cost is bounded by the text's length: YAML anchors
-and aliases (which let a few hundred characters stand for a billion values) are refused, and so are
-documents deeper or larger than a search space can be. Messages quote at most `QUOTE_CHARS` of any value.
+Every error is a `SearchSpaceError` naming the parameter and the field, so forms can put it beside the row;
+a space with several bad parameters raises them all at once (`SearchSpaceErrors`). An unknown name is
+answered with the parameter it most likely means (`suggestion`). Messages quote at most `QUOTE_CHARS` of any
+value.
 """
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
-
-import yaml
-
-from webapp.worker_door import MAX_CHECKPOINT_MINUTES
 
 Kind = Literal["categorical", "int", "float", "logfloat"]
 KINDS: tuple[Kind, ...] = ("categorical", "int", "float", "logfloat")
@@ -62,6 +59,32 @@ class SearchSpaceError(ValueError):
         super().__init__(message)
         self.parameter = parameter
         self.field = field
+
+    @property
+    def errors(self) -> list[SearchSpaceError]:
+        """Each error this one stands for: itself (`SearchSpaceErrors`: every one it gathered)."""
+        return [self]
+
+
+class SearchSpaceErrors(SearchSpaceError):
+    """Several errors of one search space, found together; its message has each on a line of its own, and
+    ``parameter`` and ``field`` are the first one's."""
+
+    def __init__(self, errors: Sequence[SearchSpaceError]) -> None:
+        super().__init__("\n".join(str(e) for e in errors), parameter=errors[0].parameter, field=errors[0].field)
+        self._errors = list(errors)
+
+    @property
+    def errors(self) -> list[SearchSpaceError]:
+        return self._errors
+
+
+def raise_all(errors: Sequence[SearchSpaceError]) -> None:
+    """Raise the one error, or every one of several together; nothing when there is none."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise SearchSpaceErrors([e for error in errors for e in error.errors])
 
 
 def quote(raw: object) -> str:
@@ -129,12 +152,31 @@ PARAMETERS: dict[str, ParameterDef] = {
     ]
 }
 ALIASES = {"max_seq_len": "seq_len"}  # other names a parameter may be written with
+# What other tools (transformers' TrainingArguments, peft's LoraConfig, nanoGPT) call Hydra's parameters, for
+# "did you mean": names that look nothing alike, which a spelling match would miss.
+OTHER_NAMES = {"learning_rate": "lr", "per_device_train_batch_size": "batch_size", "r": "lora_r",
+               "rank": "lora_r", "target_modules": "lora_targets", "max_grad_norm": "clip_norm",
+               "grad_clip": "clip_norm", "lr_scheduler_type": "lr_decay", "lr_scheduler": "lr_decay",
+               "gradient_accumulation_steps": "micro_batches", "block_size": "seq_len", "max_length": "seq_len",
+               "optim": "optimizer", "bf16": "precision", "fp16": "precision"}
 FLAGS = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}  # a bool row's words
 
 
 def canonical_name(name: str) -> str:
     """The parameter `name` stands for (itself unless it is one of `ALIASES`)."""
     return ALIASES.get(name, name)
+
+
+def suggestion(name: str) -> str | None:
+    """The parameter an unknown `name` most likely means: another tool's name for it, or the closest in
+    spelling (case aside); None when nothing is close."""
+    key = name.strip().lower()
+    if len(key) > 64:  # no parameter's name is near this long
+        return None
+    if key in OTHER_NAMES:
+        return OTHER_NAMES[key]
+    close = difflib.get_close_matches(key, [*PARAMETERS, *ALIASES], n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 @dataclass(frozen=True)
@@ -280,16 +322,19 @@ def parse_dimension(name: str, raw: Mapping[str, Any] | list[Any]) -> Dimension:
     name); raises SearchSpaceError naming the parameter and field."""
     parameter = PARAMETERS.get(canonical_name(name))
     if parameter is None:
+        likely = suggestion(name)
         aliases = ", ".join(f"{alias} (another name of {target})" for alias, target in ALIASES.items())
         raise SearchSpaceError(
-            f"Unknown parameter {quote(name)}; Hydra searches {', '.join(PARAMETERS)} and {aliases}.",
-            parameter=name, field="name"
+            f"Unknown parameter {quote(name)}{f'; did you mean {likely}?' if likely else '.'} Hydra searches "
+            f"{', '.join(PARAMETERS)} and {aliases}.", parameter=name, field="name"
         )
     if isinstance(raw, list):  # a bare list of values: ``packing: [true, false]``
         raw = {"kind": "categorical", "values": raw}
+    elif isinstance(raw, bool | int | float | str):  # a bare value: ``lr: 0.001``, fixed for every trial
+        raw = {"kind": "categorical", "values": [raw]}
     if not isinstance(raw, Mapping):
-        raise SearchSpaceError(f"{name}: give a list of values, or a mapping with kind and values or low/high.",
-                               parameter=name)
+        raise SearchSpaceError(f"{name}: give a value, a list of values, or a mapping with kind and values or "
+                               "low/high.", parameter=name)
     unknown = sorted(quote(str(key)) for key in set(raw) - {"kind", "values", "low", "high", "step"})
     if unknown:
         shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
@@ -340,153 +385,47 @@ def parse_dimension(name: str, raw: Mapping[str, Any] | list[Any]) -> Dimension:
 
 
 def parse_search_space(raw: object) -> SearchSpace:
-    """A search space from its serialized mapping (see the module docstring)."""
-    if not isinstance(raw, Mapping) or not raw:
+    """A search space from its serialized mapping (see the module docstring); every bad parameter is reported
+    (`SearchSpaceErrors` when there are several)."""
+    if raw is None or (isinstance(raw, Mapping) and not raw):
         raise SearchSpaceError("A search space is a mapping of parameter names to their ranges; it is empty.")
-    dimensions = []
+    if not isinstance(raw, Mapping):
+        raise SearchSpaceError(f"A search space is a mapping of parameter names to their ranges (name: values, one "
+                               f"a line), not {quote(raw)}.")
+    dimensions: list[Dimension] = []
+    errors: list[SearchSpaceError] = []
     for name, spec in raw.items():
-        dimension = parse_dimension(str(name), spec)
+        try:
+            dimension = parse_dimension(str(name), spec)
+        except SearchSpaceError as error:
+            errors.append(error)
+            continue
         if any(d.name == dimension.name for d in dimensions):
-            raise SearchSpaceError(f"{quote(str(name))} is another name of {dimension.name}, which the space "
-                                   "already has; give it once.", parameter=dimension.name, field="name")
+            errors.append(SearchSpaceError(f"{quote(str(name))} is another name of {dimension.name}, which the space "
+                                           "already has; give it once.", parameter=dimension.name, field="name"))
+            continue
         dimensions.append(dimension)
+    raise_all(errors)
     return SearchSpace(tuple(dimensions))
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """PyYAML's safe loader without anchors and aliases, and with at most `MAX_NODES` nodes `MAX_DEPTH` deep."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self.nodes = 0
-        self.depth = 0
-
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-            raise SearchSpaceError("YAML anchors and aliases (& and *) are not accepted; write each value out.",
-                                   field="space_text")
-        self.nodes += 1
-        if self.nodes > MAX_NODES:
-            raise SearchSpaceError(f"The search space has more than {MAX_NODES} entries; it needs far fewer.",
-                                   field="space_text")
-        if self.depth >= MAX_DEPTH:
-            raise SearchSpaceError("The search space nests too deep: give parameter: {kind: ..., values: [...]}.",
-                                   field="space_text")
-        self.depth += 1
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-
-def load_search_space_text(text: str) -> SearchSpace:
-    """A search space from pasted YAML or JSON (JSON is read as YAML); raises SearchSpaceError."""
-    return parse_search_space(_load_text(text))
-
-
-def load_spec_text(text: str) -> tuple[object | None, SearchSpace]:
-    """Pasted YAML or JSON that may also name the model under the key ``model`` (see
-    `model_shapes.model_from_spec`): that entry, unchecked (None without one), and the search space."""
-    raw = _load_text(text)
-    if isinstance(raw, Mapping) and any(key in raw for key in (MODEL_KEY, CHECKPOINT_KEY, PRUNER_KEY, HOLDOUT_KEY,
-                                                               TEMPLATE_KEY)):
-        raw = dict(raw)
-        raw.pop(TEMPLATE_KEY, None)  # read by `chat_template_of_text`
-        raw.pop(HOLDOUT_KEY, None)  # read by `holdout_bytes_of_text`
-        raw.pop(CHECKPOINT_KEY, None)  # read by `checkpoint_minutes_of_text`
-        raw.pop(PRUNER_KEY, None)  # read by `pruner_of_text`
-        return raw.pop(MODEL_KEY, None), parse_search_space(raw)
-    return None, parse_search_space(raw)
-
-
-def pruner_of_text(text: str) -> tuple[bool, object]:
-    """Whether pasted YAML or JSON names a ``pruner``, and its entry, unchecked (see
-    `webapp.experiments.pruning.pruner_spec`)."""
-    raw = _load_text(text)
-    if not isinstance(raw, Mapping) or PRUNER_KEY not in raw:
-        return False, None
-    return True, raw[PRUNER_KEY]
-
-
-def holdout_bytes_of_text(text: str) -> int | None:
-    """The ``holdout_bytes`` pasted YAML or JSON sets (None when it sets none: the whole validation text); a
-    `SearchSpaceError` on the pasted text for anything but a whole number of bytes from 1."""
-    raw = _load_text(text)
-    if not isinstance(raw, Mapping) or HOLDOUT_KEY not in raw or raw[HOLDOUT_KEY] is None:
-        return None
-    value = raw[HOLDOUT_KEY]
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_HOLDOUT_BYTES:
-        raise SearchSpaceError(f"{HOLDOUT_KEY}: {quote(value)} is not a whole number of bytes from 1 (empty: the "
-                               "whole validation text).", field="space_text")
-    return value
-
-
-def checkpoint_minutes_of_text(text: str) -> int | None:
-    """The ``checkpoint_minutes`` pasted YAML or JSON sets (None when it sets none); a `SearchSpaceError` on
-    the pasted text for anything but a whole number of minutes from 0 (no checkpoints) to a week."""
-    raw = _load_text(text)
-    if not isinstance(raw, Mapping) or CHECKPOINT_KEY not in raw:
-        return None
-    value, most = raw[CHECKPOINT_KEY], int(MAX_CHECKPOINT_MINUTES)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
-        raise SearchSpaceError(f"{CHECKPOINT_KEY}: {quote(value)} is not a whole number of minutes from 0 (no "
-                               f"checkpoints) to {most}.", field="space_text")
-    return value
-
-
-def chat_template_of_text(text: str) -> str | None:
-    """The ``chat_template`` pasted YAML or JSON sets (None when it sets none; an empty text is none too, as
-    in the form); a `SearchSpaceError` on the pasted text for anything but text. Unchecked: see
-    `webapp.experiments.chat_template`."""
-    raw = _load_text(text)
-    if not isinstance(raw, Mapping) or raw.get(TEMPLATE_KEY) is None:
-        return None
-    value = raw[TEMPLATE_KEY]
-    if not isinstance(value, str):
-        raise SearchSpaceError(f"{TEMPLATE_KEY}: {quote(value)} is not a template; give the Jinja template as text "
-                               "(a quoted string, or a YAML block after |).", field="space_text")
-    return value
-
-
-def _unreadable(error: yaml.YAMLError) -> SearchSpaceError:
-    detail = str(error)  # PyYAML quotes at most a line's snippet; a long line is cut here
-    if len(detail) > 300:
-        detail = detail[:299] + "…"
-    return SearchSpaceError(f"This is neither YAML nor JSON: {detail}", field="space_text")
-
-
-def _load_text(text: str) -> object:
-    try:
-        loader = _BoundedLoader(text)  # reads the text's characters already: a control character fails here
-    except yaml.YAMLError as error:
-        raise _unreadable(error) from None
-    try:
-        raw = loader.get_single_data()
-    except SearchSpaceError:
-        raise
-    except yaml.YAMLError as error:
-        raise _unreadable(error) from None
-    except ValueError:  # an integer with more digits than int() reads
-        raise SearchSpaceError("The search space holds a number too long to read.", field="space_text") from None
-    finally:
-        loader.dispose()
-    return raw
-
-
 def space_from_rows(rows: Sequence[Mapping[str, Any]]) -> SearchSpace:
-    """A search space from form rows (``name``, ``kind``, ``values`` as comma-separated text, ``low``, ...)."""
+    """A search space from form rows (``name``, ``kind``, ``values`` as comma-separated text, ``low``, ...);
+    every bad row is reported (`SearchSpaceErrors` when there are several)."""
     seen: dict[str, str] = {}  # parameter -> the name its row gave
     dimensions = []
+    errors: list[SearchSpaceError] = []
     for row in rows:
         name = str(row.get("name", "")).strip()
         earlier = seen.get(canonical_name(name))
         if earlier == name:
-            raise SearchSpaceError(f"{quote(name)} appears twice; give each parameter one row.", parameter=name,
-                                   field="name")
+            errors.append(SearchSpaceError(f"{quote(name)} appears twice; give each parameter one row.",
+                                           parameter=name, field="name"))
+            continue
         if earlier is not None:
-            raise SearchSpaceError(f"{quote(name)} and {quote(earlier)} are one parameter; give it one row.",
-                                   parameter=name, field="name")
+            errors.append(SearchSpaceError(f"{quote(name)} and {quote(earlier)} are one parameter; give it one row.",
+                                           parameter=name, field="name"))
+            continue
         seen[canonical_name(name)] = name
         raw: dict[str, Any] = {"kind": row.get("kind")}
         if row.get("kind") == "categorical":
@@ -495,7 +434,11 @@ def space_from_rows(rows: Sequence[Mapping[str, Any]]) -> SearchSpace:
             raw.update(low=row.get("low"), high=row.get("high"), step=row.get("step"))
             if str(row.get("values") or "").strip():
                 raw["values"] = row["values"]
-        dimensions.append(parse_dimension(name, raw))
+        try:
+            dimensions.append(parse_dimension(name, raw))
+        except SearchSpaceError as error:
+            errors.append(error)
+    raise_all(errors)
     if not dimensions:
         raise SearchSpaceError("Add at least one parameter to search.")
     return SearchSpace(tuple(dimensions))

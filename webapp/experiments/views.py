@@ -13,7 +13,9 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
+from webapp.dashboards import views as dashboard_views
 from webapp.datasets.http import form_add_errors, team_required
+from webapp.datasets.models import DatasetTokens
 from webapp.datasets.selectors import dataset_list
 from webapp.experiments import (
     archives,
@@ -49,6 +51,7 @@ from webapp.experiments.search_space import (
     parse_search_space,
 )
 from webapp.experiments.trial_data import experiment_tokens
+from webapp.experiments.trial_settings import trial_settings
 from webapp.ground.models import Experiment, ExperimentPreview, Trial
 from webapp.ids import parse_id
 from webapp.labqueue.selectors import trial_end_estimates
@@ -130,7 +133,8 @@ def experiment_create(request: HttpRequest) -> HttpResponse:
             form.add_draft_error(error)
         except ValidationError as error:
             form_add_errors(form, error)
-    status = 400 if request.method == "POST" and (form.errors or form.rows.total_error_count()) else 200
+    row_errors = not form.pasted_text() and form.rows.total_error_count()
+    status = 400 if request.method == "POST" and (form.errors or row_errors) else 200
     return render(request, "experiments/experiment_form.html", {
         "form": form, "rows": form.rows, "preview": preview, "source": source,
         "parameters": PARAMETERS, "kinds": KINDS,
@@ -186,12 +190,16 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
          "eta": etas.get(t.pk)}
         for t in listed
     ]
+    state = selectors.experiment_state(experiment=experiment)
+    tokens = experiment_tokens(experiment=experiment)
     return render(request, "experiments/experiment_detail.html", {
         "experiment": experiment, "trials": trials, "page": page, "sort": sort, "sorts": TRIAL_SORTS,
-        "state": selectors.experiment_state(experiment=experiment),
+        "state": state,
+        # The page refreshes its live parts while something moves: a trial, or the tokens its trials wait for.
+        "live": bool(state["active"]) or (tokens is not None and tokens.status == DatasetTokens.Status.TOKENIZING),
         "can_change": selectors.experiment_can_change(user=request.user, experiment=experiment),
         "space_yaml": yaml.safe_dump(experiment.search_space, sort_keys=False),
-        "tokens": experiment_tokens(experiment=experiment),
+        "tokens": tokens,
         "pruner_text": pruning.describe(experiment.pruner),
         "examples": _examples_setup(experiment),
     })
@@ -310,7 +318,7 @@ def _trial_page(request: HttpRequest, trial: Trial, *, form: GenerationForm | No
         "eta": _etas([trial]).get(trial.pk),
         "can_change": selectors.experiment_can_change(user=request.user, experiment=trial.experiment),
         "plan": selectors.plan_summary(trial.plan), "shards": selectors.plan_shard_rows(trial.plan),
-        "spec_json": json.dumps(trial.spec, indent=2) if trial.spec else "",
+        "settings": trial_settings(trial), "curves": dashboard_views.trial_curves(trial),
         "archive": archives.trial_archive_get(trial=trial),
         "generations": shown, "held_out": held_out, "held_out_pending": held_out_pending,
         "generating": held_out_pending or any(g.status == g.Status.PENDING for g in shown),

@@ -29,14 +29,15 @@ class Metric:
     key: str
     field: str
     label: str
+    column: str  # its column's heading on a board, where every metric has one
 
 
 METRICS: dict[str, Metric] = {
     m.key: m
     for m in [
-        Metric("bpb", "final_bpb", "Validation bits per byte"),
-        Metric("val_ppl", "final_ppl", "Validation perplexity per token"),
-        Metric("val_loss", "final_loss", "Validation loss per token"),
+        Metric("bpb", "final_bpb", "Validation bits per byte", "Bits per byte"),
+        Metric("val_ppl", "final_ppl", "Validation perplexity per token", "Perplexity per token"),
+        Metric("val_loss", "final_loss", "Validation loss per token", "Loss per token"),
     ]
 }
 DEFAULT_METRIC = "bpb"
@@ -125,6 +126,7 @@ def board_rows(trials: Iterable[Trial], *, metric: Metric, first_rank: int = 1) 
         {
             "rank": rank, "value": getattr(t, metric.field), "trial_id": t.pk, "number": t.number,
             "bpb": t.final_bpb, "ppl": t.final_ppl, "step": t.final_step,
+            "loss": t.final_loss, "model": t.experiment.model,
             "experiment_id": t.experiment_id, "experiment": t.experiment.name, "params": t.params,
             "status": t.get_status_display(), "finished": t.finished, "template": template_label(t.experiment),
         }
@@ -152,15 +154,33 @@ def cross_team_board(*, dataset: Dataset, metric: Metric, holdout_bytes: int | N
         .annotate(team_rank=Window(RowNumber(), partition_by=[F("experiment__team_id")], order_by=order))
         .filter(team_rank=1)
         .select_related("experiment__team")
-        .only("pk", "params", "finished", "final_bpb", "final_ppl", metric.field, "experiment__team__name",
-              "experiment__team_id")
+        .only("pk", "params", "finished", "final_bpb", "final_ppl", "final_loss", metric.field,
+              "experiment__team__name", "experiment__team_id")
     )
     return [
         {"rank": rank, "team": trial.experiment.team.name, "team_id": trial.experiment.team_id,
          "value": getattr(trial, metric.field), "bpb": trial.final_bpb, "ppl": trial.final_ppl,
-         "params": trial.params, "finished": trial.finished}
+         "loss": trial.final_loss, "params": trial.params, "finished": trial.finished}
         for rank, trial in enumerate(best, start=1)
     ]
+
+
+def board_default(*, team: Team | None) -> Dataset | None:
+    """The board a team opens on: the dataset of its latest result (the trial that finished last with a final
+    evaluation), else its newest dataset; None without datasets."""
+    if not team:  # request.team is a lazy object; test its truth
+        return None
+    latest = (Trial.objects.filter(experiment__team=team, final_loss__isnull=False)
+              .order_by(F("finished").desc(nulls_last=True), "-pk").values_list("experiment__dataset", flat=True)
+              .first())
+    datasets = Dataset.objects.filter(team=team)
+    return datasets.filter(pk=latest).first() if latest else datasets.order_by("-created", "-pk").first()
+
+
+def datasets_with_results(*, team: Team) -> set[int]:
+    """The ids of the team's datasets that have a ranked trial (one with a final evaluation)."""
+    return set(Trial.objects.filter(experiment__team=team, final_loss__isnull=False)
+               .values_list("experiment__dataset", flat=True).distinct())
 
 
 def board_datasets(*, team: Team | None) -> QuerySet[Dataset]:

@@ -14,11 +14,10 @@ from webapp.paging import page_get
 
 @team_required
 def leaderboard_index(request: HttpRequest) -> HttpResponse:
-    datasets = selectors.board_datasets(team=request.team)
-    first = datasets.first()
-    if first is not None:
-        return redirect("leaderboard", dataset_id=first.pk)
-    return render(request, "leaderboards/leaderboard.html", {"datasets": datasets, "dataset": None})
+    opened = selectors.board_default(team=request.team)
+    if opened is not None:
+        return redirect("leaderboard", dataset_id=opened.pk)
+    return render(request, "leaderboards/leaderboard.html", {"datasets": [], "dataset": None})
 
 
 @team_required
@@ -31,6 +30,7 @@ def leaderboard(request: HttpRequest, dataset_id: int) -> HttpResponse:
     return render(request, "leaderboards/leaderboard.html", {
         "dataset": dataset,
         "datasets": selectors.board_datasets(team=request.team),
+        "with_results": selectors.datasets_with_results(team=request.team),
         "metric": metric,
         "metrics": selectors.METRICS.values(),
         "holdout": holdout,

@@ -1,5 +1,9 @@
 """What the workers measured, copied from the hosts' Redis streams into the database by `telemetry_store`.
 
+A step or an evaluation is stored at the steps done when it was measured, counted from 1 as every page, the
+API and `Trial.step` count them: a step's loss at the step it made (the first step's at 1), an evaluation after
+``eval_every`` steps at ``eval_every``. (The workers number the engine's steps from 0; the ingest adds 1.)
+
 Every row is idempotent on replay: a step and an evaluation are unique per trial, attempt and step; a span
 and a device sample per host and Redis entry id. Re-reading a stream after a crash between the insert and the
 cursor update therefore inserts nothing twice.
@@ -17,7 +21,7 @@ class StepMetric(models.Model):
 
     trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="step_metrics")
     attempt = models.PositiveIntegerField(help_text="The trial's launch this step belongs to (a retry restarts).")
-    step = models.PositiveIntegerField()
+    step = models.PositiveIntegerField(help_text="The step it made, counted from 1.")
     loss = models.FloatField()
     lr = models.FloatField()
     tokens = models.BigIntegerField(help_text="Training tokens seen up to and including this step.")
@@ -36,7 +40,7 @@ class StepMetric(models.Model):
 class EvalMetric(models.Model):
     trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="eval_metrics")
     attempt = models.PositiveIntegerField()
-    step = models.PositiveIntegerField()
+    step = models.PositiveIntegerField(help_text="The steps done when it was measured.")
     loss = models.FloatField()
     perplexity = models.FloatField()
     bpb = models.FloatField(null=True, blank=True, help_text="Bits per byte of the text the evaluation covered.")

@@ -71,10 +71,16 @@ def _attempts(entries: Iterable[Entry]) -> dict[str, Attempt]:
     return {queue_id: Attempt(pk, attempt) for queue_id, pk, attempt in rows}
 
 
+def steps_done(entry: Entry) -> int:
+    """The steps done when a step or evaluation entry was measured: the workers number steps from 0, the web app
+    counts them from 1 (`webapp.telemetry.models`)."""
+    return int(entry["step"]) + 1
+
+
 def _store_steps(host_id: str, entries: list[Entry]) -> None:
     attempts = _attempts(entries)
     rows = [
-        StepMetric(trial_id=attempts[e["trial"]].trial_id, attempt=attempts[e["trial"]].attempt, step=e["step"],
+        StepMetric(trial_id=attempts[e["trial"]].trial_id, attempt=attempts[e["trial"]].attempt, step=steps_done(e),
                    loss=e["loss"], lr=e["lr"], tokens=e["tokens"], time=e["time"])
         for e in entries if e["trial"] in attempts
     ]
@@ -83,10 +89,10 @@ def _store_steps(host_id: str, entries: list[Entry]) -> None:
         steps = [row.step for row in rows if row.trial_id == trial_id]
         if steps:
             _update_levels(trial_id, attempt, min(steps), max(steps))
-            # `Trial.step` counts the steps done (shown as "done / total"); metrics carry the 0-based index.
-            # It only moves forward (a replayed batch is older). A monotonic UPDATE, not the status service:
-            # it is not a state change and must not race with one.
-            done = max(steps) + 1
+            # `Trial.step` counts the steps done (shown as "done / total"). It only moves forward (a replayed
+            # batch is older). A monotonic UPDATE, not the status service: it is not a state change and must not
+            # race with one.
+            done = max(steps)
             Trial.objects.filter(pk=trial_id, attempt=attempt, step__lt=done).update(step=done)
 
 
@@ -112,7 +118,7 @@ def _update_levels(trial_id: int, attempt: int, first_step: int, last_step: int)
 def _store_evals(host_id: str, entries: list[Entry]) -> None:
     attempts = _attempts(entries)
     rows = [
-        EvalMetric(trial_id=attempts[e["trial"]].trial_id, attempt=attempts[e["trial"]].attempt, step=e["step"],
+        EvalMetric(trial_id=attempts[e["trial"]].trial_id, attempt=attempts[e["trial"]].attempt, step=steps_done(e),
                    loss=e["loss"], perplexity=e["perplexity"], bpb=_bpb(e), time=e["time"])
         for e in entries if e["trial"] in attempts
     ]
@@ -120,7 +126,7 @@ def _store_evals(host_id: str, entries: list[Entry]) -> None:
     for e in entries:  # the final evaluation, on the declared held-out set: the trial's figures (the last wins)
         if e.get("final") and e["trial"] in attempts:
             trial_id, attempt = attempts[e["trial"]]
-            done = e["step"] + 1
+            done = steps_done(e)
             Trial.objects.filter(Q(final_step__isnull=True) | Q(final_step__lte=done), pk=trial_id,
                                  attempt=attempt).update(final_bpb=_bpb(e), final_loss=e["loss"],
                                                          final_ppl=e["perplexity"], final_step=done,

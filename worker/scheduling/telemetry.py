@@ -76,6 +76,8 @@ class Span:
 
 @dataclass(frozen=True)
 class StepMetrics:
+    """One optimizer step's training loss; ``step`` is the engine's 0-based index of the step."""
+
     trial: str
     step: int
     loss: float
@@ -86,6 +88,8 @@ class StepMetrics:
 
 @dataclass(frozen=True)
 class EvalMetrics:
+    """An evaluation after the step of 0-based index ``step``; ``final`` for the trial's last one."""
+
     trial: str
     step: int
     loss: float

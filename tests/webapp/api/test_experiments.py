@@ -59,8 +59,11 @@ def test_a_space_given_as_an_object_is_the_same_as_its_text(alice_api, alice_dat
 @pytest.mark.parametrize("change, field, message", [
     ({"space": "lr: {kind: float, low: 1, high: 0.1}"}, "space", "reversed"),
     ({"space": "lr: [unclosed"}, "space", "YAML"),
+    ({"space": "lr: [0.1\nbatch_size: 8"}, "space", "neither YAML nor JSON: line 2, column 11: expected"),
+    ({"space": "lora_rank: [8]"}, "space", "did you mean lora_r?"),
     ({"space": "nonsense_param: {values: [1]}"}, "space", "nonsense_param"),
     ({"budget": -1}, "budget", "greater than or equal to 0.01"),
+    ({"budget": 100_000_000}, "budget", "A trial would take 100,000,000 optimizer steps; the cap is"),
     ({"strategy": "magic"}, "strategy", "Select a valid choice"),
     ({"name": ""}, "name", "This field is required"),
 ])
@@ -230,3 +233,10 @@ def test_the_docs_example_space_creates_a_random_search(alice_api, alice_dataset
     assert experiment.trials.count() == 3
     assert all(0.0003 <= t.params["lr"] <= 0.003 and t.params["batch_size"] in (4, 8)
                for t in experiment.trials.all())
+
+
+def test_every_error_of_the_space_comes_back_at_once(alice_api, alice_dataset):
+    response = alice_api.post("/experiments", body(alice_dataset, space="lora_rank: [8]\nlr: 0.001\noptimizer: adam"))
+    assert response.status_code == 400
+    space = response.json()["errors"]["space"]
+    assert len(space) == 2 and "did you mean lora_r?" in space[0] and "'adam' is not one of" in space[1]

@@ -76,6 +76,17 @@ def test_the_memory_plan_stacks_resident_and_spilled_bytes_per_shard():
     assert figure["layout"]["shapes"][0]["y0"] == 8.0
 
 
+def test_the_memory_axis_scales_to_the_use_and_the_budgets_not_to_the_hosts_memory():
+    host = int(23.6 * 2**30)
+    samples = {"cpu0": SampleSeries(time=[1.0, 2.0], utilization=[0.5, 0.5], memory_used=[2**30, 1.6 * 2**30],
+                                    memory_total=host)}
+    figure = figures.device_memory(samples, 0.0, [4 * 2**30, 4 * 2**30])
+    assert [(shape["y0"], shape["label"]["text"]) for shape in figure["layout"]["shapes"]] == [(4.0, "budget 4 GiB")]
+    (trace,) = figure["data"]
+    assert max(trace["y"]) == 1.6 and trace["name"] == "cpu0 (of 23.6 GiB)"
+    assert figures.device_memory(samples, 0.0, [])["layout"]["shapes"] == []
+
+
 def test_parallel_coordinates_map_categories_to_ticks_and_skip_unscored_trials():
     trials = [_trial(1, 1, {"lr": 0.1, "optimizer": "sgd"}, 2.0), _trial(2, 2, {"lr": 0.01, "optimizer": "adamw"}, 1.5),
               _trial(3, 3, {"lr": 0.5, "optimizer": "sgd"})]
@@ -83,6 +94,48 @@ def test_parallel_coordinates_map_categories_to_ticks_and_skip_unscored_trials()
     assert dims[0] == {"label": "lr", "values": [0.1, 0.01]}
     assert dims[1] == {"label": "optimizer", "values": [1.0, 0.0], "tickvals": [0, 1], "ticktext": ["adamw", "sgd"]}
     assert dims[2]["values"] == [2.0, 1.5]
+
+
+def test_comparison_plots_leave_out_parameters_every_trial_shares():
+    trials = [_trial(1, 1, {"lr": 1e-3, "batch_size": 8, "optimizer": "adamw"}, 2.0),
+              _trial(2, 2, {"lr": 3e-3, "batch_size": 8, "optimizer": "adamw"}, 1.8),
+              _trial(3, 3, {"lr": 1e-2, "batch_size": 16, "optimizer": "adamw"}),  # no result: not compared
+              ]
+    assert figures.varied(trials[:2]) == ["lr"]
+    dims = figures.hyperparameters(trials)["data"][0]["dimensions"]
+    assert [d["label"] for d in dims] == ["lr", "best validation loss"]
+    scatter = figures.hyperparameter_scatter(trials)
+    assert [t["name"] for t in scatter["data"]] == ["lr"] and "xaxis2" not in scatter["layout"]
+
+    alike = [_trial(1, 1, {"lr": 1e-3}, 2.0), _trial(2, 2, {"lr": 1e-3}, 1.9)]
+    for figure in (figures.hyperparameters(alike), figures.hyperparameter_scatter(alike)):
+        assert figure["data"] == []
+        (note,) = figure["layout"]["annotations"]
+        assert note["text"] == "No parameter differs between the trials with a result yet."
+
+
+def test_trials_of_one_value_stand_side_by_side_and_show_their_exact_values():
+    trials = [_trial(1, 1, {"optimizer": "sgd", "batch_size": 8}, 2.0),
+              _trial(2, 2, {"optimizer": "adamw", "batch_size": 8}, 2.0),  # same loss as trial 1
+              _trial(3, 3, {"optimizer": "sgd", "batch_size": 16}, 2.1),
+              _trial(4, 4, {"optimizer": "sgd", "batch_size": 8}, 2.0)]
+    batch, optimizer = figures.hyperparameter_scatter(trials)["data"]
+    # batch size 8 three times at 0, side by side; 16 once, at 1.
+    assert batch["x"] == [-0.1667, 0.0, 1.0, 0.1667]
+    assert batch["customdata"] == ["8", "8", "16", "8"] and "%{customdata}" in batch["hovertemplate"]
+    # adamw once at 0, sgd three times around 1.
+    assert optimizer["x"] == [0.8333, 0.0, 1.0, 1.1667]
+    layout = figures.hyperparameter_scatter(trials)["layout"]
+    assert (layout["xaxis"]["tickvals"], layout["xaxis"]["ticktext"]) == ([0, 1], ["8", "16"])
+    assert (layout["xaxis2"]["tickvals"], layout["xaxis2"]["ticktext"]) == ([0, 1], ["adamw", "sgd"])
+    assert batch["marker"]["opacity"] < 1 and batch["marker"]["line"]["width"] > 0
+    assert len({(x, y) for x, y in zip(batch["x"], batch["y"], strict=True)}) == 4  # no marker on another
+
+    # Many distinct numbers (a random search's draws) keep their value axis, on a log scale across decades.
+    drawn = [_trial(i, i, {"lr": 10 ** (-5 + i / 4)}, 2.0 + i / 10) for i in range(1, 14)]
+    (lr,) = figures.hyperparameter_scatter(drawn)["data"]
+    assert lr["x"] == [t.params["lr"] for t in drawn]
+    assert figures.hyperparameter_scatter(drawn)["layout"]["xaxis"]["type"] == "log"
 
 
 MARKUP = '<img src=x onerror="alert(1)"><b>bold</b>'
@@ -104,9 +157,12 @@ def test_every_figure_escapes_user_text():
     # Names and values come from users (experiment names, parameter values) and workers (device names);
     # Plotly would render their markup in legends, labels and hover text.
     trials = [TrialInfo(id=1, number=1, attempt=1, experiment=MARKUP, params={"optimizer": MARKUP, MARKUP: 1},
-                        status="finished", step=3, total_steps=3, best_val_loss=2.0, best_val_ppl=7.4, launched=0.0)]
-    curves = Curves(trials=trials, train={1: TrainSeries(step=[0], tokens=[1], time=[1.0], loss=[2.0])},
-                    evals={1: EvalSeries(step=[0], time=[1.0], loss=[2.0], perplexity=[7.4])}, cursor=Cursor())
+                        status="finished", step=3, total_steps=3, best_val_loss=2.0, best_val_ppl=7.4, launched=0.0),
+              TrialInfo(id=2, number=2, attempt=1, experiment=MARKUP, params={"optimizer": "sgd", MARKUP: 2},
+                        status="finished", step=3, total_steps=3, best_val_loss=2.5, best_val_ppl=9.1, launched=0.0)]
+    curves = Curves(trials=trials, train={i: TrainSeries(step=[1], tokens=[1], time=[1.0], loss=[2.0]) for i in (1, 2)},
+                    evals={i: EvalSeries(step=[1], time=[1.0], loss=[2.0], perplexity=[7.4]) for i in (1, 2)},
+                    cursor=Cursor())
     lane = f"host/{MARKUP}"
     samples = {lane: SampleSeries(time=[1.0], utilization=[0.5], memory_used=[1], memory_total=2)}
     devices = Devices(spans=[SpanRow(trial=1, lane=lane, phase="F", shard=0, step=0, start=0.0, end=1.0,
@@ -120,7 +176,7 @@ def test_every_figure_escapes_user_text():
         "timeline": figures.device_timeline(devices, trials),
         "poll": figures.device_points(devices, trials)["spans"],
         "utilization": figures.device_utilization(samples, 0.0),
-        "memory": figures.device_memory(samples, 0.0, None),
+        "memory": figures.device_memory(samples, 0.0, []),
         "plan": figures.memory_plan({"shards": [shard]}),
         "leaderboard": figures.leaderboard([(f"{MARKUP} #1", 2.0)]),
     }

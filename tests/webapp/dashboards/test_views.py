@@ -10,7 +10,14 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from tests.webapp.telemetry.factories import make_experiment, write_sample, write_span, write_steps
+from tests.webapp.api.conftest import api_for
+from tests.webapp.telemetry.factories import (
+    make_experiment,
+    write_final_eval,
+    write_sample,
+    write_span,
+    write_steps,
+)
 from webapp.dashboards import selectors
 from webapp.experiments.ingest import telemetry_ingest
 from webapp.ground.models import Trial
@@ -119,7 +126,7 @@ def test_long_curves_are_downsampled_to_the_budget(alice_client, experiment, mon
     figure = json.loads(page.split('id="curves-figure" type="application/json">')[1].split("</script>")[0])
     raw = [t for t in figure["data"] if t["meta"]["role"] == "raw"]
     assert [len(t["x"]) for t in raw] == [50, 40]
-    assert raw[0]["x"][0] == 0 and raw[0]["x"][-1] == 899  # the ends are kept
+    assert raw[0]["x"][0] == 1 and raw[0]["x"][-1] == 900  # the ends are kept
 
 
 def test_the_devices_poll_returns_new_spans_per_lane(alice_client, experiment):
@@ -231,3 +238,58 @@ def test_the_plan_page_shows_a_lora_trials_shared_base_apart_from_its_own_state(
     page = alice_client.get(reverse("dashboard_trial_plan", args=[full.pk])).content.decode()
     assert "Shared base:" not in page and "frozen base" not in page
     assert "shared base" not in alice_client.get(reverse("trial_detail", args=[full.pk])).content.decode()
+
+
+def test_the_devices_page_draws_the_budgets_the_trials_were_planned_for(alice_client, experiment):
+    first, second = experiment.trials.order_by("number")
+    Trial.objects.filter(pk=first.pk).update(plan={"budget_bytes": 3 << 30, "shards": []})
+    Trial.objects.filter(pk=second.pk).update(plan={"budget_bytes": 2 << 30, "shards": []})
+    page = alice_client.get(reverse("dashboard_devices", args=[experiment.pk])).content.decode()
+    memory = json.loads(page.split('id="memory-figure" type="application/json">')[1].split("</script>")[0])
+    assert [shape["y0"] for shape in memory["layout"]["shapes"]] == [2.0, 3.0]
+    assert [trace["name"] for trace in memory["data"]] == ["cpu0 (of 8 GiB)"]  # the device's total, named only
+
+    experiment.memory_budget_bytes = 1 << 30  # an explicit budget is the one every trial runs under
+    experiment.save(update_fields=["memory_budget_bytes"])
+    page = alice_client.get(reverse("dashboard_devices", args=[experiment.pk])).content.decode()
+    memory = json.loads(page.split('id="memory-figure" type="application/json">')[1].split("</script>")[0])
+    assert [shape["y0"] for shape in memory["layout"]["shapes"]] == [1.0]
+
+
+def test_the_curves_the_api_and_the_leaderboard_count_steps_alike(alice, alice_client, alice_team, redis_client,
+                                                                   host_id):
+    # Evaluations every 10 steps: the workers report them after steps 9, 19, 29 and 39 of their 0-based count.
+    experiment = make_experiment(alice_team, name="counted", total_steps=40)
+    trial = experiment.trials.get()
+    write_steps(redis_client, host_id, trial, range(0, 40))
+    write_final_eval(redis_client, host_id, trial, step=39, loss=2.0, bpb=1.4)
+    telemetry_ingest(host_id=host_id)
+    trial.refresh_from_db()
+
+    curves = alice_client.get(reverse("dashboard_curves_data", args=[experiment.pk])).json()["points"][str(trial.pk)]
+    assert curves["eval_x"] == [10, 20, 30, 40]  # drawn at the steps they were measured after
+    assert curves["x"][0] == 1 and curves["x"][-1] == 40  # the first step's loss at step 1
+    tokens = alice_client.get(reverse("dashboard_curves_data", args=[experiment.pk]), {"x": "tokens"}).json()
+    assert tokens["points"][str(trial.pk)]["eval_x"] == [10 * 256, 20 * 256, 30 * 256, 40 * 256]
+
+    api = api_for(alice)
+    metrics = api.get(f"/trials/{trial.pk}/metrics").json()
+    assert [e["step"] for e in metrics["evals"]] == [10, 20, 30, 40]
+    assert metrics["steps"][0]["step"] == 1 and metrics["steps"][-1]["step"] == 40 == metrics["trial"]["step"]
+    board = api.get(f"/leaderboards/{experiment.dataset_id}").json()["team"]
+    assert [(row["trial_id"], row["step"]) for row in board] == [(trial.pk, 40)]  # the final evaluation's
+
+
+def test_the_trial_curves_poll_answers_the_trials_new_points_and_404_for_another_teams(alice_client, bob_client,
+                                                                                        experiment, redis_client,
+                                                                                        host_id):
+    second = experiment.trials.get(number=2)
+    url = reverse("dashboard_trial_curves_data", args=[second.pk])
+    first = alice_client.get(url).json()
+    assert list(first["points"]) == [str(second.pk)] and first["points"][str(second.pk)]["x"][-1] == 40
+    assert first["running"] is True
+    write_steps(redis_client, host_id, second, range(40, 42))
+    telemetry_ingest(host_id=host_id)
+    update = alice_client.get(url, first["cursor"]).json()
+    assert update["points"][str(second.pk)]["x"] == [41, 42]
+    assert bob_client.get(url).status_code == 404

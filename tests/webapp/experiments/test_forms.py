@@ -92,6 +92,39 @@ def test_it_rejects_an_unknown_parameter_in_a_row(alice_team, alice_dataset):
     assert "name" in form.rows.forms[0].errors
 
 
+def test_it_lists_every_error_of_pasted_text_each_on_its_own(alice_team, alice_dataset):
+    form = bound(alice_team, post_data(alice_dataset, space_text="lora_rank: [8]\nlr: 0.001\noptimizer: adam\n"))
+    assert not form.is_valid()
+    messages = form.errors["space_text"]
+    assert len(messages) == 2
+    assert messages[0].startswith("Unknown parameter 'lora_rank'; did you mean lora_r?")
+    assert messages[1] == "optimizer: 'adam' is not one of adamw, sgd."
+
+
+def test_it_puts_each_bad_row_s_error_on_its_row(alice_team, alice_dataset):
+    rows = [{"name": "lr", "kind": "categorical", "values": "fast"},
+            {"name": "batch_size", "kind": "int", "low": "8", "high": "2"}]
+    form = bound(alice_team, post_data(alice_dataset, rows))
+    assert not form.is_valid()
+    assert "'fast' is not a number" in text(form.rows.forms[0].errors["values"])
+    assert "reversed" in text(form.rows.forms[1].errors["high"])
+
+
+def test_pasted_text_sets_the_rows_aside_even_a_broken_one(alice_team, alice_dataset):
+    rows = [{"name": "lr", "kind": "categorical", "values": ""}]  # no values: an error, were the rows used
+    form = bound(alice_team, post_data(alice_dataset, rows, space_text="lr: 0.003\nbatch_size: [2, 4]"))
+    assert form.is_valid(), form.errors
+    assert [t for t in form.cleaned_data["draft"].space.grid()] == [{"lr": 0.003, "batch_size": 2},
+                                                                      {"lr": 0.003, "batch_size": 4}]
+
+
+def test_the_kind_menu_says_each_kind_in_full(alice_team):
+    form = ExperimentForm(team=alice_team, rows=ParameterRowFormSet(initial=[{"name": "lr"}], prefix="space"))
+    assert list(form.rows.forms[0].fields["kind"].choices) == [
+        ("categorical", "categorical (values)"), ("int", "int range"), ("float", "float range"),
+        ("logfloat", "log-float range")]
+
+
 def test_it_accepts_pasted_json(alice_team, alice_dataset):
     space = {"lr": {"kind": "logfloat", "low": 1e-4, "high": 1e-2}}
     form = bound(alice_team, post_data(alice_dataset, rows=[], strategy="random", space_text=json.dumps(space)))
@@ -170,6 +203,22 @@ def test_it_refuses_ten_million_epochs_as_more_steps_than_the_cap(alice_team, al
     assert not form.is_valid()
     message = text(form.errors["budget"])
     assert "HYDRA_MAX_STEPS_PER_TRIAL" in message and f"{settings.HYDRA.caps.steps_per_trial:,}" in message
+
+
+def test_a_budget_in_steps_over_the_cap_gets_the_caps_one_message_even_beside_other_errors(
+        alice_team, alice_dataset, settings):
+    cap = settings.HYDRA.caps.steps_per_trial
+    form = bound(alice_team, post_data(alice_dataset, budget=100_000_000, name=""))
+    assert not form.is_valid()
+    assert form.errors["budget"] == [f"A trial would take 100,000,000 optimizer steps; the cap is {cap:,} per trial "
+                                     "(HYDRA_MAX_STEPS_PER_TRIAL). Lower the budget."]
+    assert f"at most {cap:,} optimizer steps" in form.fields["budget"].help_text  # the same cap, said once
+    assert bound(alice_team, post_data(alice_dataset, budget=cap)).is_valid()
+
+
+def test_an_absurd_budget_in_epochs_is_refused_by_the_steps_cap_not_a_crash(alice_team, alice_dataset):
+    form = bound(alice_team, post_data(alice_dataset, budget_unit="epochs", budget=1e300))
+    assert not form.is_valid() and "HYDRA_MAX_STEPS_PER_TRIAL" in text(form.errors["budget"])
 
 
 def test_it_refuses_a_trial_over_the_token_cap(alice_team, alice_dataset, settings):

@@ -17,7 +17,7 @@ from webapp.catalog.selectors import checkpoint_dir
 from webapp.datasets.models import DatasetTokens, template_sha256
 from webapp.datasets.services import dataset_tokens_build
 from webapp.experiments.reconcile import trials_reconcile
-from webapp.experiments.search_space import chat_template_of_text, load_spec_text
+from webapp.experiments.space_text import chat_template_of_text, load_spec_text
 from webapp.ground.models import Experiment
 from worker.engine.chat import DEFAULT_CHAT_TEMPLATE
 from worker.engine.config import TrialSpec

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from webapp.experiments.search_space import (
-    SearchSpaceError,
-    load_search_space_text,
-    rows_from_space,
-    space_from_rows,
-)
+from webapp.experiments.search_space import SearchSpaceError, rows_from_space, space_from_rows
+from webapp.experiments.space_text import load_search_space_text
 from webapp.experiments.trial_generation import initial_trials
 
 

@@ -122,14 +122,20 @@ def test_the_preview_of_a_lora_sweep_says_what_sharing_the_base_saves(alice_clie
     # Two LoRA trials share the base; the full-training trial holds no base and is not one of them.
     base = base_params() * FP32
     own = [adapter_params(r, ("q_proj", "v_proj")) * FP32 * (1 + ADAMW_SLOTS) for r in (4, 8)]
+    read = base + CONFIG["vocab_size"] * CONFIG["hidden_size"] * FP32  # the tied matrix, read by two shards
     expected = {"trials": 2, "base_bytes": base, "state_bytes": sum(own), "shared_bytes": base + sum(own),
-                "unshared_bytes": 2 * base + sum(own)}
+                "unshared_bytes": 2 * base + sum(own), "read_bytes": read}
     assert preview["shared_base"] == expected
     page = response.content.decode()
     assert "Host memory of the 2 LoRA trials on lora-llama" in page
-    assert f"<strong>{filesizeformat(base + sum(own))}</strong> with one shared base" in page
+    assert (f"<strong>{filesizeformat(base + sum(own))}</strong> with one shared base ({filesizeformat(base)} of "
+            "frozen weights, once") in page
     assert f"{filesizeformat(2 * base + sum(own))} if each trial kept its own copy of the base" in page
-    assert "— (full training)" in page  # the lora_r 0 trial's frozen base column
+    # The table's figure for the base is the sentence's; what the shards read is the base and why it is more.
+    assert page.count(f'<td data-field="shared-base">{filesizeformat(base)}</td>') == 2
+    assert '<td data-field="shared-base">— (full training)</td>' in page  # the lora_r 0 trial
+    assert (f"A trial's shards read {filesizeformat(read)} of it onto the devices: the embedding and the head "
+            "share one matrix, which both read.") in page
 
     full_only = alice_client.post(reverse("experiment_create"), post_data(
         alice_dataset, rows=[], space_text="lr: {values: [0.001, 0.01]}\n", model_kind="pretrained",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 
 import pytest
@@ -14,7 +15,7 @@ from tests.webapp.experiments.test_forms import post_data
 from tests.webapp.web_worker import CLOSED_PORT_URL, redis_at
 from webapp.background.reconcile import WebWorkReconciled, web_work_reconcile
 from webapp.experiments.model_shapes import PRESETS, model_from_spec, model_to_spec
-from webapp.experiments.search_space import checkpoint_minutes_of_text, load_spec_text
+from webapp.experiments.space_text import checkpoint_minutes_of_text, load_spec_text
 from webapp.ground.models import Experiment, Trial, TrialArchive
 
 pytestmark = pytest.mark.django_db
@@ -211,3 +212,24 @@ def test_it_cancels_a_trial_not_yet_launched(alice_client, alice_team, alice_dat
     alice_client.post(reverse("trial_action", args=[trial.pk, "cancel"]))
     trial.refresh_from_db()
     assert trial.status == "cancelled"
+
+
+def test_the_trial_page_shows_its_curves_and_its_parameters_with_the_defaults_that_applied(
+        alice_client, alice_team, alice_dataset, data_dir, settings):
+    trial = make_experiment(alice_team, alice_dataset).trials.order_by("number").first()
+    trial.spec = {"data": {"tokens_path": str(data_dir / "tokens" / "ids.npy")}, "model": {"dropout": 0.1}}
+    trial.save(update_fields=["spec"])
+    page = alice_client.get(reverse("trial_detail", args=[trial.pk])).content.decode()
+
+    settings_list = page.split('id="trial-settings">')[1].split("</dl>")[0]
+    assert '<dd data-parameter="lr">0.001</dd>' in settings_list  # as the space gave it
+    assert '<dd data-parameter="batch_size">2</dd>' in settings_list
+    assert ('<dd data-parameter="dropout" data-default>0.1 <span class="chip" title="Not in the search space: '
+            "Hydra's default applied\">default</span></dd>") in settings_list
+    assert 'data-parameter="momentum"' not in settings_list and 'data-parameter="lora_r"' not in settings_list
+    assert "Engine spec" not in page and str(data_dir) not in page and str(settings.HYDRA.models_root) not in page
+
+    figure = json.loads(page.split('id="curves-figure" type="application/json">')[1].split("</script>")[0])
+    assert [t["meta"]["role"] for t in figure["data"]] == ["raw", "smooth", "eval"]
+    state = json.loads(page.split('id="dashboard-state" type="application/json">')[1].split("</script>")[0])
+    assert state["url"] == reverse("dashboard_trial_curves_data", args=[trial.pk])

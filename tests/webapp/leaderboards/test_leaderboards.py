@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -50,7 +51,7 @@ def test_it_ranks_the_teams_trials_best_first_with_ties_to_the_earlier_finish(al
 def test_it_ranks_each_teams_best_across_teams(boards):
     rows = cross_team_board(dataset=boards["alice_data"], metric=METRICS["val_loss"])
     assert [(r["team"], r["value"]) for r in rows] == [("Bob lab", 1.5), ("Alice lab", 2.0)]
-    assert set(rows[0]) == {"rank", "team", "team_id", "value", "bpb", "ppl", "params", "finished"}
+    assert set(rows[0]) == {"rank", "team", "team_id", "value", "bpb", "ppl", "loss", "params", "finished"}
 
 
 def test_it_leaves_out_unfinished_trials_and_other_corpora(alice_team, boards):
@@ -81,3 +82,40 @@ def test_it_switches_metric_and_falls_back_to_bits_per_byte(alice_client, boards
     assert "Validation loss per token" in alice_client.get(url + "?metric=val_loss").content.decode()
     fallback = alice_client.get(url + "?metric=bogus")
     assert fallback.status_code == 200 and "Validation bits per byte" in fallback.content.decode()
+
+
+def test_it_opens_on_the_dataset_of_the_latest_result_not_the_newest_dataset(alice_client, alice_team, boards):
+    make_dataset(alice_team, name="newer, nothing trained yet")
+    response = alice_client.get(reverse("leaderboard_index"))
+    assert response["Location"] == reverse("leaderboard", args=[boards["alice_data"].pk])
+    page = alice_client.get(response["Location"]).content.decode()
+    assert "newer, nothing trained yet (no results yet)</option>" in page
+    assert ">alice secret corpus</option>" in page
+
+
+def test_a_team_without_results_opens_on_its_newest_dataset(alice_client, alice_team):
+    make_dataset(alice_team, name="first")
+    newest = make_dataset(alice_team, name="second")
+    assert alice_client.get(reverse("leaderboard_index"))["Location"] == reverse("leaderboard", args=[newest.pk])
+
+
+def _header(page: str, table: str) -> list[str]:
+    """The column headings of `table`, their text before any marker."""
+    head = page.split(f'id="{table}"')[1].split("</thead>")[0]
+    return [text.strip() for text in re.findall(r"<th(?:\s[^>]*)?>([^<]*)", head)]
+
+
+def test_each_metric_has_one_column_the_ranked_one_marked_and_the_team_board_names_the_model(alice_client,
+                                                                                            boards):
+    url = reverse("leaderboard", args=[boards["alice_data"].pk])
+    page = alice_client.get(url).content.decode()
+    assert _header(page, "team-board") == ["Rank", "Bits per byte", "Perplexity per token", "Loss per token",
+                                           "Model", "Experiment", "Trial", "Parameters", "Status", "Finished"]
+    assert _header(page, "cross-board") == ["Rank", "Team", "Bits per byte", "Perplexity per token",
+                                            "Loss per token", "Parameters", "Finished"]  # no other team's model
+    assert page.count('class="ranked" aria-sort="ascending" title="Ranked by this: lower is better" '
+                      'data-metric="bpb"') == 2
+    assert page.count('<td data-field="model">GPT-2 micro</td>') == 2
+    by_loss = alice_client.get(url + "?metric=val_loss").content.decode()
+    assert 'data-metric="val_loss">Loss per token <span class="muted">▲</span>' in by_loss
+    assert '<td data-field="val_loss" class="ranked">2.0000</td>' in by_loss

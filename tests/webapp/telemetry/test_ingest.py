@@ -105,7 +105,8 @@ def test_it_drops_entries_of_unknown_trials_and_of_replaced_attempts(redis_clien
 
     telemetry_ingest(host_id=host_id)
 
-    assert list(StepMetric.objects.values_list("attempt", "step").order_by("step")) == [(2, 0), (2, 1), (2, 2)]
+    # Stored at the steps done, counted from 1 (the workers number them from 0).
+    assert list(StepMetric.objects.values_list("attempt", "step").order_by("step")) == [(2, 1), (2, 2), (2, 3)]
 
 
 def test_it_keeps_levels_of_detail_equal_to_a_recomputation_from_scratch(redis_client, host_id, trials):

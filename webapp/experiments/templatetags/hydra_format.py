@@ -6,6 +6,7 @@ from typing import Any
 
 from django import template
 
+from webapp.experiments.listing import model_key, model_short_label
 from webapp.experiments.model_shapes import FAMILY_LABELS, PRESETS
 
 register = template.Library()
@@ -52,6 +53,12 @@ def model_label(model: dict[str, Any]) -> str:
     if kind == "checkpoint":
         return f"Pretrained checkpoint: {model.get('checkpoint_name')}"
     return f"Pretrained: {model.get('pretrained_dir')}"
+
+
+@register.filter
+def model_short(model: dict[str, Any]) -> str:
+    """An experiment's stored model choice in a few words, for a table's column."""
+    return model_short_label(model_key(model))
 
 
 @register.simple_tag(takes_context=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management.base import BaseCommand
 
@@ -25,6 +26,10 @@ class Command(BaseCommand):
             # On a fresh `make run` the demo user is the lab's only one, so it also adds models to the catalog.
             user.user_permissions.add(Permission.objects.get(content_type__app_label="catalog",
                                                              codename="manage_catalog"))
+            if get_user_model().objects.count() == 1:
+                # ... and it is the lab's administrator: staff, who read the health details.
+                user.is_staff = True
+                user.save(update_fields=["is_staff"])
             login_file.parent.mkdir(parents=True, exist_ok=True)
             login_file.write_text(f"{DEMO_USERNAME} {password}\n")
             login_file.chmod(0o600)
