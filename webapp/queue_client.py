@@ -43,10 +43,11 @@ class TrialUnknown(SchedulerError):
 
 
 def trial_submit(*, trial_id: str, job: Job, export_dir: str, team: str = "", priority: str = "normal",
-                 host_bytes: int = 0, host_id: str | None = None) -> None:
+                 host_bytes: int = 0, lane_bytes: int = 0, host_id: str | None = None) -> None:
     """Queue the trial on this host, as a trial of `team` (the devices are shared fairly between teams) at
     `priority` among the team's trials, whose spill store takes about `host_bytes` (admission waits until
-    the host tier has room for them), on `host_id` (default: this web app's own host).
+    the host tier has room for them) and `lane_bytes` more for each device beyond the first its micro-batches
+    run on at once, on `host_id` (default: this web app's own host).
 
     Submitting the same job under the same id again is one submission, not an error: a caller that cannot
     tell whether an earlier submit landed (it died, or lost its connection, before hearing back) repeats it.
@@ -54,7 +55,7 @@ def trial_submit(*, trial_id: str, job: Job, export_dir: str, team: str = "", pr
     """
     try:
         api.trial_submit(config=settings.HYDRA.worker, trial_id=trial_id, job=job, export_dir=export_dir, team=team,
-                         priority=priority, host_bytes=host_bytes, host_id=host_id)
+                         priority=priority, host_bytes=host_bytes, lane_bytes=lane_bytes, host_id=host_id)
         return
     except TrialExists as error:
         taken = error

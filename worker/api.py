@@ -37,15 +37,15 @@ def host_queue(config: WorkerConfig, host_id: str | None = None) -> ShardQueue:
 
 def trial_submit(
     *, config: WorkerConfig, trial_id: str, job: Job, export_dir: str | None = None, host_id: str | None = None,
-    team: str = "", priority: str = "normal", host_bytes: int = 0,
+    team: str = "", priority: str = "normal", host_bytes: int = 0, lane_bytes: int = 0,
 ) -> None:
     """Queue a trial of `team` for planning on `host_id`; a finished trial exports its model to `export_dir`
-    (default ``<data dir>/exports/<host>/<trial_id>``)."""
+    (default ``<data dir>/exports/<host>/<trial_id>``). See `ShardQueue.submit` for the bytes."""
     queue = host_queue(config, host_id)
     if export_dir is None:
         export_dir = str(config.data_dir / "exports" / queue.host_id / trial_id)
     queue.submit(trial_id=trial_id, job=job, export_dir=export_dir, team=team, priority=priority,
-                 host_bytes=host_bytes)
+                 host_bytes=host_bytes, lane_bytes=lane_bytes)
 
 
 def team_limits_set(*, config: WorkerConfig, weights: dict[str, float], quotas: dict[str, int],

@@ -64,6 +64,8 @@ Budget = Literal["explicit", "auto"]
 # between two units (benchmarks/checkpoint_overhead.py).
 DEFAULT_CHECKPOINT_MINUTES = 30.0
 MAX_CHECKPOINT_MINUTES = 7 * 24 * 60.0
+# The most devices a job may ask for its trial's micro-batches: more than any server has.
+MAX_DEVICES_PER_TRIAL = 1024
 
 
 PRUNER_KINDS = ("asha", "hyperband", "median")
@@ -181,9 +183,9 @@ class EngineJob:
         if not isinstance(self.resume, bool):
             raise JobError(f"engine job resume={self.resume!r} must be true or false.")
         if self.max_devices is not None and (isinstance(self.max_devices, bool) or not isinstance(self.max_devices, int)
-                                             or self.max_devices < 1):
-            raise JobError(f"engine job max_devices={self.max_devices!r} must be a whole number of devices from 1, "
-                           "or null (as many as the trial has micro-batches).")
+                                             or not 1 <= self.max_devices <= MAX_DEVICES_PER_TRIAL):
+            raise JobError(f"engine job max_devices={self.max_devices!r} must be a whole number of devices from 1 to "
+                           f"{MAX_DEVICES_PER_TRIAL}, or null (as many as the trial has micro-batches).")
         if self.continue_from is not None and (not isinstance(self.continue_from, str) or not self.continue_from
                                                or not self.trial.continuations):
             raise JobError(f"engine job continue_from={self.continue_from!r} needs the id of the ended trial and a "

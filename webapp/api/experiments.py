@@ -30,8 +30,9 @@ FIELD_NAMES = {"space_text": "space", "__all__": "__all__"}
 class ExperimentIn(Schema):
     """What the new-experiment form takes. ``space`` is the search space as the form's text box takes it (and
     as an experiment's search-space download gives it): YAML or JSON text, or the same as an object, with
-    the parameters and optionally ``model``, ``pruner``, ``checkpoint_minutes``, ``holdout_bytes`` and
-    ``chat_template``. Without a ``model`` entry the model is the preset gpt2-micro."""
+    the parameters and optionally ``model``, ``pruner``, ``checkpoint_minutes``, ``holdout_bytes``,
+    ``max_devices_per_trial`` and ``chat_template``. Without a ``model`` entry the model is the preset
+    gpt2-micro."""
 
     name: str
     dataset: int
@@ -130,7 +131,8 @@ def _experiment_out(experiment: Experiment, counts: dict[str, int]) -> dict[str,
         "dataset_name": experiment.dataset.name, "status": experiment.status, "model": experiment.model,
         "strategy": experiment.strategy, "n_trials": experiment.n_trials, "budget_unit": experiment.budget_unit,
         "budget": experiment.budget, "eval_every": experiment.eval_every, "seed": experiment.seed,
-        "priority": experiment.priority, "trials": counts, "created": experiment.created,
+        "priority": experiment.priority, "max_devices_per_trial": experiment.max_devices_per_trial,
+        "trials": counts, "created": experiment.created,
         "launched": experiment.launched, "cloned_from": experiment.cloned_from_id, "tags": experiment.tags,
     }
 

@@ -65,6 +65,7 @@ class ExperimentOut(Schema):
     eval_every: int
     seed: int
     priority: str
+    max_devices_per_trial: int | None = None  # None: as many devices as a trial has micro-batches
     trials: dict[str, int]
     created: datetime
     launched: datetime | None

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Max, Min, Q, QuerySet
+from django.db.models import Count, F, FloatField, Max, Min, Q, QuerySet, Sum
 
 from webapp.dashboards.downsample import lttb, minmax
 from webapp.ground.models import Experiment, Trial
@@ -248,6 +248,31 @@ def devices(*, experiment: Experiment, trials: list[TrialInfo], after: int | Non
     samples = _samples(lanes, since, run_windows(trials))
     last_sample = max((s.time[-1] for s in samples.values() if s.time), default=since)
     return Devices(spans=span_rows, samples=samples, origin=origin, cursor=cursor, sample_after=last_sample)
+
+
+@dataclass(frozen=True)
+class DeviceTime:
+    """The device time a trial's units (its current attempt's and its earlier ones', planning included) took:
+    per device (its lane name, seconds, units) and in all, beside the wall time from its first unit's start to
+    its last unit's end, which is shorter when its micro-batches ran on several devices at once."""
+
+    devices: list[tuple[str, float, int]]
+    total_s: float
+    wall_s: float
+
+
+def trial_device_time(*, trial: Trial) -> DeviceTime | None:
+    """`DeviceTime` of `trial`'s stored unit spans; None before any ran."""
+    rows = list(UnitSpan.objects.filter(trial=trial).values("host", "device").annotate(
+        seconds=Sum(F("end") - F("start"), output_field=FloatField()), units=Count("id"), first=Min("start"),
+        last=Max("end")).order_by("host", "device"))
+    if not rows:
+        return None
+    lanes = _lanes((row["host"], row["device"]) for row in rows)
+    per_device = [(lanes[(row["host"], row["device"])], float(row["seconds"] or 0.0), int(row["units"]))
+                  for row in rows]
+    return DeviceTime(devices=per_device, total_s=sum(seconds for _, seconds, _ in per_device),
+                      wall_s=max(row["last"] for row in rows) - min(row["first"] for row in rows))
 
 
 def planned_budgets(*, experiment: Experiment) -> list[int]:

@@ -52,10 +52,11 @@ from webapp.experiments.space_text import (
     checkpoint_minutes_of_text,
     holdout_bytes_of_text,
     load_spec_text,
+    max_devices_of_text,
     pruner_of_text,
 )
 from webapp.ground.models import Experiment
-from webapp.worker_door import DEFAULT_CHECKPOINT_MINUTES, MAX_CHECKPOINT_MINUTES
+from webapp.worker_door import DEFAULT_CHECKPOINT_MINUTES, MAX_CHECKPOINT_MINUTES, MAX_DEVICES_PER_TRIAL
 
 KIND_LABELS = {"categorical": "categorical (values)", "int": "int range", "float": "float range",
                "logfloat": "log-float range"}
@@ -151,6 +152,13 @@ class ExperimentForm(forms.Form):
         label="Checkpoint every (minutes)",
         help_text="Copy each trial's training state to disk this often and when it ends, so a host restart "
                   "costs at most this much of its work; 0 turns checkpoints off (empty: 30).",
+    )
+
+    max_devices_per_trial = forms.IntegerField(
+        min_value=1, max_value=MAX_DEVICES_PER_TRIAL, required=False, label="Devices per trial at most",
+        help_text="When devices would otherwise idle (the last trials of a sweep, a lone fine-tune), a trial runs "
+                  "the micro-batches of a step on several devices at once, with the same numbers as on one: more "
+                  "micro_batches let it spread wider. Empty: as many devices as it has micro-batches.",
     )
 
     pruner = forms.ChoiceField(
@@ -249,6 +257,19 @@ class ExperimentForm(forms.Form):
                 return value
         return 30
 
+    def _max_devices(self, cleaned: dict[str, Any]) -> int | None:
+        """The pasted text's ``max_devices_per_trial`` when it sets one, else the field's (None: no cap)."""
+        text = (cleaned.get("space_text") or "").strip()
+        if text:
+            try:
+                named, value = max_devices_of_text(text)
+            except SearchSpaceError as error:
+                self.add_error("space_text", str(error))
+                return None
+            if named:
+                return value
+        return cleaned.get("max_devices_per_trial")
+
     def _pruner(self, cleaned: dict[str, Any]) -> dict[str, Any] | None:
         """The pasted text's ``pruner``, else the fields' (None: no pruning); adds a field error when invalid."""
         text = (cleaned.get("space_text") or "").strip()
@@ -338,6 +359,7 @@ class ExperimentForm(forms.Form):
                                           "final evaluation covers every validation example that fits max_seq_len. "
                                           "Leave it empty.")
         template = self._chat_template(cleaned, shape=shape)
+        max_devices = self._max_devices(cleaned)
         if not self.errors and model is not None and shape is not None and space is not None:
             draft = ExperimentDraft(
                 name=cleaned["name"].strip(), dataset=cleaned["dataset"], model=model, shape=shape, space=space,
@@ -346,7 +368,7 @@ class ExperimentForm(forms.Form):
                 memory_budget_bytes=budget, early_stop_patience=cleaned.get("early_stop_patience"),
                 checkpoint_minutes=self._checkpoint_minutes(cleaned),
                 priority=cleaned.get("priority") or Experiment.Priority.NORMAL, pruner=pruner,
-                holdout_bytes=holdout, chat_template=template,
+                holdout_bytes=holdout, chat_template=template, max_devices_per_trial=max_devices,
             )
             try:
                 check_caps(draft, caps=settings.HYDRA.caps)
@@ -451,6 +473,7 @@ def experiment_initial(experiment: Experiment) -> tuple[dict[str, Any], list[dic
         "memory_budget_mib": None if experiment.memory_budget_bytes is None else experiment.memory_budget_bytes >> 20,
         "early_stop_patience": experiment.early_stop_patience,
         "checkpoint_minutes": experiment.checkpoint_minutes,
+        "max_devices_per_trial": experiment.max_devices_per_trial,
         "priority": experiment.priority,
         "holdout_bytes": experiment.holdout_bytes,
         "chat_template": experiment.chat_template,

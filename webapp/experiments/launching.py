@@ -71,7 +71,7 @@ def trial_job(*, trial: Trial) -> EngineJob:
                       eval_every=experiment.eval_every, seed=experiment.seed, budget_bytes=budget,
                       early_stop_patience=experiment.early_stop_patience)
     return EngineJob(trial=spec, budget=_budget_mode(experiment), checkpoint_minutes=experiment.checkpoint_minutes,
-                     pruning=trial_pruning(trial=trial))
+                     pruning=trial_pruning(trial=trial), max_devices=experiment.max_devices_per_trial)
 
 
 def _budget_mode(experiment: Experiment) -> Budget:
@@ -116,7 +116,8 @@ def trial_sent_job(*, trial: Trial, resume: bool = False) -> EngineJob:
     continue_from = continued_from(trial)
     return EngineJob(trial=TrialSpec.from_dict(trial.spec), budget=_budget_mode(trial.experiment), resume=resume,
                      continue_from=continue_from, checkpoint_minutes=trial.experiment.checkpoint_minutes,
-                     pruning=trial_pruning(trial=trial) if continue_from is None else None)
+                     pruning=trial_pruning(trial=trial) if continue_from is None else None,
+                     max_devices=trial.experiment.max_devices_per_trial)
 
 
 def continued_from(trial: Trial) -> str | None:
@@ -147,7 +148,8 @@ def trial_send(*, queue_id: str) -> bool:
         try:
             queue_client.trial_submit(trial_id=queue_id, job=job, export_dir=str(trial.export_dir_for(queue_id)),
                                       team=str(trial.experiment.team_id), priority=trial.experiment.priority,
-                                      host_bytes=trial.host_bytes(), host_id=trial.queue_host)
+                                      host_bytes=trial.host_bytes(), lane_bytes=trial.lane_bytes(),
+                                      host_id=trial.queue_host)
         except queue_client.SchedulerUnavailable as error:
             log.warning("trial %s not queued yet: %s", queue_id, error)
             trial.message = f"Waiting to be sent to the scheduler. {error}"

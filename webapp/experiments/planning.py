@@ -79,6 +79,7 @@ class ExperimentDraft:
     pruner: dict[str, Any] | None = None  # `webapp.experiments.pruning.pruner_spec`; None: no pruning
     holdout_bytes: int | None = None  # the final evaluation covers this much of the validation text; None: all
     chat_template: str = ""  # instruction data on a pretrained model: renders its conversations; "": the model's
+    max_devices_per_trial: int | None = None  # a trial's micro-batches on at most this many devices; None: all
 
     def to_dict(self) -> dict[str, Any]:
         """The draft as JSON-able data, the dataset by id (`from_dict` reads it back)."""
@@ -89,6 +90,7 @@ class ExperimentDraft:
             "memory_budget_bytes": self.memory_budget_bytes, "early_stop_patience": self.early_stop_patience,
             "checkpoint_minutes": self.checkpoint_minutes, "priority": self.priority, "pruner": self.pruner,
             "holdout_bytes": self.holdout_bytes, "chat_template": self.chat_template,
+            "max_devices_per_trial": self.max_devices_per_trial,
         }
 
     @classmethod

@@ -153,7 +153,8 @@ def _resubmit(queue_id: str, host: str) -> bool:
         try:
             queue_client.trial_submit(trial_id=queue_id, job=job, export_dir=str(trial.export_dir_for(queue_id)),
                                       team=str(trial.experiment.team_id), priority=trial.experiment.priority,
-                                      host_bytes=trial.host_bytes(), host_id=host)
+                                      host_bytes=trial.host_bytes(), lane_bytes=trial.lane_bytes(),
+                                      host_id=host)
             if trial.status == Status.PAUSED:
                 queue_client.trial_control(trial_id=queue_id, control=Control.PAUSE, host_id=host)
         except queue_client.SchedulerUnavailable:

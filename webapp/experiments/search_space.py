@@ -49,6 +49,7 @@ PRUNER_KEY = "pruner"  # ... which pruner stops its trials that fall behind
 HOLDOUT_KEY = "holdout_bytes"  # ... and how much of the validation text every trial's final evaluation covers
 MAX_HOLDOUT_BYTES = 10**12
 CHECKPOINT_KEY = "checkpoint_minutes"  # ... and how often its trials take durable checkpoints
+DEVICES_KEY = "max_devices_per_trial"  # ... and on how many devices at most a trial's micro-batches run at once
 TEMPLATE_KEY = "chat_template"  # ... and the chat template of its instruction data
 
 
@@ -133,7 +134,8 @@ PARAMETERS: dict[str, ParameterDef] = {
                      bool, ("categorical",), False),
         ParameterDef("loss_on", "loss on (instruction data: the assistant turns, the last one, or all tokens)", str,
                      ("categorical",), "assistant", choices=("assistant", "last", "all")),
-        ParameterDef("micro_batches", "micro-batches per step (gradient accumulation; each must divide the batch)",
+        ParameterDef("micro_batches", "micro-batches per step (gradient accumulation; each must divide the batch; "
+                     "when devices would idle, a trial runs its micro-batches on as many at once)",
                      int, ("categorical", "int"), 1, 1, 4096),
         ParameterDef("precision", "precision: fp32, or bf16 autocast (GPU devices only)", str, ("categorical",),
                      "fp32", choices=("fp32", "bf16")),

@@ -12,7 +12,14 @@ from webapp.accounts.models import Team
 from webapp.accounts.roles import can_change
 from webapp.accounts.selectors import team_scoped_get
 from webapp.experiments.model_shapes import model_to_spec
-from webapp.experiments.search_space import CHECKPOINT_KEY, HOLDOUT_KEY, MODEL_KEY, PRUNER_KEY, TEMPLATE_KEY
+from webapp.experiments.search_space import (
+    CHECKPOINT_KEY,
+    DEVICES_KEY,
+    HOLDOUT_KEY,
+    MODEL_KEY,
+    PRUNER_KEY,
+    TEMPLATE_KEY,
+)
 from webapp.ground.models import Experiment, Trial
 from webapp.worker_door import Control, control_changes
 
@@ -137,11 +144,13 @@ def plan_shard_rows(plan: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def experiment_spec(experiment: Experiment) -> dict[str, Any]:
-    """The experiment's search space with its model, checkpoint interval, pruner, held-out size and chat
-    template beside the parameters: the text the form and the API take, which gives the same experiment."""
+    """The experiment's search space with its model, checkpoint interval, pruner, held-out size, devices per trial
+    and chat template beside the parameters: the text the form and the API take, which gives the same
+    experiment."""
     model = model_to_spec(experiment.model)
     return {**({MODEL_KEY: model} if model is not None else {}), CHECKPOINT_KEY: experiment.checkpoint_minutes,
             **({PRUNER_KEY: experiment.pruner} if experiment.pruner else {}),
             **({HOLDOUT_KEY: experiment.holdout_bytes} if experiment.holdout_bytes else {}),
             **({TEMPLATE_KEY: experiment.chat_template} if experiment.chat_template else {}),
+            **({DEVICES_KEY: experiment.max_devices_per_trial} if experiment.max_devices_per_trial else {}),
             **experiment.search_space}

@@ -2,9 +2,10 @@
 
 Beside the parameters, the text may name the experiment's model under ``model`` (`load_spec_text`), how often
 its trials take durable checkpoints under ``checkpoint_minutes``, its pruner under ``pruner``, the size of the
-final evaluation's held-out text under ``holdout_bytes``, and, for instruction and chat data, the chat template
-under ``chat_template``. The form, the API and the command line all read pasted text through this module, so
-they say the same things about it.
+final evaluation's held-out text under ``holdout_bytes``, the most devices a trial's micro-batches run on at once
+under ``max_devices_per_trial``, and, for instruction and chat data, the chat template under ``chat_template``.
+The form, the API and the command line all read pasted text through this module, so they say the same things
+about it.
 
 Reading costs no more than the text's length: YAML anchors and aliases (which let a few hundred characters
 stand for a billion values) are refused, and so are documents deeper or larger than a search space can be.
@@ -20,6 +21,7 @@ import yaml
 
 from webapp.experiments.search_space import (
     CHECKPOINT_KEY,
+    DEVICES_KEY,
     HOLDOUT_KEY,
     MAX_DEPTH,
     MAX_HOLDOUT_BYTES,
@@ -32,7 +34,7 @@ from webapp.experiments.search_space import (
     parse_search_space,
     quote,
 )
-from webapp.worker_door import MAX_CHECKPOINT_MINUTES
+from webapp.worker_door import MAX_CHECKPOINT_MINUTES, MAX_DEVICES_PER_TRIAL
 
 # PyYAML's names for what it expected or found, and for what it was reading, in a user's words.
 TOKEN_WORDS = {"<stream end>": "the end of the text", "<scalar>": "a value", "<block end>": "the end of a block",
@@ -80,8 +82,9 @@ def load_spec_text(text: str) -> tuple[object | None, SearchSpace]:
     `model_shapes.model_from_spec`): that entry, unchecked (None without one), and the search space."""
     raw = _load_text(text)
     if isinstance(raw, Mapping) and any(key in raw for key in (MODEL_KEY, CHECKPOINT_KEY, PRUNER_KEY, HOLDOUT_KEY,
-                                                               TEMPLATE_KEY)):
+                                                               TEMPLATE_KEY, DEVICES_KEY)):
         raw = dict(raw)
+        raw.pop(DEVICES_KEY, None)  # read by `max_devices_of_text`
         raw.pop(TEMPLATE_KEY, None)  # read by `chat_template_of_text`
         raw.pop(HOLDOUT_KEY, None)  # read by `holdout_bytes_of_text`
         raw.pop(CHECKPOINT_KEY, None)  # read by `checkpoint_minutes_of_text`
@@ -123,6 +126,22 @@ def checkpoint_minutes_of_text(text: str) -> int | None:
         raise SearchSpaceError(f"{CHECKPOINT_KEY}: {quote(value)} is not a whole number of minutes from 0 (no "
                                f"checkpoints) to {most}.", field="space_text")
     return value
+
+
+def max_devices_of_text(text: str) -> tuple[bool, int | None]:
+    """Whether pasted YAML or JSON sets ``max_devices_per_trial``, and to what (None: every device a trial's
+    micro-batches can use); a `SearchSpaceError` on the pasted text for anything but a whole number of devices
+    from 1 or null."""
+    raw = _load_text(text)
+    if not isinstance(raw, Mapping) or DEVICES_KEY not in raw:
+        return False, None
+    value = raw[DEVICES_KEY]
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 1 <= value <= MAX_DEVICES_PER_TRIAL):
+        raise SearchSpaceError(f"{DEVICES_KEY}: {quote(value)} is not a whole number of devices from 1 to "
+                               f"{MAX_DEVICES_PER_TRIAL} (null: as many as a trial has micro-batches).",
+                               field="space_text")
+    return True, value
 
 
 def chat_template_of_text(text: str) -> str | None:

@@ -13,6 +13,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
+from webapp.dashboards import selectors as dashboard_selectors
 from webapp.dashboards import views as dashboard_views
 from webapp.datasets.http import form_add_errors, team_required
 from webapp.datasets.models import DatasetTokens
@@ -319,6 +320,7 @@ def _trial_page(request: HttpRequest, trial: Trial, *, form: GenerationForm | No
         "can_change": selectors.experiment_can_change(user=request.user, experiment=trial.experiment),
         "plan": selectors.plan_summary(trial.plan), "shards": selectors.plan_shard_rows(trial.plan),
         "settings": trial_settings(trial), "curves": dashboard_views.trial_curves(trial),
+        "device_time": dashboard_selectors.trial_device_time(trial=trial),
         "archive": archives.trial_archive_get(trial=trial),
         "generations": shown, "held_out": held_out, "held_out_pending": held_out_pending,
         "generating": held_out_pending or any(g.status == g.Status.PENDING for g in shown),

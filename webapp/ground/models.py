@@ -18,7 +18,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from webapp.background.models import WebWork
-from webapp.worker_door import DEFAULT_CHECKPOINT_MINUTES, MAX_CHECKPOINT_MINUTES, TrialState
+from webapp.worker_door import DEFAULT_CHECKPOINT_MINUTES, MAX_CHECKPOINT_MINUTES, MAX_DEVICES_PER_TRIAL, TrialState
 from webapp.worker_door import ENDED as CONTRACT_ENDED
 
 
@@ -51,6 +51,11 @@ class Experiment(models.Model):
         default=int(DEFAULT_CHECKPOINT_MINUTES), validators=[MaxValueValidator(int(MAX_CHECKPOINT_MINUTES))],
         help_text="Copy each trial's training state to disk every this many minutes and when it ends (0: never).",
     )
+    max_devices_per_trial = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(MAX_DEVICES_PER_TRIAL)],
+        help_text="The most devices one trial's micro-batches run on at once when devices would idle (null: all).",
+    )
+
     class Priority(models.TextChoices):
         LOW = "low", "Low"
         NORMAL = "normal", "Normal"
@@ -184,16 +189,22 @@ class Trial(models.Model):
         return self.host or settings.HYDRA.worker.host_id
 
     def host_bytes(self) -> int:
-        """The most the trial's spill store takes on the host tier, from its memory plan: its parameters and
-        their gradients, optimizer state and boundary activations, and one shard's state again, for the new
-        versions a unit writes before its commit lets the old ones go (0 without a plan, which admission
-        counts as nothing)."""
+        """The most the trial's spill store takes on the host tier, from its memory plan, while its micro-batches
+        run one at a time: its parameters and their gradients, optimizer state and one micro-batch's boundary
+        activations, and one shard's state again, for the new versions a unit writes before its commit lets the
+        old ones go (0 without a plan, which admission counts as nothing)."""
         plan = self.plan or {}
         spilled = plan.get("spilled_bytes")
         if not isinstance(spilled, dict):
             return 0
         in_flight = max((int(s.get("state_bytes", 0)) for s in plan.get("shards", [])), default=0)
         return int(sum(spilled.values()) + spilled.get("parameters", 0) + in_flight)
+
+    def lane_bytes(self) -> int:
+        """What the trial's spill store takes more for each micro-batch beyond the first that runs at once (on
+        another device): its boundary activations and their gradients, from its memory plan (0 without one)."""
+        spilled = (self.plan or {}).get("spilled_bytes")
+        return int(spilled.get("boundary_activations", 0)) if isinstance(spilled, dict) else 0
 
     @property
     def spill_dirs(self) -> list[Path]:

@@ -5,7 +5,12 @@ weights, then priority, then Sharded-LRTF) over the trials that are running or r
 remaining units and measured unit times, on the devices serving the host now. It starts every device at the
 next unit boundary, as the scheduler reconsiders every trial there, and starts every team level (the
 replay does not know the decayed usage the queue holds), so it is an estimate, not a promise: it moves as
-unit times are measured and trials arrive, pause or end.
+unit times are measured and trials arrive, pause or end. The replay runs every trial on one device at a time: a
+trial that spreads over idle devices (the micro-batches of its steps as a wavefront) ends sooner than estimated.
+
+A running trial says on how many devices it runs and why (`spread`): on several only when no other trial waits
+for a device; on one because it has one micro-batch a step, because its experiment allows one device, because the
+host's memory admitted it narrow, because other trials wait, or because its next micro-batch cannot start yet.
 
 A waiting trial is labelled with the reason it waits, the first that applies:
 
@@ -88,12 +93,13 @@ class Waiting:
 @dataclass(frozen=True)
 class Device:
     """A device of the host: whether its loop serves the queue now, and the trial leased to it (running a
-    unit, or being planned), if any."""
+    unit, or being planned), if any, with on how many devices that trial runs and why (`spread`)."""
 
     name: str
     online: bool
     seen_s_ago: float | None
     trial: TrialRecord | None
+    spread: str = ""
 
 
 @dataclass(frozen=True)
@@ -220,9 +226,13 @@ def estimate(records: Sequence[TrialRecord], devices: Mapping[str, Mapping[str, 
     timings, before = replay(loads_of(replayed), serving, weights)
     if not waiting:
         return Estimate(devices=[], waiting=[], timings=timings, replayed=len(replayed), left_out=len(left_out))
-    leased = {r.device: r for r in records if r.device and (r.state == "running"
-                                                              or (r.state == "planning" and r.admitted))}
-    rows = [Device(name, _online(info, now), _seen_ago(info, now), leased.get(name))
+    leased = {r.device: r for r in records if r.device and r.state == "planning" and r.admitted}
+    leased.update({device: r for r in records if r.state == "running"
+                   for device in (r.devices or [r.device]) if device})
+    others_wait = any(r.state == "runnable" for r in records)
+    rows = [Device(name, _online(info, now), _seen_ago(info, now), leased.get(name),
+                   spread(leased[name], others_wait=others_wait) if name in leased and leased[name].state == "running"
+                   else "")
             for name, info in sorted(devices.items())]
     rows_waiting = [_waiting(r, timings.get(r.trial_id), before.get(r.trial_id), bool(serving),
                              after=len(replayed) if r.trial_id in later else 0)
@@ -232,6 +242,24 @@ def estimate(records: Sequence[TrialRecord], devices: Mapping[str, Mapping[str, 
                                      w.record.trial_id))
     return Estimate(devices=rows, waiting=rows_waiting, timings=timings, replayed=len(replayed),
                     left_out=len(left_out))
+
+
+def spread(record: TrialRecord, *, others_wait: bool) -> str:
+    """On how many devices the running trial of `record` runs, and why (see the module docstring); `others_wait`:
+    some trial of the host is runnable and waits for a device."""
+    devices = len(record.devices) or 1
+    if devices > 1:
+        return f"on {devices} devices: no other trial is waiting"
+    trial = record.job.get("trial", {}) if isinstance(record.job, dict) else {}
+    if record.width_cap <= 1:
+        if trial.get("micro_batches", 1) <= 1:
+            return "on one device: one micro-batch a step (with more, a trial may spread over idle devices)"
+        return "on one device: its experiment allows one device per trial"
+    if record.width <= 1:
+        return "on one device: the host's memory holds its state for one micro-batch at a time"
+    if others_wait:
+        return "on one device: other trials are waiting"
+    return "on one device: its next micro-batch cannot start yet"
 
 
 def _seen_ago(info: Mapping[str, str], now: float) -> float | None:

@@ -45,6 +45,7 @@ class DeviceRow:
     state: str  # what the device does: "running", "planning" or "" (idle)
     trial: TrialRef | None
     end_s: float | None = None  # when its running trial is expected to end, in seconds from now
+    spread: str = ""  # on how many devices its running trial runs, and why (`estimates.spread`)
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def lab_queue(*, team: Team | None, host_id: str | None = None, now: float | Non
     refs = _refs(records, team)
     devices = [DeviceRow(d.name, d.online, d.seen_s_ago, d.trial.state if d.trial else "",
                          refs[d.trial.trial_id] if d.trial else None,
-                         found.end_s(d.trial.trial_id) if d.trial else None) for d in found.devices]
+                         found.end_s(d.trial.trial_id) if d.trial else None, d.spread) for d in found.devices]
     waiting = [WaitingRow(position, refs[w.record.trial_id], w.record.state, w.reason, w.label, w.detail, w.timing)
                for position, w in enumerate(shown, start=shown.start_index())]
     return LabQueue(devices=devices, waiting=waiting, running=sum(1 for d in found.devices if d.trial), page=shown,

@@ -266,7 +266,7 @@ class EngineRunner:
                                    step=result.final_step if result.final_step is not None else result.unit.step + 1)
                 else:
                     rung = pruning.rung_of(self._studies(), job.pruning)
-            return unit_done(trial_id, result, session, keeps=session.keeps_activations(),
+            return unit_done(trial_id, result, *progress_of(session), keeps=session.keeps_activations(),
                              base=_shard_of(running), next_base=_shard_of(session.next_base_read()), rung=rung)
         # Outside the except block: its traceback holds the failed unit's frames and their device tensors.
         del session
@@ -360,7 +360,7 @@ class EngineRunner:
         metrics = state.last_metrics if state.last_unit == index else {}
         result = UnitResult(unit=session.timetable[index], seconds=0.0, bytes_read=0, bytes_written=0,
                             peak_device_bytes=None, **metrics)
-        return unit_done(trial_id, result, session)
+        return unit_done(trial_id, result, *progress_of(session))
 
     def _replan(self, trial_id: str, reason: str, token: int) -> Replanned:
         dropped = self._drop(trial_id)  # the session's caches belong to the old plan
@@ -479,14 +479,19 @@ def _shard_of(read: tuple[Path, int, int] | None) -> BaseShard | None:
     return None if read is None else BaseShard(read[0].name, read[1], read[2])
 
 
-def unit_done(trial_id: str, result: UnitResult, session: TrialSession, *, keeps: bool = False,
-              base: BaseShard | None = None, next_base: BaseShard | None = None, rung: int | None = None) -> UnitDone:
-    """Translate the engine's result of one unit into the scheduler's record, with the trial's units left and
-    ready lanes as `session` last read its store. `rung`: the pruner's rung the trial reached at this unit's
-    evaluation."""
-    unit = result.unit
+def progress_of(session: TrialSession) -> tuple[int, list[int], int]:
+    """The trial's units left, its ready lanes and the commit they are as of, as `session` last read its store."""
     ready, version = session.ready_lanes(), session.store.commit_version
-    remaining_units = len(session.timetable) - session.state.units_committed  # as of that same commit
+    return len(session.timetable) - session.state.units_committed, ready, version
+
+
+def unit_done(trial_id: str, result: UnitResult, remaining_units: int, ready: list[int] | None = None,
+              ready_version: int = 0, *, keeps: bool = False, base: BaseShard | None = None,
+              next_base: BaseShard | None = None, rung: int | None = None) -> UnitDone:
+    """Translate the engine's result of one unit into the scheduler's record: the trial then has `remaining_units`
+    left and `ready` lanes as of its store's commit `ready_version` (see `progress_of`). `rung`: the pruner's
+    rung the trial reached at this unit's evaluation."""
+    unit = result.unit
     now = time.time()
     steps = (
         [StepMetrics(trial=trial_id, step=unit.step, loss=result.loss, lr=result.lr or 0.0,
@@ -504,8 +509,8 @@ def unit_done(trial_id: str, result: UnitResult, session: TrialSession, *, keeps
         remaining_units=remaining_units, step=unit.step, micro_batch=unit.micro_batch, phase=unit.phase,
         shard=unit.shard, bytes_moved=result.bytes_read + result.bytes_written,
         peak_bytes=result.peak_device_bytes or 0, io_s=result.io_s, steps=steps, evals=evals, keeps_activations=keeps,
-        base=base, next_base=next_base, pruned=result.pruned is not None, rung=rung, ready=ready,
-        ready_version=version,
+        base=base, next_base=next_base, pruned=result.pruned is not None, rung=rung,
+        ready=[0] if ready is None else ready, ready_version=ready_version,
         message=(result.pruned if result.pruned is not None else
                  f"stopped early after step {unit.step + 1}: no lower validation loss in the last "
                  f"evaluations (patience)" if result.stopped_early else ""),

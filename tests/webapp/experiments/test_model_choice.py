@@ -52,6 +52,34 @@ def test_a_llama_preset_carries_its_family_micro_batches_and_bf16_to_the_trial_s
     assert scheduler.trial(experiment.trials.first().queue_id).job["trial"] == specs[0]
 
 
+def test_devices_per_trial_reach_every_trial_s_job_and_the_queue_admits_each_as_wide_as_allowed(
+        alice, alice_team, alice_dataset, scheduler, django_capture_on_commit_callbacks):
+    """A trial of 4 micro-batches may run on 4 devices; the experiment caps it at 2 (the field, or pasted text),
+    and each submission says what a device beyond the first costs its spill store (its boundaries)."""
+    rows = [{"name": "batch_size", "kind": "categorical", "values": "8"},
+            {"name": "micro_batches", "kind": "categorical", "values": "4"}]
+    capped = _draft(bound(alice_team, post_data(alice_dataset, rows, max_devices_per_trial="2", memory_budget_mib=2)))
+    pasted = _draft(bound(alice_team, post_data(
+        alice_dataset, [], space_text="batch_size: [8]\nmicro_batches: [4]\nmax_devices_per_trial: 3")))
+    free = _draft(bound(alice_team, post_data(alice_dataset, rows, memory_budget_mib=2)))
+    assert (capped.max_devices_per_trial, pasted.max_devices_per_trial, free.max_devices_per_trial) == (2, 3, None)
+    widths = []
+    for draft in (capped, free):
+        experiment = services.experiment_create(team=alice_team, user=alice, draft=draft)
+        with django_capture_on_commit_callbacks(execute=True):
+            services.experiment_launch(experiment=experiment, actor=alice)
+        trial = experiment.trials.get()
+        record = scheduler.trial(trial.queue_id)
+        lane_bytes = int(scheduler.client.hget(scheduler.key(f"trial:{trial.queue_id}"), "lane_bytes"))
+        widths.append((record.job.get("max_devices"), record.width_cap, lane_bytes == trial.lane_bytes()))
+        assert trial.lane_bytes() > 0  # a tiny budget: several shards, so boundaries between them
+    assert widths == [(2, 2, True), (None, 4, True)]
+    form = bound(alice_team, post_data(alice_dataset, rows, max_devices_per_trial="0"))
+    assert not form.is_valid() and "max_devices_per_trial" in form.errors
+    form = bound(alice_team, post_data(alice_dataset, [], space_text="lr: [0.001]\nmax_devices_per_trial: many"))
+    assert "max_devices_per_trial: 'many' is not a whole number of devices" in text(form.errors)
+
+
 def test_micro_batches_must_divide_every_batch_size(alice_team, alice_dataset):
     rows = [{"name": "batch_size", "kind": "categorical", "values": "4, 6"},
             {"name": "micro_batches", "kind": "categorical", "values": "2, 4"}]

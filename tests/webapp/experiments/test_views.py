@@ -17,6 +17,7 @@ from webapp.background.reconcile import WebWorkReconciled, web_work_reconcile
 from webapp.experiments.model_shapes import PRESETS, model_from_spec, model_to_spec
 from webapp.experiments.space_text import checkpoint_minutes_of_text, load_spec_text
 from webapp.ground.models import Experiment, Trial, TrialArchive
+from webapp.telemetry.models import UnitSpan
 
 pytestmark = pytest.mark.django_db
 
@@ -233,3 +234,21 @@ def test_the_trial_page_shows_its_curves_and_its_parameters_with_the_defaults_th
     assert [t["meta"]["role"] for t in figure["data"]] == ["raw", "smooth", "eval"]
     state = json.loads(page.split('id="dashboard-state" type="application/json">')[1].split("</script>")[0])
     assert state["url"] == reverse("dashboard_trial_curves_data", args=[trial.pk])
+
+
+def test_the_trial_page_adds_up_its_device_time_over_the_devices_its_micro_batches_ran_on(
+        alice_client, alice_team, alice_dataset):
+    """A trial whose micro-batches ran on two devices at once: each device's seconds and units, their sum, and the
+    shorter wall time they took."""
+    trial = make_experiment(alice_team, alice_dataset).trials.order_by("number").first()
+    spans = [("cpu0", 0.0, 2.0), ("cpu1", 1.0, 2.0), ("cpu0", 2.0, 3.0), ("cpu1", 2.0, 3.0)]
+    UnitSpan.objects.bulk_create(
+        UnitSpan(trial=trial, host="h", entry_id=f"{n}-0", device=device, unit=n, step=0, micro_batch=n % 2,
+                 phase="F", shard=0, start=start, end=end, bytes_moved=0, peak_bytes=0)
+        for n, (device, start, end) in enumerate(spans))
+    page = alice_client.get(reverse("trial_detail", args=[trial.pk])).content.decode()
+    shown = page.split('id="device-time">')[1].split("</dd>")[0]
+    assert shown.startswith("5s on 2 devices: ")
+    assert '<span data-device="cpu0">cpu0 3s (2 units)</span>' in shown
+    assert '<span data-device="cpu1">cpu1 2s (2 units)</span>' in shown
+    assert "over 3s" in shown

@@ -3,6 +3,8 @@ scheduling rule first reaches, and devices that no longer serve the host."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from webapp.labqueue.estimates import MAX_REPLAY_TRIALS, estimate, loads_of, scheduling_order
 from worker.contract import TrialRecord
 
@@ -82,3 +84,27 @@ def test_a_thousand_trials_are_replayed_no_further_than_the_limit() -> None:
     assert len(found.timings) == MAX_REPLAY_TRIALS and len(found.waiting) == 1000
     assert [w.reason for w in found.waiting[MAX_REPLAY_TRIALS:]] == ["later"] * (1000 - MAX_REPLAY_TRIALS)
     assert set(found.timings) == {r.trial_id for r in scheduling_order(records, {})[:MAX_REPLAY_TRIALS]}
+
+
+def test_a_trial_on_two_devices_shows_on_both_and_says_why_and_a_narrow_one_says_why_not() -> None:
+    devices = {name: {"epoch": "1", "stop": "0", "seen": str(NOW)} for name in ("cpu0", "cpu1", "cpu2")}
+
+    def running(trial_id: str, on: list[str], *, micro_batches: int = 4, width: int = 4, cap: int = 4) -> TrialRecord:
+        r = record(trial_id, state="running", device=on[0])
+        return dataclasses.replace(r, devices=on, width=width, width_cap=cap,
+                                   job={"trial": {"micro_batches": micro_batches}})
+
+    found = estimate([running("a", ["cpu0", "cpu1"])], devices, {}, NOW)
+    assert [(d.name, d.trial.trial_id if d.trial else None, d.spread) for d in found.devices] == [
+        ("cpu0", "a", "on 2 devices: no other trial is waiting"),
+        ("cpu1", "a", "on 2 devices: no other trial is waiting"), ("cpu2", None, "")]
+    reasons = {
+        "one micro-batch a step": running("b", ["cpu0"], micro_batches=1, width=1, cap=1),
+        "its experiment allows one device": running("b", ["cpu0"], width=1, cap=1),
+        "memory holds its state for one micro-batch at a time": running("b", ["cpu0"], width=1),
+        "next micro-batch cannot start yet": running("b", ["cpu0"]),
+    }
+    for why, trial in reasons.items():
+        assert why in estimate([trial], devices, {}, NOW).devices[0].spread
+    assert estimate([running("b", ["cpu0"]), record("c")], devices, {}, NOW).devices[0].spread == (
+        "on one device: other trials are waiting")
