@@ -134,3 +134,24 @@ def test_trials_that_end_cancelled_or_failed_free_their_spill_stores(
     assert "failed on cpu0: WorkloadError: the spill store of trial f is gone" in record.message
 
     workers.wait(lambda: not list(workers.spill_dir.iterdir()), 30, "the spill stores to be freed")
+
+
+def test_a_lone_trial_runs_its_micro_batches_on_both_devices_and_trains_exactly(
+    device_workers, tokens: str, tmp_path: Path
+) -> None:
+    """No other trial waits, so the second device takes the other micro-batches of the lone trial's steps: units
+    of it overlap in time on the two devices, and its numbers are plain PyTorch's (one device's)."""
+    trial = tiny_trial(tokens, seed=9, lr=2e-3, steps=4)
+    trial = TrialSpec.from_dict({**trial.to_dict(), "batch_size": 8, "micro_batches": 4})
+    workers = device_workers("cpu0", "cpu1")
+    workers.queue.submit(trial_id="w", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "w"))
+    record = workers.wait_for_states(["w"], {"finished", "failed"}, 180)["w"]
+    assert record.state == "finished", record.message
+    assert (record.width_cap, record.width) == (4, 4)
+    spans = sorted((s for s in workers.entries("spans") if s["trial"] == "w" and s["phase"] != "plan"),
+                   key=lambda s: s["start"])
+    overlapping = [(a, b) for a, b in itertools.combinations(spans, 2)
+                   if a["device"] != b["device"] and a["start"] < b["end"] and b["start"] < a["end"]]
+    assert overlapping, "no two units of the trial ran at once"
+    assert {a["micro_batch"] != b["micro_batch"] for a, b in overlapping if a["step"] == b["step"]} <= {True}
+    assert_trained_like_plain_pytorch(workers, "w", trial, tmp_path)
