@@ -87,7 +87,8 @@ class SpillStore:
         self._stamp = stamp  # (inode, mtime ns, size) of the manifest file this copy was read from or written as
         self._committed_files: dict[str, int] = dict(manifest["files"])
         self._base_version: int = manifest["version"]
-        self._base = json.loads(json.dumps(manifest))  # what this writer read, for merging onto later commits
+        # What a lane's writer read, for merging onto later commits (set by take: only a lane's writer merges).
+        self._base: dict[str, Any] = {}
         # The lane this writer took (None: the whole trial, or no take), and the stage its files carry.
         self.lane = lane
         lanes = manifest.get("lanes", {})
@@ -159,6 +160,8 @@ class SpillStore:
             store._publish()
             store.lane = lane
             store._stage = int(store.manifest["version"]) + 1  # = the lane's recorded stage
+            if lane is not None:
+                store._base = json.loads(json.dumps(store.manifest))
             store.remove_orphans()
         return store
 
@@ -368,7 +371,6 @@ class SpillStore:
                 _file(self.root, name, version).unlink(missing_ok=True)
         self._committed_files = dict(self.manifest["files"])
         self._base_version = self.manifest["version"]
-        self._base = json.loads(json.dumps(self.manifest))
         # A whole trial's writer stages its next unit after this commit; a lane's writer takes its lane again
         # first (its stage is the one the other lanes' writers leave alone).
         self._stage = self._base_version + 1 if self.lane is None else -1
