@@ -60,7 +60,7 @@ STREAMS = tuple(FIELD_TYPES)
 
 @dataclass(frozen=True)
 class Span:
-    """One unit that ran on a device. ``phase`` is the engine's (F, FB, B, E, S) or ``plan``; ``io_s`` is the
+    """One unit that ran on a device. ``phase`` is the engine's (R, F, FB, B, E, S) or ``plan``; ``io_s`` is the
     part of ``end - start`` spent moving the trial's state to and from the spill store."""
 
     trial: str
