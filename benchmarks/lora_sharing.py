@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -56,7 +57,7 @@ from worker.contract import EngineJob
 from worker.devices import Device, cpu_cores
 from worker.engine import shared_base
 from worker.engine.config import DataSpec, LoraSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
-from worker.engine.session import TrialSession, trial_create
+from worker.engine.session import TrialSession, UnitResult, trial_create
 from worker.scheduling.policy import BaseShard, Candidate, pick
 
 
@@ -99,10 +100,12 @@ def _shard(read: tuple[Path, int, int] | None) -> BaseShard | None:
     return None if read is None else BaseShard(read[0].name, read[1], read[2])
 
 
-def interleaved(specs: dict[str, TrialSpec], root: Path, device: torch.device) -> float:
+def interleaved(specs: dict[str, TrialSpec], root: Path, device: torch.device, *,
+                on_result: Callable[[str, UnitResult], None] | None = None) -> float:
     """Seconds to train every trial on one device of this process, interleaved unit by unit in the order
     Sharded-LRTF with base affinity picks (`worker.scheduling.policy.pick`), on one shared base: SHARP on
-    one device without the queue, for a machine that runs no Redis or Celery."""
+    one device without the queue, for a machine that runs no Redis or Celery. `on_result` sees each unit's
+    result with its trial."""
     spill = root / "spill"
     start = time.perf_counter()
     sessions = {}
@@ -117,7 +120,9 @@ def interleaved(specs: dict[str, TrialSpec], root: Path, device: torch.device) -
         assert chosen is not None
         session = sessions[chosen.trial_id]
         holding = chosen.next_base
-        session.run_unit()
+        result = session.run_unit()
+        if on_result is not None:
+            on_result(chosen.trial_id, result)
         if session.next_unit() is None:
             session.export(root / "export" / chosen.trial_id)
             session.close()

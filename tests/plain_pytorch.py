@@ -13,6 +13,13 @@ is ``peft``'s ``PeftModel`` of the pretrained base with the engine's initial ada
 adapters as ``peft`` saves them (``get_peft_model_state_dict``). On CPU with one thread
 every kernel adds in a fixed order, so the engine, sharded, spilled and run unit by unit in any process,
 must give these numbers bit for bit (`assert_bit_identical`).
+
+`plain_dpo_training` is the same loop with DPO's loss on preference pairs, written out here: each answer's summed
+log-probability of its answer tokens (``log_softmax`` of the model's float logits, picked at the targets, summed
+per sequence with ``index_add``), under the model and under the reference: for LoRA, ``peft``'s own
+``disable_adapter()`` in eval mode; for full training, a frozen copy of the starting model in eval mode, whose
+log-probabilities are computed first over every pair, one a row pair, in the engine's reference order (as TRL's
+``precompute_ref_log_probs`` does). Each micro-batch's loss is its summed pair losses over the batch's pairs.
 """
 
 from __future__ import annotations
@@ -25,11 +32,13 @@ from pathlib import Path
 
 import torch
 from peft import PeftModel, get_peft_model_state_dict
+from torch.nn import functional as F
 from transformers import AutoModelForCausalLM
 
 from worker.engine import TrialSession, TrialSpec, trial_create
 from worker.engine.data import eval_batch, train_batch, trial_data
 from worker.engine.lora import ADAPTER_DIR
+from worker.engine.pairs import PairBatch
 from worker.engine.rng import micro_batch_seed
 
 CPU = torch.device("cpu")
@@ -40,6 +49,8 @@ class Reference:
     losses: list[float]
     eval_losses: list[float]
     weights: dict[str, torch.Tensor]
+    rewards: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)  # DPO: per step
+    eval_rewards: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)  # and per evaluation
 
 
 @contextlib.contextmanager
@@ -60,17 +71,19 @@ def initial_weights(spec: TrialSpec, root: Path) -> Path:
     return root / "init"
 
 
-def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU, *,
-                   steps_run: int | None = None) -> Reference:
-    """Train `spec` from the weights in `init_dir` with plain PyTorch; its losses, evaluations and final weights.
-    `steps_run`: stop after that many of its steps (a trial ended early), the schedule still the spec's."""
-    assert spec.schedule.decay == "cosine", "the reference implements the cosine schedule only"
+def plain_model(init_dir: Path, spec: TrialSpec, device: torch.device) -> torch.nn.Module:
+    """The model to train, in train mode: the family's transformers model, or PEFT's of a LoRA trial (the
+    pretrained base with the engine's initial adapters, only those trainable)."""
     if spec.lora is None:
-        model = AutoModelForCausalLM.from_pretrained(init_dir, local_files_only=True).to(device).train()
-    else:  # PEFT's own model: the pretrained base with the engine's initial adapters, only those trainable
-        base = AutoModelForCausalLM.from_pretrained(spec.model.pretrained_dir, local_files_only=True)
-        model = PeftModel.from_pretrained(base, init_dir / ADAPTER_DIR, is_trainable=True).to(device).train()
-    params = [p for p in model.parameters() if p.requires_grad]
+        return AutoModelForCausalLM.from_pretrained(init_dir, local_files_only=True).to(device).train()
+    base = AutoModelForCausalLM.from_pretrained(spec.model.pretrained_dir, local_files_only=True)
+    return PeftModel.from_pretrained(base, init_dir / ADAPTER_DIR, is_trainable=True).to(device).train()
+
+
+def plain_optimizer(spec: TrialSpec, params: list[torch.nn.Parameter]
+                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """``torch.optim``'s AdamW or SGD, and a ``LambdaLR`` of warm-up then cosine decay."""
+    assert spec.schedule.decay == "cosine", "the reference implements the cosine schedule only"
     opt = spec.optimizer
     optimizer: torch.optim.Optimizer
     if opt.kind == "adamw":
@@ -85,7 +98,24 @@ def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU, 
         progress = (step - warmup) / max(1, spec.steps - warmup)
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup)
+
+
+def trained_weights(model: torch.nn.Module, spec: TrialSpec) -> dict[str, torch.Tensor]:
+    """The trained weights: every parameter, or a LoRA trial's adapters under the keys PEFT saves them with."""
+    if spec.lora is not None:
+        return {k: v.clone() for k, v in get_peft_model_state_dict(model).items()}
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU, *,
+                   steps_run: int | None = None) -> Reference:
+    """Train `spec` from the weights in `init_dir` with plain PyTorch; its losses, evaluations and final weights.
+    `steps_run`: stop after that many of its steps (a trial ended early), the schedule still the spec's."""
+    model = plain_model(init_dir, spec, device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = spec.optimizer
+    optimizer, scheduler = plain_optimizer(spec, params)
     data = trial_data(spec.data, vocab_size=model.config.vocab_size)
     losses, eval_losses = [], []
     for step in range(spec.steps if steps_run is None else steps_run):
@@ -116,9 +146,103 @@ def plain_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU, 
                                    num_items_in_batch=1).loss.item() for b in batches)
                 eval_losses.append(summed / sum(int((b.labels[..., 1:] != -100).sum()) for b in batches))
             model.train()
-    if spec.lora is not None:  # the adapters, under the keys PEFT saves them with
-        return Reference(losses, eval_losses, {k: v.clone() for k, v in get_peft_model_state_dict(model).items()})
-    return Reference(losses, eval_losses, {k: v.detach().clone() for k, v in model.named_parameters()})
+    return Reference(losses, eval_losses, trained_weights(model, spec))
+
+
+def answer_log_probs(model: torch.nn.Module, batch: PairBatch) -> torch.Tensor:
+    """(2 * pairs,): each sequence's summed log-probability of its answer tokens under `model`."""
+    logits = model(batch.ids, position_ids=batch.position_ids, use_cache=False).logits  # (B, T, V)
+    log_probs = logits.float().reshape(-1, logits.shape[-1]).log_softmax(-1)  # (N, V)
+    targets = F.pad(batch.labels, (0, 1), value=-100)[:, 1:].reshape(-1)  # what each position predicts
+    owners = F.pad(batch.sequences, (0, 1), value=-1)[:, 1:].reshape(-1)  # and whose answer that token is
+    owners = torch.where(targets == -100, -1, owners)
+    picked = log_probs.gather(1, targets.clamp(min=0).unsqueeze(1)).squeeze(1)
+    keep = owners >= 0
+    return torch.zeros(2 * batch.count).index_add(0, owners[keep], picked[keep])
+
+
+def dpo_pair_losses(policy: torch.Tensor, reference: torch.Tensor, batch: PairBatch,
+                    spec: TrialSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each pair's loss (DPO's sigmoid or IPO's, TRL's definitions), and the chosen and rejected rewards."""
+    assert spec.dpo is not None
+    beta = spec.dpo.beta
+    chosen, rejected = policy[0::2] - reference[0::2], policy[1::2] - reference[1::2]
+    if spec.dpo.loss_type == "sigmoid":
+        losses = -F.logsigmoid(beta * (chosen - rejected))
+    else:  # IPO: each log-ratio per answer token
+        predicted = batch.labels[:, 1:] != -100
+        tokens = torch.bincount(batch.sequences[:, 1:][predicted], minlength=2 * batch.count).float()
+        losses = (chosen / tokens[0::2] - rejected / tokens[1::2] - 1 / (2 * beta)) ** 2
+    return losses, beta * chosen.detach(), beta * rejected.detach()
+
+
+def plain_dpo_training(init_dir: Path, spec: TrialSpec, device: torch.device = CPU) -> Reference:
+    """Train the DPO trial `spec` from the weights in `init_dir` with plain PyTorch (see the module docstring);
+    its losses, evaluations (mean pair loss), rewards (chosen, rejected, accuracy) and final weights."""
+    model = plain_model(init_dir, spec, device)
+    data = trial_data(spec.data, vocab_size=model.config.vocab_size)
+    size = spec.micro_batch_size
+    stored: dict[int, torch.Tensor] = {}
+    if spec.lora is None:  # a frozen copy of the starting model, its log-probabilities computed first
+        frozen = AutoModelForCausalLM.from_pretrained(init_dir, local_files_only=True).to(device).eval()
+        with torch.no_grad():
+            for b in range(data.reference_batches(size)):
+                batch = data.reference_batch(batch=b, batch_size=size)
+                for key, values in zip(batch.keys.tolist(), answer_log_probs(frozen, batch).view(-1, 2), strict=True):
+                    stored[key] = values
+        del frozen
+
+    def reference(batch: PairBatch) -> torch.Tensor:
+        if spec.lora is None:
+            return torch.cat([stored[key] for key in batch.keys.tolist()])
+        training = model.training
+        with torch.no_grad(), model.disable_adapter():
+            model.eval()
+            values = answer_log_probs(model, batch)
+        model.train(training)
+        return values
+
+    optimizer, scheduler = plain_optimizer(spec, [p for p in model.parameters() if p.requires_grad])
+    out = Reference([], [], {})
+    for step in range(spec.steps):
+        batch = train_batch(data, seed=spec.seed, step=step, batch_size=spec.batch_size)
+        total, rewards = 0.0, [0.0, 0.0, 0.0]
+        for index in range(spec.micro_batches):
+            micro_batch = batch.micro_batch(spec.micro_batches, index, device)
+            ref = reference(micro_batch)  # dropout off: it draws no random numbers
+            torch.manual_seed(micro_batch_seed(spec.seed, step, index))
+            losses, chosen, rejected = dpo_pair_losses(answer_log_probs(model, micro_batch), ref, micro_batch, spec)
+            loss = losses.sum() / batch.pairs
+            loss.backward()
+            total += loss.item()
+            for i, part in enumerate((chosen.sum(), rejected.sum(), (chosen > rejected).sum())):
+                rewards[i] += part.item() / batch.pairs
+        out.losses.append(total)
+        out.rewards.append((rewards[0], rewards[1], rewards[2]))
+        if spec.optimizer.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                           spec.optimizer.clip_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        if spec.eval_every and ((step + 1) % spec.eval_every == 0 or step == spec.steps - 1):
+            model.eval()
+            pairs, summed, sums = 0, 0.0, [0.0, 0.0, 0]
+            with torch.no_grad():
+                for b in range(spec.eval_batches):
+                    micro_batch = eval_batch(data, batch=b, batch_size=size).micro_batch(1, 0, device)
+                    losses, chosen, rejected = dpo_pair_losses(answer_log_probs(model, micro_batch),
+                                                               reference(micro_batch), micro_batch, spec)
+                    pairs += micro_batch.count
+                    summed += losses.sum().item()
+                    sums[0] += chosen.sum().item()
+                    sums[1] += rejected.sum().item()
+                    sums[2] += int((chosen > rejected).sum())
+            out.eval_losses.append(summed / pairs)
+            out.eval_rewards.append((sums[0] / pairs, sums[1] / pairs, sums[2] / pairs))
+            model.train()
+    out.weights = trained_weights(model, spec)
+    return out
 
 
 def plain_reference(spec: TrialSpec, root: Path, *, steps_run: int | None = None) -> Reference:

@@ -3,6 +3,7 @@ real queue in Redis, and every control a table leaves out is refused by it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
@@ -22,7 +23,7 @@ from worker.contract import (
     control_changes,
     job_from_dict,
 )
-from worker.engine.config import DataSpec, TrialSpec
+from worker.engine.config import DataSpec, DpoSpec, TrialSpec
 from worker.scheduling.device_loop import DeviceLoop, DeviceLoopConfig
 from worker.scheduling.queue import Lease, PlanJob, ShardQueue
 from worker.scheduling.synthetic import SyntheticRunner
@@ -217,6 +218,24 @@ def test_a_job_round_trips_and_a_bad_one_is_refused_with_its_reason() -> None:
     for reason, raw in bad.items():
         with pytest.raises(JobError, match=reason):
             job_from_dict(raw)  # type: ignore[arg-type]
+
+
+def test_a_dpo_job_round_trips_and_bad_dpo_settings_are_refused_with_their_reason() -> None:
+    trial = TrialSpec(data=DataSpec(examples_dir="/data/pairs", train_examples=8, pairs=True), batch_size=8,
+                      micro_batches=2, dpo=DpoSpec(beta=0.3, loss_type="ipo"))
+    job = EngineJob(trial=trial)
+    assert job_from_dict(json.loads(json.dumps(job.to_dict()))) == job
+    raw = job.to_dict()
+    bad = {
+        "beta must be a positive number": {**raw["trial"], "dpo": {"beta": -0.1}},
+        "loss_type 'kto' is not one of sigmoid, ipo": {**raw["trial"], "dpo": {"loss_type": "kto"}},
+        "unexpected keyword argument 'gamma'": {**raw["trial"], "dpo": {"gamma": 1.0}},
+        "set both dpo and data.pairs": {**raw["trial"], "dpo": None},
+        "gives 3 rows, an odd number": {**raw["trial"], "batch_size": 6},
+    }
+    for reason, trial_raw in bad.items():
+        with pytest.raises(JobError, match=reason):
+            job_from_dict({**raw, "trial": trial_raw})
 
 
 def test_a_stored_job_that_cannot_be_read_fails_its_trial_not_the_device(shard_queue: ShardQueue) -> None:

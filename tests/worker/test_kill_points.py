@@ -21,27 +21,31 @@ from worker.contract import EngineJob
 from worker.engine.config import TrialSpec
 from worker.engine.faults import REACHED, RELEASE
 from worker.engine.schedule import Timetable
-from worker.engine.session import trial_create
+from worker.engine.session import TrialSession, trial_create
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.processes]
 
 Unit = tuple[int, int, str, int]  # step, micro-batch, phase, shard
 
 
+def planned_timetable(trial: TrialSpec, root: Path) -> Timetable:
+    """The trial's timetable, planned here as a CPU worker plans it (the plan depends on sizes, not timings)."""
+    trial_create(spec=trial, spill_dir=root, trial_id="probe", device=torch.device("cpu"))
+    return TrialSession.open(spill_dir=root, trial_id="probe", device=torch.device("cpu")).timetable
+
+
 def timetable(trial: TrialSpec, root: Path) -> list[Unit]:
-    """The trial's units, planned here as a CPU worker plans it (the plan depends on sizes, not timings)."""
-    plan = trial_create(spec=trial, spill_dir=root, trial_id="probe", device=torch.device("cpu"))
-    units = Timetable.of(trial, shards=len(plan.shards))
-    return [(u.step, u.micro_batch, u.phase, u.shard) for u in (units[i] for i in range(len(units)))]
+    """The trial's units, in timetable order (`planned_timetable`)."""
+    return [(u.step, u.micro_batch, u.phase, u.shard) for u in planned_timetable(trial, root)]
 
 
-def assert_each_once_in_wavefront_order(done: list[tuple[Unit, str]], units: list[Unit], trial: TrialSpec) -> None:
-    """Every unit completed once, and each after the units it needs (a trial on two devices runs the micro-batches
-    of a step as a wavefront: micro-batch m's unit after m - 1's at the same place, and after its own chain's unit
-    before it; a segment after the whole segment before it)."""
+def assert_each_once_in_wavefront_order(done: list[tuple[Unit, str]], table: Timetable) -> None:
+    """Every unit of `table` completed once, and each after the units it needs (a trial on two devices runs the
+    micro-batches of a step as a wavefront: micro-batch m's unit after m - 1's at the same place, and after its own
+    chain's unit before it; a segment after the whole segment before it)."""
+    units = [(u.step, u.micro_batch, u.phase, u.shard) for u in table]
     order = [units.index(unit) for unit, _ in done]
     assert sorted(order) == list(range(len(units))), "each unit completed once"
-    table = Timetable.of(trial, shards=len({shard for *_, shard in units}))
     seen: set[int] = set()
     for index in order:
         segment = table.segment(index)
@@ -104,7 +108,7 @@ def test_a_worker_killed_at_a_point_of_a_unit_is_recovered_from_exactly(
     record = workers.wait_for_states(["k"], {"finished", "failed"}, 120)["k"]
     assert (record.state, record.requeues) == ("finished", 1), record.message
     done = completed(workers, "k")
-    assert_each_once_in_wavefront_order(done, units, trial)
+    assert_each_once_in_wavefront_order(done, Timetable.of(trial, shards=len({u[3] for u in units})))
     last = len(units) - 1 if point == "mid-export" else target
     assert completed_on(done, units[last]) != victim  # the unit the victim started completed on the other device
     steps = sorted(int(s["step"]) for s in workers.entries("steps") if s["trial"] == "k")
@@ -134,7 +138,8 @@ def test_a_worker_frozen_mid_unit_past_its_lease_cannot_commit(device_workers, t
     record = workers.wait_for_states(["s"], {"finished", "failed"}, 120)["s"]
     assert (record.state, record.requeues) == ("finished", 1), record.message
     done = completed(workers, "s")
-    assert_each_once_in_wavefront_order(done, units, trial)  # the frozen unit completed once, by the other device
+    # the frozen unit completed once, by the other device
+    assert_each_once_in_wavefront_order(done, Timetable.of(trial, shards=len({u[3] for u in units})))
     assert completed_on(done, units[target]) != victim
     assert_trained_like_plain_pytorch(workers, "s", trial, tmp_path)
 

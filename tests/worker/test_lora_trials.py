@@ -22,6 +22,7 @@ from worker.contract import EngineJob
 from worker.engine import DataSpec, ModelSpec, OptimizerSpec, TrialSpec
 from worker.engine.config import LoraSpec
 from worker.engine.lora import ADAPTER_DIR
+from worker.engine.schedule import Timetable
 from worker.engine.shared_base import BASES, bases
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.processes]
@@ -89,7 +90,7 @@ def test_a_lora_trial_whose_worker_is_killed_mid_unit_trains_on_exactly_from_the
     record = workers.wait_for_states(["k"], {"finished", "failed"}, 120)["k"]
     assert (record.state, record.requeues) == ("finished", 1), record.message
     done = completed(workers, "k")
-    assert_each_once_in_wavefront_order(done, units, trial)
+    assert_each_once_in_wavefront_order(done, Timetable.of(trial, shards=len({u[3] for u in units})))
     assert completed_on(done, units[target]) != victim
     assert bases(workers.spill_dir) == []
     assert_trained_like_peft(workers, "k", trial, tmp_path)

@@ -31,7 +31,7 @@ X_TITLES = {"step": "optimizer step", "tokens": "training tokens", "time": "wall
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
 PHASE_NAMES = {"F": "forward", "FB": "forward+backward (last shard)", "B": "backward", "E": "evaluation",
-               "S": "optimizer step", "plan": "planning",
+               "S": "optimizer step", "R": "DPO reference pass", "plan": "planning",
                "replan": "re-planning after out-of-memory"}
 BYTE_CATEGORIES = (("param_bytes", "parameters"), ("grad_bytes", "gradients"), ("optim_bytes", "optimizer state"),
                    ("activation_bytes", "activations"))

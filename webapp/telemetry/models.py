@@ -17,7 +17,9 @@ from webapp.ground.models import Trial
 
 
 class StepMetric(models.Model):
-    """One optimizer step of a trial. ``level`` is its level of detail (see `webapp.telemetry.levels`)."""
+    """One optimizer step of a trial. ``level`` is its level of detail (see `webapp.telemetry.levels`). A DPO
+    trial's steps also have the mean implicit rewards of the chosen and rejected answers and the preference
+    accuracy of their batch (TRL's rewards/*); other trials' leave them empty."""
 
     trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="step_metrics")
     attempt = models.PositiveIntegerField(help_text="The trial's launch this step belongs to (a retry restarts).")
@@ -27,6 +29,11 @@ class StepMetric(models.Model):
     tokens = models.BigIntegerField(help_text="Training tokens seen up to and including this step.")
     time = models.FloatField(help_text="When the step ended (epoch seconds).")
     level = models.PositiveSmallIntegerField(default=0)
+    rewards_chosen = models.FloatField(null=True, blank=True, help_text="DPO: mean implicit reward of the chosen "
+                                       "answers, beta x (log-prob under the model - under the reference).")
+    rewards_rejected = models.FloatField(null=True, blank=True, help_text="DPO: that of the rejected answers.")
+    reward_accuracy = models.FloatField(null=True, blank=True, help_text="DPO: the share of pairs whose chosen "
+                                        "answer has the higher reward.")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["trial", "attempt", "step"], name="unique_step_metric")]
@@ -38,6 +45,10 @@ class StepMetric(models.Model):
 
 
 class EvalMetric(models.Model):
+    """One evaluation of a trial. A DPO trial's ``loss`` is the mean DPO loss of the held-out pairs, its
+    ``perplexity`` and ``bpb`` those of their chosen answers, and it has the pairs' rewards, their margin and
+    the preference accuracy."""
+
     trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="eval_metrics")
     attempt = models.PositiveIntegerField()
     step = models.PositiveIntegerField(help_text="The steps done when it was measured.")
@@ -45,6 +56,12 @@ class EvalMetric(models.Model):
     perplexity = models.FloatField()
     bpb = models.FloatField(null=True, blank=True, help_text="Bits per byte of the text the evaluation covered.")
     time = models.FloatField(help_text="When the evaluation ended (epoch seconds).")
+    rewards_chosen = models.FloatField(null=True, blank=True, help_text="DPO: mean implicit reward of the chosen "
+                                       "answers.")
+    rewards_rejected = models.FloatField(null=True, blank=True, help_text="DPO: that of the rejected answers.")
+    reward_margin = models.FloatField(null=True, blank=True, help_text="DPO: mean chosen less rejected reward.")
+    reward_accuracy = models.FloatField(null=True, blank=True, help_text="DPO: the share of pairs whose chosen "
+                                        "answer has the higher reward (preference accuracy).")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["trial", "attempt", "step"], name="unique_eval_metric")]

@@ -26,6 +26,9 @@ from webapp.telemetry.models import DeviceSample, EvalMetric, SampleLane, StepMe
 log = logging.getLogger(__name__)
 
 Entry = Mapping[str, Any]
+# A DPO trial's metrics beside the loss (absent from other trials' entries: stored as null).
+STEP_REWARDS = ("rewards_chosen", "rewards_rejected", "reward_accuracy")
+EVAL_REWARDS = ("rewards_chosen", "rewards_rejected", "reward_margin", "reward_accuracy")
 STREAM_ORDER = ("steps", "evals", "spans", "samples", "checkpoints")
 BATCH_SIZE = 2000
 
@@ -81,7 +84,8 @@ def _store_steps(host_id: str, entries: list[Entry]) -> None:
     attempts = _attempts(entries)
     rows = [
         StepMetric(trial_id=attempts[e["trial"]].trial_id, attempt=attempts[e["trial"]].attempt, step=steps_done(e),
-                   loss=e["loss"], lr=e["lr"], tokens=e["tokens"], time=e["time"])
+                   loss=e["loss"], lr=e["lr"], tokens=e["tokens"], time=e["time"],
+                   **{name: e.get(name) for name in STEP_REWARDS})
         for e in entries if e["trial"] in attempts
     ]
     StepMetric.objects.bulk_create(rows, ignore_conflicts=True)
@@ -119,7 +123,8 @@ def _store_evals(host_id: str, entries: list[Entry]) -> None:
     attempts = _attempts(entries)
     rows = [
         EvalMetric(trial_id=attempts[e["trial"]].trial_id, attempt=attempts[e["trial"]].attempt, step=steps_done(e),
-                   loss=e["loss"], perplexity=e["perplexity"], bpb=_bpb(e), time=e["time"])
+                   loss=e["loss"], perplexity=e["perplexity"], bpb=_bpb(e), time=e["time"],
+                   **{name: e.get(name) for name in EVAL_REWARDS})
         for e in entries if e["trial"] in attempts
     ]
     EvalMetric.objects.bulk_create(rows, ignore_conflicts=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 _EXPORTS = {
     "DataSpec": "config",
+    "DpoSpec": "config",
     "ModelSpec": "config",
     "OptimizerSpec": "config",
     "ScheduleSpec": "config",

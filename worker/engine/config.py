@@ -7,6 +7,7 @@ Everything the engine needs arrives here; the engine never reads the environment
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -76,6 +77,28 @@ class LoraSpec:
             raise SpecError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
         if not self.target_modules or not all(isinstance(m, str) and m.isidentifier() for m in self.target_modules):
             raise SpecError(f"LoRA target_modules must be module names such as q_proj, got {self.target_modules!r}")
+
+
+DPO_LOSS_TYPES = ("sigmoid", "ipo")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DpoSpec:
+    """Direct preference optimization on preference pairs (:mod:`worker.engine.dpo`), as TRL's ``DPOTrainer``
+    defines it: ``beta`` weighs the implicit reward ``beta * (log pi(answer) - log pi_ref(answer))`` of each answer
+    (its answer tokens' summed log-probability under the trained model and under the reference: the starting
+    weights, or a LoRA trial's base with its adapters off); ``loss_type`` ``sigmoid`` is DPO's
+    ``-log sigmoid(r_chosen - r_rejected)``, ``ipo`` IPO's squared distance of the log-ratio difference, each
+    answer's log-ratio per answer token, from ``1 / (2 beta)``."""
+
+    beta: float = 0.1
+    loss_type: Literal["sigmoid", "ipo"] = "sigmoid"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.beta, bool) or not isinstance(self.beta, int | float) or not 0 < self.beta < math.inf:
+            raise SpecError(f"DPO beta must be a positive number, got {self.beta!r}")
+        if self.loss_type not in DPO_LOSS_TYPES:
+            raise SpecError(f"DPO loss_type {self.loss_type!r} is not one of {', '.join(DPO_LOSS_TYPES)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,6 +176,11 @@ class DataSpec:
     engine checks). ``chat_template`` is the template the examples were rendered with when the tokenizer does
     not carry it itself; the export writes it into the tokenizer. A spec names token blocks or examples, not
     both.
+
+    ``pairs``: the example set holds preference pairs (:mod:`worker.engine.pairs`), for a trial with ``dpo``:
+    an example is then a pair (``train_examples`` counts pairs), laid out as two rows, its chosen sequence above
+    its rejected one, and ``holdout_rows`` counts those rows (two per held-out pair that fits). The loss covers
+    the answers, so ``loss_on`` stays ``assistant``.
     """
 
     tokens_path: str = ""
@@ -168,8 +196,9 @@ class DataSpec:
     loss_on: Literal["assistant", "last", "all"] = "assistant"
     holdout_rows: int | None = None
     chat_template: str | None = None
+    pairs: bool = False
 
-    EXAMPLE_FIELDS = ("examples_dir", "train_examples", "packing", "loss_on", "holdout_rows", "chat_template")
+    EXAMPLE_FIELDS = ("examples_dir", "train_examples", "packing", "loss_on", "holdout_rows", "chat_template", "pairs")
 
     def __post_init__(self) -> None:
         if bool(self.tokens_path) == (self.examples_dir is not None):
@@ -183,6 +212,9 @@ class DataSpec:
                 raise SpecError(f"holdout_rows must be at least 1, got {self.holdout_rows}")
         if self.loss_on not in ("assistant", "last", "all"):
             raise SpecError(f"loss_on {self.loss_on!r} is not one of assistant, last, all")
+        if self.pairs and (self.examples_dir is None or self.loss_on != "assistant"):
+            raise SpecError("preference pairs are examples (examples_dir) whose answers the loss covers: "
+                            f"loss_on must stay 'assistant', got {self.loss_on!r}")
         if self.val_start is not None and self.val_start < 1:
             raise SpecError(f"val_start must be a token index of at least 1, got {self.val_start}")
         if self.holdout_tokens is not None and (self.val_start is None or self.holdout_tokens < 2):
@@ -221,6 +253,9 @@ class TrialSpec:
     ``continuations``: segments of steps added after the trial ended, in order (see :class:`ContinuationSpec`);
     the trial trains ``total_steps``, each segment under its own learning-rate schedule, and every segment's
     last step evaluates (or, without evaluations, applies its update at once) as the last step of a trial does.
+    ``dpo``: train on preference pairs (``data.pairs``) with DPO's loss instead of the language-modelling loss
+    (``None``); a batch is still ``batch_size`` rows, a pair two of them in the same micro-batch, so
+    ``micro_batch_size`` is even.
     """
 
     model: ModelSpec = field(default_factory=ModelSpec)
@@ -239,6 +274,7 @@ class TrialSpec:
     early_stop_patience: int | None = None
     lora: LoraSpec | None = None
     continuations: tuple[ContinuationSpec, ...] = ()
+    dpo: DpoSpec | None = None
 
     def __post_init__(self) -> None:
         if self.lora is not None and self.model.pretrained_dir is None:
@@ -249,6 +285,12 @@ class TrialSpec:
             )
         if self.steps < 1:
             raise SpecError(f"steps must be at least 1, got {self.steps}")
+        if (self.dpo is not None) != self.data.pairs:
+            raise SpecError("DPO trains on preference pairs and preference pairs train with DPO: set both dpo and "
+                            "data.pairs, or neither")
+        if self.dpo is not None and self.micro_batch_size % 2:
+            raise SpecError(f"a DPO micro-batch holds whole pairs, two rows each: batch_size {self.batch_size} in "
+                            f"{self.micro_batches} micro-batches gives {self.micro_batch_size} rows, an odd number")
         if self.eval_every < 0 or (self.eval_every and self.eval_batches < 1):
             raise SpecError(f"eval_every={self.eval_every} needs eval_batches >= 1, got {self.eval_batches}")
         if self.early_stop_patience is not None and (self.early_stop_patience < 1 or not self.eval_every):
@@ -281,9 +323,12 @@ class TrialSpec:
         raw = dataclasses.asdict(self)
         if not self.continuations:  # the form of a trial never continued stays what it always was
             del raw["continuations"]
-        if self.data.examples_dir is None:  # and so does the form of a trial on token blocks
+        if self.dpo is None:  # and so does that of a language-modelling trial
+            del raw["dpo"]
+            raw["data"].pop("pairs")
+        if self.data.examples_dir is None:  # and of a trial on token blocks
             for name in DataSpec.EXAMPLE_FIELDS:
-                del raw["data"][name]
+                raw["data"].pop(name, None)
         return raw
 
     @classmethod
@@ -295,8 +340,10 @@ class TrialSpec:
         if lora is not None:
             lora = LoraSpec(**lora | {"target_modules": tuple(lora["target_modules"])})
         continuations = tuple(ContinuationSpec(**added) for added in raw.pop("continuations", ()))
+        dpo = raw.pop("dpo", None)
         return cls(
             lora=lora,
+            dpo=None if dpo is None else DpoSpec(**dpo),
             continuations=continuations,
             model=ModelSpec(**raw.pop("model")),
             data=DataSpec(**raw.pop("data")),

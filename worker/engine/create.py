@@ -19,6 +19,7 @@ from worker.engine.config import TrialSpec
 from worker.engine.data import trial_data
 from worker.engine.errors import SpecError
 from worker.engine.layers import build_layer_stack
+from worker.engine.pairs import PairRows
 from worker.engine.partition import MemoryPlan
 from worker.engine.profile import plan_layers, profile_layers
 from worker.engine.spill_store import SpillStore
@@ -43,7 +44,7 @@ def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: tor
     stack = build_layer_stack(spec.model, spec.lora)
     if spec.data.seq_len > stack.context:
         raise SpecError(f"seq_len {spec.data.seq_len} exceeds the model's context of {stack.context}")
-    trial_data(spec.data, vocab_size=stack.config.vocab_size)  # fail on bad data before any work
+    data = trial_data(spec.data, vocab_size=stack.config.vocab_size)  # fail on bad data before any work
     if spec.data.tokenizer_dir is not None:  # the export ships it: a missing one fails now, not after training
         tokenizer_dir = Path(spec.data.tokenizer_dir)
         if not any((tokenizer_dir / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
@@ -57,7 +58,10 @@ def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: tor
         assert spec.model.pretrained_dir is not None, "TrialSpec checks it"
         base = shared_base.acquire(spill_dir=Path(spill_dir), stack=stack,
                                    pretrained_dir=Path(spec.model.pretrained_dir), trial_id=trial_id)
-    state = TrialState.start(trial_id=trial_id, spec=spec, plan=plan, base=base)
+    # A full fine-tune's DPO reference is its starting weights: its timetable opens with the reference pass.
+    reference_batches = (data.reference_batches(spec.micro_batch_size)
+                         if isinstance(data, PairRows) and spec.lora is None else 0)
+    state = TrialState.start(trial_id=trial_id, spec=spec, plan=plan, base=base, reference_batches=reference_batches)
     store = SpillStore.create(Path(spill_dir) / trial_id, state.to_manifest())
     source = None
     if spec.model.pretrained_dir and spec.lora is None:

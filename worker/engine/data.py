@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 from worker.engine.config import DataSpec
 from worker.engine.errors import SpecError
 from worker.engine.examples import Batch, ExampleRows
+from worker.engine.pairs import PairBatch, PairRows
 from worker.engine.tokenizer import TOKENIZER_JSON, train_tokenizer
 
 
@@ -140,20 +141,24 @@ class TokenBlocks:
         return sum(int(np.asarray(self.token_bytes[s + 1: s + length], dtype=np.int64).sum()) for s in starts)
 
 
-def trial_data(spec: DataSpec, *, vocab_size: int) -> TokenBlocks | ExampleRows:
-    """The data a trial trains on: token blocks, or rows of instruction and chat examples."""
+def trial_data(spec: DataSpec, *, vocab_size: int) -> TokenBlocks | ExampleRows | PairRows:
+    """The data a trial trains on: token blocks, rows of instruction and chat examples, or row pairs of
+    preference pairs."""
+    if spec.pairs:
+        return PairRows.of(spec, vocab_size=vocab_size)  # type: ignore[return-value]
     if spec.examples_dir is not None:
         return ExampleRows.of(spec, vocab_size=vocab_size)
     return TokenBlocks(spec, vocab_size=vocab_size)
 
 
-def train_batch(data: TokenBlocks | ExampleRows, *, seed: int, step: int, batch_size: int) -> Batch:
-    """Training step `step`'s batch of either kind of data, with its labels and positions."""
+def train_batch(data: TokenBlocks | ExampleRows | PairRows, *, seed: int, step: int,
+                batch_size: int) -> Batch | PairBatch:
+    """Training step `step`'s batch of any kind of data, with its labels and positions."""
     batch = data.train_batch(seed=seed, step=step, batch_size=batch_size)
     return Batch.of_blocks(batch) if isinstance(batch, torch.Tensor) else batch
 
 
-def eval_batch(data: TokenBlocks | ExampleRows, *, batch: int, batch_size: int) -> Batch:
-    """Validation batch number `batch` of either kind of data, with its labels and positions."""
+def eval_batch(data: TokenBlocks | ExampleRows | PairRows, *, batch: int, batch_size: int) -> Batch | PairBatch:
+    """Validation batch number `batch` of any kind of data, with its labels and positions."""
     rows = data.eval_batch(batch=batch, batch_size=batch_size)
     return Batch.of_blocks(rows) if isinstance(rows, torch.Tensor) else rows

@@ -72,8 +72,7 @@ class CheckpointInfo:
 def steps_done(manifest: dict[str, Any]) -> tuple[int, int]:
     """(optimizer steps whose backward completed, cursor) of the trial state in ``manifest``."""
     state = TrialState.from_manifest(manifest)
-    spec = state.spec
-    timetable = Timetable.of(spec, shards=len(state.plan.shards))
+    timetable = state.timetable()
     if state.cursor >= len(timetable):  # finished (an early stop jumps here): every update it took is applied
         return max(shard.optim_steps for shard in state.shards), state.cursor
     unit = timetable[state.cursor]
@@ -276,7 +275,7 @@ def _continued(manifest: dict[str, Any], *, source_id: str, trial_id: str, spec:
     if dataclasses.replace(spec, continuations=spec.continuations[:-1], budget_bytes=ended.budget_bytes) != ended:
         raise SpecError(f"trial {trial_id} is not trial {source_id} with steps added: their specs differ beyond the "
                         "added segment")
-    before = Timetable.of(ended, shards=len(state.plan.shards))
+    before = Timetable.of(ended, shards=len(state.plan.shards), reference_batches=state.reference_batches)
     updates = {shard.optim_steps for shard in state.shards}
     if state.cursor < len(before) or len(updates) != 1 or any(shard.pending for shard in state.shards):
         raise SpillStoreError(f"the last checkpoint of trial {source_id} is of unit {state.cursor} of its "
@@ -287,7 +286,7 @@ def _continued(manifest: dict[str, Any], *, source_id: str, trial_id: str, spec:
                         f"step {added.after}")
     state.spec = dataclasses.replace(spec, budget_bytes=ended.budget_bytes)
     state.trial_id = trial_id
-    state.cursor = Timetable.of(state.spec, shards=len(state.plan.shards)).step_offset(trained)
+    state.cursor = state.timetable().step_offset(trained)
     state.last_unit, state.last_metrics = -1, {}  # nothing of the new trial ran yet
     state.early_stop.since = 0  # a trial that stopped early gets its patience again for the added steps
     return {**manifest, **state.to_manifest()}

@@ -36,6 +36,7 @@ from worker.engine.errors import SpecError
 
 IGNORE = -100  # the label of a token the loss skips (PyTorch's and transformers' ignore_index)
 PAD_ID = 0
+PAIRS_FILE = "pairs.json"  # beside the arrays of an example set of preference pairs (worker.engine.pairs)
 
 
 @dataclass(frozen=True)
@@ -158,36 +159,53 @@ class ExampleRows:
     """A trial's view of an example set: the examples that fit ``seq_len``, split into train (the first
     ``n_train`` examples of the set) and validation (the rest), laid out into rows.
 
-    ``dropped`` counts the examples left out for being longer than ``seq_len`` (train, validation)."""
+    ``dropped`` counts the examples left out for being longer than ``seq_len`` (train, validation). The split,
+    the epochs and the layout are in terms of *items* (:meth:`_item_lengths`): here an item is an example of one
+    row; :class:`~worker.engine.pairs.PairRows` lays out preference pairs, items of two sequences."""
+
+    ITEM = "example"  # what an item is called in messages
 
     @classmethod
     def of(cls, spec: DataSpec, *, vocab_size: int) -> ExampleRows:
         """The rows of `spec`'s example set. Raises SpecError for a set that does not fit the model."""
         assert spec.examples_dir is not None and spec.train_examples is not None, "a spec of examples"
-        examples = ExampleSet.load(Path(spec.examples_dir))
+        examples = cls.load(Path(spec.examples_dir))
         if len(examples.ids) and int(examples.ids.max()) >= vocab_size:
             raise SpecError(f"{spec.examples_dir} has token id {int(examples.ids.max())} >= vocab_size {vocab_size}")
         return cls(examples, n_train=spec.train_examples, seq_len=spec.seq_len, packing=spec.packing,
                    loss_on=spec.loss_on, holdout_rows=spec.holdout_rows)
 
+    @staticmethod
+    def load(directory: Path) -> ExampleSet:
+        """The example set in `directory`; SpecError for a set of preference pairs, which trains with DPO."""
+        if (directory / PAIRS_FILE).exists():
+            raise SpecError(f"{directory} holds preference pairs: they train with DPO (dpo and data.pairs), not as "
+                            "instruction examples")
+        return ExampleSet.load(directory)
+
     def __init__(self, examples: ExampleSet, *, n_train: int, seq_len: int, packing: bool,
                  loss_on: LossOn | str, holdout_rows: int | None = None) -> None:
-        if not 0 < n_train < len(examples):
-            raise SpecError(f"{len(examples)} examples cannot split into {n_train} for training and the rest for "
-                            "validation: both need at least one")
         self.examples, self.seq_len, self.packing, self.loss_on = examples, seq_len, packing, LossOn(loss_on)
-        fits = examples.lengths <= seq_len
-        indices = np.arange(len(examples))
+        lengths = self._item_lengths()
+        widths = lengths.reshape(len(lengths), -1)  # (items, rows an item takes)
+        item = self.ITEM
+        if not 0 < n_train < len(widths):
+            raise SpecError(f"{len(widths)} {item}s cannot split into {n_train} for training and the rest for "
+                            "validation: both need at least one")
+        fits = (widths <= seq_len).all(1)
+        indices = np.arange(len(widths))
         self.train_examples = indices[:n_train][fits[:n_train]]
         self.val_examples = indices[n_train:][fits[n_train:]]
         self.dropped = (int((~fits[:n_train]).sum()), int((~fits[n_train:]).sum()))
         for split, kept in (("training", self.train_examples), ("validation", self.val_examples)):
             if len(kept) == 0:
-                raise SpecError(f"no {split} example fits a sequence of {seq_len} tokens (the shortest has "
-                                f"{int(examples.lengths.min())}); raise max_seq_len")
-        if holdout_rows is not None and holdout_rows != len(self.val_examples):
+                raise SpecError(f"no {split} {item} fits a sequence of {seq_len} tokens (the shortest has "
+                                f"{int(widths.max(1).min())}); raise max_seq_len")
+        rows = widths.shape[1] * len(self.val_examples)
+        if holdout_rows is not None and holdout_rows != rows:
             raise SpecError(f"{holdout_rows} held-out rows were declared, but {len(self.val_examples)} validation "
-                            f"examples fit a sequence of {seq_len} tokens")
+                            f"{item}s fit a sequence of {seq_len} tokens, in {rows} rows")
+        self._lengths = lengths
         self._trained = trained(np.asarray(examples.marks), self.loss_on)
         # Evaluations score the answers whatever a trial trains on, so the trials of a loss_on sweep compare.
         self._scored = trained(np.asarray(examples.marks), LossOn.ASSISTANT)
@@ -195,12 +213,16 @@ class ExampleRows:
         self._epochs: dict[tuple[int, int], list[Row]] = {}  # (seed, epoch) -> rows, the last two laid out
         self._epoch_sizes: dict[tuple[int, int], int] = {}  # (seed, epoch) -> rows, every epoch laid out once
 
+    def _item_lengths(self) -> np.ndarray:
+        """Each item's length in tokens, (items,); or (items, k) for items of k sequences, one a row."""
+        return self.examples.lengths
+
     # -- layout ----------------------------------------------------------------------------------------
 
-    def _layout(self, examples: np.ndarray) -> list[Row]:
+    def _layout(self, items: np.ndarray) -> list[Row]:
         if self.packing:
-            return pack(self.examples.lengths, examples, self.seq_len)
-        return [(int(k),) for k in examples]
+            return pack(self._lengths, items, self.seq_len)
+        return [(int(k),) for k in items]
 
     def epoch_rows(self, *, seed: int, epoch: int) -> list[Row]:
         """Epoch `epoch`'s training rows: the training examples in a seeded order, laid out."""
@@ -226,23 +248,37 @@ class ExampleRows:
     def row_tensors(self, rows: list[Row], *, scored: bool = False) -> Batch:
         """`rows` as a batch of (len(rows), seq_len) tensors, labelled for training (the tokens ``loss_on``
         names), or `scored` for an evaluation (the answers' tokens)."""
-        covered = self._scored if scored else self._trained
-        ids = np.full((len(rows), self.seq_len), PAD_ID, dtype=np.int64)
-        labels = np.full((len(rows), self.seq_len), IGNORE, dtype=np.int64)
-        positions = np.tile(np.arange(self.seq_len, dtype=np.int64), (len(rows), 1))
-        starts = self.examples.starts
+        arrays = self._empty_rows(len(rows))
         for r, row in enumerate(rows):
-            at = 0
-            for example in row:
-                begin, end = int(starts[example]), int(starts[example + 1])
-                n = end - begin
-                tokens = np.asarray(self.examples.ids[begin:end], dtype=np.int64)
-                ids[r, at: at + n] = tokens
-                labels[r, at: at + n] = np.where(covered[begin:end], tokens, IGNORE)
-                labels[r, at] = IGNORE  # an example's first token is predicted from nothing of its own
-                positions[r, at:] = np.arange(self.seq_len - at)
-                at += n
-        return Batch.of_rows(torch.from_numpy(ids), torch.from_numpy(labels), torch.from_numpy(positions))
+            self._fill(arrays, r, row, scored=scored)
+        ids, labels, positions = (torch.from_numpy(a) for a in arrays)
+        return Batch.of_rows(ids, labels, positions)
+
+    def _empty_rows(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, labels, positions) of `n` rows of padding: (n, seq_len) int64 each."""
+        return (np.full((n, self.seq_len), PAD_ID, dtype=np.int64),
+                np.full((n, self.seq_len), IGNORE, dtype=np.int64),
+                np.tile(np.arange(self.seq_len, dtype=np.int64), (n, 1)))
+
+    def _fill(self, arrays: tuple[np.ndarray, np.ndarray, np.ndarray], r: int, examples: Sequence[int], *,
+              scored: bool) -> list[int]:
+        """Lay `examples` one after another into row `r` of `arrays` (see :meth:`_empty_rows`); return where each
+        one starts."""
+        ids, labels, positions = arrays
+        covered = self._scored if scored else self._trained
+        starts, at = self.examples.starts, 0
+        placed = []
+        for example in examples:
+            begin, end = int(starts[example]), int(starts[example + 1])
+            n = end - begin
+            tokens = np.asarray(self.examples.ids[begin:end], dtype=np.int64)
+            ids[r, at: at + n] = tokens
+            labels[r, at: at + n] = np.where(covered[begin:end], tokens, IGNORE)
+            labels[r, at] = IGNORE  # an example's first token is predicted from nothing of its own
+            positions[r, at:] = np.arange(self.seq_len - at)
+            placed.append(at)
+            at += n
+        return placed
 
     # -- batches ---------------------------------------------------------------------------------------
 

@@ -15,7 +15,9 @@ base), and the trial's export directory itself is the merged model, with ``peft`
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -66,6 +68,20 @@ def peft_key(hf_name: str) -> str:
 def lora_modules(module: nn.Module) -> list[tuple[str, LoraLayer]]:
     """The LoRA-wrapped modules of ``module``, in module order, with their names."""
     return [(name, m) for name, m in module.named_modules() if isinstance(m, LoraLayer)]
+
+
+@contextlib.contextmanager
+def adapters_off(modules: Iterable[nn.Module]) -> Iterator[None]:
+    """Within the block, the LoRA layers of `modules` compute their base layer alone: what ``peft``'s
+    ``PeftModel.disable_adapter()`` does, module by module (``enable_adapters``), for a DPO trial's reference."""
+    layers = [layer for module in modules for _, layer in lora_modules(module)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
 
 
 def init_adapters(layer: nn.Module, seed: int) -> None:

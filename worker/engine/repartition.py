@@ -43,7 +43,9 @@ SHARD_STATE = ("p", "m", "v")  # per shard, what survives a step boundary
 
 def segment_start(timetable: Timetable, unit: UnitSpec) -> int:
     """The index of the first unit of ``unit``'s segment: its step's training, that step's evaluation,
-    or the final updates."""
+    the final updates, or its batch of the reference pass."""
+    if unit.phase == "R":
+        return unit.micro_batch * timetable.shards
     start = timetable.step_offset(unit.step)
     return start + timetable.train_units_per_step if unit.phase in ("E", "S") else start
 
@@ -82,14 +84,16 @@ def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_
     old_buffers = {kind: {s: store.path(f"{kind}{s}") for s in range(len(old.shards))}
                    for kind in SHARD_STATE if store.version(f"{kind}0") is not None}  # SGD: no m before step 1
     for name in list(store.buffers):
-        store.drop(name)  # boundary buffers and gradients of the old shapes: none is live after a rollback
+        # Boundary buffers and gradients of the old shapes: none is live after a rollback. A DPO trial's reference
+        # log-probabilities (per pair, whatever the shards) carry over.
+        if not name.startswith("lp"):
+            store.drop(name)
     for shard in plan.shards:
         start, stop = sum(layer_numel[:shard.first]), sum(layer_numel[:shard.stop])
         for kind, paths in old_buffers.items():
             store.write_stream(f"{kind}{shard.index}", _slices(paths, old_starts, session.layout.numel,
                                                                  start, stop))
-    spec = session.spec
-    timetable = Timetable.of(spec, shards=len(plan.shards))
+    timetable = Timetable.of(session.spec, shards=len(plan.shards), reference_batches=state.reference_batches)
     state.replan(plan, cursor=segment_start(timetable, unit))
     session.commit()
     return plan

@@ -10,6 +10,9 @@ and backpropagates. The optimizer step of a shard is applied lazily, the next ti
 (its first unit of the next step, or an eval unit), because global-norm clipping needs every shard's
 gradient norm first. If the trial ends without a final evaluation, ``S`` units apply the last step.
 
+A DPO trial of full fine-tuning computes its reference log-probabilities once, under its starting weights, before
+step 0: ``reference_batches`` batches of ``R`` units (``R0 .. R(n-1)`` each, forward only) open its timetable.
+
 A trial continued after it ended (``TrialSpec.continuations``) is one timetable of segments: each segment's
 last step ends as a trial's last step does (its evaluation, or its ``S`` units), so the timetable of a trial
 before a continuation is the start of the timetable after it, and the cursor it ended at is where the added
@@ -25,7 +28,7 @@ from typing import Literal
 
 from worker.engine.config import ScheduleSpec, TrialSpec
 
-Phase = Literal["F", "FB", "B", "E", "S"]
+Phase = Literal["R", "F", "FB", "B", "E", "S"]
 
 
 def lr_factor(schedule: ScheduleSpec, step: int, total_steps: int) -> float:
@@ -62,7 +65,8 @@ def step_lr(spec: TrialSpec, step: int) -> float:
 class UnitSpec:
     """One unit of work: ``phase`` on ``shard`` for optimizer step ``step``.
 
-    ``micro_batch`` is the micro-batch (F/FB/B) or the evaluation batch (E); 0 for S units.
+    ``micro_batch`` is the micro-batch (F/FB/B), the evaluation batch (E) or the reference batch (R, whose
+    ``step`` is 0); 0 for S units.
     ``index`` is the unit's position in the trial's timetable (the manifest cursor).
     """
 
@@ -113,7 +117,8 @@ class Timetable:
     ``ends``: the steps at which segments before the last one end (a continued trial's ``after`` values);
     the last segment ends at ``steps``. A segment's last step evaluates (with ``eval_every`` > 0) or is
     followed by one ``S`` unit per shard. With ``final_eval_batches`` > 0 every segment ends with the final
-    evaluation instead, on that many batches (the whole held-out set), whatever ``eval_every``."""
+    evaluation instead, on that many batches (the whole held-out set), whatever ``eval_every``.
+    ``reference_batches``: batches of ``R`` units, one per shard each, before step 0."""
 
     shards: int
     steps: int
@@ -122,14 +127,16 @@ class Timetable:
     eval_batches: int
     ends: tuple[int, ...] = ()
     final_eval_batches: int = 0
+    reference_batches: int = 0
 
     @classmethod
-    def of(cls, spec: TrialSpec, *, shards: int) -> Timetable:
-        """The timetable of ``spec`` (added segments included) under a plan of ``shards`` shards."""
+    def of(cls, spec: TrialSpec, *, shards: int, reference_batches: int = 0) -> Timetable:
+        """The timetable of ``spec`` (added segments included) under a plan of ``shards`` shards, opened by
+        ``reference_batches`` batches of reference units (a trial's count: ``TrialState.reference_batches``)."""
         return cls(shards=shards, steps=spec.total_steps, micro_batches=spec.micro_batches,
                    eval_every=spec.eval_every, eval_batches=spec.eval_batches,
                    ends=tuple(added.after for added in spec.continuations),
-                   final_eval_batches=spec.final_eval_batches)
+                   final_eval_batches=spec.final_eval_batches, reference_batches=reference_batches)
 
     @property
     def train_units_per_step(self) -> int:
@@ -162,8 +169,8 @@ class Timetable:
 
     def step_offset(self, step: int) -> int:
         """Index of the first unit of ``step``: the units of every earlier step (training, then its evaluation
-        or final updates); ``step == steps`` gives the timetable's length."""
-        offset = step * self.train_units_per_step
+        or final updates, after the reference units); ``step == steps`` gives the timetable's length."""
+        offset = self.reference_batches * self.shards + step * self.train_units_per_step
         ends = sum(1 for end in (*self.ends, self.steps) if end <= step)
         if self.final_eval_batches:  # evaluations every eval_every steps but at segment ends, then the finals
             aligned = 0 if not self.eval_every else sum(
@@ -181,6 +188,8 @@ class Timetable:
     def segment(self, index: int) -> Segment:
         """The segment unit ``index`` belongs to (see :class:`Segment`)."""
         unit = self[index]
+        if unit.phase == "R":  # one lane per reference batch, before step 0
+            return Segment(start=0, lanes=self.reference_batches, length=self.shards)
         start = self.step_offset(unit.step)
         if unit.phase in ("F", "FB", "B"):
             return Segment(start=start, lanes=self.micro_batches, length=2 * self.shards - 1)
@@ -196,6 +205,9 @@ class Timetable:
     def __getitem__(self, index: int) -> UnitSpec:
         if not 0 <= index < len(self):
             raise IndexError(index)
+        if index < self.reference_batches * self.shards:
+            batch, shard = divmod(index, self.shards)
+            return UnitSpec(index=index, step=0, micro_batch=batch, phase="R", shard=shard)
         low, high = 0, self.steps - 1  # find the last step whose offset is <= index
         while low < high:
             mid = (low + high + 1) // 2

@@ -15,6 +15,9 @@ Spill buffer names (per trial directory)::
     r{m}.{s}         RNG state shard s starts its forward on micro-batch m from (the state shard s - 1 left;
                      shard 0 starts from the micro-batch's seed, see worker.engine.rng)
     e{b}.{s}         output of shard s for evaluation batch b
+    q{m}.{s} qe{b}.{s} a DPO LoRA trial: the reference's output of shard s for micro-batch m, for evaluation batch b
+    qr{b}.{s} lp{c}  a DPO full fine-tune: the reference's output of shard s for reference batch b, and chunk c of
+                     the reference log-probabilities (worker.engine.preference_units)
 
 A micro-batch's boundaries, tied gradients and RNG states are dropped by the unit that reads them last, so the
 store holds those of the micro-batches in flight.
@@ -42,7 +45,7 @@ from worker.engine.faults import Fault
 from worker.engine.layers import build_layer_stack
 from worker.engine.layout import Layout
 from worker.engine.rng import caller_rng_kept, rng_state
-from worker.engine.schedule import Timetable, UnitSpec
+from worker.engine.schedule import UnitSpec
 from worker.engine.shared_base import BaseCache
 from worker.engine.spill_store import SpillStore
 from worker.engine.transfer import Transfers
@@ -75,6 +78,17 @@ class UnitResult:
     eval_tokens: int | None = None  # tokens the evaluation predicted
     eval_bytes: int | None = None  # their UTF-8 bytes
     final_step: int | None = None  # set on the final evaluation (on the held-out set): the steps trained
+    # A DPO trial's (TRL's rewards/*): on a step, the means over its batch's pairs of the chosen and rejected
+    # answers' implicit rewards and the share of pairs whose chosen reward is the higher; on an evaluation, the
+    # same over its pairs and the margin (chosen less rejected); its eval_loss is the mean pair loss, eval_ppl
+    # and eval_bpb are the chosen answers'.
+    rewards_chosen: float | None = None
+    rewards_rejected: float | None = None
+    reward_accuracy: float | None = None
+    eval_rewards_chosen: float | None = None
+    eval_rewards_rejected: float | None = None
+    eval_reward_margin: float | None = None
+    eval_reward_accuracy: float | None = None
     stopped_early: bool = False
     pruned: str | None = None  # why the trial's stop rule ended it at this evaluation (then stopped_early too)
 
@@ -128,7 +142,7 @@ class TrialSession(ShardUnits):
         self.plan = self.state.plan
         self.stack.layers[-1].token_chunk = self.plan.head_token_chunk
         self.layout = Layout(self.stack, self.plan)
-        self.timetable = Timetable.of(self.spec, shards=len(self.plan.shards))
+        self.timetable = self.state.timetable()
         self._transfers.retain({})  # reads of the old plan's buffers will never be taken
         self._kept.clear()
 
@@ -297,7 +311,7 @@ class TrialSession(ShardUnits):
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
-        run = {"F": self._forward, "FB": self._forward_backward, "B": self._backward,
+        run = {"R": self._reference, "F": self._forward, "FB": self._forward_backward, "B": self._backward,
                "E": self._evaluate, "S": self._final_step}[unit.phase]
         for key in [k for k in self._kept if k[0] < unit.step or unit.phase in ("E", "S")]:
             del self._kept[key]  # the backward that would use it ran elsewhere

@@ -9,12 +9,14 @@ refused with a ``SpillStoreError`` naming the key, rather than read as something
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from worker.engine.config import TrialSpec
 from worker.engine.errors import SpillStoreError
 from worker.engine.partition import MemoryPlan
+from worker.engine.schedule import Timetable
 from worker.engine.spill_store import STORE_KEYS, SpillStore
 
 GradState = Literal["empty", "partial"]
@@ -47,20 +49,34 @@ class PendingStep:
 class StepState:
     """Running sums of the step in flight: the micro-batches' losses (each its part of the step's mean token
     loss), and per shard the norms of its
-    parameters' accumulated gradients (set when the shard's backward of the last micro-batch ran)."""
+    parameters' accumulated gradients (set when the shard's backward of the last micro-batch ran). A DPO step
+    also sums its micro-batches' parts of the mean implicit rewards of the chosen and rejected answers and of
+    the share of pairs whose chosen reward is the higher."""
 
     loss_sum: float = 0.0
     norms: dict[int, list[float]] = field(default_factory=dict)
+    chosen_reward: float = 0.0
+    rejected_reward: float = 0.0
+    reward_accuracy: float = 0.0
+
+    REWARDS = ("chosen_reward", "rejected_reward", "reward_accuracy")
 
 
 @dataclass
 class EvalState:
     """Running sums of the evaluation in flight, over the validation batches done so far: their summed token
-    losses (nats), the tokens they predicted and those tokens' UTF-8 bytes."""
+    losses (nats), the tokens they predicted and those tokens' UTF-8 bytes (a DPO evaluation's: its chosen
+    answers'); and a DPO evaluation's pairs, their summed losses, chosen and rejected rewards, and how many had
+    the chosen reward above the rejected one."""
 
     token_loss_sum: float = 0.0
     tokens: int = 0
     bytes: int = 0
+    pairs: int = 0
+    pair_loss_sum: float = 0.0
+    chosen_reward_sum: float = 0.0
+    rejected_reward_sum: float = 0.0
+    accurate: int = 0
 
 
 @dataclass
@@ -98,14 +114,22 @@ class TrialState:
     last_metrics: dict[str, Any] = field(default_factory=dict)
     # A LoRA trial's shared frozen base on this host (worker.engine.shared_base key); None without LoRA.
     base: str | None = None
+    # Batches of reference units that open the timetable (a DPO trial of full fine-tuning; see schedule.py).
+    reference_batches: int = 0
     # The JSON form of ``spec`` and ``plan`` (key -> (object, its JSON)): both are frozen, and converting
     # them at every commit would cost more than the rest of the manifest.
     _json: dict[str, tuple[Any, Any]] = field(init=False, default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def start(cls, *, trial_id: str, spec: TrialSpec, plan: MemoryPlan, base: str | None = None) -> TrialState:
+    def start(cls, *, trial_id: str, spec: TrialSpec, plan: MemoryPlan, base: str | None = None,
+              reference_batches: int = 0) -> TrialState:
         """A trial before its first unit."""
-        return cls(trial_id=trial_id, spec=spec, plan=plan, shards=[ShardState() for _ in plan.shards], base=base)
+        return cls(trial_id=trial_id, spec=spec, plan=plan, shards=[ShardState() for _ in plan.shards], base=base,
+                   reference_batches=reference_batches)
+
+    def timetable(self) -> Timetable:
+        """The trial's timetable under its plan."""
+        return Timetable.of(self.spec, shards=len(self.plan.shards), reference_batches=self.reference_batches)
 
     # -- progress --------------------------------------------------------------------------------------
 
@@ -172,15 +196,16 @@ class TrialState:
             "pending": None if self.pending is None else {"step": self.pending.step,
                                                           "total_norm": self.pending.total_norm},
             "step_state": {"loss_sum": self.step_state.loss_sum,
-                           "norms": {str(shard): norms for shard, norms in self.step_state.norms.items()}},
-            "eval_state": {"token_loss_sum": self.eval_state.token_loss_sum,
-                           "tokens": self.eval_state.tokens, "bytes": self.eval_state.bytes},
+                           "norms": {str(shard): norms for shard, norms in self.step_state.norms.items()},
+                           **{name: getattr(self.step_state, name) for name in StepState.REWARDS}},
+            "eval_state": dataclasses.asdict(self.eval_state),
             "early_stop": {"best": self.early_stop.best, "since": self.early_stop.since,
                            **({"pruned": self.early_stop.pruned} if self.early_stop.pruned is not None else {})},
             "replans": self.replans,
             "last_unit": self.last_unit,
             "last_metrics": self.last_metrics,
             "base": self.base,
+            "reference_batches": self.reference_batches,
         }
 
     def _json_of(self, key: str, value: TrialSpec | MemoryPlan) -> Any:
@@ -200,7 +225,8 @@ class TrialState:
         rather than built again, which a session does before every unit.
         """
         raw = _keys(manifest, "manifest", required=_REQUIRED, optional=_OPTIONAL, ignored=STORE_KEYS)
-        step_state = _keys(raw["step_state"], "step_state", required={"loss_sum", "norms"})
+        step_state = _keys(raw["step_state"], "step_state", required={"loss_sum", "norms"},
+                           optional=frozenset(StepState.REWARDS))
         early_stop = raw.get("early_stop")
         pending = raw["pending"]
         same = known is not None and known.trial_id == raw["trial_id"] and known.replans == raw.get("replans", 0)
@@ -215,10 +241,11 @@ class TrialState:
             pending=None if pending is None else PendingStep(
                 **_keys(pending, "pending", required={"step", "total_norm"})),
             step_state=StepState(loss_sum=step_state["loss_sum"],
-                                 norms={int(shard): norms for shard, norms in step_state["norms"].items()}),
+                                 norms={int(shard): norms for shard, norms in step_state["norms"].items()},
+                                 **{name: step_state[name] for name in StepState.REWARDS if name in step_state}),
             # A store written before evaluations averaged per token also summed the batches' mean losses.
             eval_state=EvalState(**_keys(raw["eval_state"], "eval_state", required=set(),
-                                         optional=frozenset({"token_loss_sum", "tokens", "bytes"}),
+                                         optional=frozenset(f.name for f in dataclasses.fields(EvalState)),
                                          ignored=frozenset({"loss_sum"}))),
             early_stop=EarlyStop() if early_stop is None else EarlyStop(
                 **_keys(early_stop, "early_stop", required={"best", "since"}, optional=frozenset({"pruned"}))),
@@ -226,6 +253,7 @@ class TrialState:
             last_unit=raw.get("last_unit", -1),
             last_metrics=raw.get("last_metrics", {}),
             base=raw.get("base"),
+            reference_batches=raw.get("reference_batches", 0),
         )
         state._json.update(spec=(state.spec, raw["spec"]), plan=(state.plan, raw["plan"]))
         return state
@@ -241,7 +269,7 @@ class TrialState:
 
 
 _REQUIRED = frozenset({"trial_id", "spec", "plan", "cursor", "shards", "pending", "step_state", "eval_state"})
-_OPTIONAL = frozenset({"early_stop", "replans", "last_unit", "last_metrics", "base", "ahead"})
+_OPTIONAL = frozenset({"early_stop", "replans", "last_unit", "last_metrics", "base", "ahead", "reference_batches"})
 
 
 def _normalize(state: TrialState) -> None:

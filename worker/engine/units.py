@@ -22,9 +22,13 @@ from worker.engine.activations import KeptGraph, forward_kept, saves_storage
 from worker.engine.config import TrialSpec
 from worker.engine.data import TokenBlocks, eval_batch, train_batch
 from worker.engine.examples import IGNORE, Batch, ExampleRows
+from worker.engine.head import HeadCall, lm_head
 from worker.engine.layers import LayerStack, ParamRef
 from worker.engine.layout import Layout
+from worker.engine.lora import adapters_off
+from worker.engine.pairs import PairBatch, PairRows
 from worker.engine.partition import MemoryPlan
+from worker.engine.preference_units import PreferenceUnits, answers_head
 from worker.engine.rng import rng_state, seed_micro_batch, set_rng_state
 from worker.engine.schedule import Timetable, UnitSpec, step_lr
 from worker.engine.shared_base import BaseCache
@@ -34,16 +38,17 @@ from worker.engine.transfer import Transfers
 from worker.engine.trial_state import TrialState
 
 
-class ShardUnits:
-    """The unit phases (F, FB, B, E, S) of :class:`~worker.engine.session.TrialSession`, which sets the
-    attributes below; each returns the unit's metrics for ``UnitResult``."""
+class ShardUnits(PreferenceUnits):
+    """The unit phases (F, FB, B, E, S; R in :class:`PreferenceUnits`) of
+    :class:`~worker.engine.session.TrialSession`, which sets the attributes below; each returns the unit's
+    metrics for ``UnitResult``."""
 
     store: SpillStore
     state: TrialState
     device: torch.device
     spec: TrialSpec
     stack: LayerStack
-    data: TokenBlocks | ExampleRows
+    data: TokenBlocks | ExampleRows | PairRows
     timetable: Timetable
     plan: MemoryPlan
     layout: Layout
@@ -74,6 +79,8 @@ class ShardUnits:
         # where the micro-batch's next shard starts drawing (and this shard's backward, on recompute)
         self.store.write(f"r{unit.micro_batch}.{unit.shard + 1}", *rng_state(self.device))
         self.store.write(f"a{unit.micro_batch}.{unit.shard}", out.float())
+        if self.spec.dpo is not None and self.stack.adapters:  # the reference's forward, of the same shard
+            self._reference_pass(unit.shard, params, self._batch(unit), f"q{unit.micro_batch}.")
         return {}
 
     def _forward_backward(self, unit: UnitSpec) -> dict[str, Any]:
@@ -83,7 +90,13 @@ class ShardUnits:
         self._start_rng(unit)
         self._consumed(unit)  # nothing recomputes this shard: its input and RNG state are read for the last time
         batch = self._batch(unit)
-        loss, owned, lent = self._run_shard(unit.shard, params, x, (batch.labels, batch.loss_tokens), train=True)
+        if isinstance(batch, PairBatch):
+            reference = self._pair_reference(unit.shard, params, batch, f"q{unit.micro_batch}.")
+            policy, owned, lent = self._run_shard(unit.shard, params, x, answers_head(batch), train=True)
+            loss = self._pair_loss(policy, reference, batch)
+        else:
+            loss, owned, lent = self._run_shard(unit.shard, params, x, lm_head(batch.labels, batch.loss_tokens),
+                                                train=True)
         head = self.stack.layers[-1]
         if len(lent) == 1 and lent[0] is head.lm_head.weight and head.token_chunk is not None and head.chunkable:
             # The tied LM head weight's gradient goes to the store in chunks of rows as the chunked loss makes
@@ -137,6 +150,7 @@ class ShardUnits:
         params = self._load_shard(unit.shard)
         final = self.timetable.final_evaluation(unit.step)
         size = self.spec.micro_batch_size
+        batch: Batch | PairBatch
         if final and isinstance(self.data, ExampleRows):
             rows, n_bytes = self.data.final_batch(batch=unit.micro_batch, batch_size=size)
             batch = rows.micro_batch(1, 0, self.device)
@@ -153,26 +167,37 @@ class ShardUnits:
             x = self._read_boundary(f"e{unit.micro_batch}.{unit.shard - 1}", (*ids.shape, self._width))
             self.store.drop(f"e{unit.micro_batch}.{unit.shard - 1}")
         last = unit.shard == len(self.plan.shards) - 1
-        with torch.no_grad():  # the last shard's output: the batch's summed token loss (a divisor of 1)
-            out = self._run_shard(unit.shard, params, x, (batch.labels, 1) if last else None, train=False)[0]
+        head = None if not last else answers_head(batch) if isinstance(batch, PairBatch) else lm_head(batch.labels, 1)
+        with torch.no_grad():  # the last shard's output: the batch's summed token loss, or its answers' log-probs
+            out = self._run_shard(unit.shard, params, x, head, train=False)[0]
+        reference = None
+        if isinstance(batch, PairBatch) and (last or self.stack.adapters):
+            reference = self._pair_reference(unit.shard, params, batch, f"qe{unit.micro_batch}.")
         if not last:
             self.store.write(f"e{unit.micro_batch}.{unit.shard}", out.float())
             return {}
         state = self.state.eval_state
-        state.token_loss_sum += out.item()
-        state.tokens += int((batch.labels[:, 1:] != IGNORE).sum())
-        state.bytes += n_bytes or 0
+        if isinstance(batch, PairBatch):
+            self._add_pair_evaluation(out, reference, batch, n_bytes)
+        else:
+            state.token_loss_sum += out.item()
+            state.tokens += int((batch.labels[:, 1:] != IGNORE).sum())
+            state.bytes += n_bytes or 0
         if unit.micro_batch < (self.spec.final_eval_batches if final else self.spec.eval_batches) - 1:
             return {}
-        eval_loss = state.token_loss_sum / state.tokens
-        bpb = state.token_loss_sum / math.log(2) / state.bytes if self.data.token_bytes is not None else None
-        metrics: dict[str, Any] = {"eval_loss": eval_loss, "eval_ppl": math.exp(eval_loss), "eval_bpb": bpb,
-                                   "eval_tokens": state.tokens, "eval_bytes": state.bytes}
+        metrics: dict[str, Any]
+        if isinstance(batch, PairBatch):
+            metrics = self._pair_evaluation()
+        else:
+            eval_loss = state.token_loss_sum / state.tokens
+            bpb = state.token_loss_sum / math.log(2) / state.bytes if self.data.token_bytes is not None else None
+            metrics = {"eval_loss": eval_loss, "eval_ppl": math.exp(eval_loss), "eval_bpb": bpb,
+                       "eval_tokens": state.tokens, "eval_bytes": state.bytes}
         if final:  # after an early stop, the weights are those of the step that stopped it
             pending = self.state.pending
             metrics["final_step"] = pending.step + 1 if pending is not None else unit.step + 1
         else:
-            metrics["stopped_early"] = self._no_longer_improving(unit.step, eval_loss)
+            metrics["stopped_early"] = self._no_longer_improving(unit.step, metrics["eval_loss"])
         self.state.reset_eval()
         return metrics
 
@@ -199,7 +224,7 @@ class ShardUnits:
     def _width(self) -> int:
         return self.stack.width
 
-    def _batch(self, unit: UnitSpec) -> Batch:
+    def _batch(self, unit: UnitSpec) -> Batch | PairBatch:
         """The unit's micro-batch, (B_mb, T) on the device; its position ids become the layers'."""
         batch = train_batch(self.data, seed=self.spec.seed, step=unit.step, batch_size=self.spec.batch_size)
         micro_batch = batch.micro_batch(self.spec.micro_batches, unit.micro_batch, self.device)
@@ -258,16 +283,16 @@ class ShardUnits:
             meta.pending, meta.grad = False, "empty"
         return params
 
-    def _run_shard(self, shard: int, params: torch.Tensor, x: torch.Tensor,
-                   targets: tuple[torch.Tensor, int] | None, *,
-                   train: bool) -> tuple[torch.Tensor, list[nn.Parameter], list[nn.Parameter]]:
+    def _run_shard(self, shard: int, params: torch.Tensor, x: torch.Tensor, head: HeadCall | None, *,
+                   train: bool, reference: bool = False
+                   ) -> tuple[torch.Tensor, list[nn.Parameter], list[nn.Parameter]]:
         """Bind the shard's weights into its layers and run them; return (output, owned, lent params).
 
         Owned parameters are views into ``params``; a parameter borrowed from another shard is read from
         that shard's committed buffer; a LoRA trial's frozen base weights come from the host's shared base.
-        The last layer needs ``targets``, the labels and the divisor of their summed loss (the head's
-        ``loss_tokens``), and returns the loss. Units that
-        need no graph call this under ``torch.no_grad``.
+        The last layer is run through ``head`` (:func:`lm_head`, :func:`sequence_head`). ``reference`` runs a
+        LoRA trial's layers with their adapters off (the base alone, DPO's reference). Units that need no graph
+        call this under ``torch.no_grad``.
         """
         plan = self.plan.shards[shard]
         if self.stack.adapters:
@@ -293,10 +318,16 @@ class ShardUnits:
                 weight = self.store.read_new(f"p{owner.shard}", borrow.owner.numel, torch.float32,
                                              offset=owner.offset * FP32).view(borrow.owner.shape)
                 lent.append(self.stack.bind(index, borrow.name, weight.to(self.device)))
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.spec.bf16):
+        layers = self.stack.layers[plan.first:plan.stop]
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.spec.bf16), \
+                adapters_off(layers if reference else ()):
             for index in range(plan.first, plan.stop):
                 layer = self.stack.layers[index].train(train)
-                x = layer(x, *targets) if index == len(self.stack) - 1 else layer(x)
+                if index == len(self.stack) - 1:
+                    assert head is not None, "the last layer needs its targets"
+                    x = head(layer, x)
+                else:
+                    x = layer(x)
                 if index == plan.first:
                     self.reach("mid-forward")
                     if x.requires_grad:  # a graph is built: its backward passes this point too
@@ -327,11 +358,15 @@ class ShardUnits:
             return {}
         norms = [n for s in range(len(self.plan.shards)) for n in state.norms[s]]
         total_norm = gradients.global_norm(norms)
-        loss = state.loss_sum  # each micro-batch's loss is its part of the step's mean token loss
-        self.state.mark_step_pending(unit.step, total_norm)
-        return {
-            "loss": loss,
+        metrics = {
+            "loss": state.loss_sum,  # each micro-batch's loss is its part of the step's mean token (or pair) loss
             "lr": step_lr(self.spec, unit.step),
             "grad_norm": total_norm,
             "tokens": (unit.step + 1) * self.spec.batch_size * self.spec.data.seq_len,
         }
+        if self.spec.dpo is not None:
+            metrics |= {"rewards_chosen": state.chosen_reward, "rewards_rejected": state.rejected_reward,
+                        "reward_accuracy": state.reward_accuracy}
+        self.state.mark_step_pending(unit.step, total_norm)
+        return metrics
+

@@ -495,14 +495,17 @@ def unit_done(trial_id: str, result: UnitResult, remaining_units: int, ready: li
     now = time.time()
     steps = (
         [StepMetrics(trial=trial_id, step=unit.step, loss=result.loss, lr=result.lr or 0.0,
-                     tokens=result.tokens or 0, time=now)]
+                     tokens=result.tokens or 0, time=now, rewards_chosen=result.rewards_chosen,
+                     rewards_rejected=result.rewards_rejected, reward_accuracy=result.reward_accuracy)]
         if result.loss is not None else []
     )
     evals = (
         [EvalMetrics(trial=trial_id, step=unit.step if result.final_step is None else result.final_step - 1,
                      loss=result.eval_loss, perplexity=result.eval_ppl or 0.0, time=now,
                      bpb=-1.0 if result.eval_bpb is None else result.eval_bpb, tokens=result.eval_tokens or 0,
-                     bytes=result.eval_bytes or 0, final=int(result.final_step is not None))]
+                     bytes=result.eval_bytes or 0, final=int(result.final_step is not None),
+                     rewards_chosen=result.eval_rewards_chosen, rewards_rejected=result.eval_rewards_rejected,
+                     reward_margin=result.eval_reward_margin, reward_accuracy=result.eval_reward_accuracy)]
         if result.eval_loss is not None else []
     )
     return UnitDone(

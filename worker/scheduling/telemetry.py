@@ -4,10 +4,12 @@ Streams of a host (``XRANGE hydra:<host>:spans - +`` shows them):
 
     hydra:<host>:spans     one entry per unit: trial, device, unit, step, micro_batch, phase, shard,
                            start, end (epoch seconds), bytes_moved, peak_bytes, pid
-    hydra:<host>:steps     one entry per optimizer step: trial, step, loss, lr, tokens, time
+    hydra:<host>:steps     one entry per optimizer step: trial, step, loss, lr, tokens, time; a DPO trial's
+                           also rewards_chosen, rewards_rejected, reward_accuracy
     hydra:<host>:evals     one entry per evaluation: trial, step, loss, perplexity, time, bpb (bits per
                            byte, -1: unknown), tokens and bytes it covered, final (1: the final evaluation
-                           on the declared held-out set, its step the steps trained)
+                           on the declared held-out set, its step the steps trained); a DPO trial's also
+                           rewards_chosen, rewards_rejected, reward_margin, reward_accuracy
     hydra:<host>:samples   one entry per device per second: device, time, utilization (0..1),
                            memory_used, memory_total (bytes)
     hydra:<host>:checkpoints  one entry per durable checkpoint written: trial, step, time (when its
@@ -44,9 +46,11 @@ FIELD_TYPES: dict[str, dict[str, Callable[[str], object]]] = {
         "unit": int, "step": int, "micro_batch": int, "shard": int, "start": float, "end": float,
         "bytes_moved": int, "peak_bytes": int, "pid": int,
     },
-    "steps": {"step": int, "loss": float, "lr": float, "tokens": int, "time": float},
+    "steps": {"step": int, "loss": float, "lr": float, "tokens": int, "time": float, "rewards_chosen": float,
+              "rewards_rejected": float, "reward_accuracy": float},
     "evals": {"step": int, "loss": float, "perplexity": float, "time": float, "bpb": float, "tokens": int,
-              "bytes": int, "final": int},
+              "bytes": int, "final": int, "rewards_chosen": float, "rewards_rejected": float, "reward_margin": float,
+              "reward_accuracy": float},
     "samples": {"time": float, "utilization": float, "memory_used": int, "memory_total": int},
     "checkpoints": {"step": int, "time": float, "bytes": int},
     "events": {},
@@ -56,7 +60,7 @@ STREAMS = tuple(FIELD_TYPES)
 
 @dataclass(frozen=True)
 class Span:
-    """One unit that ran on a device. ``phase`` is the engine's (F, FB, B, E, S) or ``plan``; ``io_s`` is the
+    """One unit that ran on a device. ``phase`` is the engine's (R, F, FB, B, E, S) or ``plan``; ``io_s`` is the
     part of ``end - start`` spent moving the trial's state to and from the spill store."""
 
     trial: str
@@ -76,7 +80,9 @@ class Span:
 
 @dataclass(frozen=True)
 class StepMetrics:
-    """One optimizer step's training loss; ``step`` is the engine's 0-based index of the step."""
+    """One optimizer step's training loss; ``step`` is the engine's 0-based index of the step. A DPO trial's step
+    also has the mean implicit rewards of its batch's chosen and rejected answers and the share of its pairs whose
+    chosen reward is the higher (None for other trials: the stream entry leaves them out)."""
 
     trial: str
     step: int
@@ -84,11 +90,17 @@ class StepMetrics:
     lr: float
     tokens: int
     time: float
+    rewards_chosen: float | None = None
+    rewards_rejected: float | None = None
+    reward_accuracy: float | None = None
 
 
 @dataclass(frozen=True)
 class EvalMetrics:
-    """An evaluation after the step of 0-based index ``step``; ``final`` for the trial's last one."""
+    """An evaluation after the step of 0-based index ``step``; ``final`` for the trial's last one. A DPO trial's
+    ``loss`` is its mean pair loss, its ``perplexity``, ``bpb``, ``tokens`` and ``bytes`` are its chosen answers',
+    and it has the rewards, their margin and the preference accuracy (None for other trials: the stream entry leaves
+    them out)."""
 
     trial: str
     step: int
@@ -99,6 +111,10 @@ class EvalMetrics:
     tokens: int = 0
     bytes: int = 0
     final: int = 0
+    rewards_chosen: float | None = None
+    rewards_rejected: float | None = None
+    reward_margin: float | None = None
+    reward_accuracy: float | None = None
 
 
 @dataclass(frozen=True)
@@ -129,9 +145,10 @@ def stream_key(host_id: str, stream: str) -> str:
 def add(pipe: redis.client.Pipeline, host_id: str, stream: str,
         record: Span | StepMetrics | EvalMetrics | CheckpointMetrics) -> None:
     """Queue an XADD of `record` on `pipe` (the caller executes it with its other commands). The records are
-    flat (numbers and strings), so their fields go as they are: `dataclasses.asdict` would deep-copy each
-    one, a cost in every unit's round trip."""
-    pipe.xadd(stream_key(host_id, stream), vars(record), maxlen=STREAM_MAXLEN, approximate=True)
+    flat (numbers and strings), so their fields go as they are (`dataclasses.asdict` would deep-copy each
+    one, a cost in every unit's round trip); a field that is None is left out of the entry."""
+    fields = {name: value for name, value in vars(record).items() if value is not None}
+    pipe.xadd(stream_key(host_id, stream), fields, maxlen=STREAM_MAXLEN, approximate=True)
 
 
 def add_all(

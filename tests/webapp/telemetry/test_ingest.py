@@ -5,12 +5,18 @@ from __future__ import annotations
 import pytest
 from django.core.management import call_command
 
+from tests.engine.conftest import CPU, run_all
+from tests.engine.test_dpo import N_PAIRS, dpo_spec, random_pairs
 from tests.webapp.telemetry.factories import make_experiment, write_event, write_sample, write_span, write_steps
 from webapp.experiments.ingest import telemetry_ingest
 from webapp.ground.models import Trial
 from webapp.telemetry import levels
 from webapp.telemetry.models import DeviceSample, EvalMetric, StepMetric, StreamCursor, UnitSpan
 from worker.contract import SyntheticJob
+from worker.engine import TrialSession, trial_create
+from worker.engine.pairs import save_pairs
+from worker.scheduling import telemetry
+from worker.scheduling.engine_runner import unit_done
 from worker.scheduling.queue import ShardQueue
 
 pytestmark = pytest.mark.django_db
@@ -146,3 +152,38 @@ def test_the_command_drains_once(redis_client, host_id, trials, capsys):
     call_command("hydra_ingest", "--once", "--host", host_id)
     assert StepMetric.objects.count() == 12
     assert f"hydra_ingest {host_id}: steps 12" in capsys.readouterr().out
+
+
+def test_a_dpo_trials_rewards_go_from_its_units_to_its_metrics(redis_client, host_id, alice_team, tmp_path):
+    """A DPO trial's units report rewards beside the loss; the scheduler's records of them, written to the host's
+    streams, are stored with the trial's steps and evaluations; a language-modelling trial's stay empty."""
+    dpo_trial, lm_trial = make_experiment(alice_team, trials=[{"lr": 1e-3}, {"lr": 3e-3}]).trials.order_by("number")
+    save_pairs(random_pairs(N_PAIRS, seed=11), tmp_path / "pairs")
+    spec = dpo_spec(tmp_path / "pairs", steps=4, eval_every=2)
+    trial_create(spec=spec, spill_dir=tmp_path / "spill", trial_id="t", device=CPU, cuts=[0, 2])
+    results = run_all(TrialSession.open(spill_dir=tmp_path / "spill", trial_id="t", device=CPU))
+    pipe = redis_client.pipeline()
+    for result in results:
+        done = unit_done(dpo_trial.queue_id, result, remaining_units=0)
+        telemetry.add_all(pipe, host_id, span=telemetry.Span(
+            trial=dpo_trial.queue_id, device="cpu0", unit=result.unit.index, step=result.unit.step, micro_batch=0,
+            phase=result.unit.phase, shard=result.unit.shard, start=1.0, end=2.0, bytes_moved=0, peak_bytes=0, pid=1),
+            steps=done.steps, evals=done.evals)
+    pipe.execute()
+    write_steps(redis_client, host_id, lm_trial, range(0, 10))
+
+    telemetry_ingest(host_id=host_id)
+
+    steps = [r for r in results if r.loss is not None]
+    assert list(StepMetric.objects.filter(trial=dpo_trial).order_by("step").values_list(
+        "loss", "rewards_chosen", "rewards_rejected", "reward_accuracy")) == [
+        (r.loss, r.rewards_chosen, r.rewards_rejected, r.reward_accuracy) for r in steps]
+    evals = [r for r in results if r.eval_loss is not None]
+    assert list(EvalMetric.objects.filter(trial=dpo_trial).order_by("step").values_list(
+        "loss", "perplexity", "rewards_chosen", "rewards_rejected", "reward_margin", "reward_accuracy")) == [
+        (r.eval_loss, r.eval_ppl, r.eval_rewards_chosen, r.eval_rewards_rejected, r.eval_reward_margin,
+         r.eval_reward_accuracy) for r in evals]
+    assert len(evals) == 2 and all(0 <= r.eval_reward_accuracy <= 1 for r in evals)
+    assert set(StepMetric.objects.filter(trial=lm_trial).values_list("rewards_chosen", "reward_accuracy")) == {
+        (None, None)}
+    assert set(EvalMetric.objects.filter(trial=lm_trial).values_list("reward_margin", flat=True)) == {None}
