@@ -5,6 +5,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PORT   ?= 8000
 HOST   ?= 127.0.0.1
+# make run VERBOSE=1: every service's output in the terminal rather than in var/logs/
+VERBOSE ?=
 
 .PHONY: run test test-fast lint benchmarks clean
 .DEFAULT_GOAL := run
@@ -29,7 +31,7 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 	@touch $@
 
 run: $(VENV)/.installed
-	@$(PY) scripts/devstack.py run --host $(HOST) --port $(PORT)
+	@$(PY) scripts/devstack.py run --host $(HOST) --port $(PORT) $(if $(filter 1 yes true,$(VERBOSE)),--verbose)
 
 # Every test: those that start processes and, beside them at a lower priority, the others (docs/testing.md).
 test: $(VENV)/.installed-dev

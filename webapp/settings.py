@@ -157,8 +157,9 @@ FILE_UPLOAD_HANDLERS = [
     "django.core.files.uploadhandler.TemporaryFileUploadHandler",
 ]
 
-# E-mail (team notifications): the console backend in development (`make run` prints each message), SMTP from
-# the environment otherwise (`webapp.config.notify`). The web worker sends it, never a request.
+# E-mail (team notifications): the console backend in development (each message goes to the web worker's output,
+# `make run`'s var/logs/web-worker.log), SMTP from the environment otherwise (`webapp.config.notify`). The web
+# worker sends it, never a request.
 EMAIL_BACKEND = HYDRA.notify.email.backend
 EMAIL_HOST = HYDRA.notify.email.host
 EMAIL_PORT = HYDRA.notify.email.port
