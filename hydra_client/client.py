@@ -273,9 +273,11 @@ class Hydra:
         """The token's user, their teams, the team the calls act in, and the token's scope and expiry."""
         return self.get("/me")
 
-    def leaderboard(self, dataset_id: int, metric: str | None = None, holdout: int | None = None,
+    def leaderboard(self, dataset: int | str, metric: str | None = None, holdout: int | None = None,
                     limit: int | None = None) -> dict[str, Any]:
-        """The team's best trials on a dataset by `metric` (bpb, val_ppl or val_loss), and each team's best."""
+        """The team's best trials on a dataset (its id or name, as `Datasets.find` takes it) by `metric` (bpb,
+        val_ppl or val_loss), and each team's best."""
+        dataset_id = dataset if isinstance(dataset, int) else self.datasets.find(dataset)["id"]
         return self.get(f"/leaderboards/{int(dataset_id)}", metric=metric, holdout=holdout, limit=limit)
 
     def queue(self, page: int = 1) -> dict[str, Any]:
@@ -319,12 +321,30 @@ class Resource:
 class Datasets(Resource):
     """The team's datasets: corpora and instruction data with their trained tokenizers."""
 
-    def list(self, status: str | None = None) -> list[dict[str, Any]]:
-        """Every dataset of the team, newest first (`status`: only tokenizing, ready or failed ones)."""
-        return list(self.client.paginate("/datasets", {"status": status}))
+    def list(self, status: str | None = None, name: str | None = None) -> list[dict[str, Any]]:
+        """Every dataset of the team, newest first (`status`: only tokenizing, ready or failed ones; `name`: only
+        those of this name, in any case)."""
+        return list(self.client.paginate("/datasets", {"status": status, "name": name}))
 
     def get(self, dataset_id: int) -> dict[str, Any]:
         return self.client.get(f"/datasets/{int(dataset_id)}")
+
+    def find(self, dataset: int | str) -> dict[str, Any]:
+        """The dataset whose id, or else whose name, is `dataset` (a name of digits only is read as an id; a name
+        in another case matches when it is the only one). HydraError 404 when the team has none of that name, and
+        409 when several match (their ids said)."""
+        if isinstance(dataset, int) or str(dataset).strip().isdigit():
+            return self.get(int(dataset))
+        name = str(dataset).strip()
+        found = self.list(name=name)
+        exact = [d for d in found if d["name"] == name]
+        found = exact if len(exact) == 1 else found
+        if not found:
+            raise HydraError(404, f"The team has no dataset named {name!r}: hydra datasets list shows them.")
+        if len(found) > 1:
+            ids = ", ".join(str(d["id"]) for d in found)
+            raise HydraError(409, f"{len(found)} datasets of the team are named {name!r} (ids {ids}): give the id.")
+        return found[0]
 
     def preview(self, dataset_id: int) -> dict[str, Any]:
         """A ready dataset's first text and its tokens, or its first examples (409 until it is ready)."""
