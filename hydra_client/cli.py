@@ -537,7 +537,7 @@ def trials_continue(trial_id: int, steps: int, lr: float, warmup_steps: int, dec
 
 
 class ByteBar:
-    """A download's progress as a tqdm bar on stderr (on a terminal only), made once the size is known."""
+    """A transfer's progress as a tqdm bar on stderr (on a terminal only), made once the size is known."""
 
     def __init__(self, label: str) -> None:
         self.label = label
@@ -554,21 +554,46 @@ class ByteBar:
             self.bar.close()
 
 
+def _download_choice(offered: list[dict[str, Any]], adapter: bool) -> dict[str, Any]:
+    """The download asked for among those the trial offers; UsageError for an adapter of a trial without one."""
+    kind = "adapter" if adapter else "model"
+    chosen = next((d for d in offered if d["kind"] == kind), None)
+    if chosen is None:
+        raise click.UsageError("This trial trained no LoRA adapter: download its model (without --adapter)."
+                               if adapter else "This trial has no model to download.")
+    return chosen
+
+
 @cli.command()
 @click.argument("trial_id", type=int, metavar="TRIAL")
+@click.option("--adapter", is_flag=True,
+              help="A LoRA trial's adapter alone (a few MB; load it on the base model with peft), not its merged "
+                   "model.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
               show_default=True, help="The folder to save the .tar.gz in.")
 @json_option
-def download(trial_id: int, out_dir: Path) -> None:
-    """Download TRIAL's model (weights, config, tokenizer) as a .tar.gz: the server packs it first."""
-    note(f"Packing trial {trial_id}'s model…")
-    bar = ByteBar(f"trial {trial_id}")
+def download(trial_id: int, adapter: bool, out_dir: Path) -> None:
+    """Download TRIAL's model (weights, config, tokenizer) as a .tar.gz, or with --adapter a LoRA trial's adapter
+    alone: the server packs it first. The file is named by the experiment, the trial's number in it, its id
+    and what it holds."""
+    hydra = client()
+    trial, offered = hydra.trials.get(trial_id), hydra.trials.downloads(trial_id)
+    if not offered:
+        raise HydraError(409, f"Trial {trial_id} has no exported model to download (it is {trial['status']}).")
+    chosen = _download_choice(offered, adapter)
+    others = "; ".join(f"{d['title'].lower()} {size(d['content_bytes'])}" + (" (--adapter)" if d["kind"] ==
+                       "adapter" else " (without --adapter)") for d in offered if d is not chosen)
+    note(f"Trial {trial_id} (#{trial['number']} of experiment {trial['experiment']}): {chosen['title'].lower()}, "
+         f"about {size(chosen['content_bytes'])}" + (f"; also: {others}" if others else ""))
+    packing, receiving = ByteBar("packing"), ByteBar("downloading")
     try:
-        path = client().trials.download(trial_id, out_dir, progress=bar)
+        path = hydra.trials.download(trial_id, out_dir, progress=receiving, packing=packing, kind=chosen["kind"])
     finally:
-        bar.close()
+        packing.close()
+        receiving.close()
     path = path.resolve()
-    emit({"trial": trial_id, "path": str(path), "size_bytes": path.stat().st_size}, str(path))
+    emit({"trial": trial_id, "number": trial["number"], "experiment": trial["experiment"], "kind": chosen["kind"],
+          "path": str(path), "size_bytes": path.stat().st_size}, str(path))
 
 
 # The lab -------------------------------------------------------------------------------------------------------

@@ -486,28 +486,46 @@ class Trials(Resource):
         body = {"steps": steps, "lr": lr, "warmup_steps": warmup_steps, "decay": decay}
         return self.client.post(f"/trials/{int(trial_id)}/continue", body)
 
-    def archive(self, trial_id: int) -> dict[str, Any]:
-        """Ask the server to pack the trial's model (weights, config, tokenizer) into a .tar.gz."""
-        return self.client.post(f"/trials/{int(trial_id)}/archive")
+    def downloads(self, trial_id: int) -> list[dict[str, Any]]:
+        """What the trial's model downloads are: ``{"kind", "title", "about", "content_bytes", "status", ...}``
+        for its model (a LoRA trial's merged model) and, for a LoRA trial, its adapter alone."""
+        return self.client.get(f"/trials/{int(trial_id)}/downloads")
 
-    def archive_status(self, trial_id: int) -> dict[str, Any]:
-        return self.client.get(f"/trials/{int(trial_id)}/archive")
+    def archive(self, trial_id: int, kind: str = "model") -> dict[str, Any]:
+        """Ask the server to pack the trial's model (weights, config, tokenizer), or with ``kind="adapter"`` a LoRA
+        trial's adapter alone, into a .tar.gz."""
+        return self.client.post(f"/trials/{int(trial_id)}/archive?kind={kind}")
+
+    def archive_status(self, trial_id: int, kind: str = "model") -> dict[str, Any]:
+        """The archive's state: ``status``, and while it is preparing ``packed_bytes`` of ``total_bytes``."""
+        return self.client.get(f"/trials/{int(trial_id)}/archive", kind=kind)
 
     def download(self, trial_id: int, dest_dir: str | os.PathLike[str] = ".", progress: Progress | None = None,
-                 timeout: float = 600.0, interval: float = 1.0) -> Path:
-        """Have the trial's model packed, wait until it is, and stream the .tar.gz into `dest_dir`; returns its
-        path. `progress` is called with the bytes received so far and the total."""
-        packed = self.archive(trial_id)
+                 timeout: float = 600.0, interval: float = 1.0, kind: str = "model",
+                 packing: Progress | None = None) -> Path:
+        """Have the trial's model (or with ``kind="adapter"`` its LoRA adapter) packed, wait until it is, and
+        stream the .tar.gz into `dest_dir`; returns its path. `packing` is called with the bytes packed so far
+        and the total while the server packs, `progress` with the bytes received so far and the total."""
+        packed = self.archive(trial_id, kind)
         if packed["status"] == "failed":  # an earlier packing failed: asking again starts it anew
-            packed = self.archive(trial_id)
+            packed = self.archive(trial_id, kind)
+
+        def poll() -> dict[str, Any]:
+            answer = self.archive_status(trial_id, kind)
+            if packing is not None and answer["status"] == "preparing":
+                packing(answer.get("packed_bytes") or 0, answer.get("total_bytes"))
+            return answer
+
         if not (packed["status"] == "ready" and packed.get("download")):
-            packed = _wait(lambda: self.archive_status(trial_id), done=lambda a: a["status"] != "preparing",
-                           timeout=timeout, interval=interval, what=f"Packing trial {trial_id}'s model")
+            packed = _wait(poll, done=lambda a: a["status"] != "preparing", timeout=timeout, interval=interval,
+                           what=f"Packing trial {trial_id}'s {kind}")
         if packed["status"] != "ready" or not packed.get("download"):
-            raise HydraError(None, f"Trial {trial_id}'s model could not be packed: "
+            raise HydraError(None, f"Trial {trial_id}'s {kind} could not be packed: "
                                    f"{packed.get('message') or packed['status']}")
-        return self.client.download_file(packed["download"], dest_dir, fallback_name=f"trial-{trial_id}.tar.gz",
-                                         progress=progress)
+        if packing is not None and packed.get("total_bytes") is not None:
+            packing(packed["total_bytes"], packed["total_bytes"])
+        return self.client.download_file(packed["download"], dest_dir,
+                                         fallback_name=f"trial-{trial_id}-{kind}.tar.gz", progress=progress)
 
     def generate(self, trial_id: int, prompt: str, **settings: Any) -> dict[str, Any]:
         """Ask the trial's model to continue `prompt` (`settings`: max_new_tokens, temperature, top_p, seed);

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import tarfile
 import time
 from pathlib import Path
 
@@ -13,8 +14,12 @@ import pytest
 
 from tests.browser.devstack import free_port
 from tests.client.conftest import Shell, make_token
+from tests.webapp.catalog.checkpoints import tiny_llama
+from tests.webapp.conftest import web_worker  # noqa: F401 -- a fixture
 from tests.webapp.datasets.factories import make_dataset
 from tests.webapp.experiments.factories import make_experiment
+from tests.webapp.experiments.test_archives import lora_export
+from tests.webapp.experiments.test_generations import finished
 from webapp.ground.models import Trial
 from webapp.telemetry.models import EvalMetric, StepMetric
 
@@ -257,6 +262,28 @@ def test_a_dataset_is_named_by_its_id_or_its_name(alice_hydra: Shell, alice_team
     for name in ("nothing-so-named", "bobs"):  # another team's name is as unknown as none
         unknown = alice_hydra("leaderboard", name)
         assert unknown.exit_code == 4 and f"The team has no dataset named {name!r}" in unknown.stderr
+
+
+def test_download_takes_a_lora_trials_adapter_alone_named_by_the_trials_number_and_id(
+        alice_hydra: Shell, alice_team, db_lock, web_worker, settings, tmp_path: Path) -> None:  # noqa: F811
+    with db_lock:
+        plain, lora = make_experiment(alice_team, make_dataset(alice_team), name="lora sweep").trials.order_by("number")
+        settings.HYDRA.models_root.mkdir(parents=True, exist_ok=True)
+        lora_export(lora, tiny_llama(settings.HYDRA.models_root / "tiny-llama"))
+        finished(plain)
+        Path(plain.export_path).mkdir(parents=True)
+        (Path(plain.export_path) / "config.json").write_text("{}")
+    result = alice_hydra("download", str(lora.pk), "--adapter", "-o", str(tmp_path / "out"), "--json")
+    got = _document(result)
+    assert (got["number"], got["kind"]) == (2, "adapter")  # trial id lora.pk is #2 of its experiment
+    assert Path(got["path"]) == tmp_path / "out" / f"lora_sweep-trial-2-id-{lora.pk}-adapter.tar.gz"
+    assert f"Trial {lora.pk} (#2 of experiment {lora.experiment_id}): adapter, about " in result.stderr
+    assert "; also: merged model " in result.stderr and "(without --adapter)" in result.stderr
+    with tarfile.open(got["path"]) as tar:
+        names = {Path(name).name for name in tar.getnames()}
+    assert "adapter_model.safetensors" in names and "model.safetensors" not in names
+    refused = alice_hydra("download", str(plain.pk), "--adapter")
+    assert refused.exit_code == 2 and "This trial trained no LoRA adapter" in refused.stderr
 
 
 def test_trial_controls_answer_with_the_trial_or_say_why_not(alice_hydra: Shell, alice_team, db_lock) -> None:
