@@ -91,13 +91,12 @@ def trial_downloads(*, trial: Trial) -> list[Download]:
     kinds = download_kinds(directory)
     archives = {a.kind: a for a in _current(trial)}
     lora = Kind.ADAPTER in kinds
-    about = {
-        Kind.ADAPTER: "The LoRA adapter alone (PEFT), with the tokenizer: load it on the base model with "
-                      f"PeftModel.from_pretrained; it names its base as {_base_name(trial)}.",
-        Kind.MODEL: ("The base model with the adapter merged in, with the tokenizer: it loads alone with "
-                     "AutoModelForCausalLM.from_pretrained." if lora else
-                     "The trained model with its tokenizer: it loads with AutoModelForCausalLM.from_pretrained."),
-    }
+    about = {Kind.MODEL: "The trained model with its tokenizer: it loads with AutoModelForCausalLM.from_pretrained."}
+    if lora:
+        about = {Kind.ADAPTER: "The LoRA adapter alone (PEFT), with the tokenizer: load it on the base model with "
+                               f"PeftModel.from_pretrained; it names its base as {_base_name(trial)}.",
+                 Kind.MODEL: "The base model with the adapter merged in, with the tokenizer: it loads alone with "
+                             "AutoModelForCausalLM.from_pretrained."}
     titles = {Kind.ADAPTER: "Adapter", Kind.MODEL: "Merged model" if lora else "Model"}
     return [Download(kind, titles[kind], about[kind], sum(_size(source) for _, source in _members(
         trial, directory, kind)), archives.get(kind)) for kind in kinds]
