@@ -275,8 +275,10 @@ def run(host: str, port: int, *, verbose: bool = False) -> int:
         event_append(data_dir(), {"event": "started", "services": supervisor.names})
         started = True
         wait_listening(port, supervisor, stop)
-        if not stop.requested:
+        if port_answers(port):
             print(ready_banner(f"http://{host}:{port}/", login, verbose), flush=True)
+        elif not stop.requested:
+            say(f"the web server does not answer on port {port}; see {output_of('web server', verbose)}")
         while not stop.requested:
             supervisor.poll()
             time.sleep(0.3)

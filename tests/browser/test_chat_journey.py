@@ -186,5 +186,7 @@ def test_a_lab_tunes_a_chat_model_on_its_conversations(page, devstack: DevStack,
     directory = download_model(page, best, tmp_path)
     assert not (directory / "adapter").exists()  # the merged model alone; the adapter is the other download
     adapter = download_model(page, best, tmp_path, kind="adapter")
+    page.locator("#downloads").scroll_into_view_if_needed()
+    _checked(page, screenshots_dir, "chat-5-downloads")
     _use_the_downloads(directory, adapter, devstack.data_dir / "models" / "smollm2-135m-instruct")
     print(f"experiment {experiment_id}: done at {time.monotonic() - started:.0f} s")
