@@ -5,8 +5,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PORT   ?= 8000
 HOST   ?= 127.0.0.1
+# make run VERBOSE=1: every service's output in the terminal rather than in var/logs/
+VERBOSE ?=
 
-.PHONY: run test test-fast lint benchmarks clean
+.PHONY: run test test-fast lint benchmarks plotly clean
 .DEFAULT_GOAL := run
 
 $(PY):
@@ -29,7 +31,7 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 	@touch $@
 
 run: $(VENV)/.installed
-	@$(PY) scripts/devstack.py run --host $(HOST) --port $(PORT)
+	@$(PY) scripts/devstack.py run --host $(HOST) --port $(PORT) $(if $(filter 1 yes true,$(VERBOSE)),--verbose)
 
 # Every test: those that start processes and, beside them at a lower priority, the others (docs/testing.md).
 test: $(VENV)/.installed-dev
@@ -45,6 +47,11 @@ lint: $(VENV)/.installed-dev
 
 benchmarks: $(VENV)/.installed-dev
 	@for script in benchmarks/*.py; do echo "== $$script"; $(PY) $$script --quick || exit 1; done
+
+# Rebuild static/vendor/plotly.min.js (plotly.js with the traces the pages draw) from the npm registry's packages,
+# at the versions scripts/plotly-bundle/package-lock.json pins; needs node and npm. The result is committed.
+plotly:
+	cd scripts/plotly-bundle && npm ci --no-audit --no-fund && node build.js
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache

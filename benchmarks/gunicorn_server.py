@@ -22,9 +22,13 @@ def free_port() -> int:
 
 
 def serve(port: int) -> subprocess.Popen[bytes]:
-    """gunicorn serving the web app on `port` with production settings (DEBUG off, plain HTTP on loopback),
-    once it listens; the environment (database, Redis, SECRET_KEY) is this process's."""
+    """gunicorn serving the web app on `port` with production settings (DEBUG off, plain HTTP on loopback, the
+    static files collected first), once it listens; the environment (database, Redis, SECRET_KEY) is this
+    process's."""
     env = {**os.environ, "DEBUG": "0", "ALLOWED_HOSTS": "127.0.0.1", "HYDRA_HTTPS": "0"}
+    # As a deployment does before it serves: the pages name the static files by their collected, hashed names.
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], env=env, cwd=ROOT,
+                   check=True)
     server = subprocess.Popen([sys.executable, "-m", "gunicorn", "webapp.wsgi", "--bind", f"127.0.0.1:{port}",
                                "--workers", "1", "--log-level", "warning"], env=env, cwd=ROOT)
     deadline = time.monotonic() + 60

@@ -251,12 +251,12 @@ def datasets_list(status: str | None) -> None:
 
 
 @datasets.command("show")
-@click.argument("dataset_id", type=int, metavar="DATASET")
+@click.argument("dataset", metavar="DATASET")
 @json_option
-def datasets_show(dataset_id: int) -> None:
-    """One dataset."""
-    dataset = client().datasets.get(dataset_id)
-    emit(dataset, lambda: _dataset_line(dataset))
+def datasets_show(dataset: str) -> None:
+    """One dataset, by id or name."""
+    found = client().datasets.find(dataset)
+    emit(found, lambda: _dataset_line(found))
 
 
 def _created(dataset: dict[str, Any], wait: bool) -> None:
@@ -330,7 +330,7 @@ def _experiment_line(experiment: Mapping[str, Any]) -> str:
 
 
 TRIAL_COLUMNS = [("id", "ID"), ("number", "#"), ("status", "STATUS"), ("progress", "STEP"), ("params", "PARAMS"),
-                 ("best_val_loss", "BEST VAL LOSS"), ("final_bpb", "BPB"), ("eta", "ETA")]
+                 ("final_bpb", "VAL BPB"), ("best_val_loss", "BEST VAL LOSS"), ("eta", "ETA")]
 
 
 def _trial_rows(trials: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -383,7 +383,7 @@ def experiments_space(experiment_id: int) -> None:
 @experiments.command("create")
 @click.argument("space", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--name", required=True, help="The experiment's name.")
-@click.option("--dataset", required=True, type=int, help="The dataset's id.")
+@click.option("--dataset", required=True, help="The dataset's id or name.")
 @click.option("--strategy", help="grid, random or tpe (server default: grid).")
 @click.option("--trials", "n_trials", type=int, help="Trials to sample (random and tpe).")
 @click.option("--budget", type=float, help="Each trial's budget, in --budget-unit.")
@@ -395,11 +395,12 @@ def experiments_space(experiment_id: int) -> None:
 @click.option("--priority", help="low, normal or high.")
 @click.option("--launch", is_flag=True, help="Launch it at once.")
 @json_option
-def experiments_create(space: Path, name: str, dataset: int, launch: bool, **fields: Any) -> None:
+def experiments_create(space: Path, name: str, dataset: str, launch: bool, **fields: Any) -> None:
     """Create an experiment from SPACE, a YAML or JSON search space as the web form takes it (and as
     `hydra experiments space` prints it): the parameters, and optionally model, pruner, holdout_bytes..."""
-    experiment = client().experiments.create(space.read_text(encoding="utf-8"), name=name, dataset=dataset,
-                                             launch=launch, **fields)
+    hydra = client()
+    experiment = hydra.experiments.create(space.read_text(encoding="utf-8"), name=name,
+                                          dataset=hydra.datasets.find(dataset)["id"], launch=launch, **fields)
     emit(experiment, lambda: _experiment_line(experiment))
 
 
@@ -462,8 +463,9 @@ _experiment_action("retry-failed", "retry_failed", "Run every failed trial again
               help="Seconds between polls.")
 @json_option
 def watch(experiment_id: int, interval: float) -> None:
-    """Follow EXPERIMENT's trials (a progress bar each, with loss, bits per byte, status and time left) until
-    every one has ended. Exit 0 when all finished (or were pruned), 1 when any failed or was cancelled."""
+    """Follow EXPERIMENT's trials until every one has ended: a progress bar each, with its status, validation bits
+    per byte (what leaderboards rank by, the lower the better), best validation loss, latest training loss and time
+    left. Exit 0 when all finished (or were pruned), 1 when any failed or was cancelled."""
     display = Display(bars=not wants_json())
     try:
         views = Watch(client(), experiment_id, interval=interval, display=display).run()
@@ -474,7 +476,8 @@ def watch(experiment_id: int, interval: float) -> None:
     emit({"experiment": experiment_id, "ok": ok, "trials": rows},
          lambda: table([{**r, "progress": f"{r['step']}/{r['total_steps']}"} for r in rows],
                        [("id", "ID"), ("number", "#"), ("status", "STATUS"), ("progress", "STEP"),
-                        ("params", "PARAMS"), ("loss", "LOSS"), ("bpb", "BPB"), ("message", "MESSAGE")]))
+                        ("params", "PARAMS"), ("val_bpb", "VAL BPB"), ("best_val_loss", "BEST VAL LOSS"),
+                        ("train_loss", "TRAIN LOSS"), ("message", "MESSAGE")]))
     if not ok:
         click.get_current_context().exit(EXIT_REFUSED)
 
@@ -534,7 +537,7 @@ def trials_continue(trial_id: int, steps: int, lr: float, warmup_steps: int, dec
 
 
 class ByteBar:
-    """A download's progress as a tqdm bar on stderr (on a terminal only), made once the size is known."""
+    """A transfer's progress as a tqdm bar on stderr (on a terminal only), made once the size is known."""
 
     def __init__(self, label: str) -> None:
         self.label = label
@@ -551,21 +554,46 @@ class ByteBar:
             self.bar.close()
 
 
+def _download_choice(offered: list[dict[str, Any]], adapter: bool) -> dict[str, Any]:
+    """The download asked for among those the trial offers; UsageError for an adapter of a trial without one."""
+    kind = "adapter" if adapter else "model"
+    chosen = next((d for d in offered if d["kind"] == kind), None)
+    if chosen is None:
+        raise click.UsageError("This trial trained no LoRA adapter: download its model (without --adapter)."
+                               if adapter else "This trial has no model to download.")
+    return chosen
+
+
 @cli.command()
 @click.argument("trial_id", type=int, metavar="TRIAL")
+@click.option("--adapter", is_flag=True,
+              help="A LoRA trial's adapter alone (a few MB; load it on the base model with peft), not its merged "
+                   "model.")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
               show_default=True, help="The folder to save the .tar.gz in.")
 @json_option
-def download(trial_id: int, out_dir: Path) -> None:
-    """Download TRIAL's model (weights, config, tokenizer) as a .tar.gz: the server packs it first."""
-    note(f"Packing trial {trial_id}'s model…")
-    bar = ByteBar(f"trial {trial_id}")
+def download(trial_id: int, adapter: bool, out_dir: Path) -> None:
+    """Download TRIAL's model (weights, config, tokenizer) as a .tar.gz, or with --adapter a LoRA trial's adapter
+    alone: the server packs it first. The file is named by the experiment, the trial's number in it, its id
+    and what it holds."""
+    hydra = client()
+    trial, offered = hydra.trials.get(trial_id), hydra.trials.downloads(trial_id)
+    if not offered:
+        raise HydraError(409, f"Trial {trial_id} has no exported model to download (it is {trial['status']}).")
+    chosen = _download_choice(offered, adapter)
+    others = "; ".join(f"{d['title'].lower()} {size(d['content_bytes'])}" + (" (--adapter)" if d["kind"] ==
+                       "adapter" else " (without --adapter)") for d in offered if d is not chosen)
+    note(f"Trial {trial_id} (#{trial['number']} of experiment {trial['experiment']}): {chosen['title'].lower()}, "
+         f"about {size(chosen['content_bytes'])}" + (f"; also: {others}" if others else ""))
+    packing, receiving = ByteBar("packing"), ByteBar("downloading")
     try:
-        path = client().trials.download(trial_id, out_dir, progress=bar)
+        path = hydra.trials.download(trial_id, out_dir, progress=receiving, packing=packing, kind=chosen["kind"])
     finally:
-        bar.close()
+        packing.close()
+        receiving.close()
     path = path.resolve()
-    emit({"trial": trial_id, "path": str(path), "size_bytes": path.stat().st_size}, str(path))
+    emit({"trial": trial_id, "number": trial["number"], "experiment": trial["experiment"], "kind": chosen["kind"],
+          "path": str(path), "size_bytes": path.stat().st_size}, str(path))
 
 
 # The lab -------------------------------------------------------------------------------------------------------
@@ -604,14 +632,14 @@ def _leaderboard_text(board: Mapping[str, Any]) -> str:
 
 
 @cli.command()
-@click.argument("dataset_id", type=int, metavar="DATASET")
+@click.argument("dataset", metavar="DATASET")
 @click.option("--metric", type=click.Choice(["bpb", "val_ppl", "val_loss"]), default="bpb", show_default=True,
               help="What to rank by.")
 @click.option("--limit", type=click.IntRange(1, 200), default=20, show_default=True, help="How many trials.")
 @json_option
-def leaderboard(dataset_id: int, metric: str, limit: int) -> None:
-    """The team's best trials on DATASET, and each team's best."""
-    board = client().leaderboard(dataset_id, metric=metric, limit=limit)
+def leaderboard(dataset: str, metric: str, limit: int) -> None:
+    """The team's best trials on DATASET (its id or name), and each team's best."""
+    board = client().leaderboard(dataset, metric=metric, limit=limit)
     emit(board, lambda: _leaderboard_text(board))
 
 

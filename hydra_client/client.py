@@ -273,9 +273,11 @@ class Hydra:
         """The token's user, their teams, the team the calls act in, and the token's scope and expiry."""
         return self.get("/me")
 
-    def leaderboard(self, dataset_id: int, metric: str | None = None, holdout: int | None = None,
+    def leaderboard(self, dataset: int | str, metric: str | None = None, holdout: int | None = None,
                     limit: int | None = None) -> dict[str, Any]:
-        """The team's best trials on a dataset by `metric` (bpb, val_ppl or val_loss), and each team's best."""
+        """The team's best trials on a dataset (its id or name, as `Datasets.find` takes it) by `metric` (bpb,
+        val_ppl or val_loss), and each team's best."""
+        dataset_id = dataset if isinstance(dataset, int) else self.datasets.find(dataset)["id"]
         return self.get(f"/leaderboards/{int(dataset_id)}", metric=metric, holdout=holdout, limit=limit)
 
     def queue(self, page: int = 1) -> dict[str, Any]:
@@ -319,12 +321,30 @@ class Resource:
 class Datasets(Resource):
     """The team's datasets: corpora and instruction data with their trained tokenizers."""
 
-    def list(self, status: str | None = None) -> list[dict[str, Any]]:
-        """Every dataset of the team, newest first (`status`: only tokenizing, ready or failed ones)."""
-        return list(self.client.paginate("/datasets", {"status": status}))
+    def list(self, status: str | None = None, name: str | None = None) -> list[dict[str, Any]]:
+        """Every dataset of the team, newest first (`status`: only tokenizing, ready or failed ones; `name`: only
+        those of this name, in any case)."""
+        return list(self.client.paginate("/datasets", {"status": status, "name": name}))
 
     def get(self, dataset_id: int) -> dict[str, Any]:
         return self.client.get(f"/datasets/{int(dataset_id)}")
+
+    def find(self, dataset: int | str) -> dict[str, Any]:
+        """The dataset whose id, or else whose name, is `dataset` (a name of digits only is read as an id; a name
+        in another case matches when it is the only one). HydraError 404 when the team has none of that name, and
+        409 when several match (their ids said)."""
+        if isinstance(dataset, int) or str(dataset).strip().isdigit():
+            return self.get(int(dataset))
+        name = str(dataset).strip()
+        found = self.list(name=name)
+        exact = [d for d in found if d["name"] == name]
+        found = exact if len(exact) == 1 else found
+        if not found:
+            raise HydraError(404, f"The team has no dataset named {name!r}: hydra datasets list shows them.")
+        if len(found) > 1:
+            ids = ", ".join(str(d["id"]) for d in found)
+            raise HydraError(409, f"{len(found)} datasets of the team are named {name!r} (ids {ids}): give the id.")
+        return found[0]
 
     def preview(self, dataset_id: int) -> dict[str, Any]:
         """A ready dataset's first text and its tokens, or its first examples (409 until it is ready)."""
@@ -466,28 +486,46 @@ class Trials(Resource):
         body = {"steps": steps, "lr": lr, "warmup_steps": warmup_steps, "decay": decay}
         return self.client.post(f"/trials/{int(trial_id)}/continue", body)
 
-    def archive(self, trial_id: int) -> dict[str, Any]:
-        """Ask the server to pack the trial's model (weights, config, tokenizer) into a .tar.gz."""
-        return self.client.post(f"/trials/{int(trial_id)}/archive")
+    def downloads(self, trial_id: int) -> list[dict[str, Any]]:
+        """What the trial's model downloads are: ``{"kind", "title", "about", "content_bytes", "status", ...}``
+        for its model (a LoRA trial's merged model) and, for a LoRA trial, its adapter alone."""
+        return self.client.get(f"/trials/{int(trial_id)}/downloads")
 
-    def archive_status(self, trial_id: int) -> dict[str, Any]:
-        return self.client.get(f"/trials/{int(trial_id)}/archive")
+    def archive(self, trial_id: int, kind: str = "model") -> dict[str, Any]:
+        """Ask the server to pack the trial's model (weights, config, tokenizer), or with ``kind="adapter"`` a LoRA
+        trial's adapter alone, into a .tar.gz."""
+        return self.client.post(f"/trials/{int(trial_id)}/archive?kind={kind}")
+
+    def archive_status(self, trial_id: int, kind: str = "model") -> dict[str, Any]:
+        """The archive's state: ``status``, and while it is preparing ``packed_bytes`` of ``total_bytes``."""
+        return self.client.get(f"/trials/{int(trial_id)}/archive", kind=kind)
 
     def download(self, trial_id: int, dest_dir: str | os.PathLike[str] = ".", progress: Progress | None = None,
-                 timeout: float = 600.0, interval: float = 1.0) -> Path:
-        """Have the trial's model packed, wait until it is, and stream the .tar.gz into `dest_dir`; returns its
-        path. `progress` is called with the bytes received so far and the total."""
-        packed = self.archive(trial_id)
+                 timeout: float = 600.0, interval: float = 1.0, kind: str = "model",
+                 packing: Progress | None = None) -> Path:
+        """Have the trial's model (or with ``kind="adapter"`` its LoRA adapter) packed, wait until it is, and
+        stream the .tar.gz into `dest_dir`; returns its path. `packing` is called with the bytes packed so far
+        and the total while the server packs, `progress` with the bytes received so far and the total."""
+        packed = self.archive(trial_id, kind)
         if packed["status"] == "failed":  # an earlier packing failed: asking again starts it anew
-            packed = self.archive(trial_id)
+            packed = self.archive(trial_id, kind)
+
+        def poll() -> dict[str, Any]:
+            answer = self.archive_status(trial_id, kind)
+            if packing is not None and answer["status"] == "preparing":
+                packing(answer.get("packed_bytes") or 0, answer.get("total_bytes"))
+            return answer
+
         if not (packed["status"] == "ready" and packed.get("download")):
-            packed = _wait(lambda: self.archive_status(trial_id), done=lambda a: a["status"] != "preparing",
-                           timeout=timeout, interval=interval, what=f"Packing trial {trial_id}'s model")
+            packed = _wait(poll, done=lambda a: a["status"] != "preparing", timeout=timeout, interval=interval,
+                           what=f"Packing trial {trial_id}'s {kind}")
         if packed["status"] != "ready" or not packed.get("download"):
-            raise HydraError(None, f"Trial {trial_id}'s model could not be packed: "
+            raise HydraError(None, f"Trial {trial_id}'s {kind} could not be packed: "
                                    f"{packed.get('message') or packed['status']}")
-        return self.client.download_file(packed["download"], dest_dir, fallback_name=f"trial-{trial_id}.tar.gz",
-                                         progress=progress)
+        if packing is not None and packed.get("total_bytes") is not None:
+            packing(packed["total_bytes"], packed["total_bytes"])
+        return self.client.download_file(packed["download"], dest_dir,
+                                         fallback_name=f"trial-{trial_id}-{kind}.tar.gz", progress=progress)
 
     def generate(self, trial_id: int, prompt: str, **settings: Any) -> dict[str, Any]:
         """Ask the trial's model to continue `prompt` (`settings`: max_new_tokens, temperature, top_p, seed);

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ OUTAGE_GRACE_S = 60.0  # a server restarting mid-watch is waited for this long b
 # A trial's status comes from the scheduler's events, its final evaluation from the telemetry the server ingests
 # a moment later: a finished trial without its final figures is waited for this long.
 FINAL_EVAL_GRACE_S = 30.0
+LABEL_PARAMS_CHARS = 40  # a bar's label names the parameters of a trial up to this many characters
 
 
 class NotLaunched(HydraError):
@@ -32,11 +33,12 @@ class NotLaunched(HydraError):
 
 @dataclass
 class TrialView:
-    """A trial as the watch knows it: its last record, the cursor into its metrics, its latest loss and eval."""
+    """A trial as the watch knows it: its last record, the cursor into its metrics, its latest training loss and
+    its latest evaluation's bits per byte."""
 
     trial: dict[str, Any]
     cursor: int = -1
-    loss: float | None = None
+    train_loss: float | None = None
     eval_bpb: float | None = None
     read_at: tuple[Any, ...] | None = field(default=None)  # (status, step, attempt) when its metrics were read
 
@@ -45,8 +47,9 @@ class TrialView:
         return self.trial["status"]
 
     @property
-    def bpb(self) -> float | None:
-        """Bits per byte: the final evaluation's once there is one, else the latest evaluation's."""
+    def val_bpb(self) -> float | None:
+        """Validation bits per byte, what leaderboards rank by: the final evaluation's once there is one, else
+        the latest evaluation's."""
         final = self.trial.get("final_bpb")
         return final if final is not None else self.eval_bpb
 
@@ -60,30 +63,45 @@ class TrialView:
     def take(self, trial: dict[str, Any]) -> None:
         """A newer record of the trial; a new attempt starts its metrics afresh."""
         if trial["attempt"] != self.trial["attempt"]:
-            self.cursor, self.loss, self.eval_bpb, self.read_at = -1, None, None, None
+            self.cursor, self.train_loss, self.eval_bpb, self.read_at = -1, None, None, None
         self.trial = trial
 
     def absorb(self, metrics: dict[str, Any]) -> None:
-        """One answer of ``/trials/{id}/metrics``: its trial, and its last step's loss and last eval's bpb."""
+        """One answer of ``/trials/{id}/metrics``: its trial, its last step's loss and its last eval's bpb."""
         self.take(metrics["trial"])
         if metrics["steps"]:
-            self.loss = metrics["steps"][-1]["loss"]
+            self.train_loss = metrics["steps"][-1]["loss"]
         bpbs = [e["bpb"] for e in metrics["evals"] if e.get("bpb") is not None]
         if bpbs:
             self.eval_bpb = bpbs[-1]
         self.cursor = metrics["next"]
 
-    def label(self) -> str:
-        shown = params(self.trial.get("params") or {})
-        return f"#{self.trial['number']}" + (f" {shown[:40]}" if shown else "")
+    def label(self, varying: Collection[str] | None = None) -> str:
+        """``#number`` and its parameters (those in `varying` when given: what tells it from the other trials),
+        whole ``key=value`` pairs up to `LABEL_PARAMS_CHARS`, then ``…`` for the ones left out."""
+        values = self.trial.get("params") or {}
+        shown = {k: v for k, v in values.items() if varying is None or k in varying}
+        pairs, width, left_out = [], 0, False
+        for key, value in shown.items():
+            pair = params({key: value})
+            if pairs and width + 1 + len(pair) > LABEL_PARAMS_CHARS:
+                left_out = True
+                break
+            pairs.append(pair)
+            width += len(pair) + 1
+        return " ".join([f"#{self.trial['number']}", *pairs, *(["…"] if left_out else [])])
 
     def summary(self) -> str:
-        """Status, loss, bits per byte and time left, as a bar's postfix or a line."""
+        """Status, validation bits per byte (the final evaluation's, or the latest one's, said so), best validation
+        loss, the latest training loss and time left, each named: as a bar's postfix or a line."""
         parts = [self.status]
-        if self.loss is not None:
-            parts.append(f"loss {number(self.loss)}")
-        if self.bpb is not None:
-            parts.append(f"bpb {number(self.bpb)}")
+        if self.val_bpb is not None:
+            latest = "" if self.trial.get("final_bpb") is not None else " (latest eval)"
+            parts.append(f"val bpb {number(self.val_bpb)}{latest}")
+        if self.trial.get("best_val_loss") is not None:
+            parts.append(f"best val loss {number(self.trial['best_val_loss'])}")
+        if self.train_loss is not None:
+            parts.append(f"train loss {number(self.train_loss)}")
         if self.status == "running" and self.trial.get("remaining_s") is not None:
             parts.append(f"eta {duration(self.trial['remaining_s'])}")
         if self.status in ("failed", "cancelled") and self.trial.get("message"):
@@ -94,7 +112,17 @@ class TrialView:
         """The trial as ``hydra watch`` reports it at the end."""
         keys = ("id", "number", "status", "message", "params", "attempt", "step", "total_steps", "final_loss",
                 "final_bpb", "best_val_loss")
-        return {**{key: self.trial.get(key) for key in keys}, "loss": self.loss, "bpb": self.bpb}
+        return {**{key: self.trial.get(key) for key in keys}, "val_bpb": self.val_bpb, "train_loss": self.train_loss}
+
+
+def varying_params(trials: Iterable[Mapping[str, Any]]) -> set[str] | None:
+    """The parameters whose values differ between `trials`; None for one trial (all of its own tell it)."""
+    trials = list(trials)
+    if len(trials) < 2:
+        return None
+    keys = {key for trial in trials for key in (trial.get("params") or {})}
+    return {key for key in keys
+            if len({repr((trial.get("params") or {}).get(key)) for trial in trials}) > 1}
 
 
 class Display:
@@ -106,6 +134,7 @@ class Display:
         self.lines = lines
         self.bars: dict[int, tqdm] = {}
         self.statuses: dict[int, str] = {}
+        self.varying: set[str] | None = None  # the parameters that tell the trials apart, for their labels
 
     def show(self, view: TrialView) -> None:
         trial_id = view.trial["id"]
@@ -114,14 +143,14 @@ class Display:
         if view.status == "finished" and view.trial.get("final_loss") is None:
             return  # its line waits for the final evaluation's figures
         if self.lines and self.statuses.get(trial_id) != view.status:
-            self.note(f"{view.label()}: {view.summary()}")
+            self.note(f"{view.label(self.varying)}: {view.summary()}")
         self.statuses[trial_id] = view.status
 
     def _bar(self, view: TrialView) -> None:
         bar = self.bars.get(view.trial["id"])
         if bar is None:
-            bar = tqdm(total=view.trial["total_steps"] or None, desc=view.label(), position=len(self.bars),
-                       leave=True, dynamic_ncols=True, file=sys.stderr,
+            bar = tqdm(total=view.trial["total_steps"] or None, desc=view.label(self.varying),
+                       position=len(self.bars), leave=True, dynamic_ncols=True, file=sys.stderr,
                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}{postfix}")
             self.bars[view.trial["id"]] = bar
         bar.total = view.trial["total_steps"] or None
@@ -174,7 +203,9 @@ class Watch:
 
     def poll(self) -> bool:
         """Read what changed and show it; whether every trial has ended."""
-        for trial in self.client.experiments.trials(self.experiment_id):
+        trials = self.client.experiments.trials(self.experiment_id)
+        self.display.varying = varying_params(trials)
+        for trial in trials:
             view = self.views.get(trial["id"])
             if view is None:
                 view = self.views[trial["id"]] = TrialView(trial)

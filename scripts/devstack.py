@@ -1,6 +1,6 @@
 """Start Hydra's local stack: ``make run`` and ``make test`` call this with the project's virtualenv Python.
 
-    python scripts/devstack.py run  [--port 8000] [--host 127.0.0.1]
+    python scripts/devstack.py run  [--port 8000] [--host 127.0.0.1] [--verbose]
     python scripts/devstack.py test [pytest arguments...]
 
 Redis comes from ``REDIS_URL`` when it is set; otherwise a ``redis-server`` found on PATH is started on a
@@ -10,10 +10,13 @@ an append-only file, written at once and flushed to disk every second, so that a
 again still holds every trial it acknowledged (a crash of the machine loses at most the last second or so).
 
 ``run`` supervises what it started (`worker.processes.Supervisor`): the private Redis, the web server, one
-worker per device, the telemetry ingest and the web worker. One that exits is started again with back-off,
-and each exit and restart is printed and appended to the data folder's service events, which the health pages
-show (`webapp.health.service_events`). On exit (Ctrl-C, SIGTERM, or the end of the tests) every process this
-script started is stopped and waited for.
+worker per device (at a lower CPU priority than the others), the telemetry ingest and the web worker. Each
+service writes its output to a log file of its own under the data folder's ``logs/`` (the previous run's kept as
+``.log.1``), or, with ``--verbose``, to this terminal; once the web server answers, the last lines printed say
+where it is, how to log in and where the logs are. One that exits is started again with back-off, and each exit
+and restart is printed and appended to the data folder's service events, which the health pages show
+(`webapp.health.service_events`). On exit (Ctrl-C, SIGTERM, or the end of the tests) every process this script
+started is stopped and waited for.
 
 ``test`` runs ruff, then pytest; a whole run is two pytest processes at once, the tests that start processes
 and the others beside them (`test_in_two_streams`).
@@ -47,6 +50,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PRIVATE_REDIS_PORT = 6390
 TEST_REDIS_PORT = 6391
 STOP_GRACE_S = 25.0
+# The device workers' CPU niceness under `make run`: on a machine with few cores, training takes every core it is
+# given, and the pages (the web server, the ingest) would answer only between its time slices.
+WORKER_NICENESS = 10
 
 
 def say(message: str) -> None:
@@ -147,48 +153,106 @@ def redis_available(processes: list[subprocess.Popen[bytes]]) -> Iterator[str]:
     yield url
 
 
-def manage(*args: str, env: dict[str, str]) -> None:
-    subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], check=True, env=env, cwd=ROOT)
+def manage(*args: str, env: dict[str, str]) -> str:
+    """Run a ``manage.py`` command; its output, printed only when it fails (then this script exits)."""
+    done = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True)
+    if done.returncode:
+        sys.stdout.write(done.stdout + done.stderr)
+        raise SystemExit(f"hydra: manage.py {' '.join(args)} failed (exit status {done.returncode})")
+    return done.stdout
 
 
-def report(event: dict[str, object]) -> None:
+def log_path(service: str) -> Path:
+    """Where `make run` keeps a service's output: ``<data folder>/logs/<service>.log`` (``worker-cpu0.log``)."""
+    return data_dir() / "logs" / f"{service.replace(' ', '-')}.log"
+
+
+def logs_rotate(services: Sequence[str]) -> None:
+    """Keep the last run's log of each service beside the new one, as ``<name>.log.1``, and no older one."""
+    for service in services:
+        path = log_path(service)
+        if path.exists():
+            path.replace(path.with_name(path.name + ".1"))
+
+
+def output_of(service: str, verbose: bool) -> str:
+    """Where a service's output is to be read."""
+    if service == "redis-server":
+        return str(data_dir() / "redis" / "redis.log")
+    return "its output above" if verbose else str(log_path(service))
+
+
+def report(event: dict[str, object], *, verbose: bool = False) -> None:
     """Print a supervisor's event and append it to the service events the health pages read."""
     name, what = event.get("service"), event["event"]
     if what == "exited":
         code, delay = exit_code(int(str(event["code"]))), float(str(event["delay_s"]))
+        where = output_of(str(name), verbose)
         if event["failing"]:
             say(f"{name} exited with {code}, {event['failures_in_row']} times in a row within a minute of starting: "
-                f"it is FAILING (see its output above); trying again in {delay:.0f} s")
+                f"it is FAILING (see {where}); trying again in {delay:.0f} s")
         else:
             say(f"{name} exited with {code}; restarting it in {delay:.0f} s ({ordinal(int(str(event['restart'])))} "
-                "restart)")
+                f"restart); see {where}")
     elif what == "restarted":
         say(f"{name} started again (pid {event['pid']})")
     event_append(data_dir(), event)
 
 
-def stack_services(host: str, port: int, env: dict[str, str]) -> list[Service]:
-    """The web server, one worker per device, the ingest and the web worker, with the names reports use."""
+def stack_services(host: str, port: int, env: dict[str, str], *, verbose: bool = False) -> list[Service]:
+    """The web server, one worker per device, the ingest and the web worker, with the names reports use. Each
+    writes to its log file (`log_path`) unless `verbose`; the device workers run at `WORKER_NICENESS`."""
     try:
         devices = host_devices(worker_config.load(env).devices)
     except (worker_config.ConfigError, ValueError) as error:
         raise SystemExit(f"hydra: {error}") from None
     python = sys.executable
+
+    def service(name: str, command: list[str], niceness: int = 0) -> Service:
+        return Service(name, command, env, ROOT, log=None if verbose else log_path(name), niceness=niceness)
+
     return [
-        Service("web server", [python, "manage.py", "runserver", "--noreload", f"{host}:{port}"], env, ROOT),
-        *(Service(f"worker {device.name}", [python, "-m", "worker.launch", "--device", device.spec], env, ROOT)
+        service("web server", [python, "manage.py", "runserver", "--noreload", f"{host}:{port}"]),
+        *(service(f"worker {device.name}", [python, "-m", "worker.launch", "--device", device.spec], WORKER_NICENESS)
           for device in devices),
         # Drains the workers' telemetry streams from Redis into the database for the dashboards.
-        Service("ingest", [python, "manage.py", "hydra_ingest"], env, ROOT),
+        service("ingest", [python, "manage.py", "hydra_ingest"]),
         # The pages' background work (tokenizing uploads, model downloads, large previews).
-        Service("web worker", [python, "manage.py", "hydra_web_worker"], env, ROOT),
+        service("web worker", [python, "manage.py", "hydra_web_worker"]),
     ]
 
 
-def run(host: str, port: int) -> int:
+def wait_listening(port: int, supervisor: Supervisor, stop: StopSignals, timeout_s: float = 120.0) -> None:
+    """Wait until the web server accepts connections (or a stop is asked, or `timeout_s` passes)."""
+    deadline = time.monotonic() + timeout_s
+    while not port_answers(port) and not stop.requested and time.monotonic() < deadline:
+        supervisor.poll()
+        time.sleep(0.2)
+
+
+def ready_banner(url: str, login: str, verbose: bool) -> str:
+    """What `make run` prints last, once the web server answers: where to go, how to log in, where the logs are."""
+    logs = data_dir() / "logs"
+    shown = logs.relative_to(ROOT) if logs.is_relative_to(ROOT) else logs
+    rule = "hydra: " + "-" * 72
+    return "\n".join([
+        rule, f"hydra: Hydra is running at {url}", f"hydra: {login}",
+        "hydra: the services' output is above" if verbose else
+        f"hydra: the services' logs are in {shown}/ (make run VERBOSE=1 prints them here instead)",
+        "hydra: Ctrl-C stops everything", rule])
+
+
+def demo_login(env: dict[str, str]) -> str:
+    """Make the demo user on the first start; the line that says how to log in."""
+    lines = [line.removeprefix("hydra: ") for line in manage("hydra_demo", env=env).splitlines() if line.strip()]
+    return lines[-1] if lines else "log in as demo"
+
+
+def run(host: str, port: int, *, verbose: bool = False) -> int:
     stop = StopSignals()
     data_dir().mkdir(parents=True, exist_ok=True)
-    supervisor = Supervisor(report=report)
+    supervisor = Supervisor(report=lambda event: report(event, verbose=verbose))
     started = False
     try:
         redis_port = private_redis_port()
@@ -200,14 +264,21 @@ def run(host: str, port: int) -> int:
             say(f"started redis-server at {url} (data in {redis_dir}, append-only)")
         env = {**os.environ, "REDIS_URL": url, "DEBUG": os.environ.get("DEBUG", "1")}
         manage("migrate", "--noinput", "-v", "0", env=env)
-        manage("hydra_demo", env=env)
+        login = demo_login(env)
         if port_answers(port):
             raise SystemExit(f"hydra: port {port} is already in use; choose another with make run PORT=N.")
-        for service in stack_services(host, port, env):
+        services = stack_services(host, port, env, verbose=verbose)
+        if not verbose:
+            logs_rotate([service.name for service in services])
+        for service in services:
             supervisor.start(service)
         event_append(data_dir(), {"event": "started", "services": supervisor.names})
         started = True
-        say(f"web server on http://{host}:{port}/  (Ctrl-C stops everything)")
+        wait_listening(port, supervisor, stop)
+        if port_answers(port):
+            print(ready_banner(f"http://{host}:{port}/", login, verbose), flush=True)
+        elif not stop.requested:
+            say(f"the web server does not answer on port {port}; see {output_of('web server', verbose)}")
         while not stop.requested:
             supervisor.poll()
             time.sleep(0.3)
@@ -296,9 +367,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                             "worker per device")
     run_parser.add_argument("--host", default="127.0.0.1")
     run_parser.add_argument("--port", type=int, default=8000)
+    run_parser.add_argument("--verbose", action="store_true",
+                            help="print every service's output here instead of into its log file")
     sub.add_parser("test", help="start Redis (if needed), run ruff, then pytest with the remaining arguments")
     args = parser.parse_args(argv)
-    return run(args.host, args.port)
+    return run(args.host, args.port, verbose=args.verbose)
 
 
 if __name__ == "__main__":

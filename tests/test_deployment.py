@@ -3,6 +3,7 @@ network and has one pinned worker per GPU; production settings pass Django's dep
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import secrets
@@ -114,6 +115,22 @@ def test_it_fails_the_deployment_checklist_when_https_is_turned_off(tmp_path):
         assert check in result.stderr, check
 
 
+def collectstatic(environ: dict[str, str]) -> None:
+    result = subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=ROOT,
+                            env=environ, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_collectstatic_compresses_every_file_under_its_hashed_name(tmp_path):
+    collectstatic(production_environ(tmp_path))
+    collected = tmp_path / "staticfiles"
+    manifest = json.loads((collected / "staticfiles.json").read_text())["paths"]
+    plotly = collected / manifest["vendor/plotly.min.js"]
+    assert plotly.name != "plotly.min.js" and plotly.is_file()  # hashed: browsers keep it for good
+    assert gzip.decompress(plotly.with_name(plotly.name + ".gz").read_bytes()) == plotly.read_bytes()
+    assert (collected / manifest["css/hydra.css"]).with_suffix(".css.gz").is_file()
+
+
 def test_it_runs_one_worker_per_gpu_with_a_shared_spill_volume():
     spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = spec["services"]
@@ -131,6 +148,7 @@ def test_it_runs_one_worker_per_gpu_with_a_shared_spill_volume():
 
 # Requests through Django's test client under the production settings, printed as one JSON line.
 PROBE = """
+import gzip
 import json
 from django.test import Client
 client = Client()
@@ -147,6 +165,7 @@ print(json.dumps({
 def test_it_redirects_plain_http_to_https_except_the_load_balancers_health_check(tmp_path):
     redis_url = settings.HYDRA.worker.redis_url  # the tests' Redis, which /health asks
     environ = {**production_environ(tmp_path), "ALLOWED_HOSTS": "testserver", "REDIS_URL": redis_url}
+    collectstatic(environ)  # as the deployment does before it serves: the pages name the collected files
     result = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", PROBE], cwd=ROOT, env=environ, capture_output=True, text=True
     )

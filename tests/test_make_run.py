@@ -1,5 +1,6 @@
-"""`make run` on this machine: a login page, a worker online, and nothing left running after Ctrl-C; and a stack
-whose Redis, a worker and the ingest are killed in turn, each started again, finishes its experiment."""
+"""`make run` on this machine: a login page, a worker online, the URL and the login printed last with the
+services' output in their log files, and nothing left running after Ctrl-C; and a stack whose Redis, a worker
+and the ingest are killed in turn, each started again, finishes its experiment."""
 
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ def test_it_serves_login_and_a_worker_then_stops_everything_on_ctrl_c(tmp_path):
 
         status, page = get(f"{base}/login/")
         assert status == 200 and 'name="password"' in page
-        assert "log in as demo" in (tmp_path / "make-run.log").read_text()
+        _the_terminal_ends_with_the_url_and_the_login(tmp_path / "make-run.log", tmp_path / "var", base)
         seen |= descendants(make.pid)
         commands = [" ".join(psutil.Process(pid).cmdline()) for pid in seen if psutil.pid_exists(pid)]
         assert any("hydra_web_worker" in command for command in commands), commands  # the pages' background work
@@ -118,6 +119,21 @@ def test_it_serves_login_and_a_worker_then_stops_everything_on_ctrl_c(tmp_path):
     time.sleep(0.5)
     left = [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert left == [], f"still running after Ctrl-C: {[psutil.Process(p).cmdline() for p in left]}"
+
+
+def _the_terminal_ends_with_the_url_and_the_login(terminal: Path, data_dir: Path, base: str) -> None:
+    """What `make run` printed: a few lines, the last of them where Hydra is and how to log in; the services'
+    own output (Celery's banners, the web server's requests) is in their log files."""
+    printed = terminal.read_text()
+    login = (data_dir / "demo-login.txt").read_text().split()
+    last = [line for line in printed.splitlines() if line.strip()][-6:]
+    assert f"hydra: Hydra is running at {base}/" in last, printed
+    assert f"hydra: log in as {login[0]} / {login[1]}" in last, printed
+    assert "@makerun ready" not in printed and "GET /health" not in printed and len(printed.splitlines()) < 20, printed
+    logs = data_dir / "logs"
+    assert "cpu0@makerun ready" in (logs / "worker-cpu0.log").read_text()
+    assert "GET /health" in (logs / "web-server.log").read_text()
+    assert {"ingest.log", "web-worker.log"} <= {path.name for path in logs.iterdir()}
 
 
 # Run inside the stack's own settings (`manage.py shell`): a tiny dataset and a sweep of two micro GPT-2 trials

@@ -186,10 +186,18 @@ def heartbeat_age(*, name: str, host_id: str | None = None) -> float | None:
     return api.heartbeat_age(config=settings.HYDRA.worker, name=name, host_id=host_id)
 
 
-def workers_online() -> list[dict[str, Any]]:
-    """Every device worker that answered: ``{"name", "device", "host", "pid"}``; [] when Redis is down."""
+def workers_online(*, live_only: bool = False) -> list[dict[str, Any]]:
+    """Every device worker that answered: ``{"name", "device", "host", "pid"}``; [] when Redis is down.
+
+    The broadcast waits out its reply timeout for every worker there is. With `live_only` it asks only this
+    host's workers whose device loops are alive (`api.live_workers`) and ends once they have answered: a page
+    that sizes work for this host's devices answers at once, and asks nobody when no loop is alive."""
+    config = settings.HYDRA.worker
     try:
-        return api.workers_online(config=settings.HYDRA.worker, timeout_s=WORKER_REPLY_TIMEOUT_S)
+        destination = api.live_workers(config=config) if live_only else None
+        if destination == []:
+            return []
+        return api.workers_online(config=config, timeout_s=WORKER_REPLY_TIMEOUT_S, destination=destination)
     except (OSError, redis.RedisError):
         return []
 

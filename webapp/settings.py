@@ -119,17 +119,18 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATICFILES_FINDERS = [
-    "django.contrib.staticfiles.finders.FileSystemFinder",
-    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
-    "webapp.staticfinders.PlotlyFinder",
-]
 STATIC_ROOT = HYDRA.data_dir / "staticfiles"
 MEDIA_ROOT = HYDRA.data_dir / "media"
-# In development static files come straight from the finders (our static/ and the plotly package);
-# production serves what `collectstatic` gathered into STATIC_ROOT.
+# In development static files come straight from static/ (a file's .gz beside it, such as Plotly's, goes to
+# browsers that take gzip); production serves what `collectstatic` gathered into STATIC_ROOT: every file
+# compressed and named by its content's hash, so that browsers cache it for good.
 WHITENOISE_USE_FINDERS = DEBUG
 WHITENOISE_AUTOREFRESH = DEBUG
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage" if DEBUG else
+                    "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the page's fetch() calls read the token from the cookie
@@ -157,8 +158,9 @@ FILE_UPLOAD_HANDLERS = [
     "django.core.files.uploadhandler.TemporaryFileUploadHandler",
 ]
 
-# E-mail (team notifications): the console backend in development (`make run` prints each message), SMTP from
-# the environment otherwise (`webapp.config.notify`). The web worker sends it, never a request.
+# E-mail (team notifications): the console backend in development (each message goes to the web worker's output,
+# `make run`'s var/logs/web-worker.log), SMTP from the environment otherwise (`webapp.config.notify`). The web
+# worker sends it, never a request.
 EMAIL_BACKEND = HYDRA.notify.email.backend
 EMAIL_HOST = HYDRA.notify.email.host
 EMAIL_PORT = HYDRA.notify.email.port

@@ -18,6 +18,7 @@ import redis
 
 from worker.config import WorkerConfig
 from worker.contract import Control, Job, TrialRecord
+from worker.devices import worker_node
 from worker.scheduling import telemetry
 from worker.scheduling.keys import HOSTS_KEY
 from worker.scheduling.placement import place
@@ -115,16 +116,26 @@ def shares_get(*, config: WorkerConfig, host_id: str | None = None) -> Shares:
     return host_queue(config, host_id).shares()
 
 
-def workers_online(*, config: WorkerConfig, timeout_s: float) -> list[dict[str, Any]]:
-    """Ask every device worker which device it is bound to (a Celery broadcast each one answers):
-    one ``{"name", "device", "host", "pid"}`` per worker that answered within `timeout_s`."""
+def workers_online(*, config: WorkerConfig, timeout_s: float, destination: list[str] | None = None,
+                   ) -> list[dict[str, Any]]:
+    """Ask every device worker (or those of `destination`, Celery node names) which device it is bound to (a
+    Celery broadcast each one answers): one ``{"name", "device", "host", "pid"}`` per worker that answered within
+    `timeout_s`; with `destination`, the answer comes as soon as every named worker has answered."""
     from worker.celery_app import app
 
-    replies = app.control.broadcast("hydra_device", reply=True, timeout=timeout_s) or []
+    replies = app.control.broadcast("hydra_device", reply=True, timeout=timeout_s, destination=destination,
+                                    limit=len(destination) if destination else None) or []
     return [
         {"name": name, **(info if isinstance(info, dict) else {})}
         for reply in replies for name, info in reply.items()
     ]
+
+
+def live_workers(*, config: WorkerConfig, host_id: str | None = None) -> list[str]:
+    """The Celery node names of the host's device workers whose loops surveyed their queue lately
+    (`ShardQueue.live_devices`)."""
+    host = host_id or config.host_id
+    return [worker_node(device, host) for device in host_queue(config, host).live_devices()]
 
 
 def heartbeat_set(*, config: WorkerConfig, name: str, host_id: str | None = None) -> None:

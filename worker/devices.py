@@ -46,6 +46,11 @@ class Device:
         return env
 
 
+def worker_node(device: str, host_id: str) -> str:
+    """The Celery node name of `device`'s worker on `host_id` (``cpu0@lab-gpu-1``): what a broadcast names."""
+    return f"{device}@{host_id}"
+
+
 def device_queue(host_id: str, device: str) -> str:
     """The Celery queue that only `device`'s worker on `host_id` consumes."""
     return f"hydra.{host_id}.{device}"

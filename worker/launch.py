@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from worker import config as worker_config
-from worker.devices import Device, device_queue, host_devices, host_queue_name
+from worker.devices import Device, device_queue, host_devices, host_queue_name, worker_node
 from worker.processes import StopSignals, stop_processes
 
 STOP_GRACE_S = 20.0
@@ -26,7 +26,7 @@ def worker_command(device: Device, host_id: str, *, loglevel: str) -> list[str]:
     """The command line of the Celery worker bound to `device`."""
     return [
         sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
-        "--hostname", f"{device.name}@{host_id}",
+        "--hostname", worker_node(device.name, host_id),
         "--concurrency", "1",
         "--pool", "prefork",
         "--queues", ",".join(worker_queues(device, host_id)),

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -76,6 +77,17 @@ class Service:
     env: Mapping[str, str] | None = None
     cwd: Path | None = None
     stops_last: bool = False
+    log: Path | None = None  # where its output is appended (every restart's too); None: the supervisor's own
+    niceness: int = 0  # added to its CPU niceness: a higher one yields the cores to the other services
+
+
+def open_log(path: Path) -> IO[bytes]:
+    """`path` opened for appending (its folder made first), with a line that says when this process started."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = path.open("ab")
+    log.write(f"---- started {time.strftime('%Y-%m-%d %H:%M:%S')} ----\n".encode())
+    log.flush()
+    return log
 
 
 @dataclass(eq=False)
@@ -127,10 +139,16 @@ class Supervisor:
     def _start(self, running: _Running) -> None:
         service = running.service
         # Its own session: Ctrl-C in the terminal reaches the supervisor only, which stops each child in order.
-        running.process = subprocess.Popen(
-            list(service.command), env=None if service.env is None else dict(service.env), cwd=service.cwd,
-            start_new_session=True,
-        )
+        log = open_log(service.log) if service.log is not None else None
+        try:
+            running.process = subprocess.Popen(
+                list(service.command), env=None if service.env is None else dict(service.env), cwd=service.cwd,
+                start_new_session=True, stdout=log, stderr=None if log is None else subprocess.STDOUT,
+                preexec_fn=(lambda: os.nice(service.niceness)) if service.niceness else None,
+            )
+        finally:
+            if log is not None:
+                log.close()  # the child holds its own copy
         running.started_at = time.monotonic()
         running.start_at = None
 

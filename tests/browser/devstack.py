@@ -67,7 +67,8 @@ class DevStack:
         """Start the stack and wait until the web server answers and a worker per device is online."""
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, str(ROOT / "scripts" / "devstack.py"), "run", "--port", str(self.port)],
+                # --verbose: every service's output in this one log, which a failure prints
+                [sys.executable, str(ROOT / "scripts" / "devstack.py"), "run", "--port", str(self.port), "--verbose"],
                 cwd=ROOT, env=self.environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         expected = int(self.devices.split(":")[1])

@@ -147,9 +147,11 @@ def _ask(page, stack: DevStack, best: int) -> None:
     assert answer and answer.strip() and "<|im_start|>" not in answer and "assistant\n" not in answer, answer
 
 
-def _use_the_download(directory: Path, smollm2_dir: Path) -> None:
-    """The download's tokenizer renders a conversation as SmolLM2's own does; its adapter on SmolLM2 (peft)
-    and its merged model (transformers) answer alike."""
+def _use_the_downloads(directory: Path, adapter: Path, smollm2_dir: Path) -> None:
+    """The download's tokenizer renders a conversation as SmolLM2's own does; the adapter alone, which names
+    its base by its Hub id, on SmolLM2 (peft) and the merged model (transformers) answer alike."""
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == \
+        "HuggingFaceTB/SmolLM2-135M-Instruct"
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     original = AutoTokenizer.from_pretrained(smollm2_dir, local_files_only=True)
     for generation_prompt in (False, True):
@@ -160,7 +162,7 @@ def _use_the_download(directory: Path, smollm2_dir: Path) -> None:
                                            return_dict=True)
     merged = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True).eval()
     tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(smollm2_dir, local_files_only=True),
-                                      directory / "adapter").eval()
+                                      adapter).eval()
     with torch.no_grad():
         merged_logits = merged(**prompt).logits
         tuned_logits = tuned(**prompt).logits
@@ -182,6 +184,9 @@ def test_a_lab_tunes_a_chat_model_on_its_conversations(page, devstack: DevStack,
     _ask(page, devstack, best)
     _checked(page, screenshots_dir, "chat-4-answer")
     directory = download_model(page, best, tmp_path)
-    assert (directory / "adapter" / "adapter_model.safetensors").is_file()
-    _use_the_download(directory, devstack.data_dir / "models" / "smollm2-135m-instruct")
+    assert not (directory / "adapter").exists()  # the merged model alone; the adapter is the other download
+    adapter = download_model(page, best, tmp_path, kind="adapter")
+    page.locator("#downloads").scroll_into_view_if_needed()
+    _checked(page, screenshots_dir, "chat-5-downloads")
+    _use_the_downloads(directory, adapter, devstack.data_dir / "models" / "smollm2-135m-instruct")
     print(f"experiment {experiment_id}: done at {time.monotonic() - started:.0f} s")

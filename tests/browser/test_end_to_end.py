@@ -360,11 +360,11 @@ def _download_the_best_model(page, stack: DevStack, rows: dict[int, Row],
     settings = page.inner_text("#trial-settings")
     assert "dropout" in settings and "/" not in settings  # the defaults that applied, and no server path
     spec = stack.trial_spec(best)
-    # The web worker packs the model; the page reloads itself until the download link is there.
-    page.click(".actions >> text=Prepare model download")
-    page.wait_for_selector(".actions >> text=Download model (.tar.gz)", timeout=60_000)
+    # The web worker packs the model; the download card shows its progress, then the link, by itself.
+    page.click("#download-model >> text=Prepare model")
+    page.wait_for_selector("#download-model >> text=Download model (.tar.gz)", timeout=60_000)
     with page.expect_download() as download:
-        page.click(".actions >> text=Download model (.tar.gz)")
+        page.click("#download-model >> text=Download model (.tar.gz)")
     archive = tmp_path / download.value.suggested_filename
     download.value.save_as(archive)
     unpacked = tmp_path / "model"

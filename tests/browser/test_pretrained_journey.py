@@ -170,24 +170,29 @@ def _generate(page, stack: DevStack, best: int) -> None:
     assert text and text.strip(), text
 
 
-def download_model(page, best: int, tmp_path: Path) -> Path:
-    """The best trial's model, packed by the web worker, downloaded and unpacked; returns its directory."""
-    page.click(".actions >> text=Prepare model download")
-    page.wait_for_selector(".actions >> text=Download model (.tar.gz)", timeout=180_000)
+def download_model(page, best: int, tmp_path: Path, kind: str = "model") -> Path:
+    """The best trial's model (or its LoRA adapter), packed by the web worker while the page shows how far it
+    is, downloaded and unpacked; returns its directory."""
+    page.click(f"#download-{kind} >> text=Prepare")
+    page.wait_for_selector(f"#download-{kind} a.button", timeout=180_000)  # the card fills in by itself
     with page.expect_download() as download:
-        page.click(".actions >> text=Download model (.tar.gz)")
+        page.click(f"#download-{kind} a.button")
     archive = tmp_path / download.value.suggested_filename
     download.value.save_as(archive)
     assert tarfile.is_tarfile(archive)
     with tarfile.open(archive) as tar:
         names = {Path(name).name for name in tar.getnames()}
-        assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= names, names
-        # The weights in safetensors: one file, or several and their index (transformers' shards).
-        assert "model.safetensors" in names or "model.safetensors.index.json" in names, names
+        assert {"tokenizer.json", "tokenizer_config.json"} <= names, names
+        if kind == "adapter":
+            assert {"adapter_config.json", "adapter_model.safetensors"} <= names, names
+        else:
+            assert "config.json" in names, names
+            # The weights in safetensors: one file, or several and their index (transformers' shards).
+            assert "model.safetensors" in names or "model.safetensors.index.json" in names, names
         assert not any(name.endswith((".bin", ".pt")) for name in names), names
-        tar.extractall(tmp_path / "model", filter="data")
-    (directory,) = (tmp_path / "model").iterdir()
-    assert directory.name == f"trial-{best}"
+        tar.extractall(tmp_path / kind, filter="data")
+    (directory,) = (tmp_path / kind).iterdir()
+    assert directory.name.endswith(f"-id-{best}-{kind}") and archive.name == f"{directory.name}.tar.gz"
     return directory
 
 

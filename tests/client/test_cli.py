@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import tarfile
 import time
 from pathlib import Path
 
@@ -13,8 +14,12 @@ import pytest
 
 from tests.browser.devstack import free_port
 from tests.client.conftest import Shell, make_token
+from tests.webapp.catalog.checkpoints import tiny_llama
+from tests.webapp.conftest import web_worker  # noqa: F401 -- a fixture
 from tests.webapp.datasets.factories import make_dataset
 from tests.webapp.experiments.factories import make_experiment
+from tests.webapp.experiments.test_archives import lora_export
+from tests.webapp.experiments.test_generations import finished
 from webapp.ground.models import Trial
 from webapp.telemetry.models import EvalMetric, StepMetric
 
@@ -224,12 +229,13 @@ def test_an_experiment_is_created_launched_cloned_and_cancelled(alice_hydra: She
 
 
 def test_watch_ends_with_the_trials_results(alice_hydra: Shell, alice_team, db_lock) -> None:
-    """Exit 0 when every trial finished or was pruned, with each one's last loss and bits per byte."""
+    """Exit 0 when every trial finished or was pruned, with each one's validation bits per byte (what the
+    leaderboard ranks by), best validation loss and last training loss, each named."""
     with db_lock:
         experiment = make_experiment(alice_team, make_dataset(alice_team))
         first, second = experiment.trials.order_by("number")
         Trial.objects.filter(pk=first.pk).update(status="finished", attempt=1, step=10, final_bpb=2.5,
-                                                 final_loss=2.8)
+                                                 final_loss=2.8, best_val_loss=2.7)
         Trial.objects.filter(pk=second.pk).update(status="pruned", attempt=1, step=5)
         for step, loss in ((4, 3.5), (9, 2.75)):
             StepMetric.objects.create(trial=first, attempt=1, step=step, loss=loss, lr=1e-3, tokens=64, time=0.0)
@@ -237,11 +243,15 @@ def test_watch_ends_with_the_trials_results(alice_hydra: Shell, alice_team, db_l
     watched = _document(alice_hydra("watch", str(experiment.pk), "--interval", "0.1", "--json"))
     assert watched["ok"] is True
     rows = {row["number"]: row for row in watched["trials"]}
-    assert (rows[1]["status"], rows[1]["loss"], rows[1]["bpb"]) == ("finished", 2.75, 2.5)
-    assert (rows[2]["status"], rows[2]["loss"], rows[2]["bpb"]) == ("pruned", None, 3.25)
+    assert (rows[1]["status"], rows[1]["val_bpb"], rows[1]["best_val_loss"], rows[1]["train_loss"]) == (
+        "finished", 2.5, 2.7, 2.75)
+    assert (rows[2]["status"], rows[2]["val_bpb"], rows[2]["train_loss"]) == ("pruned", 3.25, None)
     text = alice_hydra("watch", str(experiment.pk))
     assert text.exit_code == 0
-    assert "#1 lr=0.001 batch_size=2: finished, loss 2.75, bpb 2.5" in text.stderr
+    # batch_size is 2 in both: the label names what tells the trials apart
+    assert "#1 lr=0.001: finished, val bpb 2.5, best val loss 2.7, train loss 2.75" in text.stderr
+    assert "#2 lr=0.003: pruned, val bpb 3.25 (latest eval)" in text.stderr
+    assert "VAL BPB" in text.stdout and "BEST VAL LOSS" in text.stdout and "TRAIN LOSS" in text.stdout
 
 
 def test_watch_exits_1_when_a_trial_failed_or_was_cancelled(alice_hydra: Shell, alice_team, db_lock) -> None:
@@ -266,6 +276,46 @@ def test_watch_of_trials_never_launched_says_so_at_once(alice_hydra: Shell, alic
     assert result.exit_code == 1
     assert f"2 trial(s) of experiment {experiment.pk} are not launched" in result.stderr
     assert time.monotonic() - started < 5
+
+
+def test_a_dataset_is_named_by_its_id_or_its_name(alice_hydra: Shell, alice_team, bob_team, db_lock) -> None:
+    with db_lock:
+        chat = make_dataset(alice_team, name="chat-jsonl")
+        make_dataset(alice_team, name="Twice")
+        make_dataset(alice_team, name="TWICE")
+        make_dataset(bob_team, name="bobs")
+    for args in (("leaderboard", "chat-jsonl"), ("datasets", "show", "Chat-JSONL"), ("leaderboard", str(chat.pk))):
+        result = alice_hydra(*args, "--json")
+        assert result.exit_code == 0, (args, result.output)
+        assert json.loads(result.stdout)["dataset" if args[0] == "leaderboard" else "id"] == chat.pk
+    twice = alice_hydra("leaderboard", "twice")
+    assert twice.exit_code == 1 and "2 datasets of the team are named 'twice' (ids " in twice.stderr
+    assert alice_hydra("datasets", "show", "Twice").exit_code == 0  # the exact name picks one
+    for name in ("nothing-so-named", "bobs"):  # another team's name is as unknown as none
+        unknown = alice_hydra("leaderboard", name)
+        assert unknown.exit_code == 4 and f"The team has no dataset named {name!r}" in unknown.stderr
+
+
+def test_download_takes_a_lora_trials_adapter_alone_named_by_the_trials_number_and_id(
+        alice_hydra: Shell, alice_team, db_lock, web_worker, settings, tmp_path: Path) -> None:  # noqa: F811
+    with db_lock:
+        plain, lora = make_experiment(alice_team, make_dataset(alice_team), name="lora sweep").trials.order_by("number")
+        settings.HYDRA.models_root.mkdir(parents=True, exist_ok=True)
+        lora_export(lora, tiny_llama(settings.HYDRA.models_root / "tiny-llama"))
+        finished(plain)
+        Path(plain.export_path).mkdir(parents=True)
+        (Path(plain.export_path) / "config.json").write_text("{}")
+    result = alice_hydra("download", str(lora.pk), "--adapter", "-o", str(tmp_path / "out"), "--json")
+    got = _document(result)
+    assert (got["number"], got["kind"]) == (2, "adapter")  # trial id lora.pk is #2 of its experiment
+    assert Path(got["path"]) == tmp_path / "out" / f"lora_sweep-trial-2-id-{lora.pk}-adapter.tar.gz"
+    assert f"Trial {lora.pk} (#2 of experiment {lora.experiment_id}): adapter, about " in result.stderr
+    assert "; also: merged model " in result.stderr and "(without --adapter)" in result.stderr
+    with tarfile.open(got["path"]) as tar:
+        names = {Path(name).name for name in tar.getnames()}
+    assert "adapter_model.safetensors" in names and "model.safetensors" not in names
+    refused = alice_hydra("download", str(plain.pk), "--adapter")
+    assert refused.exit_code == 2 and "This trial trained no LoRA adapter" in refused.stderr
 
 
 def test_trial_controls_answer_with_the_trial_or_say_why_not(alice_hydra: Shell, alice_team, db_lock) -> None:

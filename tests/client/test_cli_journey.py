@@ -106,17 +106,20 @@ def test_a_model_is_trained_and_downloaded_from_the_command_line(devstack: DevSt
     trials = watched["trials"]
     assert [(t["status"], t["step"]) for t in trials] == [("finished", STEPS)] * 2
     assert sorted(t["params"]["lr"] for t in trials) == [0.001, 0.003]
-    assert all(t["final_bpb"] is not None and t["bpb"] == t["final_bpb"] and 0 < t["bpb"] < 16 and t["loss"] > 0
-               for t in trials), trials
+    assert all(t["final_bpb"] is not None and t["val_bpb"] == t["final_bpb"] and 0 < t["val_bpb"] < 16
+               and t["train_loss"] > 0 for t in trials), trials
 
     board = hydra.json("leaderboard", str(dataset["id"]))
     best = board["team"][0]
     assert sorted(row["trial_id"] for row in board["team"]) == sorted(t["id"] for t in trials)
-    assert best["bpb"] == min(t["bpb"] for t in trials)
+    assert best["bpb"] == min(t["val_bpb"] for t in trials)
 
     downloaded = hydra.json("download", str(best["trial_id"]), "-o", "models")
     archive = Path(downloaded["path"])
-    assert archive.parent == tmp_path / "models" and archive.name.endswith(".tar.gz")
+    number = next(t["number"] for t in trials if t["id"] == best["trial_id"])
+    assert (downloaded["number"], downloaded["kind"]) == (number, "model")
+    assert archive.parent == tmp_path / "models"
+    assert archive.name == f"cli_journey-trial-{number}-id-{best['trial_id']}-model.tar.gz"
     assert archive.stat().st_size == downloaded["size_bytes"] > 0
     model = AutoModelForCausalLM.from_pretrained(_unpack(archive, tmp_path / "model")).eval()
     assert model.config.vocab_size <= VOCAB

@@ -161,9 +161,9 @@ def test_it_broadcasts_to_the_workers_once_for_two_quick_requests(staff_client, 
     broadcasts = []
     broadcast = queue_client.workers_online
 
-    def counted() -> list[dict[str, object]]:
+    def counted(**kwargs: bool) -> list[dict[str, object]]:
         broadcasts.append(1)
-        return broadcast()
+        return broadcast(**kwargs)
 
     monkeypatch.setattr(queue_client, "workers_online", counted)
     assert staff_client.get(reverse("health_json")).status_code == 200

@@ -98,3 +98,20 @@ def test_stop_ends_every_service_and_what_it_started_the_last_one_after_the_othe
     assert all(gone(pid) for pid in [redis.pid, worker.pid, *children])
     supervisor.poll()
     assert supervisor.processes == [] and events == []  # nothing restarted after a stop
+
+
+def test_a_services_output_goes_to_its_log_every_restart_appended_and_its_niceness_is_kept(tmp_path: Path):
+    events = Events()
+    supervisor = Supervisor(report=events.append, backoff_first_s=0.05)
+    log = tmp_path / "logs" / "worker-cpu0.log"
+    script = "ps -o ni= -p $$; echo out; echo err >&2; exit 3"
+    supervisor.start(Service("worker cpu0", ["sh", "-c", script], log=log, niceness=7))
+    try:
+        poll_until(supervisor, lambda: len(events.of("restarted")) == 1 and log.read_text().count("err") == 2)
+    finally:
+        supervisor.stop(grace_s=5)
+    runs = log.read_text().split("---- started ")[1:]
+    assert len(runs) >= 2  # the first run's output stays above the restart's
+    for run in runs[:2]:
+        lines = [line.strip() for line in run.splitlines()[1:]]
+        assert lines == [str(os.nice(0) + 7), "out", "err"], run

@@ -23,8 +23,11 @@ router = Router(tags=["datasets"])
 
 @router.get("", response=list[DatasetOut], summary="The team's datasets, newest first")
 @paginate(LimitOffsetPagination)
-def dataset_list(request: HttpRequest, status: str | None = None) -> QuerySet[Dataset]:
+def dataset_list(request: HttpRequest, status: str | None = None, name: str | None = None) -> QuerySet[Dataset]:
+    """``status``: only the datasets in it; ``name``: only those of this name, in any case."""
     datasets = selectors.dataset_list(team=team_of(request)).order_by("-created", "-pk")
+    if name:
+        datasets = datasets.filter(name__iexact=name)
     return datasets.filter(status=status) if status else datasets
 
 

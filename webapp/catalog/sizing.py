@@ -9,10 +9,11 @@ accumulated gradients stream through in chunks, and a head whose loss runs in ch
 its gradient) and as much again for the prefetch of the next shard. Activations come on top and depend on the
 batch, so the experiment form's memory preview plans those.
 
-Devices are the device workers of this host that answer the health page's broadcast (`webapp.queue_client`);
-a GPU's budget is the share of its memory a trial plans for (`AUTO_BUDGET_FRACTION`), read through NVML; a CPU
-device's is the web app's default budget for one. A checkpoint whose directory a symbolic link now leads out of
-the models root (or one of whose files out of the directory) fits nowhere (`UNAVAILABLE`).
+Devices are the device workers of this host whose device loops are alive, as they answer the health page's
+broadcast (`webapp.queue_client`); a GPU's budget is the share of its memory a trial plans for
+(`AUTO_BUDGET_FRACTION`), read through NVML; a CPU device's is the web app's default budget for one. A
+checkpoint whose directory a symbolic link now leads out of the models root (or one of whose files out of the
+directory) fits nowhere (`UNAVAILABLE`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def host_devices() -> list[DeviceBudget]:
     """The devices of this host's workers that answered, with their budgets; [] when none did (or Redis is
     down)."""
     host = settings.HYDRA.worker.host_id
-    names = sorted({w.device for w in workers_online() if w.device and w.host in (host, None)},
+    names = sorted({w.device for w in workers_online(live_only=True) if w.device and w.host in (host, None)},
                    key=lambda name: (name.split(":")[0], int(name.split(":")[1]) if ":" in name else 0))
     return [_budget(name) for name in names]
 

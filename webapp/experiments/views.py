@@ -53,7 +53,7 @@ from webapp.experiments.search_space import (
 )
 from webapp.experiments.trial_data import experiment_tokens
 from webapp.experiments.trial_settings import trial_settings
-from webapp.ground.models import Experiment, ExperimentPreview, Trial
+from webapp.ground.models import Experiment, ExperimentPreview, Trial, TrialArchive
 from webapp.ids import parse_id
 from webapp.labqueue.selectors import trial_end_estimates
 from webapp.paging import page_get
@@ -312,6 +312,7 @@ def _trial_page(request: HttpRequest, trial: Trial, *, form: GenerationForm | No
         lr = (trial.continued[-1]["lr"] if trial.continued else (trial.spec or {}).get("optimizer", {}).get("lr"))
         continue_form = ContinueForm(initial={"lr": lr})
     shown = list(generations.generation_list(trial=trial)[:generations.SHOWN])
+    downloads = archives.trial_downloads(trial=trial)
     held_out = generations.held_out_list(trial=trial)
     held_out_pending = any(a.generation.status == a.generation.Status.PENDING for a in held_out)
     return render(request, "experiments/trial_detail.html", {
@@ -321,7 +322,8 @@ def _trial_page(request: HttpRequest, trial: Trial, *, form: GenerationForm | No
         "plan": selectors.plan_summary(trial.plan), "shards": selectors.plan_shard_rows(trial.plan),
         "settings": trial_settings(trial), "curves": dashboard_views.trial_curves(trial),
         "device_time": dashboard_selectors.trial_device_time(trial=trial),
-        "archive": archives.trial_archive_get(trial=trial),
+        "downloads": downloads, "packing": any(d.archive is not None and d.archive.status == d.archive.Status.PREPARING
+                                               and not d.archive.send_error for d in downloads),
         "generations": shown, "held_out": held_out, "held_out_pending": held_out_pending,
         "generating": held_out_pending or any(g.status == g.Status.PENDING for g in shown),
         "generation_unavailable": generations.generation_unavailable(trial),
@@ -414,21 +416,32 @@ def trial_delete(request: HttpRequest, trial_id: int) -> HttpResponse:
 @team_required
 @require_POST
 def trial_archive(request: HttpRequest, trial_id: int) -> HttpResponse:
-    """Ask the web worker to pack the trial's model for download; the trial's page shows when it is ready."""
+    """Ask the web worker to pack the trial's model or adapter (the posted ``kind``) for download; the trial's
+    page shows its progress, then links it."""
     trial = selectors.trial_get(team=request.team, trial_id=trial_id)
     try:
-        archives.trial_archive_request(trial=trial)
+        archives.trial_archive_request(trial=trial, kind=_download_kind(request.POST.get("kind")))
     except ValidationError as error:
         messages.error(request, " ".join(error.messages))
-    return redirect("trial_detail", trial_id=trial.pk)
+    return redirect(f"{reverse('trial_detail', args=[trial.pk])}#downloads")
+
+
+def _download_kind(raw: str | None) -> str:
+    """A download's kind as posted or asked for (the model when none is said); Http404 for another word."""
+    try:
+        return TrialArchive.Kind(raw or TrialArchive.Kind.MODEL)
+    except ValueError:
+        raise Http404(f"No download is called {raw!r}: ask for the model or the adapter.") from None
 
 
 @team_required
 def trial_export(request: HttpRequest, trial_id: int) -> FileResponse:
-    """The packed model of the trial's current attempt, streamed from disk (see `archives`)."""
+    """The packed model or adapter (``?kind=``) of the trial's current attempt, streamed from disk (see
+    `archives`)."""
     trial = selectors.trial_get(team=request.team, trial_id=trial_id)
-    archive = archives.trial_archive_get(trial=trial)
+    kind = _download_kind(request.GET.get("kind"))
+    archive = archives.trial_archive_get(trial=trial, kind=kind)
     if archive is None or archive.status != archive.Status.READY or not archive.path.is_file():
-        raise Http404("This trial's model is not packed for download; ask for it on the trial's page.")
-    return FileResponse(archive.path.open("rb"), as_attachment=True, filename=archives.archive_filename(trial),
+        raise Http404("This trial's download is not packed; ask for it on the trial's page.")
+    return FileResponse(archive.path.open("rb"), as_attachment=True, filename=archives.archive_filename(trial, kind),
                         content_type="application/gzip")

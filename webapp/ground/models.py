@@ -235,7 +235,8 @@ class Trial(models.Model):
 
 
 class TrialArchive(WebWork):
-    """A finished trial's model directory packed as a .tar.gz for download, by the web worker on request.
+    """A finished trial's model, or its LoRA adapter alone, packed as a .tar.gz for download by the web worker on
+    request (`webapp.experiments.archives`), with the bytes packed so far while it is preparing.
 
     It belongs to one attempt (``queue_id``): a retried trial's new model needs a new archive.
     """
@@ -245,19 +246,29 @@ class TrialArchive(WebWork):
         READY = "ready", "Ready"
         FAILED = "failed", "Failed"
 
+    class Kind(models.TextChoices):
+        MODEL = "model", "Model (a LoRA trial's merged model)"
+        ADAPTER = "adapter", "LoRA adapter alone"
+
     PENDING = Status.PREPARING
     RETRY_HINT = "Prepare the download again to retry."
     TASK: ClassVar[str] = "hydra.web.trial_archive_build"
 
-    trial = models.OneToOneField(Trial, on_delete=models.CASCADE, related_name="archive")
+    trial = models.ForeignKey(Trial, on_delete=models.CASCADE, related_name="archives")
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.MODEL)
     queue_id = models.CharField(max_length=40, help_text="The attempt whose exported model this packs.")
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PREPARING)
     message = models.TextField(blank=True, help_text="Why packing failed, for the UI.")
-    size_bytes = models.BigIntegerField(null=True, blank=True)
+    size_bytes = models.BigIntegerField(null=True, blank=True, help_text="The archive's size, once ready.")
+    total_bytes = models.BigIntegerField(null=True, blank=True, help_text="The bytes of the files it packs.")
+    packed_bytes = models.BigIntegerField(default=0, help_text="Of those, the bytes packed so far.")
     updated = models.DateTimeField(auto_now=True)
 
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["trial", "kind"], name="unique_trial_archive_kind")]
+
     def __str__(self) -> str:
-        return f"archive of {self.trial}"
+        return f"{self.kind} archive of {self.trial}"
 
     @property
     def directory(self) -> Path:
@@ -266,7 +277,12 @@ class TrialArchive(WebWork):
 
     @property
     def path(self) -> Path:
-        return self.directory / "model.tar.gz"
+        return self.directory / f"{self.kind}.tar.gz"
+
+    @property
+    def percent(self) -> int:
+        """How much of it is packed, in percent (0 until the web worker starts)."""
+        return min(100, 100 * self.packed_bytes // self.total_bytes) if self.total_bytes else 0
 
 
 class ExperimentPreview(WebWork):

@@ -134,18 +134,20 @@ def ingest_check() -> Check:
     return Check(True, f"last pass {age:.1f} s ago")
 
 
-def workers_online() -> list[WorkerInfo]:
+def workers_online(*, live_only: bool = False) -> list[WorkerInfo]:
     """Every Celery worker with the device it is bound to (Celery's broadcast, not a guess), as answered at
     most `WORKERS_CACHE_S` ago: the broadcast reaches every worker and waits out its reply timeout, too much
-    to repeat on each page load."""
-    workers = cache.get(WORKERS_CACHE_KEY)
+    to repeat on each page load. With `live_only`, the workers whose device loops are alive, asked without
+    waiting for others (`queue_client.workers_online`): what the pages that size work for the devices read."""
+    key = f"{WORKERS_CACHE_KEY}:live" if live_only else WORKERS_CACHE_KEY
+    workers = cache.get(key)
     if workers is None:
         workers = sorted(
             (WorkerInfo(name=info["name"], device=info.get("device"), host=info.get("host"), pid=info.get("pid"))
-             for info in queue_client.workers_online()),
+             for info in queue_client.workers_online(live_only=live_only)),
             key=lambda worker: worker.name,
         )
-        cache.set(WORKERS_CACHE_KEY, workers, WORKERS_CACHE_S)
+        cache.set(key, workers, WORKERS_CACHE_S)
     return workers
 
 

@@ -191,11 +191,12 @@ def test_a_finished_trials_model_is_packed_then_downloaded(alice_api, alice_team
     assert asked["status"] == "preparing" and asked["download"] is None
     trial_archive_build(archive_id=TrialArchive.objects.get().pk)  # what the web worker does
     ready = alice_api.get(f"/trials/{trial.pk}/archive").json()
-    assert ready["status"] == "ready" and ready["download"] == f"/api/v1/trials/{trial.pk}/export"
+    assert ready["status"] == "ready" and ready["download"] == f"/api/v1/trials/{trial.pk}/export?kind=model"
+    assert ready["packed_bytes"] == ready["total_bytes"] > 0  # every byte packed: config.json and the tokenizer
     response = alice_api.get(f"/trials/{trial.pk}/export")
     assert response.status_code == 200 and response["Content-Type"] == "application/gzip"
     with tarfile.open(fileobj=io.BytesIO(b"".join(response.streaming_content)), mode="r:gz") as tar:
-        assert f"trial-{trial.pk}/config.json" in tar.getnames()
+        assert f"sweep-trial-1-id-{trial.pk}-model/config.json" in tar.getnames()
 
 
 def test_a_trial_without_a_model_cannot_be_packed(alice_api, alice_team, alice_dataset):

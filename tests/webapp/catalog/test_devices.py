@@ -20,6 +20,7 @@ from django.urls import reverse
 from tests.webapp.catalog.checkpoints import catalog_manager, tiny_llama
 from tests.webapp.experiments.conftest import alice_dataset  # noqa: F401 -- a fixture
 from tests.webapp.experiments.test_forms import bound, post_data, text
+from webapp import queue_client, worker_door
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.sizing import CPU_DEVICE_BUDGET, host_devices
 from webapp.catalog.work import checkpoint_import
@@ -70,6 +71,23 @@ def test_the_page_says_a_checkpoint_is_resident_on_the_cpu_device_that_answered(
     assert page.count('data-verdict="resident"') == 2  # AdamW and SGD
     detail = alice_client.get(reverse("checkpoint_detail", args=[Checkpoint.objects.get().pk])).content.decode()
     assert "whole on cpu:0" in detail
+
+
+@pytest.mark.django_db
+def test_the_devices_come_once_the_live_loops_answered_not_after_the_reply_timeout(cpu_worker, monkeypatch):
+    _answered(cpu_worker)
+    monkeypatch.setattr(queue_client, "WORKER_REPLY_TIMEOUT_S", 120.0)
+    cache.clear()
+    started = time.monotonic()
+    assert [d.device for d in host_devices()] == ["cpu:0"]
+    assert time.monotonic() - started < 60  # the broadcast ended with the live loop's answer
+
+
+def test_no_device_is_asked_when_no_device_loop_is_alive(settings, redis_url, monkeypatch):
+    settings.HYDRA = dataclasses.replace(settings.HYDRA, worker=dataclasses.replace(
+        settings.HYDRA.worker, host_id=f"test-catalog-{uuid.uuid4().hex[:8]}", redis_url=redis_url))
+    monkeypatch.setattr(worker_door.api, "workers_online", lambda **kwargs: pytest.fail("broadcast without a loop"))
+    assert queue_client.workers_online(live_only=True) == []
 
 
 @pytest.mark.django_db

@@ -236,7 +236,7 @@ def test_the_download_carries_the_tokenizer_that_made_the_tokens(alice, alice_te
     assert archive.status == TrialArchive.Status.READY, archive.message
     with tarfile.open(fileobj=io.BytesIO(archive.path.read_bytes()), mode="r:gz") as tar:
         tar.extractall(tmp_path, filter="data")
-    unpacked = tmp_path / f"trial-{trial.pk}"
+    unpacked = tmp_path / archives.download_name(trial, "model")
     assert json.loads((unpacked / "tokenizer_config.json").read_text())["model_max_length"] == 64
     tokenizer = AutoTokenizer.from_pretrained(unpacked, local_files_only=True)
     assert tokenizer.eos_token == "<|endoftext|>"

@@ -150,14 +150,15 @@ def test_it_packs_a_model_for_download_outside_the_request(alice_client, alice_t
     trial = exported_trial(make_experiment(alice_team, alice_dataset), data_dir)
     export_url = reverse("trial_export", args=[trial.pk])
     assert alice_client.get(export_url).status_code == 404  # nothing packed yet
-    assert "Prepare model download" in alice_client.get(reverse("trial_detail", args=[trial.pk])).content.decode()
-    response = alice_client.post(reverse("trial_archive", args=[trial.pk]))
-    assert response.status_code == 302 and response["Location"] == reverse("trial_detail", args=[trial.pk])
+    assert "Prepare model (.tar.gz)" in alice_client.get(reverse("trial_detail", args=[trial.pk])).content.decode()
+    response = alice_client.post(reverse("trial_archive", args=[trial.pk]), {"kind": "model"})
+    assert response.status_code == 302
+    assert response["Location"] == reverse("trial_detail", args=[trial.pk]) + "#downloads"
     # The request only recorded the wish (this test runs without a web worker): no archive was built in it.
     assert TrialArchive.objects.get().status == TrialArchive.Status.PREPARING
     assert not (data_dir / "archives").exists()
     page = alice_client.get(response["Location"]).content.decode()
-    assert "Preparing the model download" in page and 'http-equiv="refresh"' in page
+    assert "Packing: 0%" in page and 'data-poll="' in page and "js/trial_downloads.js" in page
     assert alice_client.get(export_url).status_code == 404
 
 
@@ -179,12 +180,13 @@ def test_the_web_worker_packs_the_model_and_the_page_links_it(alice, alice_team,
     web_worker.wait(lambda: TrialArchive.objects.get().status != TrialArchive.Status.PREPARING, 60, "the archive")
     assert TrialArchive.objects.get().status == TrialArchive.Status.READY, TrialArchive.objects.get().message
     page = client.get(reverse("trial_detail", args=[trial.pk])).content.decode()
-    assert "Download model (.tar.gz)" in page and 'http-equiv="refresh"' not in page
-    response = client.get(reverse("trial_export", args=[trial.pk]))
+    assert "Download model (.tar.gz)" in page and "data-poll" not in page
+    response = client.get(reverse("trial_export", args=[trial.pk]) + "?kind=model")
     assert response.status_code == 200
-    assert response["Content-Disposition"] == 'attachment; filename="sweep-trial-1.tar.gz"'
+    name = f"sweep-trial-1-id-{trial.pk}-model"
+    assert response["Content-Disposition"] == f'attachment; filename="{name}.tar.gz"'
     with tarfile.open(fileobj=io.BytesIO(b"".join(response.streaming_content)), mode="r:gz") as tar:
-        assert f"trial-{trial.pk}/config.json" in tar.getnames()
+        assert f"{name}/config.json" in tar.getnames()
 
 
 def test_a_download_asked_for_while_redis_is_down_is_packed_once_it_is_back(alice, alice_team, alice_dataset,
@@ -198,7 +200,7 @@ def test_a_download_asked_for_while_redis_is_down_is_packed_once_it_is_back(alic
         page = client.get(response["Location"]).content.decode()
     assert TrialArchive.objects.get().status == TrialArchive.Status.PREPARING
     assert "The background worker could not be reached (" in page and "Or press Prepare again." in page
-    assert "Prepare model download (.tar.gz)</button>" in page  # the button to try again, not "Preparing…"
+    assert "Prepare model (.tar.gz)</button>" in page  # the button to try again, not the progress
 
     assert web_work_reconcile() == WebWorkReconciled(sent=1, failed=0)  # Redis is back: the ingest's pass
 

@@ -203,6 +203,12 @@ class ShardQueue:
         on it (`worker.scheduling.placement`)."""
         self.client.zadd(HOSTS_KEY, {self.host_id: int(self._scripts.now_s() * 1000)})
 
+    def live_devices(self, *, live_within_s: float = 60.0, now: float | None = None) -> list[str]:
+        """The devices whose loops surveyed the queue within `live_within_s` and were not asked to stop."""
+        now = self._scripts.now_s() if now is None else now
+        return [name for name, fields in self.devices().items()
+                if fields.get("stop") != "1" and now - float(fields.get("seen") or 0) <= live_within_s]
+
     def load(self, *, live_within_s: float = 60.0) -> HostLoad:
         """What this host holds, for placement: devices seen within `live_within_s`, the host tier's capacity
         and what admitted trials take of it, and its trials with work."""
@@ -214,9 +220,8 @@ class ShardQueue:
         pipe.llen(self.key("planning"))
         (override, found), admitted, working, planning = pipe.execute()
         capacity = override if override is not None else found
-        live = sum(1 for fields in self.devices().values()
-                   if fields.get("stop") != "1" and now - float(fields.get("seen") or 0) <= live_within_s)
-        return HostLoad(host_id=self.host_id, live_devices=live, capacity_bytes=int(capacity or 0),
+        live = self.live_devices(live_within_s=live_within_s, now=now)
+        return HostLoad(host_id=self.host_id, live_devices=len(live), capacity_bytes=int(capacity or 0),
                         admitted_bytes=int(admitted or 0), trials=sum(int(n) for n in working) + int(planning))
 
     def shares(self) -> Shares:

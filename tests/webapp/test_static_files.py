@@ -1,4 +1,5 @@
-"""Static files in development come from the finders: Plotly's from the package, a missing file is a 404."""
+"""Static files in development come from the finders: Plotly's bundle from the project's static files, a missing
+file is a 404."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from django.contrib.staticfiles import finders
 from django.test import Client
 
 
-def test_it_finds_plotly_in_the_package():
+def test_it_finds_the_plotly_bundle():
     assert finders.find("vendor/plotly.min.js").endswith("plotly.min.js")
 
 

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('experiments', '0014_held_out_answers'),
+        ('experiments', '0015_trial_archive_kinds_and_progress'),
     ]
 
     operations = [
