@@ -9,6 +9,7 @@ and updates applied with autograd's and ``torch.optim``'s own arithmetic.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from worker.engine.activations import KeptGraph, forward_kept, saves_storage
 from worker.engine.config import TrialSpec
 from worker.engine.data import TokenBlocks, eval_batch, train_batch
 from worker.engine.examples import IGNORE, Batch, ExampleRows
+from worker.engine.frozen_weights import dequantized_on_use
 from worker.engine.layers import LayerStack, ParamRef
 from worker.engine.layout import Layout
 from worker.engine.partition import MemoryPlan
@@ -258,11 +260,16 @@ class ShardUnits:
         need no graph call this under ``torch.no_grad``.
         """
         plan = self.plan.shards[shard]
+        low_bit = contextlib.nullcontext()
         if self.stack.adapters:
             frozen = BaseCache.layers(self.base_root, self.stack, plan.first, plan.stop, self.device)
-            for index in range(plan.first, plan.stop):
-                for ref in self.stack.frozen[index]:
-                    self.stack.bind(index, ref.name, frozen[index][ref.key], trainable=False)
+            if self.spec.model.base_dtype == "fp32":
+                for index in range(plan.first, plan.stop):
+                    for ref in self.stack.frozen[index]:
+                        self.stack.bind(index, ref.name, frozen[index][ref.key], trainable=False)
+            else:  # each weight full precision only while the module that reads it runs
+                low_bit = dequantized_on_use(self.stack, plan.first, plan.stop, frozen, self.spec.model.base_dtype,
+                                             torch.bfloat16 if self.spec.bf16 else torch.float32)
         else:  # this trial's plan has no room for another trial's base layers
             BaseCache.drop(self.device)
         owned = []
@@ -281,7 +288,7 @@ class ShardUnits:
                 weight = self.store.read_new(f"p{owner.shard}", borrow.owner.numel, torch.float32,
                                              offset=owner.offset * FP32).view(borrow.owner.shape)
                 lent.append(self.stack.bind(index, borrow.name, weight.to(self.device)))
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.spec.bf16):
+        with low_bit, torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.spec.bf16):
             for index in range(plan.first, plan.stop):
                 layer = self.stack.layers[index].train(train)
                 x = layer(x, *targets) if index == len(self.stack) - 1 else layer(x)
