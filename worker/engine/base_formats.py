@@ -60,6 +60,13 @@ def dynamic_code() -> torch.Tensor:
     return torch.tensor(sorted(values), dtype=torch.float32)
 
 
+@functools.cache
+def _nf4_pairs(device: torch.device) -> torch.Tensor:
+    """(256, 2): the NF4 values of a packed byte's high and low nibble, by the byte."""
+    code, byte = torch.tensor(NF4_CODE), torch.arange(256)
+    return torch.stack([code[byte >> 4], code[byte & 0xF]], dim=-1).to(device)
+
+
 def _blockwise(flat: torch.Tensor, code: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices into ``code`` (sorted) of the nearest value to each of ``flat`` (fp32) over its block's absolute
     maximum, and the maxima: bitsandbytes' blockwise quantization (a last, shorter block has its own)."""
@@ -134,8 +141,8 @@ def dequantize(parts: dict[str, torch.Tensor], key: str, shape: tuple[int, ...],
     absmax = _scaled(dynamic_code().to(data.device)[parts[f"{key}.absmax"].long()], parts[f"{key}.absmax2"],
                      ABSMAX_BLOCK)
     absmax += parts[f"{key}.offset"]
-    codes = torch.stack([data >> 4, data & 0xF], dim=-1).view(-1)[:math.prod(shape)]
-    values = torch.tensor(NF4_CODE, device=data.device)[codes.long()]
+    # both codes of a byte at once (an embedding lookup: the fastest gather on a CPU)
+    values = torch.nn.functional.embedding(data.long(), _nf4_pairs(data.device)).view(-1)[:math.prod(shape)]
     return _scaled(values, absmax, NF4_BLOCK).view(shape).to(dtype)
 
 
