@@ -2,7 +2,8 @@
 # CUDA build; the NVIDIA container toolkit provides the driver at run time.
 FROM python:3.11-slim
 
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# HF_HUB_OFFLINE: Hydra never reaches a model hub (its models come from the catalog's local directories).
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 HF_HUB_OFFLINE=1
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY webapp ./webapp

@@ -29,6 +29,13 @@ under a 16 GB budget; ``--sequential-trials`` K trains only K trials alone and s
 The last line is one JSON object: ``{"trials", "host_bytes", "host_bytes_unshared", "memory_ratio",
 "sequential_s", "shared_s", "speedup", "base_loads_saved", "base_loads", "device", "base",
 "sequential_trials_measured"}`` (the base-load counts are null on the GPU path, which has no spans).
+``--base-dtype bf16|int8|nf4`` measures a low-bit base instead (`low_bit`): the shared base's host bytes at that
+precision and in fp32 (``base_bytes_ratio``, fp32 / low-bit: about 2 for bf16, 6 to 7.7 for nf4 as the share of
+vectors kept fp32 shrinks), and the same trials interleaved unit by unit on one device of this process on each
+(``throughput_ratio``, fp32 seconds / low-bit seconds: on a CPU dequantizing costs compute and the traffic it
+saves is cheap; on a GPU the traffic is what it saves). Its last line: ``{"trials", "steps", "seq_len",
+"device", "base", "base_dtype", "base_bytes", "base_bytes_fp32", "base_bytes_ratio", "interleaved_s",
+"interleaved_s_fp32", "throughput_ratio"}``.
 Figures: benchmarks/RESULTS.md.
 """
 
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -62,11 +70,12 @@ from worker.scheduling.policy import BaseShard, Candidate, pick
 
 
 def lora_trials(checkpoint: Path, tokens: Path, *, count: int, steps: int, seq_len: int,
-                budget_bytes: int) -> dict[str, TrialSpec]:
-    """`count` LoRA trials on `checkpoint`: ranks 4, 8, 16, 32 and two learning rates, in turn."""
+                budget_bytes: int, base_dtype: str = "fp32") -> dict[str, TrialSpec]:
+    """`count` LoRA trials on `checkpoint` (its base kept in `base_dtype`): ranks 4, 8, 16, 32 and two learning
+    rates, in turn."""
     return {
         f"lora{i}": TrialSpec(
-            model=ModelSpec(family="llama", pretrained_dir=str(checkpoint)),
+            model=ModelSpec(family="llama", pretrained_dir=str(checkpoint), base_dtype=base_dtype),  # type: ignore[arg-type]
             data=DataSpec(tokens_path=str(tokens), seq_len=seq_len),
             optimizer=OptimizerSpec(kind="adamw", lr=(1e-4, 3e-4)[i % 2], weight_decay=0.0),
             schedule=ScheduleSpec(warmup_steps=0, decay="constant"),
@@ -133,12 +142,34 @@ def interleaved(specs: dict[str, TrialSpec], root: Path, device: torch.device, *
     return time.perf_counter() - start
 
 
-def llama_8b_checkpoint(directory: Path) -> tuple[Path, np.ndarray]:
-    """A checkpoint of Llama-3.1-8B's shape with random bf16 weights (16 GB), and random token ids."""
+def low_bit(specs: dict[str, TrialSpec], base_dtype: str, root: Path, device: torch.device) -> dict[str, object]:
+    """The same trials on a base kept in `base_dtype` against fp32: the host bytes of each shared base and
+    their ratio, and the trials' interleaved wall time on one device (`interleaved`) on each, as a throughput
+    ratio (fp32 seconds / `base_dtype` seconds)."""
+    seconds, base_bytes = {}, {}
+    for dtype in ("fp32", base_dtype):
+        these = {t: dataclasses.replace(s, model=dataclasses.replace(s.model, base_dtype=dtype))  # type: ignore[arg-type]
+                 for t, s in specs.items()}
+        spill = root / dtype / "spill"
+        spec = next(iter(these.values()))
+        trial_create(spec=spec, spill_dir=spill, trial_id="probe", device=device)
+        base_bytes[dtype] = tree_bytes(spill / shared_base.BASES)
+        shared_base.release_trial(spill_dir=spill, trial_id="probe")
+        seconds[dtype] = interleaved(these, root / dtype, device)
+        print(f"{dtype}: base {base_bytes[dtype] / 2**20:.1f} MiB, {seconds[dtype]:.1f} s", file=sys.stderr)
+    return {"base_dtype": base_dtype, "base_bytes": base_bytes[base_dtype], "base_bytes_fp32": base_bytes["fp32"],
+            "base_bytes_ratio": round(base_bytes["fp32"] / base_bytes[base_dtype], 3),
+            "interleaved_s": round(seconds[base_dtype], 2), "interleaved_s_fp32": round(seconds["fp32"], 2),
+            "throughput_ratio": round(seconds["fp32"] / seconds[base_dtype], 3)}
+
+
+def llama_8b_checkpoint(directory: Path, layers: int = 32) -> tuple[Path, np.ndarray]:
+    """A checkpoint of Llama-3.1-8B's shape with random bf16 weights (16 GB; with fewer than its 32 `layers`, its
+    widths and vocabulary with that many blocks), and random token ids."""
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+    config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers, num_attention_heads=32,
                          num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
                          tie_word_embeddings=False, torch_dtype="bfloat16")
     directory.mkdir(parents=True, exist_ok=True)
@@ -232,6 +263,11 @@ def main() -> None:
     parser.add_argument("--sequential-trials", type=int,
                         help="train only this many trials alone and scale their time to N (a long baseline)")
     parser.add_argument("--spill-dir", type=Path, help="host tier for stores and bases (default /dev/shm)")
+    parser.add_argument("--layers", type=int, default=32,
+                        help="llama-8b: blocks of Llama-3.1-8B's widths (default its 32; fewer for a short check)")
+    parser.add_argument("--base-dtype", choices=["fp32", "bf16", "int8", "nf4"], default="fp32",
+                        help="bf16, int8, nf4: instead, the base's host bytes and the trials' interleaved time on "
+                             "this precision against fp32 (low_bit), on one device of this process")
     args = parser.parse_args()
     if args.base == "llama-8b" and args.device != "cuda":
         parser.error("--base llama-8b needs --device cuda")
@@ -243,12 +279,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hydra-lora-sharing-", dir=host_tier) as tmp:
         root = Path(tmp)
         if args.base == "llama-8b":
-            checkpoint, ids = llama_8b_checkpoint(root / "llama-8b")
+            checkpoint, ids = llama_8b_checkpoint(root / "llama-8b", args.layers)
         else:
             checkpoint, ids = smollm2_checkpoint(root, args.checkpoint_dir)
         np.save(root / "tokens.npy", ids)
         specs = lora_trials(checkpoint, root / "tokens.npy", count=args.trials, steps=steps, seq_len=seq_len,
                             budget_bytes=budget)
+        if args.base_dtype != "fp32":
+            if device.type == "cpu":
+                torch.set_num_threads(1)
+            where = "cpu (1 thread)" if device.type == "cpu" else torch.cuda.get_device_name(device)
+            print(json.dumps({"trials": args.trials, "steps": steps, "seq_len": seq_len, "device": where,
+                              "base": args.base, **low_bit(specs, args.base_dtype, root / "low-bit", device)}))
+            return
         alone = dict(list(specs.items())[:args.sequential_trials or (2 if args.quick else args.trials)])
         if device.type == "cpu":
             torch.set_num_threads(1)

@@ -262,7 +262,8 @@ def run(host: str, port: int, *, verbose: bool = False) -> int:
                                              stops_last=True))
             private_redis_wait(redis, redis_dir, redis_port)
             say(f"started redis-server at {url} (data in {redis_dir}, append-only)")
-        env = {**os.environ, "REDIS_URL": url, "DEBUG": os.environ.get("DEBUG", "1")}
+        env = {**os.environ, "REDIS_URL": url, "DEBUG": os.environ.get("DEBUG", "1"),
+               "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
         manage("migrate", "--noinput", "-v", "0", env=env)
         login = demo_login(env)
         if port_answers(port):
@@ -294,7 +295,8 @@ def test(pytest_args: Sequence[str]) -> int:
     processes: list[subprocess.Popen[bytes]] = []
     try:
         with redis_available(processes) as url:
-            env = {**os.environ, "REDIS_URL": url, "DEBUG": os.environ.get("DEBUG", "1")}
+            env = {**os.environ, "REDIS_URL": url, "DEBUG": os.environ.get("DEBUG", "1"),
+               "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
             say("ruff check")
             if subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, env=env).returncode:
                 return 1

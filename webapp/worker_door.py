@@ -65,7 +65,7 @@ from worker.engine.config import DataSpec, LoraSpec, ModelSpec, OptimizerSpec, S
 from worker.engine.errors import BudgetError, CheckpointError, CheckpointFileTooLarge, CheckpointLinkError, SpecError
 from worker.engine.families import FAMILIES, Architecture, architecture_from_config, default_intermediate
 from worker.engine.partition import AUTO_BUDGET_FRACTION, LayerCost, solve_with_head_chunks
-from worker.engine.sizes import FP32, chunked_head_transient_bytes, optimizer_slots
+from worker.engine.sizes import BASE_DTYPES, FP32, chunked_head_transient_bytes, optimizer_slots
 from worker.engine.tokenizer import (
     END_OF_TEXT,
     MAX_VOCAB_SIZE,
@@ -93,6 +93,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AUTO_BUDGET_FRACTION",
     "BASE_DIR",
+    "BASE_DTYPES",
     "CHAT_SPECIAL_TOKENS",
     "CHECKPOINT_JSON_MAX_BYTES",
     "DEFAULT_CHAT_TEMPLATE",

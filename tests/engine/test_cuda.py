@@ -112,3 +112,38 @@ def test_the_chunked_head_matches_whole_logits_on_cuda(bf16: bool) -> None:
     for a, b in zip(whole, chunked, strict=True):
         assert a.device.type == "cuda"
         torch.testing.assert_close(b, a, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("shape", [(64, 128), (33, 70), (4096, 14)])
+def test_bitsandbytes_cuda_kernels_dequantize_to_the_cpu_path_values(shape: tuple[int, int]) -> None:
+    """The base's stored parts moved to the GPU dequantize there through bitsandbytes' kernels to the values the
+    CPU path gives (the same arithmetic: a product per value), in fp32 and straight to bf16."""
+    from worker.engine.base_formats import dequantize, quantize
+
+    weight = torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 0.05
+    for base_dtype in ("int8", "nf4"):
+        parts = quantize(weight, base_dtype, "w")
+        on_gpu = {name: part.to(CUDA) for name, part in parts.items()}
+        for dtype in (torch.float32, torch.bfloat16):
+            expected = dequantize(parts, "w", shape, base_dtype, dtype)
+            # fp32: the same products; bf16: rounded once from them (a kernel that rounded otherwise is one ulp)
+            torch.testing.assert_close(dequantize(on_gpu, "w", shape, base_dtype, dtype).cpu(), expected,
+                                       rtol=0 if dtype == torch.float32 else 2 ** -8, atol=0)
+
+
+@pytest.mark.parametrize("base_dtype", ["bf16", "nf4"])
+def test_a_lora_trial_on_a_low_bit_base_tracks_plain_peft_on_cuda(base_dtype: str, tokens_path: Path,
+                                                                  tmp_path: Path) -> None:
+    """On the GPU, within CUDA's rounding: a LoRA trial on a bf16 or nf4 base against plain PEFT on the same
+    dequantized weights (bit for bit on CPU: tests/engine/test_low_bit_base.py)."""
+    from tests.engine.test_lora import lora_spec, save_base
+    from tests.engine.test_low_bit_base import dequantized_checkpoint, with_base
+
+    base = save_base(tmp_path / "base", "llama")
+    spec = with_base(lora_spec(tokens_path, base, "llama"), base, base_dtype)
+    plain_spec = with_base(spec, dequantized_checkpoint(base, base_dtype, tmp_path / "dequantized"), "fp32")
+    reference = plain_training(initial_weights(plain_spec, tmp_path / "reference"), plain_spec, device=CUDA)
+    trial_create(spec=spec, spill_dir=tmp_path / "spill", trial_id="t", device=CUDA, cuts=[0, 2, 3])
+    losses = [r.loss for r in run_all(TrialSession.open(spill_dir=tmp_path / "spill", trial_id="t", device=CUDA))
+              if r.loss is not None]
+    assert losses == pytest.approx(reference.losses, rel=1e-5, abs=1e-5)

@@ -18,6 +18,7 @@ directory) fits nowhere (`UNAVAILABLE`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -28,7 +29,17 @@ from django.template.defaultfilters import filesizeformat
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.paths import registered_dir
 from webapp.health.selectors import workers_online
-from webapp.worker_door import AUTO_BUDGET_FRACTION, FP32, optimizer_slots
+from webapp.worker_door import (
+    AUTO_BUDGET_FRACTION,
+    BASE_DTYPES,
+    CHECKPOINT_JSON_MAX_BYTES,
+    FP32,
+    SpecError,
+    architecture_from_config,
+    checkpoint_file,
+    optimizer_slots,
+    read_limited,
+)
 
 CPU_DEVICE_BUDGET = 4 << 30  # per CPU device when no GPU is present (the memory preview's "auto" too)
 # What the catalog sizes the training state for: (label, optimizer kind, momentum).
@@ -61,6 +72,18 @@ def smallest_budget(largest_layer_params: int) -> int:
 def state_bytes(n_params: int, *, optimizer: str, momentum: float) -> int:
     """Bytes of `n_params` parameters' training state under the optimizer: fp32 values, gradients, slots."""
     return n_params * FP32 * (2 + optimizer_slots(optimizer, momentum))
+
+
+def base_sizes(checkpoint: Checkpoint) -> list[tuple[str, int]]:
+    """The host bytes of the checkpoint's shared LoRA base in each precision it may be kept in (the engine's
+    `Architecture.base_bytes`, from its config); [] when its config cannot be read now."""
+    try:
+        directory = registered_dir(checkpoint.path)
+        config = json.loads(read_limited(checkpoint_file(directory, "config.json"), limit=CHECKPOINT_JSON_MAX_BYTES))
+        architecture = architecture_from_config(config)
+    except (ValidationError, OSError, ValueError, SpecError):
+        return []
+    return [(base_dtype, architecture.base_bytes(base_dtype)) for base_dtype in BASE_DTYPES]
 
 
 def host_devices() -> list[DeviceBudget]:

@@ -89,8 +89,9 @@ def catalog_add_smollm2(request: HttpRequest) -> HttpResponse:
 def checkpoint_detail(request: HttpRequest, checkpoint_id: int) -> HttpResponse:
     checkpoint = selectors.checkpoint_get(checkpoint_id=checkpoint_id)
     fits = sizing.fits(checkpoint, sizing.host_devices()) if checkpoint.is_ready else []
+    bases = sizing.base_sizes(checkpoint) if checkpoint.is_ready else []
     return render(request, "catalog/checkpoint_detail.html", {
-        "checkpoint": checkpoint, "fits": fits, "models_root": settings.HYDRA.models_root,
+        "checkpoint": checkpoint, "fits": fits, "bases": bases, "models_root": settings.HYDRA.models_root,
         "can_remove": selectors.checkpoint_can_remove(user=request.user, checkpoint=checkpoint),
     })
 

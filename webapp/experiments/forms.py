@@ -26,6 +26,7 @@ from webapp.config import MAX_TRIALS
 from webapp.datasets.models import Dataset
 from webapp.experiments.chat_template import ChatTemplateError, check_chat_template, template_refusal
 from webapp.experiments.model_shapes import (
+    BASE_DTYPE_NEEDS_A_CHECKPOINT,
     FAMILY_LABELS,
     PRESETS,
     ModelChoiceError,
@@ -74,7 +75,7 @@ class CheckpointField(forms.ModelChoiceField):
 # `worker.engine.chat.MAX_TEMPLATE_CHARS`, which checks it) escaped into JSON (\uXXXX: 6 characters each).
 MAX_SPACE_TEXT = 20_000 + 6 * 64 * 1024
 MODEL_FIELDS = ("model_kind", "preset", "family", "n_layer", "n_embd", "n_head", "n_kv_head", "n_inner", "n_positions",
-                "checkpoint", "pretrained_dir")
+                "checkpoint", "pretrained_dir", "base_dtype")
 
 
 class ParameterRowForm(forms.Form):
@@ -126,6 +127,15 @@ class ExperimentForm(forms.Form):
                                            "with its tokenizer (once per dataset) before its trials start.")
     pretrained_dir = forms.CharField(max_length=500, required=False,
                                      help_text="A save_pretrained GPT-2 directory, relative to the models root.")
+    base_dtype = forms.ChoiceField(
+        choices=[("fp32", "fp32 (4 bytes a weight)"), ("bf16", "bf16 (2 bytes)"),
+                 ("int8", "int8 (1 byte, a scale per row)"), ("nf4", "nf4, QLoRA's 4 bits (about half a byte)")],
+        initial="fp32", required=False, label="Base precision",
+        help_text="LoRA trials on a checkpoint: the precision its frozen weights are kept in, once on the host for "
+                  "every trial and on every copy to the device. Each weight is dequantized on the device only "
+                  "while its layer computes; the adapters train in fp32. Lower precision takes less memory and "
+                  "traffic and changes the base's values a little (nf4 most). Every trial must then be a LoRA "
+                  "trial (lora_r above 0).")
     space_text = forms.CharField(
         required=False, max_length=MAX_SPACE_TEXT, widget=forms.Textarea(attrs={"rows": 6}),
         help_text="Optional: paste a search space as YAML or JSON; it replaces the rows above (which are set aside "
@@ -230,6 +240,9 @@ class ExperimentForm(forms.Form):
     def _model(self, cleaned: dict[str, Any]) -> dict[str, Any] | None:
         """The stored model choice, or None after adding field errors for a custom size's missing fields."""
         kind = cleaned.get("model_kind")
+        if kind in ("preset", "custom") and (cleaned.get("base_dtype") or "fp32") != "fp32":
+            self.add_error("base_dtype", BASE_DTYPE_NEEDS_A_CHECKPOINT)
+            return None
         if kind == "preset":
             return {"kind": "preset", "preset": cleaned.get("preset") or "gpt2-micro"}
         if kind == "custom":
@@ -247,8 +260,16 @@ class ExperimentForm(forms.Form):
                 if "checkpoint" not in self.errors:
                     self.add_error("checkpoint", "Choose a checkpoint of the catalog.")
                 return None
-            return {"kind": "checkpoint", "checkpoint": checkpoint.pk, "checkpoint_name": checkpoint.name}
-        return {"kind": "pretrained", "pretrained_dir": (cleaned.get("pretrained_dir") or "").strip()}
+            return {"kind": "checkpoint", "checkpoint": checkpoint.pk, "checkpoint_name": checkpoint.name,
+                    **self._base_dtype(cleaned)}
+        return {"kind": "pretrained", "pretrained_dir": (cleaned.get("pretrained_dir") or "").strip(),
+                **self._base_dtype(cleaned)}
+
+    @staticmethod
+    def _base_dtype(cleaned: dict[str, Any]) -> dict[str, Any]:
+        """The model's ``base_dtype`` entry: none for fp32, so that a choice stays as it was before the field."""
+        base_dtype = cleaned.get("base_dtype") or "fp32"
+        return {} if base_dtype == "fp32" else {"base_dtype": base_dtype}
 
     def _checkpoint_minutes(self, cleaned: dict[str, Any]) -> int:
         """The pasted text's ``checkpoint_minutes``, else the field's, else the default (30)."""

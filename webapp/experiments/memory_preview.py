@@ -17,7 +17,11 @@ A LoRA trial (``lora``, the engine's `LoraSpec`) trains only its adapters: per l
 (`Architecture.lora_layer_params`: ``r * (in + out)`` per targeted linear module) are its parameters, with
 gradients and optimizer state, and every base weight the layer registers is ``frozen_bytes``: on the device
 while a unit of its shard runs, not in the trial's state, read from the host's one shared copy of the base
-(``base_bytes`` in the plan: the model's parameters once, fp32). Its activations are those of full training
+(``base_bytes`` in the plan: the model's parameters once, at the experiment's ``base_dtype``, with
+``base_bytes_fp32`` beside it for comparison). A base in bf16, int8 or nf4 counts each layer's frozen weights at
+that precision (`Architecture.frozen_layer_bytes`, the engine's `stored_bytes` of each matrix), and a unit also
+holds one module's weights dequantized while it runs: the layer's largest matrix in fp32 is added to its
+activations. Its activations are those of full training
 (an upper bound: a frozen weight's input need not be kept) plus each adapter's rank-wide intermediate, and its
 dropout's output and mask when it has dropout.
 
@@ -112,10 +116,17 @@ def layer_costs(shape: ModelShape, *, batch: int, seq_len: int, slots: int,
 
     acts["head"] += adapter_acts([("lm_head", C, V)])
     block_acts += adapter_acts(arch.block_linears())
+    frozen = arch.frozen_layer_bytes(shape.base_dtype)
+    dequantized = {}  # a low-bit base: a module's weights full precision while it runs, the largest matrix in fp32
+    if shape.base_dtype != "fp32":
+        dequantized = {name: FP32 * max(rows * cols for rows, cols in matrices)
+                       for name, matrices in arch.layer_matrices()}
     return [LayerCost(name=name, param_bytes=adapters * FP32, grad_bytes=adapters * FP32,
-                      optim_bytes=adapters * slots * FP32, activation_bytes=acts.get(name, block_acts),
-                      frozen_bytes=frozen * FP32)
-            for name, adapters, frozen in arch.lora_layer_params(r=r, targets=targets)]
+                      optim_bytes=adapters * slots * FP32,
+                      activation_bytes=acts.get(name, block_acts) + dequantized.get(name, 0),
+                      frozen_bytes=frozen_bytes)
+            for (name, adapters, _), frozen_bytes in zip(arch.lora_layer_params(r=r, targets=targets), frozen,
+                                                         strict=True)]
 
 
 def memory_plan(shape: ModelShape, *, batch: int, seq_len: int, optimizer: str, momentum: float,
@@ -152,7 +163,9 @@ def _memory_plan(shape: ModelShape, batch: int, seq_len: int, slots: int, budget
         "boundary_activations": 2 * boundary * (len(plan["shards"]) - 1),  # each cut's output and its gradient
     }
     if lora is not None:
-        plan["base_bytes"] = shape.architecture().n_params * FP32
+        plan["base_bytes"] = shape.architecture().base_bytes(shape.base_dtype)
+        plan["base_dtype"] = shape.base_dtype
+        plan["base_bytes_fp32"] = shape.architecture().base_bytes("fp32")
     return plan
 
 
@@ -170,7 +183,9 @@ def shared_base_costs(plans: list[dict[str, Any]]) -> dict[str, Any] | None:
     states = sum(sum(plan["spilled_bytes"].values()) for plan in lora)
     return {"trials": len(lora), "base_bytes": base, "state_bytes": states,
             "shared_bytes": base + states, "unshared_bytes": len(lora) * base + states,
-            "read_bytes": max(plan.get("frozen_bytes") or 0 for plan in lora)}
+            "read_bytes": max(plan.get("frozen_bytes") or 0 for plan in lora),
+            "base_dtype": lora[0].get("base_dtype", "fp32"),
+            "base_bytes_fp32": max(plan.get("base_bytes_fp32", plan["base_bytes"]) for plan in lora)}
 
 
 def auto_budget_bytes() -> tuple[int, str]:

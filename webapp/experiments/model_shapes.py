@@ -22,6 +22,7 @@ from webapp.catalog.models import Checkpoint
 from webapp.catalog.selectors import checkpoint_dir, ready_checkpoints
 from webapp.experiments.search_space import quote
 from webapp.worker_door import (
+    BASE_DTYPES,
     CHECKPOINT_JSON_MAX_BYTES,
     FAMILIES,
     TOKENIZER_JSON,
@@ -36,6 +37,8 @@ from webapp.worker_door import (
 )
 
 MAX_CONFIG_BYTES = CHECKPOINT_JSON_MAX_BYTES  # the most of a config.json the engine reads, and so the web app
+BASE_DTYPE_NEEDS_A_CHECKPOINT = ("base_dtype: a low-bit base is the frozen weights of a pretrained checkpoint under "
+                                 "LoRA; a model trained from scratch trains every weight in fp32. Choose fp32.")
 FAMILY_LABELS = {"gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 
 
@@ -53,6 +56,7 @@ class ModelShape:
 
     A pretrained model has ``pretrained_dir`` and, when it carries a tokenizer, ``tokenizer_sha256``: its
     trials train on the dataset tokenized with that tokenizer (``tokenizer_dir``), never the dataset's own.
+    ``base_dtype`` is the precision its LoRA trials keep the frozen base in (the engine's ``ModelSpec``'s).
     """
 
     family: str = "gpt2"
@@ -68,6 +72,7 @@ class ModelShape:
     tokenizer_sha256: str | None = None
     tokenizer_dir: str | None = None
     model_name: str = ""
+    base_dtype: str = "fp32"
 
     def with_params(self, params: dict[str, Any], *, vocab_size: int) -> ModelShape:
         """The shape of one trial: searched width/depth override the base, the dataset fixes the vocabulary."""
@@ -258,7 +263,7 @@ def model_from_spec(raw: object) -> dict[str, Any]:
 
     if not isinstance(raw, dict):
         raise refuse("give a mapping: {preset: NAME}, {checkpoint: NAME} or {family: ..., n_layer: ..., ...}.")
-    keys = set(raw)
+    keys = set(raw) - ({"base_dtype"} if "checkpoint" in raw else set())
     chosen = keys & {"preset", "checkpoint"}
     if chosen:
         if len(keys) != 1:
@@ -270,7 +275,7 @@ def model_from_spec(raw: object) -> dict[str, Any]:
             if not isinstance(name, str) or name not in PRESETS:
                 raise refuse(f"unknown preset {quote(name)}; presets: {', '.join(PRESETS)}.")
             return {"kind": "preset", "preset": name}
-        return _checkpoint_by_name(name, refuse)
+        return _checkpoint_by_name(name, refuse) | _base_dtype(raw.get("base_dtype", "fp32"), refuse)
     unknown = sorted(quote(str(k)) for k in keys - {"family", *CUSTOM_FIELDS})
     if unknown:
         raise refuse(f"unknown field(s) {', '.join(unknown[:5])}; a custom size takes family, "
@@ -298,10 +303,19 @@ def model_to_spec(model: dict[str, Any]) -> dict[str, Any] | None:
     if kind == "preset":
         return {"preset": model["preset"]}
     if kind == "checkpoint":
-        return {"checkpoint": model["checkpoint_name"]}
+        return {"checkpoint": model["checkpoint_name"]} | _base_dtype(model.get("base_dtype", "fp32"))
     if kind == "custom":
         return {"family": model["family"], **{name: model[name] for name in CUSTOM_FIELDS if name in model}}
     return None
+
+
+def _base_dtype(value: object, refuse: Any = None) -> dict[str, Any]:
+    """A checkpoint's stored ``base_dtype`` entry: none for fp32 (the default), so that choices made before it
+    existed stay as they were."""
+    if value not in BASE_DTYPES:
+        error = f"base_dtype is {quote(value)}; choose one of {', '.join(BASE_DTYPES)}."
+        raise refuse(error) if refuse else ModelChoiceError(error, field="base_dtype")
+    return {} if value == "fp32" else {"base_dtype": value}
 
 
 def _checkpoint_by_name(name: object, refuse: Any) -> dict[str, Any]:
@@ -314,14 +328,20 @@ def _checkpoint_by_name(name: object, refuse: Any) -> dict[str, Any]:
 def model_shape(model: dict[str, Any], *, models_root: Path) -> ModelShape:
     """The base shape of an experiment's model choice (its stored ``model`` JSON)."""
     kind = model.get("kind")
+    if kind in ("preset", "custom") and model.get("base_dtype", "fp32") != "fp32":
+        raise ModelChoiceError(BASE_DTYPE_NEEDS_A_CHECKPOINT, field="base_dtype")
     if kind == "preset":
         if model.get("preset") not in PRESETS:
             raise ModelChoiceError(f"Unknown preset {model.get('preset')!r}.", field="preset")
         return PRESETS[model["preset"]][1]
     if kind == "custom":
         return _custom_shape(model)
-    if kind == "checkpoint":
-        return checkpoint_shape(model.get("checkpoint"))
-    if kind == "pretrained":
-        return pretrained_shape(resolve_pretrained_dir(str(model.get("pretrained_dir", "")), models_root=models_root))
+    if kind in ("checkpoint", "pretrained"):
+        base_dtype = _base_dtype(model.get("base_dtype", "fp32")).get("base_dtype", "fp32")
+        if kind == "checkpoint":
+            return replace(checkpoint_shape(model.get("checkpoint")), base_dtype=base_dtype)
+        directory = resolve_pretrained_dir(str(model.get("pretrained_dir", "")), models_root=models_root)
+        return replace(pretrained_shape(directory), base_dtype=base_dtype)
+    if model.get("base_dtype", "fp32") != "fp32":
+        raise ModelChoiceError(BASE_DTYPE_NEEDS_A_CHECKPOINT, field="base_dtype")
     raise ModelChoiceError(f"Unknown model kind {kind!r}.", field="model_kind")

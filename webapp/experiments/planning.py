@@ -276,8 +276,15 @@ def check_examples_fit(draft: ExperimentDraft) -> None:
 
 def check_lora(space: SearchSpace, shape: ModelShape) -> None:
     """A space that may draw LoRA trials (``lora_r`` above 0) is on a pretrained model, and targets only
-    modules that model has (peft would refuse the others when the trial starts)."""
+    modules that model has (peft would refuse the others when the trial starts); a base kept in a low
+    precision draws LoRA trials only (a full fine-tune trains fp32 weights)."""
     rank = space.get("lora_r")
+    smallest = None if rank is None else min(rank.values) if rank.kind == "categorical" else rank.low
+    if shape.base_dtype != "fp32" and (smallest is None or float(smallest) <= 0):
+        raise SearchSpaceError(
+            f"lora_r: the base is kept in {shape.base_dtype}, which only a LoRA trial's frozen base can be; a full "
+            "fine-tune (lora_r 0) trains fp32 weights. Give lora_r values above 0, or choose base_dtype fp32.",
+            parameter="lora_r" if rank is not None else None, field="values" if rank is not None else None)
     if rank is None or rank.largest() <= 0:  # type: ignore[operator]
         return
     if not shape.pretrained_dir:
@@ -418,6 +425,7 @@ def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset,
             tie_word_embeddings=trial_shape.tie_word_embeddings,
             vocab_size=trial_shape.vocab_size, n_positions=trial_shape.n_positions,
             dropout=float(values["dropout"]), pretrained_dir=trial_shape.pretrained_dir,
+            base_dtype=trial_shape.base_dtype,  # type: ignore[arg-type]
         ),
         data=_data_spec(values, dataset=dataset, data=data),
         optimizer=OptimizerSpec(

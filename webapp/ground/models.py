@@ -192,13 +192,16 @@ class Trial(models.Model):
         """The most the trial's spill store takes on the host tier, from its memory plan, while its micro-batches
         run one at a time: its parameters and their gradients, optimizer state and one micro-batch's boundary
         activations, and one shard's state again, for the new versions a unit writes before its commit lets the
-        old ones go (0 without a plan, which admission counts as nothing)."""
+        old ones go; and a LoRA trial's shared base, at the precision it is kept in (0 without a plan, which
+        admission counts as nothing). The first LoRA trial on a host builds the base; admission cannot tell which
+        trials will find it built, so each counts it, an upper bound that a low-bit base makes smaller."""
         plan = self.plan or {}
         spilled = plan.get("spilled_bytes")
         if not isinstance(spilled, dict):
             return 0
         in_flight = max((int(s.get("state_bytes", 0)) for s in plan.get("shards", [])), default=0)
-        return int(sum(spilled.values()) + spilled.get("parameters", 0) + in_flight)
+        base = int(plan.get("base_bytes") or 0)
+        return int(sum(spilled.values()) + spilled.get("parameters", 0) + in_flight + base)
 
     def lane_bytes(self) -> int:
         """What the trial's spill store takes more for each micro-batch beyond the first that runs at once (on

@@ -11,7 +11,15 @@ transformers.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
+
+# bitsandbytes' CPU backend (imported by peft) asks the `kernels` package, when it is first imported, for an
+# optional matmul kernel from the Hugging Face Hub, and both warn when they cannot have it. Hydra's processes never
+# reach a hub (HF_HUB_OFFLINE), and its CPU path dequantizes a low-bit base in plain PyTorch, which needs no such
+# kernel: the warnings would say nothing to its users.
+for _name in ("bitsandbytes.backends.cpu.ops", "kernels"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
 
 _EXPORTS = {
     "DataSpec": "config",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from worker.engine.errors import SpecError
+from worker.engine.sizes import BASE_DTYPES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,6 +25,9 @@ class ModelSpec:
     attention (``None``: one per query head; GPT-2 has none), ``n_inner`` the MLP width (``None``: the family's
     default, :func:`worker.engine.families.default_intermediate`). ``dropout`` is GPT-2's embedding, attention
     and residual dropout and the other families' attention dropout (the only dropout they have).
+    ``base_dtype`` is the precision a LoRA trial's frozen base is stored in, on the host and on its way to the
+    device (:mod:`worker.engine.base_formats`: ``fp32``, ``bf16``, ``int8``, ``nf4``); a full fine-tune trains
+    fp32 master weights and takes ``fp32`` only.
     """
 
     family: Literal["gpt2", "llama", "mistral", "qwen2", "qwen3"] = "gpt2"
@@ -37,8 +41,11 @@ class ModelSpec:
     dropout: float = 0.1
     tie_word_embeddings: bool = True
     pretrained_dir: str | None = None
+    base_dtype: Literal["fp32", "bf16", "int8", "nf4"] = "fp32"
 
     def __post_init__(self) -> None:
+        if self.base_dtype not in BASE_DTYPES:
+            raise SpecError(f"base_dtype {self.base_dtype!r} is not one of {', '.join(BASE_DTYPES)}")
         if self.pretrained_dir is not None:
             return
         families = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
@@ -279,6 +286,10 @@ class TrialSpec:
     def __post_init__(self) -> None:
         if self.lora is not None and self.model.pretrained_dir is None:
             raise SpecError("LoRA trains adapters on a pretrained model: set model.pretrained_dir")
+        if self.lora is None and self.model.base_dtype != "fp32":
+            raise SpecError(f"base_dtype {self.model.base_dtype} stores a frozen base, and a full fine-tune freezes "
+                            "nothing: it trains fp32 master weights (bf16 computes under autocast with them). Use "
+                            "base_dtype fp32, or train LoRA adapters on the base")
         if self.batch_size % self.micro_batches:
             raise SpecError(
                 f"batch_size {self.batch_size} does not split into {self.micro_batches} equal micro-batches"
@@ -329,6 +340,8 @@ class TrialSpec:
         if self.data.examples_dir is None:  # and of a trial on token blocks
             for name in DataSpec.EXAMPLE_FIELDS:
                 raw["data"].pop(name, None)
+        if self.model.base_dtype == "fp32":  # and of a trial on an fp32 base
+            del raw["model"]["base_dtype"]
         return raw
 
     @classmethod

@@ -56,7 +56,7 @@ def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: tor
     base = None
     if spec.lora is not None:  # the frozen weights go to the host's shared base; the trial owns its adapters
         assert spec.model.pretrained_dir is not None, "TrialSpec checks it"
-        base = shared_base.acquire(spill_dir=Path(spill_dir), stack=stack,
+        base = shared_base.acquire(spill_dir=Path(spill_dir), stack=stack, base_dtype=spec.model.base_dtype,
                                    pretrained_dir=Path(spec.model.pretrained_dir), trial_id=trial_id)
     # A full fine-tune's DPO reference is its starting weights: its timetable opens with the reference pass.
     reference_batches = (data.reference_batches(spec.micro_batch_size)

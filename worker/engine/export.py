@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
 
 from worker.engine import lora, shared_base
@@ -109,7 +109,8 @@ def export_lora(out_dir: Path, *, store: SpillStore, stack: LayerStack, layout: 
                 base_dir: str | None, base_root: Path, tokenizer_dir: Path | None = None,
                 chat_template: str | None = None, after_file: Callable[[], None] = lambda: None) -> None:
     """A LoRA trial's export: the PEFT adapter directory in ``out_dir/adapter`` and, in ``out_dir`` itself,
-    the merged model (the shared base's weights with each adapter merged in, :func:`worker.engine.lora.merged`)
+    the merged model (the shared base's weights, dequantized to fp32 from a low-bit base: the values the adapters
+    trained on, with each adapter merged in, :func:`worker.engine.lora.merged`)
     as a ``save_pretrained`` directory that loads and generates like a fully trained trial's export."""
     out_dir = Path(out_dir)
     adapters: dict[str, torch.Tensor] = {}
@@ -126,15 +127,17 @@ def export_lora(out_dir: Path, *, store: SpillStore, stack: LayerStack, layout: 
     index = json.loads((base_root / shared_base.INDEX).read_text())
     files = list(dict.fromkeys(index["files"].values()))  # layer files in layer order, as the base wrote them
     weight_map: dict[str, str] = {}
+    total = 0
     for number, filename in enumerate(files):
         target = "model.safetensors" if len(files) == 1 else f"model-{number + 1:05d}-of-{len(files):05d}.safetensors"
-        tensors = load_file(base_root / filename)
+        tensors = shared_base.read_dequantized(base_root, filename)
         for key, (a, b) in pairs.items():
             if key in tensors:
                 tensors[key] = lora.merged(tensors[key], a, b, scaling=spec.alpha / spec.r,
                                            fan_in_fan_out=family == "gpt2")
         save_file(tensors, out_dir / target, metadata={"format": "pt"})
         weight_map |= dict.fromkeys(tensors, target)
+        total += sum(t.nbytes for t in tensors.values())
     if len(files) > 1:
         (out_dir / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": index["bytes"]}, "weight_map": weight_map}, indent=2))
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))

@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args
 from worker.engine.checkpoint_files import checkpoint_dir, checkpoint_file, read_json
 from worker.engine.config import ModelSpec
 from worker.engine.errors import SpecError
+from worker.engine.sizes import stored_bytes
 
 Family = Literal["gpt2", "llama", "mistral", "qwen2", "qwen3"]
 FAMILIES: tuple[str, ...] = get_args(Family)
@@ -119,6 +120,34 @@ class Architecture:
         q, kv = self.heads * d, self.kv_heads * d
         return [("q_proj", c, q), ("k_proj", c, kv), ("v_proj", c, kv), ("o_proj", q, c),
                 ("gate_proj", c, i), ("up_proj", c, i), ("down_proj", i, c)]
+
+    def layer_matrices(self) -> list[tuple[str, list[tuple[int, int]]]]:
+        """Per engine layer: the shapes of its weight matrices (a tied head's included: a LoRA trial's head reads
+        it from the base), as the model stores them; the rest of its parameters are vectors."""
+        c, v = self.hidden, self.vocab
+        gpt2 = self.family == "gpt2"
+        embedding = [(v, c), *([(self.context, c)] if gpt2 else [])]
+        block = [(n_in, n_out) if gpt2 else (n_out, n_in) for _, n_in, n_out in self.block_linears()]
+        return [("embedding", embedding), *((f"block.{i}", block) for i in range(self.n_layer)),
+                ("head", [(v, c)])]
+
+    def frozen_layer_bytes(self, base_dtype: str) -> list[int]:
+        """Per engine layer of a LoRA trial, the bytes of the frozen weights it reads from a base stored at
+        ``base_dtype`` (:func:`worker.engine.sizes.stored_bytes` of each matrix; vectors as that function keeps
+        them)."""
+        out = []
+        for (_, matrices), (_, _, frozen) in zip(self.layer_matrices(), self.lora_layer_params(r=1, targets=()),
+                                                 strict=True):
+            vectors = frozen - sum(rows * cols for rows, cols in matrices)
+            matrix_bytes = sum(stored_bytes(shape, base_dtype) for shape in matrices)
+            out.append(matrix_bytes + stored_bytes((vectors,), base_dtype))
+        return out
+
+    def base_bytes(self, base_dtype: str) -> int:
+        """Bytes of the host's one shared base of this model at ``base_dtype`` (a tied matrix stored once)."""
+        layers = self.frozen_layer_bytes(base_dtype)
+        tied = stored_bytes((self.vocab, self.hidden), base_dtype) if self.tied else 0
+        return sum(layers) - tied
 
     def lora_targets(self) -> tuple[str, ...]:
         """The module names a LoRA trial of this family may target (the blocks' linears and the LM head)."""

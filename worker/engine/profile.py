@@ -10,10 +10,11 @@ from collections.abc import Sequence
 import torch
 
 from worker.engine.config import TrialSpec
+from worker.engine.frozen_weights import dequantized_bytes
 from worker.engine.head import CausalLMHead
 from worker.engine.layers import LayerStack
 from worker.engine.partition import LayerCost, MemoryPlan, choose_kept, plan_with_shards, solve, solve_with_head_chunks
-from worker.engine.sizes import FP32, chunked_head_transient_bytes, optimizer_slots
+from worker.engine.sizes import FP32, chunked_head_transient_bytes, optimizer_slots, stored_bytes
 from worker.engine.weights import init_layer
 
 
@@ -44,7 +45,9 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device, *,
 
     Activation bytes are the distinct non-weight storages saved for backward plus the layer's output and its
     gradient (on CUDA, at least the allocator's measured peak above the weights, less parameter
-    gradients; a LoRA trial's frozen base weights are ``frozen_bytes``); ``forward_s`` and ``time_s`` time
+    gradients; a LoRA trial's frozen base weights are ``frozen_bytes``, at the base's precision, and a low-bit
+    base adds its module with the most full-precision weights to the activations, as the unit dequantizes them
+    one module at a time, :mod:`worker.engine.frozen_weights`); ``forward_s`` and ``time_s`` time
     the forward and forward + backward. A borrowed (tied)
     parameter and its gradient count as the borrower's ``lent_bytes``: the borrowing shard holds a copy.
     The layer's weights are a throwaway init; the caller's RNG is untouched. The head adds the logits' tensors
@@ -54,6 +57,7 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device, *,
     width = stack.width
     stack.positions.ids = None  # every profiled row counts its positions from 0, whatever ran before
     slots = optimizer_slots(spec.optimizer.kind, spec.optimizer.momentum)
+    base_dtype = spec.model.base_dtype
     costs = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         for index in range(len(stack)) if indices is None else indices:
@@ -102,6 +106,8 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device, *,
             activations = sum(storages.values()) + 2 * out.numel() * out.element_size()
             if isinstance(head, CausalLMHead):  # the logits' tensors that backward makes and no hook sees
                 activations += head_transient_bytes(head, batch * seq, stack.config.vocab_size, bf16=spec.bf16)
+            if base_dtype != "fp32":  # a low-bit base's weights, full precision one module at a time
+                activations += dequantized_bytes(stack, index, torch.bfloat16 if spec.bf16 else torch.float32)
             if device.type == "cuda":  # the allocator saw the real peak, backward's transients included
                 parameter_grads = (owned + lent) * FP32
                 activations = max(activations, torch.cuda.max_memory_allocated(device) - before - parameter_grads)
@@ -111,7 +117,7 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device, *,
                 grad_bytes=owned * FP32,
                 optim_bytes=owned * slots * FP32,
                 lent_bytes=lent_copies * lent * FP32,
-                frozen_bytes=stack.frozen_numel(index) * FP32,
+                frozen_bytes=sum(stored_bytes(ref.shape, base_dtype) for ref in stack.frozen[index]),
                 activation_bytes=activations,
                 forward_s=forward_s,
                 time_s=elapsed,

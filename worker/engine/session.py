@@ -114,7 +114,8 @@ class TrialSession(ShardUnits):
             if not (self.base_root / shared_base.INDEX).exists():  # the host's memory tier was wiped
                 assert self.spec.model.pretrained_dir is not None, "a LoRA trial has one"
                 shared_base.reacquire(spill_dir=store.root.parent, stack=self.stack, trial_id=self.trial_id,
-                                      pretrained_dir=Path(self.spec.model.pretrained_dir), key=self.state.base)
+                                      pretrained_dir=Path(self.spec.model.pretrained_dir), key=self.state.base,
+                                      base_dtype=self.spec.model.base_dtype)
         self.data = trial_data(self.spec.data, vocab_size=self.stack.config.vocab_size)
         self._rng_numel = [state.numel() for state in rng_state(device)]
         self._kept: dict[tuple[int, int, int], KeptGraph] = {}  # (step, micro-batch, shard) -> graph

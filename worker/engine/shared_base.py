@@ -2,11 +2,15 @@
 
 A LoRA trial trains only its adapters; the base weights never change, so the host keeps them once, beside
 the trials' spill stores, under ``spill_dir/.bases/<key>/``, where ``key`` is a digest of the checkpoint's
-*content* (its config and weight files), not of its path: the same checkpoint copied elsewhere is the same
-base, and a checkpoint replaced in place is another one.
+*content* (its config and weight files), not of its path, and of the precision the base is stored in
+(``ModelSpec.base_dtype``; an fp32 base's key is the content digest alone): the same checkpoint copied
+elsewhere is the same base, a checkpoint replaced in place is another one, and so is the same checkpoint in
+nf4 beside it in bf16.
 
-    <key>/layer-<i>.safetensors   the fp32 frozen weights layer i registers first (a tied weight once)
-    <key>/index.json              checkpoint name -> layer file, and the base's bytes
+    <key>/layer-<i>.safetensors   the frozen weights layer i registers first (a tied weight once), at the
+                                  base's precision (worker.engine.base_formats: a quantized matrix is a few
+                                  named parts), quantized once, here, from the checkpoint's weights
+    <key>/index.json              checkpoint name -> layer file, the base's precision and its bytes
     <key>/refs/<trial id>         one empty file per trial using the base
 
 A trial adds its reference when it is created and removes it when it ends (exported, failed, cancelled or
@@ -35,6 +39,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from worker.engine.base_formats import dequantize, part_names, quantize
+
 # The layout's names and its torch-free readers, re-exported: the web process reads them from base_index.
 from worker.engine.base_index import BASES, INDEX, REFS
 from worker.engine.base_index import base_bytes as base_bytes
@@ -42,7 +48,7 @@ from worker.engine.base_index import bases as bases
 from worker.engine.checkpoint_files import checkpoint_dir
 from worker.engine.errors import SpecError
 from worker.engine.layers import LayerStack
-from worker.engine.sizes import FP32
+from worker.engine.sizes import stored_bytes
 from worker.engine.weights import PretrainedWeights
 
 _DIGEST_CHUNK = 16 << 20
@@ -61,9 +67,10 @@ def _file_digest(path: Path) -> str:
     return _digests[memo]
 
 
-def content_key(pretrained_dir: Path) -> str:
-    """The digest that names a checkpoint's shared base: its config and every weight file's content. Raises
-    ``CheckpointLinkError`` when a symbolic link leads the directory, or a file of it, elsewhere."""
+def content_key(pretrained_dir: Path, base_dtype: str = "fp32") -> str:
+    """The digest that names a checkpoint's shared base at ``base_dtype``: its config and every weight file's
+    content, and the precision unless fp32. Raises ``CheckpointLinkError`` when a symbolic link leads the
+    directory, or a file of it, elsewhere."""
     directory = checkpoint_dir(pretrained_dir)
     files = sorted(p for p in directory.iterdir() if p.name == "config.json" or p.suffix == ".safetensors")
     if not any(p.suffix == ".safetensors" for p in files):
@@ -71,6 +78,8 @@ def content_key(pretrained_dir: Path) -> str:
     digest = hashlib.sha256()
     for path in files:
         digest.update(f"{path.name}:{_file_digest(path)}\n".encode())
+    if base_dtype != "fp32":
+        digest.update(f"base_dtype:{base_dtype}\n".encode())
     return digest.hexdigest()[:32]
 
 
@@ -87,14 +96,15 @@ def _locked(spill_dir: Path, key: str) -> Iterator[None]:
         yield
 
 
-def acquire(*, spill_dir: Path, stack: LayerStack, pretrained_dir: Path, trial_id: str) -> str:
-    """Make sure this host holds the frozen base of ``stack`` (built from ``pretrained_dir`` if absent) and
-    count ``trial_id`` as one of its users; return the base's key."""
-    key = content_key(pretrained_dir)
+def acquire(*, spill_dir: Path, stack: LayerStack, pretrained_dir: Path, trial_id: str,
+            base_dtype: str = "fp32") -> str:
+    """Make sure this host holds the frozen base of ``stack`` at ``base_dtype`` (built, and quantized, from
+    ``pretrained_dir`` if absent) and count ``trial_id`` as one of its users; return the base's key."""
+    key = content_key(pretrained_dir, base_dtype)
     root = base_root(spill_dir, key)
     with _locked(spill_dir, key):
         if not (root / INDEX).exists():
-            _build(root, stack, PretrainedWeights(Path(pretrained_dir)))
+            _build(root, stack, PretrainedWeights(Path(pretrained_dir)), base_dtype)
         (root / REFS).mkdir(exist_ok=True)
         (root / REFS / trial_id).touch()
     return key
@@ -124,41 +134,60 @@ def release_trial(*, spill_dir: Path, trial_id: str) -> None:
                 release(spill_dir=spill_dir, key=root.name, trial_id=trial_id)
 
 
-def reacquire(*, spill_dir: Path, stack: LayerStack, pretrained_dir: Path, trial_id: str, key: str) -> None:
+def reacquire(*, spill_dir: Path, stack: LayerStack, pretrained_dir: Path, trial_id: str, key: str,
+              base_dtype: str = "fp32") -> None:
     """Bring back base ``key`` for a trial whose store outlived it (restored from a checkpoint after the
     host's memory tier was wiped); ``SpecError`` if the checkpoint's content is no longer that base."""
     if (base_root(spill_dir, key) / INDEX).exists() and (base_root(spill_dir, key) / REFS / trial_id).exists():
         return
-    found = acquire(spill_dir=spill_dir, stack=stack, pretrained_dir=pretrained_dir, trial_id=trial_id)
+    found = acquire(spill_dir=spill_dir, stack=stack, pretrained_dir=pretrained_dir, trial_id=trial_id,
+                    base_dtype=base_dtype)
     if found != key:
         release(spill_dir=spill_dir, key=found, trial_id=trial_id)
         raise SpecError(f"trial {trial_id} was trained on a base whose checkpoint {pretrained_dir} has changed "
                         "since; its adapters belong to the old weights")
 
 
-def _build(root: Path, stack: LayerStack, source: PretrainedWeights) -> None:
-    """Write the base into a new directory beside ``root`` and rename it into place (all or nothing)."""
+def _build(root: Path, stack: LayerStack, source: PretrainedWeights, base_dtype: str) -> None:
+    """Write the base at ``base_dtype`` into a new directory beside ``root`` and rename it into place (all or
+    nothing)."""
     staging = root.with_name(f".{root.name}.building")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     where: dict[str, str] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     total = 0
     for index in range(len(stack)):
-        tensors = {}
+        tensors: dict[str, torch.Tensor] = {}
         for ref in stack.frozen[index]:
             if ref.key in where or ref.key in tensors:
                 continue
             tensor = source.get(ref.key)
             if tuple(tensor.shape) != ref.shape:
                 raise SpecError(f"{ref.key} has shape {tuple(tensor.shape)}, the config says {ref.shape}")
-            tensors[ref.key] = tensor.contiguous()
-            total += tensor.numel() * FP32
+            tensors |= quantize(tensor, base_dtype, ref.key)
+            shapes[ref.key] = ref.shape
+            total += stored_bytes(ref.shape, base_dtype)
         filename = f"layer-{index}.safetensors"
         save_file(tensors, staging / filename, metadata={"format": "pt"})
-        where |= dict.fromkeys(tensors, filename)
-    (staging / INDEX).write_text(json.dumps({"files": where, "bytes": total}))
+        where |= {ref.key: filename for ref in stack.frozen[index] if ref.key in tensors}
+    (staging / INDEX).write_text(json.dumps({"files": where, "bytes": total, "dtype": base_dtype,
+                                               "shapes": shapes}))
     shutil.rmtree(root, ignore_errors=True)
     os.replace(staging, root)
+
+
+def read_dequantized(root: Path, filename: str) -> dict[str, torch.Tensor]:
+    """The frozen weights of one of base ``root``'s layer files, by checkpoint name, dequantized to fp32 on the
+    CPU (what a LoRA trial's forward computed with: its export merges the adapters into these)."""
+    index = json.loads((root / INDEX).read_text())
+    base_dtype = str(index.get("dtype", "fp32"))
+    with safe_open(root / filename, framework="pt", device="cpu") as f:
+        parts = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    if base_dtype == "fp32":
+        return parts
+    return {key: dequantize(parts, key, tuple(index["shapes"][key]), base_dtype)
+            for key, name in index["files"].items() if name == filename}
 
 
 class BaseCache:
@@ -178,7 +207,7 @@ class BaseCache:
 
     _held: dict[str, tuple[str, dict[int, dict[str, torch.Tensor]]]] = {}  # device -> (base root, layers)
     _pending: dict[str, tuple[str, range, Future[dict[int, dict[str, torch.Tensor]]]]] = {}  # device -> read
-    _files: dict[str, dict[str, str]] = {}  # base root -> its index's checkpoint name -> layer file
+    _files: dict[str, tuple[dict[str, str], str]] = {}  # base root -> (checkpoint name -> layer file, precision)
     _reader: ThreadPoolExecutor | None = None
     reads = 0
     hits = 0
@@ -198,10 +227,10 @@ class BaseCache:
                 with contextlib.suppress(OSError, SpecError, RuntimeError):  # read below again, and raise there
                     held |= {i: t for i, t in pending[2].result().items() if i not in held}
         held = {i: t for i, t in held.items() if i in wanted or i in ahead}
-        files = cls._index(root)
+        files, base_dtype = cls._index(root)
         for index in wanted:
             if index not in held:
-                held[index] = _read_layer(root, files, stack, index, device)
+                held[index] = _read_layer(root, files, stack, index, device, base_dtype)
                 cls.reads += 1
         cls._held[str(device)] = (str(root), held)
         return {index: held[index] for index in wanted}
@@ -217,11 +246,11 @@ class BaseCache:
         missing = [i for i in range(first, stop) if i not in loading]
         if not missing:
             return 0
-        files = cls._index(root)
+        files, base_dtype = cls._index(root)
         if cls._reader is None:
             cls._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hydra-base-reader")
         cls._pending[str(device)] = (str(root), range(first, stop), cls._reader.submit(
-            lambda: {i: _read_layer(root, files, stack, i, device) for i in missing}))
+            lambda: {i: _read_layer(root, files, stack, i, device, base_dtype) for i in missing}))
         cls.reads += len(missing)
         return len(missing)
 
@@ -236,11 +265,12 @@ class BaseCache:
         cls._held.pop(str(device), None)
 
     @classmethod
-    def _index(cls, root: Path) -> dict[str, str]:
-        files = cls._files.get(str(root))
-        if files is None:
-            files = cls._files[str(root)] = json.loads((root / INDEX).read_text())["files"]
-        return files
+    def _index(cls, root: Path) -> tuple[dict[str, str], str]:
+        found = cls._files.get(str(root))
+        if found is None:
+            index = json.loads((root / INDEX).read_text())
+            found = cls._files[str(root)] = (index["files"], str(index.get("dtype", "fp32")))
+        return found
 
     @classmethod
     def forget(cls, root: Path) -> None:
@@ -258,16 +288,17 @@ class BaseCache:
 
 
 def _read_layer(root: Path, files: dict[str, str], stack: LayerStack, index: int,
-                device: torch.device) -> dict[str, torch.Tensor]:
-    """Layer ``index``'s frozen weights by their keys, on ``device``."""
+                device: torch.device, base_dtype: str) -> dict[str, torch.Tensor]:
+    """Layer ``index``'s frozen weights on ``device`` as the base stores them: each weight's parts by name
+    (:func:`worker.engine.base_formats.part_names`; an fp32 or bf16 weight is one part, under its key)."""
     tensors: dict[str, torch.Tensor] = {}
     by_file: dict[str, list[str]] = {}
     for ref in stack.frozen[index]:
         if ref.key not in files:
             raise SpecError(f"the shared base in {root} lacks {ref.key}: it was built for another model")
-        by_file.setdefault(files[ref.key], []).append(ref.key)
-    for filename, keys in by_file.items():
+        by_file.setdefault(files[ref.key], []).extend(part_names(ref.key, ref.shape, base_dtype))
+    for filename, names in by_file.items():
         with safe_open(root / filename, framework="pt", device=str(device)) as f:
-            for name in keys:
+            for name in dict.fromkeys(names):
                 tensors[name] = f.get_tensor(name)
     return tensors

@@ -23,3 +23,33 @@ def chunked_head_transient_bytes(tokens: int, vocab: int, token_chunk: int, *, l
     gradient, and under bf16 autocast a 16-bit copy of the logits. The weight-gradient pass's chunks of
     vocabulary columns for every token are sized to the same number of values."""
     return min(token_chunk, tokens) * vocab * (3 * FP32 + (2 if low_precision else 0))
+
+
+# The precisions a LoRA trial's frozen base may be stored in (worker.engine.base_formats); a full fine-tune's
+# weights are fp32.
+BASE_DTYPES = ("fp32", "bf16", "int8", "nf4")
+NF4_BLOCK = 64  # values per 4-bit block, QLoRA's
+ABSMAX_BLOCK = 256  # nf4 block maxima per block of their 8-bit double quantization
+
+
+def is_quantized(shape: tuple[int, ...], base_dtype: str) -> bool:
+    """Whether a frozen tensor of ``shape`` is stored in an 8-bit or 4-bit code at ``base_dtype``: matrices
+    are; vectors (norm weights, biases) stay fp32."""
+    return base_dtype in ("int8", "nf4") and len(shape) == 2
+
+
+def stored_bytes(shape: tuple[int, ...], base_dtype: str) -> int:
+    """Bytes a frozen tensor of ``shape`` takes in a shared base stored at ``base_dtype``: fp32 4 a value,
+    bf16 2; an int8 matrix 1 a value and an fp32 maximum a row; an nf4 matrix half a byte a value, a byte a
+    block of 64, an fp32 maximum a block of 256 blocks and the fp32 offset."""
+    numel = 1
+    for size in shape:
+        numel *= size
+    if base_dtype == "bf16":
+        return 2 * numel
+    if not is_quantized(shape, base_dtype):
+        return FP32 * numel
+    if base_dtype == "int8":
+        return numel + FP32 * shape[0]
+    blocks = -(-numel // NF4_BLOCK)
+    return -(-numel // 2) + blocks + FP32 * -(-blocks // ABSMAX_BLOCK) + FP32

@@ -9,6 +9,7 @@ and updates applied with autograd's and ``torch.optim``'s own arithmetic.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from worker.engine.activations import KeptGraph, forward_kept, saves_storage
 from worker.engine.config import TrialSpec
 from worker.engine.data import TokenBlocks, eval_batch, train_batch
 from worker.engine.examples import IGNORE, Batch, ExampleRows
+from worker.engine.frozen_weights import dequantized_on_use
 from worker.engine.head import HeadCall, lm_head
 from worker.engine.layers import LayerStack, ParamRef
 from worker.engine.layout import Layout
@@ -295,11 +297,16 @@ class ShardUnits(PreferenceUnits):
         call this under ``torch.no_grad``.
         """
         plan = self.plan.shards[shard]
+        low_bit = contextlib.nullcontext()
         if self.stack.adapters:
             frozen = BaseCache.layers(self.base_root, self.stack, plan.first, plan.stop, self.device)
-            for index in range(plan.first, plan.stop):
-                for ref in self.stack.frozen[index]:
-                    self.stack.bind(index, ref.name, frozen[index][ref.key], trainable=False)
+            if self.spec.model.base_dtype == "fp32":
+                for index in range(plan.first, plan.stop):
+                    for ref in self.stack.frozen[index]:
+                        self.stack.bind(index, ref.name, frozen[index][ref.key], trainable=False)
+            else:  # each weight full precision only while the module that reads it runs
+                low_bit = dequantized_on_use(self.stack, plan.first, plan.stop, frozen, self.spec.model.base_dtype,
+                                             torch.bfloat16 if self.spec.bf16 else torch.float32)
         else:  # this trial's plan has no room for another trial's base layers
             BaseCache.drop(self.device)
         owned = []
@@ -319,7 +326,7 @@ class ShardUnits(PreferenceUnits):
                                              offset=owner.offset * FP32).view(borrow.owner.shape)
                 lent.append(self.stack.bind(index, borrow.name, weight.to(self.device)))
         layers = self.stack.layers[plan.first:plan.stop]
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.spec.bf16), \
+        with low_bit, torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.spec.bf16), \
                 adapters_off(layers if reference else ()):
             for index in range(plan.first, plan.stop):
                 layer = self.stack.layers[index].train(train)

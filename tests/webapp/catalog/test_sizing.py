@@ -4,8 +4,10 @@ as much), nowhere when not even that does; unknown without devices."""
 
 from __future__ import annotations
 
+import pytest
+
 from webapp.catalog.models import Checkpoint
-from webapp.catalog.sizing import DeviceBudget, fits, smallest_budget, state_bytes
+from webapp.catalog.sizing import DeviceBudget, base_sizes, fits, smallest_budget, state_bytes
 
 GIB = 1 << 30
 
@@ -41,3 +43,24 @@ def test_without_devices_nothing_is_said_to_fit() -> None:
     unread = fits(_checkpoint(10**6, 10**5), [DeviceBudget("cuda:0", None, "no NVML")])
     assert {(fit.verdict, fit.detail) for fit in unread} == {("fit unknown", "no device's memory could be read")}
 
+
+
+@pytest.mark.django_db
+def test_a_checkpoints_page_gives_its_lora_base_in_each_precision(alice, alice_client) -> None:
+    """The engine's own byte counts: what its shared base stores, built here from the same checkpoint."""
+    from django.template.defaultfilters import filesizeformat
+    from django.urls import reverse
+
+    from tests.webapp.experiments.checkpoints import ready_checkpoint
+    from webapp.catalog.selectors import checkpoint_dir
+    from worker.engine.config import LoraSpec, ModelSpec
+    from worker.engine.layers import build_layer_stack
+    from worker.engine.sizes import stored_bytes
+
+    checkpoint = ready_checkpoint(alice)
+    stack = build_layer_stack(ModelSpec(pretrained_dir=str(checkpoint_dir(checkpoint))), LoraSpec(r=2))
+    shapes = {ref.key: ref.shape for refs in stack.frozen for ref in refs}
+    expected = [(d, sum(stored_bytes(s, d) for s in shapes.values())) for d in ("fp32", "bf16", "int8", "nf4")]
+    assert base_sizes(checkpoint) == expected
+    page = alice_client.get(reverse("checkpoint_detail", args=[checkpoint.pk])).content.decode()
+    assert f"nf4 {filesizeformat(expected[-1][1])}" in page and f"fp32 {filesizeformat(expected[0][1])}" in page

@@ -124,7 +124,8 @@ def test_the_preview_of_a_lora_sweep_says_what_sharing_the_base_saves(alice_clie
     own = [adapter_params(r, ("q_proj", "v_proj")) * FP32 * (1 + ADAMW_SLOTS) for r in (4, 8)]
     read = base + CONFIG["vocab_size"] * CONFIG["hidden_size"] * FP32  # the tied matrix, read by two shards
     expected = {"trials": 2, "base_bytes": base, "state_bytes": sum(own), "shared_bytes": base + sum(own),
-                "unshared_bytes": 2 * base + sum(own), "read_bytes": read}
+                "unshared_bytes": 2 * base + sum(own), "read_bytes": read, "base_dtype": "fp32",
+                "base_bytes_fp32": base}
     assert preview["shared_base"] == expected
     page = response.content.decode()
     assert "Host memory of the 2 LoRA trials on lora-llama" in page

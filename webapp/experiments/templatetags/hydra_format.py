@@ -50,9 +50,10 @@ def model_label(model: dict[str, Any]) -> str:
         inner = f", MLP {model['n_inner']} wide" if model.get("n_inner") else ""
         return (f"Custom {family}: {model.get('n_layer')} layers, {model.get('n_embd')} wide, "
                 f"{model.get('n_head')} heads{kv}{inner}, {model.get('n_positions')} positions")
+    base = f" (base in {model['base_dtype']})" if model.get("base_dtype") else ""
     if kind == "checkpoint":
-        return f"Pretrained checkpoint: {model.get('checkpoint_name')}"
-    return f"Pretrained: {model.get('pretrained_dir')}"
+        return f"Pretrained checkpoint: {model.get('checkpoint_name')}{base}"
+    return f"Pretrained: {model.get('pretrained_dir')}{base}"
 
 
 @register.filter
