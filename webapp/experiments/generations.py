@@ -273,8 +273,7 @@ def _generate(generation: Generation, directory: Path) -> str:
     torch.manual_seed(generation.seed)
     with torch.no_grad():
         output = model.generate(**encoded, generation_config=config)
-    text = tokenizer.decode(output[0, n_prompt:], skip_special_tokens=True)
-    return str(text).replace("\x00", "\ufffd")  # a NUL byte token: PostgreSQL text cannot hold one
+    return str(tokenizer.decode(output[0, n_prompt:], skip_special_tokens=True))  # a NUL in it: `webapp.nul_text`
 
 
 def _encoded_prompt(generation: Generation, tokenizer: Any) -> Any:

@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 import yaml
 
+from webapp.nul_text import has_nul
 from webapp.worker_door import MAX_CHECKPOINT_MINUTES
 
 Kind = Literal["categorical", "int", "float", "logfloat"]
@@ -471,6 +472,9 @@ def _load_text(text: str) -> object:
         raise SearchSpaceError("The search space holds a number too long to read.", field="space_text") from None
     finally:
         loader.dispose()
+    if has_nul(raw):  # an escape (\0, \u0000) the text box let through: no name or value has one
+        raise SearchSpaceError("The search space holds a null character (\\0 or \\u0000): null characters are "
+                               "not allowed.", field="space_text")
     return raw
 
 

@@ -70,7 +70,12 @@ def _statuses_synced(request: HttpRequest) -> None:
 @team_required
 def experiment_list(request: HttpRequest) -> HttpResponse:
     _statuses_synced(request)  # statuses as the scheduler has them, whether or not the ingest runs
-    query = ExperimentListQuery.from_get(request.GET)  # search, filters and sort; kept by the page links
+    refused = False
+    try:
+        query = ExperimentListQuery.from_get(request.GET)  # search, filters and sort; kept by the page links
+    except ValidationError as error:
+        messages.error(request, f"The search and filters were not applied: {' '.join(error.messages)}")
+        query, refused = ExperimentListQuery(), True
     page = page_get(experiments_listed(selectors.experiment_list(team=request.team), query), request.GET.get("page"))
     counts = selectors.experiment_trial_counts(experiments=page)
     return render(request, "experiments/experiment_list.html", {
@@ -80,7 +85,7 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
         "datasets": list(dataset_list(team=request.team).order_by("name").values_list("pk", "name")),
         "query": query, "choices": experiment_list_choices(team=request.team), "statuses": EXPERIMENT_STATUSES,
         "sorts": EXPERIMENT_SORTS, "comparisons": comparison_list(team=request.team)[:5],
-    })
+    }, status=400 if refused else 200)
 
 
 def _forms(request: HttpRequest) -> tuple[ExperimentForm, Experiment | None]:
