@@ -8,9 +8,11 @@ from django.core.management import call_command
 from tests.webapp.telemetry.factories import make_experiment, write_event, write_sample, write_span, write_steps
 from webapp.experiments.ingest import telemetry_ingest
 from webapp.ground.models import Trial
+from webapp.health.models import SkippedEntry
 from webapp.telemetry import levels
 from webapp.telemetry.models import DeviceSample, EvalMetric, StepMetric, StreamCursor, UnitSpan
 from worker.contract import SyntheticJob
+from worker.scheduling import telemetry
 from worker.scheduling.queue import ShardQueue
 
 pytestmark = pytest.mark.django_db
@@ -145,3 +147,24 @@ def test_the_command_drains_once(redis_client, host_id, trials, capsys):
     call_command("hydra_ingest", "--once", "--host", host_id)
     assert StepMetric.objects.count() == 12
     assert f"hydra_ingest {host_id}: steps 12" in capsys.readouterr().out
+
+
+def test_an_entry_the_database_refuses_is_skipped_and_the_stream_goes_on(redis_client, host_id, alice_team, bob_team):
+    """One team's step with a step number no column holds stops neither its other steps nor another team's."""
+    alices = make_experiment(alice_team, trials=[{"lr": 1e-3}]).trials.get()
+    bobs = make_experiment(bob_team, trials=[{"lr": 1e-3}]).trials.get()
+    write_steps(redis_client, host_id, alices, range(0, 3))
+    pipe = redis_client.pipeline()
+    telemetry.add(pipe, host_id, "steps", telemetry.StepMetrics(trial=alices.queue_id, step=2**64, loss=1.0, lr=1e-3,
+                                                                tokens=1, time=1.0))
+    pipe.execute()
+    poisoned = redis_client.xrevrange(f"hydra:{host_id}:steps", count=1)[0][0]
+    write_steps(redis_client, host_id, bobs, range(0, 4))
+
+    assert telemetry_ingest(host_id=host_id)["steps"] == 8
+
+    assert list(StepMetric.objects.filter(trial=alices).values_list("step", flat=True).order_by("step")) == [0, 1, 2]
+    assert StepMetric.objects.filter(trial=bobs).count() == 4
+    skipped = SkippedEntry.objects.get()
+    assert (skipped.stream, skipped.entry_id, skipped.trial) == ("steps", poisoned, alices.queue_id)
+    assert telemetry_ingest(host_id=host_id)["steps"] == 0  # the cursor moved past it
