@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
 from tests.webapp.api.conftest import BASE, Api
@@ -104,3 +105,15 @@ def test_a_dataset_status_filter_is_one_of_the_statuses(alice_api: Api):
         assert response.status_code == 400
         assert response.json()["errors"] == {"status": ["Give one of tokenizing, ready, failed."]}
     assert alice_api.get("/datasets", status="ready").status_code == 200
+
+
+def test_a_file_of_many_unknown_columns_is_refused_in_a_few_lines(alice_api: Api, data_dir):
+    columns = ["x" * 100_000] + [f"column_{k}" for k in range(40_000)]
+    row = json.dumps(dict.fromkeys(columns, 1)) + "\n"
+    response = alice_api.upload("/datasets", {"source": "upload", "vocab_size": 300, "val_fraction": 0.25,
+                                              "file": SimpleUploadedFile("wide.jsonl", row.encode())})
+    assert response.status_code == 400
+    message = response.json()["errors"]["file"][0]
+    assert message.startswith(f"wide.jsonl: no known columns: found '{'x' * 60}…', 'column_0', 'column_1', ")
+    assert "'column_18' and 39,981 more; accepted:" in message
+    assert len(response.content) < 2_000
