@@ -8,10 +8,10 @@ import yaml
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from webapp.datasets.http import form_add_errors, team_required
 from webapp.datasets.selectors import dataset_list
@@ -49,7 +49,7 @@ from webapp.experiments.search_space import (
     parse_search_space,
 )
 from webapp.experiments.trial_data import experiment_tokens
-from webapp.ground.models import Experiment, ExperimentPreview, Trial
+from webapp.ground.models import ChatTemplateCheck, Experiment, ExperimentPreview, Trial
 from webapp.ids import parse_id
 from webapp.labqueue.selectors import trial_end_estimates
 from webapp.paging import page_get
@@ -141,6 +141,19 @@ def experiment_create(request: HttpRequest) -> HttpResponse:
         "parameters": PARAMETERS, "kinds": KINDS,
         "models_root": settings.HYDRA.models_root,
     }, status=status)
+
+
+@team_required
+@require_GET
+def chat_template_check(request: HttpRequest, digest: str) -> JsonResponse:
+    """How the web worker's check of the chat template of SHA-256 `digest` stands, for the experiment form to
+    poll: ``{"status": checking|ok|refused|failed, "message"}``. A verdict tells only whether that exact text
+    renders, which only someone who has the text can ask."""
+    check = get_object_or_404(ChatTemplateCheck, digest=digest)
+    message = check.message or check.send_error
+    if check.status == ChatTemplateCheck.Status.OK:
+        message = "The chat template passed its check: submit the form again."
+    return JsonResponse({"status": check.status, "message": message})
 
 
 def _preview(*, status: str, trials: list[TrialDraft], message: str, budget_bytes: int, budget_note: str,
