@@ -12,7 +12,8 @@ carrying one would answer 500, or stop the batch of trial events it came in. So,
   "�"): a worker's report on a trial, a model's output, an error message quoting a file, text read back from a
   dataset. `nul_replaced` is installed on every database connection the project opens
   (`install_on_connections`), so that no path from a machine to a row can be forgotten: it replaces NUL in
-  every parameter of every query (strings, and the strings inside JSON values) before the database sees it.
+  every parameter of every query (strings, the strings of a bulk insert's arrays, and the strings inside JSON
+  values) before the database sees it.
   Whatever a person's text reaches it has been refused already, so it changes only machine text.
 """
 
@@ -66,6 +67,8 @@ def without_nul(value: Any) -> Any:
 def _param(value: Any) -> Any:
     if isinstance(value, str):
         return value.replace(NUL, REPLACEMENT) if NUL in value else value
+    if isinstance(value, list):  # a column's values, which a bulk insert on PostgreSQL sends as one array
+        return [_param(item) for item in value]
     obj = getattr(value, "obj", None)  # psycopg's Jsonb and Json wrap the JSON value Django hands them
     if obj is not None and hasattr(value, "dumps") and has_nul(obj):
         return type(value)(without_nul(obj), value.dumps)

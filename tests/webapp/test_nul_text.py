@@ -16,6 +16,7 @@ from tests.webapp.experiments.test_forms import post_data
 from webapp.accounts.models import Team
 from webapp.api.models import AccessToken
 from webapp.ground.models import Experiment, SavedComparison, Trial
+from webapp.telemetry.models import UnitSpan
 
 pytestmark = pytest.mark.django_db
 REFUSED = "Null characters are not allowed."
@@ -94,3 +95,14 @@ def test_text_from_a_machine_is_stored_with_a_replacement_character(alice_team, 
     assert trial.export_path == "/exports/\ufffd"
     if connection.vendor == "postgresql":  # SQLite keeps JSON as text, where the escape \u0000 is harmless
         assert trial.plan == {"note": "x\ufffd", "layers\ufffd": ["\ufffd"]}
+
+
+def test_a_bulk_insert_of_machine_text_with_a_nul_is_stored_whole(alice_team, alice_dataset):
+    """The ingest stores each batch of telemetry in one insert (on PostgreSQL, one array per column): a device
+    or phase name with a NUL in one row is kept with U+FFFD, and the batch goes in whole, not entry by entry."""
+    trial = make_experiment(alice_team, alice_dataset).trials.first()
+    spans = [UnitSpan(trial=trial, host="h", entry_id=f"1-{k}", device=device, unit=k, step=0, micro_batch=0,
+                      phase=phase, shard=0, start=1.0, end=2.0, bytes_moved=0, peak_bytes=0)
+             for k, (device, phase) in enumerate([("cpu\x000", "F\x00"), ("cpu1", "F")])]
+    UnitSpan.objects.bulk_create(spans)
+    assert sorted(UnitSpan.objects.values_list("device", "phase")) == [("cpu1", "F"), ("cpu\ufffd0", "F\ufffd")]
