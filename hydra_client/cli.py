@@ -31,7 +31,7 @@ import click
 from tqdm import tqdm
 
 from hydra_client import config as settings
-from hydra_client.client import Hydra, HydraError, HydraUnreachable, api_base
+from hydra_client.client import Hydra, HydraError, HydraUnreachable, api_base, sends_in_clear
 from hydra_client.render import document, duration, number, params, size, table
 from hydra_client.watch import Display, Watch, succeeded
 
@@ -171,17 +171,27 @@ def read_token() -> str:
 @click.argument("url")
 @click.option("--token", help="The token (hyd_…); default: a hidden prompt, or the first line of stdin.")
 @click.option("--team", "team", type=int, metavar="ID", help="Save this team to act in (default: your current team).")
+@click.option("--insecure", is_flag=True,
+              help="Log in over plain http:// to another machine all the same: the token then crosses the network "
+                   "in clear, readable by anyone on the way.")
 @json_option
-def login(url: str, token: str | None, team: int | None) -> None:
+def login(url: str, token: str | None, team: int | None, insecure: bool) -> None:
     """Check a personal access token with the server at URL and save both.
 
     Make the token on the server's page URL/account/tokens/. They are saved to $HYDRA_CONFIG or
-    ~/.config/hydra/config.json, readable by you only.
+    ~/.config/hydra/config.json, readable by you only. A plain http:// URL is refused unless it is this machine
+    (localhost), or --insecure is given: use the server's https:// address.
     """
     try:
         url = api_base(url)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="URL") from None
+    if sends_in_clear(url):
+        click.echo(f"Warning: {url} is plain HTTP to another machine: the token would cross the network in clear, "
+                   "readable by anyone on the way. Use the server's https:// address.", err=True)
+        if not insecure:
+            raise click.BadParameter("refusing to send the token in clear; give an https:// URL, or --insecure "
+                                     "if you accept that risk on this network.", param_hint="URL")
     secret = (token if token is not None else read_token()).strip()
     if not secret:
         raise click.UsageError(f"No token given: make one at {url}/account/tokens/ and paste it.")

@@ -16,6 +16,7 @@ the server's Retry-After says and tries again, a few times, before it raises.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -23,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import requests
 import urllib3
@@ -81,6 +82,21 @@ def api_base(url: str) -> str:
     if not re.match(r"https?://[^/]+", url):
         raise ValueError(f"{url or '(empty)'} is not a server address: give it as http://host:port or https://host.")
     return url
+
+
+def sends_in_clear(url: str) -> bool:
+    """Whether requests to the server at `url` (an `api_base`) cross a network unencrypted: plain http:// to a
+    host other than this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    parsed = urlsplit(url)
+    if parsed.scheme != "http":
+        return False
+    host = (parsed.hostname or "").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve anywhere
+        return True
 
 
 def _header(value: str, what: str) -> str:

@@ -32,7 +32,7 @@ WEB_DOORS_TO_WORKER = {"webapp.worker_door"}
 # The web app's parts, bottom first: a module of `webapp.<part>` (the part's package or module) imports only its
 # own part and those before it.
 WEB_LAYERS = (
-    "worker_door", "allowlist", "ids", "paging", "csv_cells", "config", "queue_client",
+    "worker_door", "allowlist", "ids", "paging", "csv_cells", "nul_text", "config", "queue_client",
     "accounts", "background", "ground", "datasets", "health", "catalog", "telemetry", "leaderboards",
     "notifications", "dashboards", "labqueue", "experiments", "api",
     "settings", "urls", "wsgi",

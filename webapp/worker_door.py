@@ -19,9 +19,9 @@ The engine's code that loads torch or transformers (rendering chats and encoding
 file) is named here too, in `LAZY`: it is imported when first used (`__getattr__`), by the web worker's
 tasks, never when the web app starts. A web module therefore imports this module itself and uses those names
 as its attributes (``worker_door.render(...)``, ``except worker_door.TemplateError``), never
-``from webapp.worker_door import render``, which would load transformers with the importing module. (A chat
-template typed in the experiment form is checked by the engine in a child process of its own, limited in
-time and memory: `webapp.experiments.chat_template.CHECK_SCRIPT`.)
+``from webapp.worker_door import render``, which would load transformers with the importing module. The
+engine renders any chat template but its own ChatML in a child process, under the limits of
+`worker.engine.template_sandbox` (torch-free, so named here directly with its error).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from worker.engine.errors import BudgetError, CheckpointError, CheckpointFileToo
 from worker.engine.families import FAMILIES, Architecture, architecture_from_config, default_intermediate
 from worker.engine.partition import AUTO_BUDGET_FRACTION, LayerCost, solve_with_head_chunks
 from worker.engine.sizes import BASE_DTYPES, FP32, chunked_head_transient_bytes, optimizer_slots
+from worker.engine.template_sandbox import RENDER_MEMORY_BYTES, RENDER_SECONDS, TemplateLimitError
 from worker.engine.tokenizer import (
     END_OF_TEXT,
     MAX_VOCAB_SIZE,
@@ -85,6 +86,7 @@ if TYPE_CHECKING:
         TemplateError,
         answer_spans,
         chat_tokenizer,
+        check_template_text,
         render,
     )
     from worker.engine.examples import Encoded, ExampleSet, encode_examples
@@ -106,6 +108,8 @@ __all__ = [
     "MAX_DEVICES_PER_TRIAL",
     "MAX_VOCAB_SIZE",
     "MIN_VOCAB_SIZE",
+    "RENDER_MEMORY_BYTES",
+    "RENDER_SECONDS",
     "TOKENIZER_CONFIG",
     "TOKENIZER_FILES",
     "TOKENIZER_JSON",
@@ -135,6 +139,7 @@ __all__ = [
     "Slot",
     "SpecError",
     "TemplateError",
+    "TemplateLimitError",
     "TrialEvent",
     "TrialExists",
     "TrialLoad",
@@ -149,6 +154,7 @@ __all__ = [
     "bases",
     "chat_tokenizer",
     "check_checkpoint",
+    "check_template_text",
     "checkpoint_dir",
     "checkpoint_file",
     "chunked_head_transient_bytes",
@@ -175,7 +181,7 @@ __all__ = [
 # The engine's names that load torch or transformers, by the module that defines them: imported on first use.
 LAZY = {
     "worker.engine.chat": ("CHAT_SPECIAL_TOKENS", "DEFAULT_CHAT_TEMPLATE", "TemplateError", "answer_spans",
-                           "chat_tokenizer", "render"),
+                           "chat_tokenizer", "check_template_text", "render"),
     "worker.engine.examples": ("Encoded", "ExampleSet", "encode_examples"),
     "worker.engine.gguf_import": ("import_gguf",),
 }

@@ -84,6 +84,24 @@
   const preparing = document.querySelector("#preview[data-poll]");
   if (preparing) poll(preparing);
 
+  // A chat template is checked by the web worker: ask how its check stands until it has a verdict, and say it.
+  function pollCheck(line) {
+    setTimeout(function () {
+      fetch(line.dataset.poll, {credentials: "same-origin"})
+        .then(function (response) { return response.ok ? response.json() : null; })
+        .then(function (check) {
+          if (check === null) return;
+          if (check.status === "checking") return pollCheck(line);
+          line.dataset.status = check.status;
+          line.className = check.status === "ok" ? "ok" : "errors";
+          line.textContent = check.message;
+        })
+        .catch(function () { pollCheck(line); });
+    }, 1500);
+  }
+  const checking = document.querySelector("#chat-template-check[data-poll]");
+  if (checking) pollCheck(checking);
+
   // After "Preview trials" the answer is the preview, below the long form: bring it into view; after a refusal,
   // the first error.
   const answer = document.getElementById("preview") || form.querySelector(".errorlist, .errors");

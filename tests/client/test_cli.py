@@ -56,6 +56,29 @@ def test_login_narrows_a_config_file_others_could_read(hydra: Shell, server, ali
     assert _mode(hydra.config) == 0o600
 
 
+@pytest.mark.parametrize("url", ["http://hydra.lab.example", "http://10.1.2.3:8000", "http://[2001:db8::1]/"])
+def test_login_refuses_to_send_a_token_in_clear_to_another_machine(hydra: Shell, url: str) -> None:
+    result = hydra("login", url, "--token", "hyd_secret-token")
+    assert result.exit_code == 2
+    assert "plain HTTP to another machine: the token would cross the network in clear" in result.stderr
+    assert "refusing to send the token in clear; give an https:// URL, or --insecure" in result.stderr
+    assert "hyd_secret-token" not in result.output
+    assert not hydra.config.exists()
+
+
+def test_login_with_insecure_warns_and_goes_on(hydra: Shell) -> None:
+    result = hydra("login", "http://hydra.invalid:8000", "--token", "hyd_secret-token", "--insecure")
+    assert "the token would cross the network in clear" in result.stderr
+    assert result.exit_code == 5  # it tried: .invalid never resolves
+    assert "refusing" not in result.stderr and not hydra.config.exists()
+
+
+def test_login_over_http_to_this_machine_needs_no_flag(hydra: Shell, server, alice, alice_token) -> None:
+    assert server.startswith("http://127.0.0.1") or server.startswith("http://localhost")
+    result = hydra("login", server, "--token", alice_token)
+    assert result.exit_code == 0 and "in clear" not in result.stderr
+
+
 def test_a_bad_token_exits_3_and_is_not_saved(hydra: Shell, server, alice) -> None:
     result = hydra("login", server, "--token", "hyd_not-a-token")
     assert result.exit_code == 3

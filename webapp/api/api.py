@@ -21,7 +21,7 @@ from ninja.responses import NinjaJSONEncoder
 
 from webapp import queue_client
 from webapp.api import datasets, experiments, lab, trials
-from webapp.api.auth import TokenAuth, TokenRateThrottle
+from webapp.api.auth import TokenAuth, TokenRateThrottle, TooManyFailures
 
 
 class TimeEncoder(NinjaJSONEncoder):
@@ -103,6 +103,14 @@ def _throttled(request: HttpRequest, error: Throttled) -> HttpResponse:
     response = _error(request, 429, "Too many requests with this token; wait and try again.")
     if error.wait:
         response["Retry-After"] = str(max(1, int(error.wait + 0.999)))
+    return response
+
+
+@api.exception_handler(TooManyFailures)
+def _too_many_failures(request: HttpRequest, error: TooManyFailures) -> HttpResponse:
+    response = _error(request, 429, "Too many wrong tokens were sent from your address; wait and try again with a "
+                                    "live token (make one on your tokens page).")
+    response["Retry-After"] = str(max(1, int(error.wait + 0.999)))
     return response
 
 

@@ -9,9 +9,10 @@ from django.http import HttpRequest
 from ninja import File, Form, Router, Status
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.pagination import paginate
 
 from webapp.api.auth import audit, team_of
+from webapp.api.pagination import BoundedLimitOffset
 from webapp.api.schemas import DatasetOut
 from webapp.datasets import selectors, services
 from webapp.datasets.forms import DatasetForm, upload_limit_error
@@ -22,10 +23,13 @@ router = Router(tags=["datasets"])
 
 
 @router.get("", response=list[DatasetOut], summary="The team's datasets, newest first")
-@paginate(LimitOffsetPagination)
+@paginate(BoundedLimitOffset)
 def dataset_list(request: HttpRequest, status: str | None = None, name: str | None = None) -> QuerySet[Dataset]:
-    """``status``: only the datasets in it; ``name``: only those of this name, in any case."""
+    """``status``: only the datasets of this status (one of tokenizing, ready, failed); ``name``: only those of
+    this name, in any case."""
     datasets = selectors.dataset_list(team=team_of(request)).order_by("-created", "-pk")
+    if status and status not in Dataset.Status.values:
+        raise ValidationError({"status": f"Give one of {', '.join(Dataset.Status.values)}."})
     if name:
         datasets = datasets.filter(name__iexact=name)
     return datasets.filter(status=status) if status else datasets

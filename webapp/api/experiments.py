@@ -10,9 +10,10 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.dateparse import parse_datetime
 from ninja import Query, Router, Schema, Status
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.pagination import paginate
 
 from webapp.api.auth import audit, team_of
+from webapp.api.pagination import BoundedLimitOffset
 from webapp.api.schemas import CountOut, ExperimentOut, PreviewOut, TrialOut
 from webapp.api.trials import trial_out
 from webapp.experiments import previews, selectors, services
@@ -179,7 +180,7 @@ class _Page:
 
 
 @router.get("", response=list[ExperimentOut], summary="The team's experiments, filtered and sorted as on the page")
-@paginate(LimitOffsetPagination)
+@paginate(BoundedLimitOffset)
 def experiment_list(request: HttpRequest, filters: ExperimentFilters = Query(...)) -> _Page:
     query = ExperimentListQuery.from_get(filters.dict())
     listed = experiments_listed(selectors.experiment_list(team=team_of(request)), query)

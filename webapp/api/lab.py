@@ -5,7 +5,7 @@ import time
 from typing import Any
 
 from django.http import HttpRequest
-from ninja import Router
+from ninja import Query, Router
 
 from webapp.accounts.models import Membership
 from webapp.api.auth import team_of
@@ -17,6 +17,8 @@ from webapp.labqueue import selectors as queue_selectors
 from webapp.leaderboards import selectors as boards
 
 router = Router(tags=["lab"])
+MAX_BOARD = 200  # a leaderboard's rows
+MAX_PAGE = 1_000_000  # the lab queue's pages: far past any queue's last
 
 
 @router.get("/me", response=MeOut, summary="The caller, their teams and the token's scope")
@@ -42,12 +44,11 @@ def model(request: HttpRequest, checkpoint_id: int) -> Checkpoint:
 
 @router.get("/leaderboards/{id:dataset_id}", summary="The team's best trials on a dataset, and each team's best")
 def leaderboard(request: HttpRequest, dataset_id: int, metric: str | None = None, holdout: str | None = None,
-                limit: int = 50) -> dict[str, Any]:
+                limit: int = Query(50, ge=1, le=MAX_BOARD)) -> dict[str, Any]:
     """``metric`` and ``holdout`` as on the leaderboard page; ``limit``: the team's best this many (1 to 200)."""
     team = team_of(request)
     dataset = dataset_get(team=team, dataset_id=dataset_id)
     chosen, held = boards.metric_get(metric), boards.holdout_get(holdout)
-    limit = max(1, min(limit, 200))
     return {
         "dataset": dataset.pk, "metric": chosen.key, "holdout_bytes": held,
         "measured_on": boards.measured_on(dataset=dataset, holdout_bytes=held),
@@ -57,7 +58,7 @@ def leaderboard(request: HttpRequest, dataset_id: int, metric: str | None = None
 
 
 @router.get("/queue", summary="The lab queue: what the devices run and why the other trials wait")
-def queue(request: HttpRequest, page: int = 1) -> dict[str, Any]:
+def queue(request: HttpRequest, page: int = Query(1, ge=1, le=MAX_PAGE)) -> dict[str, Any]:
     """Other teams' trials appear without name or id, as on the lab queue page. 503 without Redis."""
     now = time.time()
     found = queue_selectors.lab_queue(team=getattr(request, "team", None), now=now, page=page)

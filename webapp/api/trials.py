@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.http import FileResponse, HttpRequest
-from ninja import Router, Schema, Status
+from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
 
 from webapp.api.auth import audit, team_of
@@ -19,6 +19,7 @@ from webapp.telemetry.models import EvalMetric, StepMetric
 
 router = Router(tags=["trials"])
 MAX_STEPS_PER_POLL = 1000
+MAX_STEP = 2**31 - 1  # the steps' column
 
 
 def trial_out(trial: Trial) -> dict[str, Any]:
@@ -44,7 +45,7 @@ def trial_detail(request: HttpRequest, trial_id: int) -> dict[str, Any]:
 
 
 @router.get("/{id:trial_id}/metrics", response=MetricsOut, summary="The trial's steps and evaluations after a cursor")
-def trial_metrics(request: HttpRequest, trial_id: int, since: int = -1) -> dict[str, Any]:
+def trial_metrics(request: HttpRequest, trial_id: int, since: int = Query(-1, ge=-1, le=MAX_STEP)) -> dict[str, Any]:
     """The current attempt's training steps (at most 1,000 per call) and evaluations after step ``since``,
     with the trial. Poll with ``since`` = the ``next`` of the last answer: an unchanged trial answers with
     empty lists."""

@@ -79,7 +79,8 @@ class Config:
     hsts_seconds: int
     telemetry_keep_days: int | None  # None: telemetry is kept at full detail forever
     login_throttle: LoginThrottle
-    api_rate_per_minute: int  # requests one API token may make per minute (`webapp.api.auth`)
+    api_rate_per_minute: int  # requests one API token may make in any 60 s (`webapp.api.auth`)
+    api_auth_failures_per_address: int  # wrong tokens one client address may send in 15 min (`webapp.api.auth`)
     notify: NotifyConfig  # webhook allowlist, retries, e-mail (`webapp.config.notify`)
     worker: WorkerConfig
 
@@ -218,6 +219,7 @@ def _load(environ: Mapping[str, str]) -> Config:
         telemetry_keep_days=telemetry_keep_days(environ),
         login_throttle=login_throttle(environ),
         api_rate_per_minute=envint(environ, "HYDRA_API_RATE_PER_MINUTE", 600, minimum=1),
+        api_auth_failures_per_address=envint(environ, "HYDRA_API_AUTH_FAILURES_PER_ADDRESS", 50, minimum=1),
         notify=notify_config(environ, debug=debug, allowed_hosts=hosts, csrf_trusted_origins=origins),
         worker=worker,
     )

@@ -19,7 +19,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.template.defaultfilters import filesizeformat
 
 from webapp.datasets.file_head import file_kind
-from webapp.datasets.imports import MAX_PATH_CHARS, import_dir, import_file
+from webapp.datasets.imports import MAX_PATH_CHARS, import_file
 from webapp.datasets.models import Dataset
 from webapp.datasets.records import SUFFIXES, Kind, RecordsError
 from webapp.datasets.sample_chat import SAMPLE_CHAT_FILENAME, SAMPLE_CHAT_NAME, sample_chat_jsonl
@@ -109,14 +109,13 @@ class DatasetForm(forms.Form):
             self._take("file", upload, filename=upload.name or "", check=upload)
         elif source == Dataset.Source.IMPORT:
             try:
-                path = import_file(cleaned.get("server_path") or "", suffixes=IMPORT_SUFFIXES)
+                imported = import_file(cleaned.get("server_path") or "", suffixes=IMPORT_SUFFIXES)
             except ValidationError as error:
                 self.add_error("server_path", error)
                 return cleaned
-            relative = path.relative_to(import_dir()).as_posix()
-            with path.open("rb") as opened:
-                # Stored by `dataset_create`, which opens it again by name and copies it in chunks.
-                self._take("server_path", File(None, name=str(path)), filename=relative, check=File(opened))
+            # Checked, then copied by `dataset_create` (which closes it), from this one open file.
+            self._take("server_path", File(imported.file, name=imported.relative), filename=imported.relative,
+                       check=File(imported.file))
         elif source == Dataset.Source.SAMPLE:
             cleaned.update(corpus=ContentFile(sample_corpus_text().encode("utf-8"), name="sample.txt"), filename="",
                            kind=Dataset.Kind.CORPUS, name=cleaned.get("name") or "Python reference (sample)")

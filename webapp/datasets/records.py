@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import itertools
 import json
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ __all__ = ["ROLES", "BadRow", "Example", "Kind", "Records", "RecordsError", "che
 
 SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".parquet")
 PARQUET_BATCH_ROWS = 1_024
+LISTED_COLUMNS, LISTED_COLUMN_CHARS = 20, 60  # of a file's columns, what an error names
 
 
 class Kind(StrEnum):
@@ -189,7 +191,14 @@ def _needed(kind: Kind) -> str:
 
 
 def _listed(columns: Collection[str]) -> str:
-    return ", ".join(repr(column) for column in columns) if columns else "no columns"
+    """The columns for a message, the first `LISTED_COLUMNS` of them, each cut to `LISTED_COLUMN_CHARS`: a file
+    of a hundred thousand columns, or of one a megabyte long, makes an error of a few lines."""
+    if not columns:
+        return "no columns"
+    shown = [repr(c[:LISTED_COLUMN_CHARS] + "…" if len(c) > LISTED_COLUMN_CHARS else c)
+             for c in itertools.islice(columns, LISTED_COLUMNS)]
+    more = len(columns) - len(shown)
+    return ", ".join(shown) + (f" and {more:,} more" if more > 0 else "")
 
 
 def _decoded_lines(file: BinaryIO, invalid: dict[int, str]) -> Iterator[str]:

@@ -2,72 +2,93 @@
 
 The engine renders conversations and finds their assistant turns (`worker.engine.chat`); this module asks it
 through `webapp.worker_door`, which imports it when first asked, since it loads ``transformers``, which the
-web process must not load when it starts; a template's check runs it in a child process of its own. It also
-reads whether a checkpoint's tokenizer carries a template of its own, from its files alone (the engine's
-size-capped, link-refusing reads), without loading the tokenizer.
+web process must not load when it starts. It also reads whether a checkpoint's tokenizer carries a template
+of its own, from its files alone (the engine's size-capped, link-refusing reads), without loading the
+tokenizer.
+
+A template is checked by the web worker, never in a request (rendering it takes seconds, up to the
+rendering limits): `chat_template_verdict` answers with the verdict kept for the template's text (by its
+SHA-256, whoever asked first) or sends the check (`chat_template_check`), which the form then waits for.
+The check renders the engine's probe conversation under the same limits as every later rendering of the
+template (`worker.engine.template_sandbox`); those limits, not the check, are what keep a template that
+passes it from hanging a dataset's build or a generation later.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import logging
+from datetime import timedelta
 from pathlib import Path
 
+from django.utils import timezone
+
 from webapp import worker_door
-from webapp.datasets.models import Dataset
+from webapp.background.outbox import work_enqueue
+from webapp.datasets.models import Dataset, template_sha256
 from webapp.experiments.model_shapes import ModelShape
+from webapp.ground.models import ChatTemplateCheck
 from webapp.worker_door import (
+    RENDER_MEMORY_BYTES,
+    RENDER_SECONDS,
     TOKENIZER_CONFIG,
     TOKENIZER_JSON_MAX_BYTES,
     CheckpointError,
+    TemplateLimitError,
     checkpoint_file,
     read_limited,
 )
 
 TEMPLATE_FILE = "chat_template.jinja"  # where transformers saves a tokenizer's template since 4.49
 NAMED_TEMPLATES_DIR = "additional_chat_templates"  # ... and its other named templates, one .jinja file each
+CHECK_TTL = timedelta(days=30)  # a verdict is kept this long after it was asked for; then checked anew
+Status = ChatTemplateCheck.Status
+log = logging.getLogger(__name__)
 
 
-class ChatTemplateError(ValueError):
-    """A chat template the engine cannot train with; the message says why, in the engine's words."""
+def pending_message() -> str:
+    """What the form says while the web worker checks a template."""
+    return (f"The web worker is checking this chat template: it renders a sample conversation with it, within "
+            f"{RENDER_SECONDS:g} s and {RENDER_MEMORY_BYTES >> 30} GiB of memory. Submit again in a few seconds.")
 
 
-CHECK_SECONDS = 20  # a template's check renders a five-turn conversation: far less than this, unless it loops
-CHECK_MEMORY_BYTES = 2 << 30  # the checking process's address space; a template rendering gigabytes stops there
-CHECK_SCRIPT = """
-import resource, sys
-resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
-from tokenizers import Tokenizer, models
-from worker.engine.chat import TemplateError, chat_tokenizer
-try:
-    chat_tokenizer(Tokenizer(models.BPE()), template=sys.stdin.read())  # rendering needs no vocabulary
-except TemplateError as error:
-    print(error, end="")
-    sys.exit(1)
-"""
+def chat_template_verdict(template: str) -> ChatTemplateCheck:
+    """The check of `template`: its verdict (``ok`` or ``refused``, with why) when it was checked, else the
+    check it waits for (``checking``), sent to the web worker now when there was none, the last was not done
+    (``failed``), or its send could not reach Redis. Never renders in the calling process."""
+    digest = template_sha256(template)
+    check, created = ChatTemplateCheck.objects.get_or_create(digest=digest, defaults={"template": template})
+    unsent = check.status == Status.CHECKING and bool(check.send_error)
+    if not (created or unsent or check.status == Status.FAILED):
+        return check
+    if check.status == Status.FAILED:
+        check.status, check.message, check.template = Status.CHECKING, "", template
+        check.save(update_fields=["status", "message", "template"])
+    work_enqueue(row=check)
+    return check
 
 
-def check_chat_template(template: str) -> None:
-    """Compile `template`, render the engine's probe conversation with it (system, user and assistant turns,
-    twice) and find each assistant turn's span, as the engine does before it trains. Raises ChatTemplateError
-    for a template over the engine's size limit, a syntax error, a sandbox violation, an exception the
-    template raises, or earlier turns that render differently once later turns follow.
-
-    The check runs in a process of its own, limited in time and memory: Jinja's sandbox bounds each ``range``
-    but not loops nested in loops, and a request must not hang on what a user typed."""
+def chat_template_check(*, check_id: int) -> None:
+    """Check a template waiting for its check (the web worker's task): it becomes ``ok``, or ``refused`` with
+    the engine's reason (a template that fails, hides its turns, or passes a rendering limit). Verdicts asked
+    for longer than `CHECK_TTL` ago are deleted first."""
+    ChatTemplateCheck.objects.filter(created__lt=timezone.now() - CHECK_TTL).exclude(
+        status=Status.CHECKING).delete()
+    check = ChatTemplateCheck.objects.filter(pk=check_id, status=Status.CHECKING).first()
+    if check is None:
+        return
+    pending = ChatTemplateCheck.objects.filter(pk=check_id, status=Status.CHECKING)
     try:
-        result = subprocess.run([sys.executable, "-c", CHECK_SCRIPT, str(CHECK_MEMORY_BYTES)], input=template,
-                                capture_output=True, text=True, timeout=CHECK_SECONDS,
-                                cwd=Path(__file__).resolve().parents[2])
-    except subprocess.TimeoutExpired:
-        raise ChatTemplateError(f"the chat template takes over {CHECK_SECONDS} s to render a five-turn "
-                                "conversation; a template must not loop that long") from None
-    if result.returncode == 1 and result.stdout:
-        raise ChatTemplateError(result.stdout)
-    if result.returncode != 0:
-        raise ChatTemplateError("the chat template cannot be rendered within "
-                                f"{CHECK_MEMORY_BYTES >> 30} GiB of memory: {result.stderr.strip()[-300:]}")
+        worker_door.check_template_text(check.template)
+    except (worker_door.TemplateError, TemplateLimitError) as error:
+        pending.update(status=Status.REFUSED, message=str(error), template="", checked=timezone.now())
+        return
+    except Exception as error:  # the form must not wait for ever; the worker's log has the trace
+        log.exception("checking chat template %s failed", check.digest)
+        pending.update(status=Status.FAILED, message=f"The check stopped on an unexpected error ({error}). "
+                                                     "Submit again to retry.")
+        raise
+    pending.update(status=Status.OK, template="", checked=timezone.now())
 
 
 def default_chat_template() -> str:

@@ -21,6 +21,7 @@ from webapp.accounts.roles import require_creator_or_owner
 from webapp.accounts.selectors import team_scoped_get
 from webapp.dashboards import figures
 from webapp.ground.models import Experiment, SavedComparison
+from webapp.nul_text import refuse_nul
 
 MAX_EXPERIMENTS = 50
 
@@ -71,8 +72,9 @@ def comparison_url(comparison: SavedComparison) -> str | None:
 def comparison_create(*, team: Team, actor: AbstractBaseUser, name: str, experiment_ids: Iterable[int],
                       view: Mapping[str, str] | None = None) -> SavedComparison:
     """Save the team's experiments `experiment_ids` as the comparison `name`. ValidationError when the name is
-    empty, too long or taken in the team, or when an id is not one of the team's experiments (nothing is
-    saved then)."""
+    empty, too long, taken in the team or holds a null character, or when an id is not one of the team's
+    experiments (nothing is saved then)."""
+    refuse_nul(name, field="name")
     name = " ".join(name.split())
     ids = list(dict.fromkeys(experiment_ids))
     if not name:

@@ -10,6 +10,12 @@ old attempt or an unknown trial.
 telemetry ingest calls it on every pass, and the experiment and trial pages call it before reading, so a
 trial's status never waits on the ingest process. (The curves poll does not: its curves come from the
 ingest anyway.) Concurrent callers take turns on the cursor's row.
+
+No single event can stop the others: each is applied in a savepoint of its own, and one that cannot be applied
+(a value the database refuses, a bug on either side) is undone alone, recorded against its trial, which
+fails with why (`trial_event_refuse`), and listed on the health page (`SkippedEntry`); the cursor moves past
+it and every other trial keeps updating. Only what may pass (Redis or the database out of reach) stops a
+batch, which is then read again whole.
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ from webapp import queue_client
 from webapp.experiments.generations import held_out_request
 from webapp.experiments.launching import experiment_extend_tpe
 from webapp.ground.models import Experiment, Trial
+from webapp.health.models import SkippedEntry
 from webapp.notifications import notices
 from webapp.telemetry.models import StreamCursor
+from webapp.telemetry.services import TRANSIENT
 from webapp.worker_door import TrialEvent, TrialState
 
 log = logging.getLogger(__name__)
@@ -110,7 +118,7 @@ def trial_events_sync(*, host_id: str | None = None, max_batches: int = 50) -> i
             cursor, _ = StreamCursor.objects.select_for_update().get_or_create(host=host, stream="events")
             events, after = queue_client.events_read(after=cursor.cursor, count=EVENTS_BATCH, host_id=host)
             for event in events:
-                _apply(event, host)
+                _apply_alone(event, host)
             if after != cursor.cursor:
                 StreamCursor.objects.filter(pk=cursor.pk).update(cursor=after)
         read += len(events)
@@ -132,6 +140,41 @@ def trial_events_sync_quietly(*, host_id: str | None = None) -> bool:
         log.warning("trial events not read: %s", error)
         return False
     return True
+
+
+def _apply_alone(event: TrialEvent, host: str) -> None:
+    """Apply `event` in a savepoint; one that cannot be applied is undone alone and refused."""
+    try:
+        with transaction.atomic():
+            _apply(event, host)
+    except TRANSIENT:
+        raise
+    except Exception as error:  # whatever it is, it must not stop the events after it
+        log.exception("trial event %s of %s on %s could not be applied", event.entry_id, event.trial_id, host)
+        trial_event_refuse(event=event, host=host, error=error)
+
+
+def trial_event_refuse(*, event: TrialEvent, host: str, error: Exception) -> None:
+    """Record that `event` could not be applied: its trial, unless it ended already, fails with a message that
+    says which event and why (and the team hears of it as of any failed trial), and the entry is listed on the
+    health page."""
+    reason = f"{type(error).__name__}: {error}"[:1000]
+    message = (f"The scheduler reported this trial {event.state}, and that report could not be recorded ({reason}). "
+               f"The trial is marked failed so that every other trial's reports go on. An administrator finds the "
+               f"report on the health page (host {host}, events entry {event.entry_id}); retry the trial to run it "
+               "again.")
+    try:
+        with transaction.atomic():
+            trial_event_apply(trial_id=event.trial_id, status=Status.FAILED, message=message)
+    except TRANSIENT:
+        raise
+    except Exception:  # the failure's own follow-ups (notices, TPE) failed too: the status alone, then
+        log.exception("trial %s could not be failed through its event service", event.trial_id)
+        now = timezone.now()
+        Trial.objects.filter(queue_id=event.trial_id).exclude(status__in=Trial.ENDED).update(
+            status=Status.FAILED, message=message, finished=now, updated=now)
+    SkippedEntry.objects.create(host=host, stream="events", entry_id=event.entry_id[:40],
+                                trial=event.trial_id[:64], error=f"{event.state}: {reason}")
 
 
 def _apply(event: TrialEvent, host: str) -> None:

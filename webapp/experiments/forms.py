@@ -8,7 +8,8 @@ draft against the dataset (its token ids, the model's context) and the memory bu
 
 Instruction and chat data add the ``packing`` and ``loss_on`` parameters (refused on a text corpus, by
 planning) and a chat template, which renders the conversations for a pretrained checkpoint instead of its own:
-the form checks it as the engine will, by rendering a probe conversation (`webapp.experiments.chat_template`).
+the web worker checks it as the engine will, by rendering a probe conversation under the rendering limits, and
+the form waits for that verdict, kept per template text (`webapp.experiments.chat_template`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from webapp.catalog.selectors import ready_checkpoints
 from webapp.catalog.sizing import host_devices
 from webapp.config import MAX_TRIALS
 from webapp.datasets.models import Dataset
-from webapp.experiments.chat_template import ChatTemplateError, check_chat_template, template_refusal
+from webapp.experiments.chat_template import chat_template_verdict, pending_message, template_refusal
 from webapp.experiments.model_shapes import (
     BASE_DTYPE_NEEDS_A_CHECKPOINT,
     FAMILY_LABELS,
@@ -56,7 +57,7 @@ from webapp.experiments.space_text import (
     max_devices_of_text,
     pruner_of_text,
 )
-from webapp.ground.models import Experiment
+from webapp.ground.models import ChatTemplateCheck, Experiment
 from webapp.worker_door import DEFAULT_CHECKPOINT_MINUTES, MAX_CHECKPOINT_MINUTES, MAX_DEVICES_PER_TRIAL
 
 KIND_LABELS = {"categorical": "categorical (values)", "int": "int range", "float": "float range",
@@ -341,6 +342,7 @@ class ExperimentForm(forms.Form):
         cleaned = super().clean()
         model = shape = space = None
         self.pasted_model: object | None = None
+        self.template_check: ChatTemplateCheck | None = None
         self.pasted_checkpoint_minutes: int | None = None
         try:
             space = self._space(cleaned)
@@ -404,7 +406,8 @@ class ExperimentForm(forms.Form):
     def _chat_template(self, cleaned: dict[str, Any], *, shape: ModelShape | None) -> str:
         """The pasted text's ``chat_template``, else the field's ("" for none), with the line ends a browser's
         textarea sends made Unix ones; adds an error where it came from when it cannot render the dataset for
-        the model (see `chat_template.template_refusal`, `chat_template.check_chat_template`)."""
+        the model, or while the web worker checks it (see `chat_template.template_refusal`,
+        `chat_template.chat_template_verdict`; ``template_check`` is then the check, for the page)."""
         text = (cleaned.get("space_text") or "").strip()
         template, field = cleaned.get("chat_template") or "", "chat_template"
         if text:
@@ -423,10 +426,11 @@ class ExperimentForm(forms.Form):
             return template  # the dataset's or the model's own error says what to fix first
         message = template_refusal(dataset=dataset, shape=shape, chat_template=template)
         if message is None:
-            try:
-                check_chat_template(template)
-            except ChatTemplateError as error:
-                message = str(error)
+            self.template_check = chat_template_verdict(template)
+            if self.template_check.status == ChatTemplateCheck.Status.REFUSED:
+                message = self.template_check.message
+            elif self.template_check.status != ChatTemplateCheck.Status.OK:
+                message = pending_message()
         if message is not None:
             self.add_error(field, f"{TEMPLATE_KEY}: {message}" if field == "space_text"
                            else message[:1].upper() + message[1:])

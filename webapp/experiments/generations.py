@@ -37,6 +37,7 @@ from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
+from webapp import worker_door
 from webapp.accounts.models import Membership, Team
 from webapp.background.outbox import work_enqueue
 from webapp.datasets.models import Dataset
@@ -273,15 +274,15 @@ def _generate(generation: Generation, directory: Path) -> str:
     torch.manual_seed(generation.seed)
     with torch.no_grad():
         output = model.generate(**encoded, generation_config=config)
-    text = tokenizer.decode(output[0, n_prompt:], skip_special_tokens=True)
-    return str(text).replace("\x00", "\ufffd")  # a NUL byte token: PostgreSQL text cannot hold one
+    return str(tokenizer.decode(output[0, n_prompt:], skip_special_tokens=True))  # a NUL in it: `webapp.nul_text`
 
 
 def _encoded_prompt(generation: Generation, tokenizer: Any) -> Any:
     """The prompt's token ids (a ``BatchEncoding`` of one row). A conversation (a held-out example's turns, or
     for a model tuned on chats the prompt as a user's turn) is rendered with the tokenizer's chat template, the
     one the model was trained with, up to the opening of the assistant's answer; other text is read as it is.
-    Raises GenerationError for a conversation and a tokenizer without a template."""
+    Raises GenerationError for a conversation and a tokenizer without a template, or a template that fails on it
+    or passes the rendering limits (`worker.engine.template_sandbox`)."""
     messages = generation.messages
     if messages is None and generation.trial.experiment.dataset.is_instruction and tokenizer.chat_template:
         messages = [{"role": "user", "content": generation.prompt}]
@@ -289,7 +290,10 @@ def _encoded_prompt(generation: Generation, tokenizer: Any) -> Any:
         return tokenizer(generation.prompt, return_tensors="pt")
     if not tokenizer.chat_template:
         raise GenerationError("The model's tokenizer has no chat template to render the conversation with.")
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    try:  # under the rendering limits, as every rendering of a template a user or a checkpoint brought
+        text = worker_door.render(tokenizer, messages, add_generation_prompt=True)
+    except (worker_door.TemplateError, worker_door.TemplateLimitError) as error:
+        raise GenerationError(f"The model's chat template cannot render this conversation: {error}.") from None
     return tokenizer(text, return_tensors="pt", add_special_tokens=False)  # the template wrote its own
 
 

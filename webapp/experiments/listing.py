@@ -41,6 +41,7 @@ from webapp.experiments.annotations import tag_normalize
 from webapp.experiments.model_shapes import FAMILY_LABELS, PRESETS
 from webapp.ground.models import Experiment, Trial
 from webapp.ids import parse_id
+from webapp.nul_text import refuse_nul
 
 S = Trial.Status
 
@@ -60,6 +61,7 @@ TRIAL_SORTS = {"number": "Number", "best": "Best value", "status": "Status"}
 TRIAL_STATUS_ORDER = (S.RUNNING, S.PLANNING, S.RUNNABLE, S.PAUSED, S.NEW, S.FINISHED, S.PRUNED, S.FAILED,
                       S.CANCELLED)
 SEARCH_MAX_CHARS = 200
+QUERY_FIELDS = ("q", "tag", "dataset", "model", "status", "sort")
 _TAG_TERM = re.compile(r'tag:(?:"([^"]*)"|(\S+))', re.IGNORECASE)
 
 
@@ -153,6 +155,10 @@ class ExperimentListQuery:
 
     @classmethod
     def from_get(cls, get: Mapping[str, str]) -> ExperimentListQuery:
+        """The query `get` (a query string's values) asks for. Raises ValidationError, under the field, for a
+        value with a null character, which no name or tag holds."""
+        for field in QUERY_FIELDS:
+            refuse_nul(get.get(field) or "", field=field)
         search = (get.get("q") or "").strip()[:SEARCH_MAX_CHARS]
         tags = [tag_normalize(quoted or bare) for quoted, bare in _TAG_TERM.findall(search)]
         tag = tag_normalize(get.get("tag") or "")

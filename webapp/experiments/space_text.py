@@ -34,6 +34,7 @@ from webapp.experiments.search_space import (
     parse_search_space,
     quote,
 )
+from webapp.nul_text import has_nul
 from webapp.worker_door import MAX_CHECKPOINT_MINUTES, MAX_DEVICES_PER_TRIAL
 
 # PyYAML's names for what it expected or found, and for what it was reading, in a user's words.
@@ -206,4 +207,7 @@ def _load_text(text: str) -> object:
         raise SearchSpaceError("The search space holds a number too long to read.", field="space_text") from None
     finally:
         loader.dispose()
+    if has_nul(raw):  # an escape (\0, \u0000) the text box let through: no name or value has one
+        raise SearchSpaceError("The search space holds a null character (\\0 or \\u0000): null characters are "
+                               "not allowed.", field="space_text")
     return raw

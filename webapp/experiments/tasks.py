@@ -1,11 +1,11 @@
 """The web worker's experiment tasks (`webapp.background`): pack a trained model for download, plan a large
-sweep's preview, generate text with a trained model."""
+sweep's preview, generate text with a trained model, check a chat template."""
 
 from __future__ import annotations
 
 from webapp.background.celery_app import app
-from webapp.experiments import archives, generations, previews
-from webapp.ground.models import ExperimentPreview, Generation, TrialArchive
+from webapp.experiments import archives, chat_template, generations, previews
+from webapp.ground.models import ChatTemplateCheck, ExperimentPreview, Generation, TrialArchive
 
 
 @app.task(name=TrialArchive.TASK)
@@ -21,3 +21,8 @@ def experiment_preview_plan(preview_id: int) -> None:
 @app.task(name=Generation.TASK)
 def trial_generate(generation_id: int) -> None:
     generations.trial_generate(generation_id=generation_id)
+
+
+@app.task(name=ChatTemplateCheck.TASK)
+def chat_template_check(check_id: int) -> None:
+    chat_template.chat_template_check(check_id=check_id)

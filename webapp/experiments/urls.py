@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import path, re_path
 
 from webapp import ids  # noqa: F401 -- registers the <id:...> converter
 from webapp.experiments import organize_views, views
@@ -8,6 +8,8 @@ urlpatterns = [
     path("experiments/", views.experiment_list, name="experiment_list"),
     path("experiments/new/", views.experiment_create, name="experiment_create"),
     path("experiments/previews/<id:preview_id>/", views.experiment_preview, name="experiment_preview"),
+    re_path(r"^experiments/chat-templates/(?P<digest>[0-9a-f]{64})/$", views.chat_template_check,
+            name="chat_template_check"),
     path("experiments/<id:experiment_id>/", views.experiment_detail, name="experiment_detail"),
     path("experiments/<id:experiment_id>/delete/", views.experiment_delete, name="experiment_delete"),
     path("experiments/<id:experiment_id>/search-space.<str:fmt>", views.experiment_space, name="experiment_space"),

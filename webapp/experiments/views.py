@@ -8,10 +8,10 @@ import yaml
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from webapp.dashboards import selectors as dashboard_selectors
 from webapp.dashboards import views as dashboard_views
@@ -53,7 +53,7 @@ from webapp.experiments.search_space import (
 )
 from webapp.experiments.trial_data import experiment_tokens
 from webapp.experiments.trial_settings import trial_settings
-from webapp.ground.models import Experiment, ExperimentPreview, Trial, TrialArchive
+from webapp.ground.models import ChatTemplateCheck, Experiment, ExperimentPreview, Trial, TrialArchive
 from webapp.ids import parse_id
 from webapp.labqueue.selectors import trial_end_estimates
 from webapp.paging import page_get
@@ -74,7 +74,12 @@ def _statuses_synced(request: HttpRequest) -> None:
 @team_required
 def experiment_list(request: HttpRequest) -> HttpResponse:
     _statuses_synced(request)  # statuses as the scheduler has them, whether or not the ingest runs
-    query = ExperimentListQuery.from_get(request.GET)  # search, filters and sort; kept by the page links
+    refused = False
+    try:
+        query = ExperimentListQuery.from_get(request.GET)  # search, filters and sort; kept by the page links
+    except ValidationError as error:
+        messages.error(request, f"The search and filters were not applied: {' '.join(error.messages)}")
+        query, refused = ExperimentListQuery(), True
     page = page_get(experiments_listed(selectors.experiment_list(team=request.team), query), request.GET.get("page"))
     counts = selectors.experiment_trial_counts(experiments=page)
     return render(request, "experiments/experiment_list.html", {
@@ -84,7 +89,7 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
         "datasets": list(dataset_list(team=request.team).order_by("name").values_list("pk", "name")),
         "query": query, "choices": experiment_list_choices(team=request.team), "statuses": EXPERIMENT_STATUSES,
         "sorts": EXPERIMENT_SORTS, "comparisons": comparison_list(team=request.team)[:5],
-    })
+    }, status=400 if refused else 200)
 
 
 def _forms(request: HttpRequest) -> tuple[ExperimentForm, Experiment | None]:
@@ -141,6 +146,19 @@ def experiment_create(request: HttpRequest) -> HttpResponse:
         "parameters": PARAMETERS, "kinds": KINDS,
         "models_root": settings.HYDRA.models_root,
     }, status=status)
+
+
+@team_required
+@require_GET
+def chat_template_check(request: HttpRequest, digest: str) -> JsonResponse:
+    """How the web worker's check of the chat template of SHA-256 `digest` stands, for the experiment form to
+    poll: ``{"status": checking|ok|refused|failed, "message"}``. A verdict tells only whether that exact text
+    renders, which only someone who has the text can ask."""
+    check = get_object_or_404(ChatTemplateCheck, digest=digest)
+    message = check.message or check.send_error
+    if check.status == ChatTemplateCheck.Status.OK:
+        message = "The chat template passed its check: submit the form again."
+    return JsonResponse({"status": check.status, "message": message})
 
 
 def _preview(*, status: str, trials: list[TrialDraft], message: str, budget_bytes: int, budget_note: str,

@@ -319,6 +319,32 @@ class ExperimentPreview(WebWork):
         return f"preview {self.key[:12]} of team {self.team_id}"
 
 
+class ChatTemplateCheck(WebWork):
+    """Whether a chat template renders conversations as the engine needs, checked once per template text by the
+    web worker (`webapp.experiments.chat_template`), under the rendering limits: its verdict is kept by the
+    text's SHA-256, whoever asks next."""
+
+    class Status(models.TextChoices):
+        CHECKING = "checking", "Checking…"
+        OK = "ok", "Passed"
+        REFUSED = "refused", "Refused"
+        FAILED = "failed", "Not checked"  # the work was not done (given up, or an error of ours): asked again
+
+    PENDING = Status.CHECKING
+    RETRY_HINT = "Submit the form again to check it anew."
+    TASK: ClassVar[str] = "hydra.web.chat_template_check"
+
+    digest = models.CharField(max_length=64, unique=True, help_text="SHA-256 of the template's text, in hex.")
+    template = models.TextField(blank=True, help_text="The text, until it is checked.")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.CHECKING)
+    message = models.TextField(blank=True, help_text="Why it was refused, or not checked, for the form.")
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+    checked = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"chat template {self.digest[:12]}: {self.status}"
+
+
 def archive_dir_for(queue_id: str) -> Path:
     return settings.HYDRA.data_dir / "archives" / queue_id
 

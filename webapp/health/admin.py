@@ -1,7 +1,7 @@
 from django.contrib import admin, messages
 
 from webapp import queue_client
-from webapp.health.models import HostCapacity
+from webapp.health.models import HostCapacity, SkippedEntry
 
 
 @admin.register(HostCapacity)
@@ -25,3 +25,10 @@ def _send(request, host_id: str, capacity_bytes: int | None) -> None:  # type: i
         queue_client.host_capacity_send(host_id=host_id, capacity_bytes=capacity_bytes)
     except queue_client.SchedulerUnavailable as error:
         messages.warning(request, f"Saved; the scheduler will take the capacity when it can be reached ({error}).")
+
+
+@admin.register(SkippedEntry)
+class SkippedEntryAdmin(admin.ModelAdmin):
+    list_display = ["created", "host", "stream", "entry_id", "trial", "error"]
+    list_filter = ["stream", "host"]
+    search_fields = ["trial", "entry_id"]

@@ -30,3 +30,24 @@ class HostCapacity(models.Model):
         """The capacity set for `host_id` in bytes, or None when the host keeps its own."""
         found = cls.objects.filter(host_id=host_id).values_list("capacity_gib", flat=True).first()
         return None if found is None else int(found * GIB)
+
+
+class SkippedEntry(models.Model):
+    """An entry of a host's Redis stream that the ingest could not store or apply, and moved past so that the
+    entries after it (every other trial's, every other team's) go on. A trial event is also recorded against
+    its trial, which fails with why (`webapp.experiments.events`). The health page lists the latest; the entry
+    itself stays in Redis until the stream's cap drops it (``XRANGE hydra:<host>:<stream> <id> <id>``)."""
+
+    host = models.CharField(max_length=64)
+    stream = models.CharField(max_length=16, help_text="events, steps, evals, spans, samples or checkpoints.")
+    entry_id = models.CharField(max_length=40, help_text="The Redis stream entry id on its host.")
+    trial = models.CharField(max_length=64, blank=True, help_text="The queue id of the trial it was about, if any.")
+    error = models.TextField(help_text="Why it could not be stored or applied.")
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created", "-pk"]
+        verbose_name_plural = "skipped stream entries"
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.stream} {self.entry_id}"

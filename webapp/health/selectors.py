@@ -1,7 +1,8 @@
 """What the health pages report: the database, Redis, the telemetry ingest and the device workers, each
 actually asked (the workers' answer is kept a few seconds, see `workers_online`), what `make run`'s
-supervisor did to the services it runs (`webapp.health.service_events`), and the shared LoRA bases this host
-holds in memory (`shared_bases`)."""
+supervisor did to the services it runs (`webapp.health.service_events`), the stream entries the ingest could
+not store or apply and moved past (`skipped_entries`), and the shared LoRA bases this host holds in memory
+(`shared_bases`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from webapp.accounts.models import Team
 from webapp.ground.models import Trial
 from webapp.health import service_events
 from webapp.health.host_bases import HostBasesError, host_bases
+from webapp.health.models import SkippedEntry
 from webapp.ids import parse_id
 
 # The ingest passes every second; a heartbeat older than this means it is not running.
@@ -26,6 +28,7 @@ INGEST_STALE_S = 30.0
 # A broadcast waits for every worker's reply, so reloads within this many seconds reuse the last answer.
 WORKERS_CACHE_S = 5.0
 WORKERS_CACHE_KEY = "health:workers"
+SKIPPED_SHOWN = 20  # the latest skipped stream entries the page lists (all are in the admin)
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,26 @@ class WorkerInfo:
 class TrialLink:
     label: str
     url: str
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A stream entry the ingest moved past: where it is, the trial it was about (linked when its row is
+    there) and why."""
+
+    at: str
+    host: str
+    stream: str
+    entry_id: str
+    trial: TrialLink | None
+    trial_queue_id: str
+    error: str
+
+
+@dataclass(frozen=True)
+class SkippedEntries:
+    total: int
+    latest: list[Skipped]
 
 
 @dataclass(frozen=True)
@@ -80,6 +103,7 @@ class HealthReport:
     service_events: list[str] = field(default_factory=list)
     services_summary: str | None = None
     shared_bases: SharedBases | None = None
+    skipped: SkippedEntries | None = None
 
     @property
     def ok(self) -> bool:
@@ -198,17 +222,30 @@ def shared_bases(*, team: Team | None) -> SharedBases:
     return SharedBases(bases=listed, total_bytes=sum(b.bytes for b in listed), spill_dir=str(spill_dir))
 
 
+def skipped_entries() -> SkippedEntries:
+    """How many stream entries the ingest skipped, ever, and the latest `SKIPPED_SHOWN` with their trials."""
+    latest = list(SkippedEntry.objects.all()[:SKIPPED_SHOWN])
+    rows = Trial.objects.filter(queue_id__in={e.trial for e in latest if e.trial}).select_related("experiment")
+    links = {t.queue_id: TrialLink(label=str(t), url=reverse("trial_detail", args=[t.pk])) for t in rows}
+    return SkippedEntries(total=SkippedEntry.objects.count(), latest=[
+        Skipped(at=entry.created.isoformat(timespec="seconds"), host=entry.host, stream=entry.stream,
+                entry_id=entry.entry_id, trial=links.get(entry.trial), trial_queue_id=entry.trial, error=entry.error)
+        for entry in latest])
+
+
 def health_report(*, team: Team | None = None) -> HealthReport:
     """Everything the details pages show; the shared bases' trials as `team` may see them."""
     events = service_events.events_read(settings.HYDRA.data_dir)
     tz = timezone.get_current_timezone()
     redis_status = redis_check()
+    database = database_check()
     return HealthReport(
-        database=database_check(),
+        database=database,
         redis=redis_status,
         ingest=ingest_check() if redis_status.ok else Check(False, "unknown: Redis cannot be reached"),
         workers=workers_online() if redis_status.ok else [],
         service_events=service_events.service_lines(events, tz),
         services_summary=service_events.summary(events, tz),
         shared_bases=shared_bases(team=team),
+        skipped=skipped_entries() if database.ok else None,
     )

@@ -3,7 +3,10 @@
 `telemetry_store` drains each stream after the cursor stored for it: one transaction per batch inserts the
 rows (``bulk_create`` with ``ignore_conflicts``, so a replayed batch inserts nothing twice) and advances the
 cursor. A crash between the two only replays that batch. Entries of trials that no longer exist (deleted
-since), or of an attempt that a retry replaced, are dropped. Trial state changes are not telemetry: the
+since), or of an attempt that a retry replaced, are dropped. A batch the database refuses is stored again one
+entry at a time, and an entry that still cannot be stored is skipped and listed on the health page
+(`SkippedEntry`), so that one bad entry never stops a stream: only Redis or the database out of reach
+(`TRANSIENT`) does, and the batch is then read again. Trial state changes are not telemetry: the
 ingest's pass (`webapp.experiments.ingest`) hands them, after the metrics, to the one service that applies
 them.
 """
@@ -15,11 +18,13 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from django.db import transaction
+import redis
+from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Q
 
 from webapp import queue_client
 from webapp.ground.models import Trial
+from webapp.health.models import SkippedEntry
 from webapp.telemetry import levels
 from webapp.telemetry.models import DeviceSample, EvalMetric, SampleLane, StepMetric, StreamCursor, UnitSpan
 
@@ -31,6 +36,8 @@ STEP_REWARDS = ("rewards_chosen", "rewards_rejected", "reward_accuracy")
 EVAL_REWARDS = ("rewards_chosen", "rewards_rejected", "reward_margin", "reward_accuracy")
 STREAM_ORDER = ("steps", "evals", "spans", "samples", "checkpoints")
 BATCH_SIZE = 2000
+# Failures that may pass: the batch is read again whole. Anything else an entry raises is that entry's own.
+TRANSIENT = (redis.RedisError, queue_client.SchedulerUnavailable, OperationalError, InterfaceError)
 
 
 def telemetry_store(*, host_id: str, batch_size: int = BATCH_SIZE, max_batches: int = 50) -> dict[str, int]:
@@ -50,13 +57,36 @@ def telemetry_store(*, host_id: str, batch_size: int = BATCH_SIZE, max_batches: 
             if not entries:
                 break
             with transaction.atomic():
-                STORES[stream](host_id, entries)
+                _store_each(host_id, stream, entries)
                 StreamCursor.objects.filter(pk=cursor.pk).update(cursor=after)
             cursor.cursor = after
             read[stream] += len(entries)
             if len(entries) < batch_size:
                 break
     return read
+
+
+def _store_each(host_id: str, stream: str, entries: list[Entry]) -> None:
+    """Store `entries` as one batch, or when the batch fails, one entry at a time, skipping those that fail."""
+    try:
+        with transaction.atomic():
+            STORES[stream](host_id, entries)
+        return
+    except TRANSIENT:
+        raise
+    except Exception:  # some entry of the batch: find it below
+        log.warning("a batch of %s on %s failed; storing it entry by entry", stream, host_id, exc_info=True)
+    for entry in entries:
+        try:
+            with transaction.atomic():
+                STORES[stream](host_id, [entry])
+        except TRANSIENT:
+            raise
+        except Exception as error:  # this entry alone: skipped, and shown on the health page
+            log.exception("%s entry %s on %s skipped", stream, entry.get("id"), host_id)
+            SkippedEntry.objects.create(host=host_id, stream=stream, entry_id=str(entry.get("id", ""))[:40],
+                                        trial=str(entry.get("trial", ""))[:64],
+                                        error=f"{type(error).__name__}: {error}"[:1000])
 
 
 class Attempt(NamedTuple):

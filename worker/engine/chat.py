@@ -1,10 +1,12 @@
 """Conversations as a model sees them: the chat template, the tokens, and which tokens a trial trains on.
 
 A conversation is a sequence of ``{"role", "content"}`` messages (roles ``system``, ``user``, ``assistant``).
-Its text is the chat template's rendering, through ``transformers``' own ``apply_chat_template`` (a sandboxed
-Jinja environment), so a fine-tuned model is trained on exactly the prompt the checkpoint's users will send
-it. Which template: the experiment's own when it sets one, else the checkpoint tokenizer's, else
-:data:`DEFAULT_CHAT_TEMPLATE` (ChatML, the format of SmolLM2 and Qwen).
+Its text is the chat template's rendering, through ``transformers``' own rendering (a sandboxed Jinja
+environment, as ``apply_chat_template`` uses), so a fine-tuned model is trained on exactly the prompt the
+checkpoint's users will send it. Which template: the experiment's own when it sets one, else the checkpoint
+tokenizer's, else :data:`DEFAULT_CHAT_TEMPLATE` (ChatML, the format of SmolLM2 and Qwen). Any template but
+ChatML, which is ours, is rendered in a process of its own under a time and a memory limit
+(:mod:`worker.engine.template_sandbox`): every rendering, the check's and each example's, whoever asks.
 
 Every token gets one mark (:data:`PROMPT`, :data:`ANSWER`, :data:`LAST_ANSWER`), so a tokenized dataset serves
 every ``loss_on`` a sweep tries: ``assistant`` trains on every assistant turn, ``last`` on the last one only,
@@ -22,10 +24,12 @@ from collections.abc import Sequence
 from enum import StrEnum
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from worker.engine import template_sandbox
 from worker.engine.errors import SpecError
+from worker.engine.template_sandbox import Render, TemplateLimitError, TemplateRenderError
 
 ROLES = ("system", "user", "assistant")
 CHAT_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>")
@@ -93,6 +97,12 @@ def _copy_with_template(tokenizer: PreTrainedTokenizerBase, template: str) -> Pr
     return copy
 
 
+def check_template_text(template: str) -> None:
+    """Check `template` alone, as :func:`chat_tokenizer` checks it for a tokenizer (rendering needs no
+    vocabulary). Raises TemplateError, or TemplateLimitError past the rendering limits."""
+    chat_tokenizer(Tokenizer(models.BPE()), template=template)
+
+
 def check_template(tokenizer: PreTrainedTokenizerBase) -> None:
     """Render :data:`PROBE` with `tokenizer`'s template and find every assistant span in it; raises
     TemplateError with the template's own message when it fails."""
@@ -101,26 +111,44 @@ def check_template(tokenizer: PreTrainedTokenizerBase) -> None:
 
 def render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], *,
            add_generation_prompt: bool = False) -> str:
-    """The conversation's text under `tokenizer`'s chat template. Raises TemplateError."""
+    """The conversation's text under `tokenizer`'s chat template. Raises TemplateError, and TemplateLimitError
+    for a template past the rendering limits."""
+    return render_many(tokenizer, [(messages, add_generation_prompt)])[0]
+
+
+def render_many(tokenizer: PreTrainedTokenizerBase, renders: Sequence[Render]) -> list[str]:
+    """The text of each (conversation, add_generation_prompt) of `renders` under `tokenizer`'s chat template:
+    ChatML here, any other template in the sandbox, all of `renders` within one request's limits. Raises
+    TemplateError, and TemplateLimitError for a template past the rendering limits."""
     try:
-        text = tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+        template = tokenizer.get_chat_template()
+    except ValueError as error:  # the tokenizer has none
+        raise TemplateError(f"the chat template fails: {error}") from None
+    tokens = dict(tokenizer.special_tokens_map)
+    try:
+        if template == DEFAULT_CHAT_TEMPLATE:
+            return [template_sandbox.render_here(template, tokens, list(messages), add_generation_prompt=agp)
+                    for messages, agp in renders]
+        return template_sandbox.render(template, tokens, renders)
+    except TemplateLimitError:
+        raise
+    except TemplateRenderError as error:
+        raise TemplateError(f"the chat template fails: {error}") from None
     except Exception as error:  # Jinja's errors (syntax, sandbox, raise_exception) have no common base
         raise TemplateError(f"the chat template fails: {type(error).__name__}: {error}") from error
-    if not isinstance(text, str):
-        raise TemplateError(f"the chat template rendered a {type(text).__name__}, not text")
-    return text
 
 
 def answer_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> tuple[str, list[tuple[int, int]]]:
     """The conversation's text and the (start, end) character span of each assistant turn in it."""
-    text = render(tokenizer, messages)
-    spans = []
-    for index, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        before = render(tokenizer, messages[:index], add_generation_prompt=True) if index else ""
-        through = render(tokenizer, messages[: index + 1])
+    turns = [index for index, message in enumerate(messages) if message["role"] == "assistant"]
+    renders: list[Render] = [(messages, False)]  # then, for each turn: the turns before it (if any), through it
+    for index in turns:
+        renders += [(messages[:index], True)] * bool(index) + [(messages[: index + 1], False)]
+    rendered = iter(render_many(tokenizer, renders))
+    text, spans = next(rendered), []
+    for index in turns:
+        before = next(rendered) if index else ""
+        through = next(rendered)
         if not (text.startswith(through) and through.startswith(before)):
             raise TemplateError(
                 f"the chat template renders turns 1-{index} differently once turn {index + 1} follows, so the "

@@ -33,6 +33,7 @@ from transformers import PreTrainedTokenizerBase
 from worker.engine.chat import LAST_ANSWER, LossOn, Message, TemplateError, encode_conversation, trained
 from worker.engine.config import DataSpec
 from worker.engine.errors import SpecError
+from worker.engine.template_sandbox import TemplateLimitError
 
 IGNORE = -100  # the label of a token the loss skips (PyTorch's and transformers' ignore_index)
 PAD_ID = 0
@@ -344,7 +345,8 @@ def encode_examples(tokenizer: PreTrainedTokenizerBase, rows: Iterable[tuple[int
                     *, byte_lengths: np.ndarray | None = None) -> Encoded:
     """Tokenize rows of (line, text, messages): a conversation through the tokenizer's chat template (see
     :func:`worker.engine.chat.chat_tokenizer`), a plain text (``messages`` empty) as its tokens and the end of
-    sequence, every token trained. A row the template fails on is reported with its line, not raised.
+    sequence, every token trained. A row the template fails on is reported with its line, not raised; a
+    rendering past the sandbox's limits raises TemplateLimitError, its line named, and nothing is encoded.
     `byte_lengths`: each vocabulary id's UTF-8 bytes, kept per token for bits per byte."""
     pairs: list[tuple[np.ndarray, np.ndarray]] = []
     lines: list[int] = []
@@ -360,5 +362,7 @@ def encode_examples(tokenizer: PreTrainedTokenizerBase, rows: Iterable[tuple[int
             except TemplateError as error:
                 failed.append((line, str(error)))
                 continue
+            except TemplateLimitError as error:  # the template's fault, not the row's: the next would take as long
+                raise TemplateLimitError(f"line {line}: {error}") from None
         lines.append(line)
     return Encoded(ExampleSet.from_examples(pairs, byte_lengths), lines, failed)

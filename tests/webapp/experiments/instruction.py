@@ -1,6 +1,7 @@
 """Instruction data for the experiment tests: a small chat dataset built by the dataset side's own build, as the
 web worker builds it; a tiny catalog checkpoint whose tokenizer knows chat text, with or without a chat
-template of its own; and the held-out rows a trial must declare, counted from an example set."""
+template of its own; the checks of chat templates the forms asked for, done as the web worker does them; and
+the held-out rows a trial must declare, counted from an example set."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from webapp.catalog.work import checkpoint_import
 from webapp.datasets.models import Dataset
 from webapp.datasets.sample_chat import sample_chat_rows
 from webapp.datasets.services import dataset_create, dataset_tokenize
+from webapp.experiments.chat_template import chat_template_check
+from webapp.ground.models import ChatTemplateCheck
 
 CONVERSATIONS = 80  # of the built-in sample: 72 train, 8 validate
 
@@ -63,6 +66,15 @@ def chat_checkpoint(user: AbstractBaseUser, name: str = "chat llama", *, templat
     checkpoint.refresh_from_db()
     assert checkpoint.status == Checkpoint.Status.READY, checkpoint.message
     return checkpoint
+
+
+def templates_checked() -> int:
+    """Check every chat template waiting for its check, with the web worker's own task; returns how many."""
+    waiting = list(ChatTemplateCheck.objects.filter(status=ChatTemplateCheck.Status.CHECKING).values_list(
+        "pk", flat=True))
+    for check_id in waiting:
+        chat_template_check(check_id=check_id)
+    return len(waiting)
 
 
 def lengths(examples_dir: Path | str) -> np.ndarray:

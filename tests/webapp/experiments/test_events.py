@@ -8,14 +8,18 @@ import dataclasses
 import time
 
 import pytest
+from django.test import Client
 
 from tests.webapp.experiments.conftest import planned
 from tests.webapp.experiments.factories import make_experiment
 from tests.worker.conftest import device_workers  # noqa: F401 -- a fixture
 from webapp.experiments import events, services
 from webapp.experiments.ingest import telemetry_ingest
+from webapp.experiments.reconcile import trials_reconcile
 from webapp.ground.models import Trial
+from webapp.health.models import SkippedEntry
 from worker.contract import TrialState
+from worker.scheduling.telemetry import stream_key
 
 TPE_SPACE = {"lr": {"kind": "logfloat", "low": 1e-4, "high": 1e-2}}
 
@@ -99,3 +103,64 @@ def test_a_tpe_experiment_runs_to_its_end_on_real_workers_through_the_ingest(
     assert [t.status for t in trials] == ["finished"] * 6
     assert all(t.step == t.total_steps == 4 and t.best_val_loss is not None for t in trials)
     assert all(t.plan["source"] == "measured" for t in trials)
+
+
+ONE_TRIAL = {"lr": {"values": [0.001]}, "batch_size": {"values": [2]}}
+
+
+def _running(team, dataset, scheduler, capture) -> tuple[Trial, object]:
+    """A one-trial experiment of `team` launched, planned and claimed by a device: its trial and the lease."""
+    trial = _launched(team, dataset, capture, space=ONE_TRIAL)
+    planned(scheduler, trial.queue_id)
+    scheduler.device_start("cpu0", "e")
+    lease = scheduler.claim(trial.queue_id, "cpu0")
+    assert lease is not None
+    return trial, lease
+
+
+def test_a_report_that_cannot_be_recorded_fails_its_trial_alone_and_the_ingest_goes_on(
+        alice_team, alice_dataset, bob_team, bob_dataset, scheduler, redis_client, django_user_model,
+        django_capture_on_commit_callbacks) -> None:
+    """One team's poisoned event (a step count no column holds) is recorded against its trial; the other
+    team's trial, reported after it, still finishes, and the health page lists what was skipped."""
+    alices, _ = _running(alice_team, alice_dataset, scheduler, django_capture_on_commit_callbacks)
+    bobs, bobs_lease = _running(bob_team, bob_dataset, scheduler, django_capture_on_commit_callbacks)
+    poisoned = redis_client.xadd(stream_key(scheduler.host_id, "events"), {
+        "trial": alices.queue_id, "state": "finished", "message": "", "steps_done": str(2**64)})
+    scheduler.complete(bobs_lease, remaining_units=0, unit_s=0.1, steps_done=5)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        telemetry_ingest(host_id=scheduler.host_id)
+
+    alices.refresh_from_db()
+    bobs.refresh_from_db()
+    assert (bobs.status, bobs.step) == ("finished", 5)
+    assert alices.status == "failed" and alices.finished is not None
+    assert f"events entry {poisoned}" in alices.message and "could not be recorded" in alices.message
+    skipped = SkippedEntry.objects.get()
+    assert (skipped.stream, skipped.entry_id, skipped.trial) == ("events", poisoned, alices.queue_id)
+    assert events.trial_events_sync(host_id=scheduler.host_id) == 0  # the cursor moved past it
+    assert alices.queue_id in trials_reconcile(host_id=scheduler.host_id).cancelled  # the queue stops running it
+    staff = Client()
+    staff.force_login(django_user_model.objects.create(username="oscar", is_staff=True))
+    page = staff.get("/health/").content.decode()
+    assert 'id="health-skipped"' in page and poisoned in page and f"/trials/{alices.pk}/" in page
+
+
+def test_a_workers_message_with_a_nul_is_kept_with_a_replacement_character(
+        alice_team, alice_dataset, bob_team, bob_dataset, scheduler, django_capture_on_commit_callbacks) -> None:
+    """A trial that fails on a data row holding U+0000 reports it in its message: PostgreSQL's text cannot hold
+    it, so it is kept as U+FFFD, and the events after it are applied."""
+    alices, alices_lease = _running(alice_team, alice_dataset, scheduler, django_capture_on_commit_callbacks)
+    bobs, bobs_lease = _running(bob_team, bob_dataset, scheduler, django_capture_on_commit_callbacks)
+    scheduler.fail(alices.queue_id, alices_lease.token, "row 3 cannot be read: 'a\x00b'")
+    scheduler.complete(bobs_lease, remaining_units=0, unit_s=0.1, steps_done=5)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        telemetry_ingest(host_id=scheduler.host_id)
+
+    alices.refresh_from_db()
+    bobs.refresh_from_db()
+    assert (alices.status, alices.message) == ("failed", "row 3 cannot be read: 'a\ufffdb'")
+    assert bobs.status == "finished"
+    assert not SkippedEntry.objects.exists()

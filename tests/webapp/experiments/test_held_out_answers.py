@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 from django.utils.html import escape
@@ -190,3 +191,25 @@ def test_another_team_sees_no_held_out_answers(alice_client, bob_client, alice_t
 
     assert bob_client.get(reverse("trial_detail", args=[trial.pk])).status_code == 404
     assert bob_client.get(reverse("trial_generation", args=[trial.pk, generation.pk])).status_code == 404
+
+
+def test_a_held_out_example_with_a_null_character_is_asked_for_with_a_replacement_character(alice_client, alice_team):
+    """A dataset built before uploads refused NUL may hold one in a turn; PostgreSQL's text cannot, so the
+    question is kept with U+FFFD and the trial's finished event applies."""
+    dataset = chat_dataset(alice_client, [{"messages": row} for row in ROWS])
+    records = dataset.records_path.read_text(encoding="utf-8").splitlines()
+    first = json.loads(records[dataset.train_examples])
+    question = len(first["messages"]) - 2  # the turn the last answer replies to
+    first["messages"][question]["content"] = "What is \x00 plus two?"
+    records[dataset.train_examples] = json.dumps(first)
+    dataset.records_path.write_text("\n".join(records) + "\n", encoding="utf-8")
+    trial = running_with_export(make_experiment(alice_team, dataset).trials.first())
+
+    finish(trial)
+
+    trial.refresh_from_db()
+    asked = Generation.objects.get(held_out_line=first["line"])
+    assert trial.status == Trial.Status.FINISHED
+    assert asked.prompt == "What is \ufffd plus two?"
+    if connection.vendor == "postgresql":  # SQLite keeps JSON as text, where the escape \u0000 is harmless
+        assert asked.messages[question]["content"] == "What is \ufffd plus two?"

@@ -10,6 +10,7 @@ from tests.engine.test_dpo import N_PAIRS, dpo_spec, random_pairs
 from tests.webapp.telemetry.factories import make_experiment, write_event, write_sample, write_span, write_steps
 from webapp.experiments.ingest import telemetry_ingest
 from webapp.ground.models import Trial
+from webapp.health.models import SkippedEntry
 from webapp.telemetry import levels
 from webapp.telemetry.models import DeviceSample, EvalMetric, StepMetric, StreamCursor, UnitSpan
 from worker.contract import SyntheticJob
@@ -187,3 +188,24 @@ def test_a_dpo_trials_rewards_go_from_its_units_to_its_metrics(redis_client, hos
     assert set(StepMetric.objects.filter(trial=lm_trial).values_list("rewards_chosen", "reward_accuracy")) == {
         (None, None)}
     assert set(EvalMetric.objects.filter(trial=lm_trial).values_list("reward_margin", flat=True)) == {None}
+
+
+def test_an_entry_the_database_refuses_is_skipped_and_the_stream_goes_on(redis_client, host_id, alice_team, bob_team):
+    """One team's step with a step number no column holds stops neither its other steps nor another team's."""
+    alices = make_experiment(alice_team, trials=[{"lr": 1e-3}]).trials.get()
+    bobs = make_experiment(bob_team, trials=[{"lr": 1e-3}]).trials.get()
+    write_steps(redis_client, host_id, alices, range(0, 3))
+    pipe = redis_client.pipeline()
+    telemetry.add(pipe, host_id, "steps", telemetry.StepMetrics(trial=alices.queue_id, step=2**64, loss=1.0, lr=1e-3,
+                                                                tokens=1, time=1.0))
+    pipe.execute()
+    poisoned = redis_client.xrevrange(f"hydra:{host_id}:steps", count=1)[0][0]
+    write_steps(redis_client, host_id, bobs, range(0, 4))
+
+    assert telemetry_ingest(host_id=host_id)["steps"] == 8
+
+    assert list(StepMetric.objects.filter(trial=alices).values_list("step", flat=True).order_by("step")) == [1, 2, 3]
+    assert StepMetric.objects.filter(trial=bobs).count() == 4
+    skipped = SkippedEntry.objects.get()
+    assert (skipped.stream, skipped.entry_id, skipped.trial) == ("steps", poisoned, alices.queue_id)
+    assert telemetry_ingest(host_id=host_id)["steps"] == 0  # the cursor moved past it
