@@ -76,13 +76,14 @@ def split_examples(examples: Sequence[Example], *, val_fraction: float) -> Split
 
 def instruction_dataset_build(dataset: Dataset) -> dict[str, int]:
     """Read, split and tokenize a tokenizing instruction dataset and write its files; returns the row's
-    figures (``n_rows``, ``n_examples``, ``n_bad_rows``, ``train_examples``, ``n_tokens``, ``vocab_size``).
-    Raises InstructionDataError, with the reason for the page, for data that cannot become a dataset."""
+    figures (``n_rows``, ``n_examples``, ``n_bad_rows``, ``train_examples``, ``n_tokens``, ``vocab_size``, and
+    the ``columns`` read). Raises InstructionDataError, with the reason for the page, for data that cannot become
+    a dataset."""
     from transformers import PreTrainedTokenizerFast
 
-    try:  # a JSON array is read whole, so it may be no larger than an upload
-        records = read_records(dataset.source_path, kind=Kind(dataset.kind),
-                               max_bytes=settings.HYDRA.max_upload_bytes)
+    try:
+        records = read_records(dataset.source_path, kind=Kind(dataset.kind), columns=dataset.columns,
+                               max_decoded_bytes=settings.HYDRA.max_decoded_bytes)
     except RecordsError as error:
         raise InstructionDataError(_named(str(error), dataset)) from None
     split = split_examples(records.examples, val_fraction=dataset.val_fraction)
@@ -109,7 +110,7 @@ def instruction_dataset_build(dataset: Dataset) -> dict[str, int]:
             json.dumps(preview(chat, train, encoded.examples, n_train=len(train))))
     return {"n_rows": records.rows, "n_examples": len(encoded.examples), "n_bad_rows": len(bad),
             "train_examples": len(train), "n_tokens": len(encoded.examples.ids),
-            "vocab_size": tokenizer.get_vocab_size()}
+            "vocab_size": tokenizer.get_vocab_size(), "columns": dict(records.layout.columns)}
 
 
 def instruction_tokens_build(tokens: DatasetTokens) -> dict[str, Any]:
