@@ -22,6 +22,7 @@ from django.db.models import ProtectedError
 from webapp.accounts.models import Team
 from webapp.accounts.roles import require_creator_or_owner
 from webapp.background.outbox import work_enqueue
+from webapp.background.task_limits import memory_note
 from webapp.datasets.instruction import InstructionDataError, instruction_dataset_build, instruction_tokens_build
 from webapp.datasets.models import Dataset, DatasetTokens, datasets_root, template_sha256
 from webapp.datasets.tokenization import TokenizedCorpus, encode_split, tokenize_corpus, validation_offset
@@ -129,6 +130,13 @@ def dataset_tokenize(*, dataset_id: int) -> None:
     except (CorpusError, InstructionDataError) as error:
         pending.update(status=Dataset.Status.FAILED, message=str(error))
         return
+    except MemoryError:
+        what = "file" if dataset.is_instruction else "corpus"
+        pending.update(status=Dataset.Status.FAILED, message=(
+            f"Reading and tokenizing this {what} took more memory than a task of the web worker may take "
+            f"({memory_note()}). The {what} is kept; split it into smaller files, or ask an administrator to raise "
+            "the limit."))
+        return
     except Exception as error:  # a dataset deleted meanwhile updates no row below
         log.exception("tokenizing dataset %s failed", dataset_id)
         what = "file" if dataset.is_instruction else "corpus"
@@ -205,6 +213,11 @@ def dataset_tokens_build(*, tokens_id: int) -> None:
         figures = instruction_tokens_build(tokens) if tokens.dataset.is_instruction else _encode_corpus(tokens)
     except (CorpusError, InstructionDataError) as error:
         pending.update(status=DatasetTokens.Status.FAILED, message=str(error))
+        return
+    except MemoryError:
+        pending.update(status=DatasetTokens.Status.FAILED, message=(
+            f"Tokenizing with {tokens.model_name}'s tokenizer took more memory than a task of the web worker may "
+            f"take ({memory_note()})."))
         return
     except Exception as error:
         log.exception("tokenizing dataset tokens %s failed", tokens_id)
