@@ -92,16 +92,9 @@ def parquet_rows(path: str, columns: Sequence[str], *, max_decoded_bytes: int) -
 
 
 def _plan(parquet: pq.ParquetFile, columns: Sequence[str], *, max_decoded_bytes: int) -> list[RowGroup]:
-    schema = parquet.schema_arrow
     meta = parquet.metadata
-    names = sorted(set(schema.names), key=len, reverse=True)  # a leaf belongs to the longest name it starts with
-    wanted = set(columns)
-    leaves = []
-    for j in range(meta.num_columns):
-        path = meta.schema.column(j).path
-        top = next((name for name in names if path == name or path.startswith(name + ".")), path)
-        if top in wanted:
-            leaves.append(j)
+    names, wanted = set(parquet.schema_arrow.names), set(columns)
+    leaves = [j for j in range(meta.num_columns) if _top_name(meta.schema.column(j).path, names) in wanted]
     plan, first = [], 1
     for index in range(meta.num_row_groups):
         group = meta.row_group(index)
@@ -120,6 +113,13 @@ def _plan(parquet: pq.ParquetFile, columns: Sequence[str], *, max_decoded_bytes:
             f"row may take (row group {largest.index + 1}: {largest.decoded_bytes:,} bytes for {largest.rows:,} "
             "rows)")
     return plan
+
+
+def _top_name(path: str, names: set[str]) -> str:
+    """The column a leaf's dotted path belongs to: the longest of `names` the path is or starts with (a column's
+    own name may hold dots)."""
+    parts = path.split(".")
+    return next((".".join(parts[:k]) for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in names), path)
 
 
 def _value_bytes(value: object) -> int:

@@ -81,7 +81,8 @@ def test_a_csv_header_field_of_200000_characters_is_a_short_400(alice_client, da
 
 
 @pytest.mark.parametrize("line", [1, 6])
-def test_a_2_mb_row_is_one_bad_row_wherever_it_stands_and_the_page_stays_small(alice_client, line):
+def test_a_2_mb_row_is_one_bad_row_wherever_it_stands_and_the_page_stays_small(alice_client, settings, line):
+    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 0  # the upload is read from its temporary file, as large ones are
     rows = [chat(f"Question {k}?") for k in range(10)]
     rows.insert(line - 1, chat("Long?", "y" * (2 << 20)))
     content = jsonl(*rows)
