@@ -250,6 +250,7 @@ def first_char(file: BinaryIO) -> bytes:
 _IN_STRING = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)  # a string's characters up to its closing quote
 _OUTSIDE = re.compile(r'"|[\[{]+|[\]}]+|[^"\[\]{}]+')  # a quote, a run of openers or closers, anything else
 _SPACE = re.compile(r"[ \t\r\n]*")
+_DECODER = json.JSONDecoder()
 
 
 class _ValueEnd:
@@ -366,6 +367,27 @@ def _json_array_rows(file: BinaryIO) -> Iterator[Item]:
 
 
 def _array_element(window: _Window, number: int) -> Item:
+    start = window.pos
+    try:  # most elements lie whole in the text already read, and decode at C speed
+        value, end = _DECODER.raw_decode(window.text, start)
+    except (json.JSONDecodeError, RecursionError):
+        end = len(window.text)
+    if end < len(window.text):  # something follows: a number cut at the end of the text was not whole
+        window.pos = end
+        if end - start > MAX_ROW_BYTES // 4 and (size := len(window.text[start:end].encode("utf-8"))) > MAX_ROW_BYTES:
+            return BadRow(number, too_long(size))
+        if window.text.count("[", start, end) + window.text.count("{", start, end) > MAX_DEPTH:
+            scan = _ValueEnd()
+            scan.scan(window.text[start:end], 0)
+            if scan.deepest > MAX_DEPTH:
+                return BadRow(number, TOO_DEEP)
+        return number, value
+    return _scanned_element(window, number)
+
+
+def _scanned_element(window: _Window, number: int) -> Item:
+    """The element at the window's position, found by the scanner: one not yet read whole, too long, too deep to
+    decode, or not valid JSON."""
     start, scan = window.pos, _ValueEnd()
     at = start
     while (end := scan.scan(window.text, at)) is None:
