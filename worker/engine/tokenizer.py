@@ -9,7 +9,7 @@ data adds a chat template's markers as special tokens. Every byte is in its alph
 encodes. Id 0 is `END_OF_TEXT`, which ends (and starts) a document, as in GPT-2. A run of more than
 `MAX_PIECE_CHARS` characters without white space (a base64 blob, a row of one letter) is cut into pieces of
 that length before GPT-2's split: training BPE on one piece of n characters takes time far beyond linear in n
-(minutes for a few hundred thousand), while text with words of ordinary length splits as GPT-2's does.
+(benchmarks/RESULTS.md), while text with words of ordinary length splits as GPT-2's does.
 
 `TOKENIZER_FILES` are the files of a ``save_pretrained`` tokenizer directory of the families the engine trains,
 all of which ``AutoTokenizer.from_pretrained`` reads back: ``tokenizer_config.json`` (the tokenizer's class,
