@@ -69,17 +69,18 @@ def read_records(path: Path, *, kind: Kind | None = None, columns: Mapping[str, 
         if suffix == ".parquet":
             layout = layout_for(parquet_columns(str(path)), kind=kind, given=given)
             items = parquet_rows(str(path), list(layout.columns.values()), max_decoded_bytes=max_decoded_bytes)
-            return _collect(items, layout=layout, kind=kind, given=given)
+            return _collect(items, layout=layout, kind=kind, given=given, fixed=True)
         if suffix not in SUFFIXES:
             raise RecordsError(f"unsupported format {suffix or '(no suffix)'!r}; use {', '.join(SUFFIXES)}")
-        with path.open("rb") as file:
-            return _collect(text_rows(file, suffix=suffix), layout=None, kind=kind, given=given)
+        with path.open("rb") as file:  # every CSV row has the header's columns; a JSON row may have others
+            return _collect(text_rows(file, suffix=suffix), layout=None, kind=kind, given=given,
+                            fixed=suffix == ".csv")
     except RecordsError as error:
         raise RecordsError(f"{path.name}: {error}") from None
 
 
-def _collect(items: Iterator[Item], *, layout: Layout | None, kind: Kind | None,
-             given: Mapping[str, str]) -> Records:
+def _collect(items: Iterator[Item], *, layout: Layout | None, kind: Kind | None, given: Mapping[str, str],
+             fixed: bool) -> Records:
     # The layout of a JSON file is settled at its first row that is an object, so bad lines before it count.
     examples: list[Example] = []
     bad: list[BadRow] = []
@@ -92,7 +93,7 @@ def _collect(items: Iterator[Item], *, layout: Layout | None, kind: Kind | None,
             bad.append(BadRow(line, f"row is {described(row)}, not an object"))
             continue
         if layout is None:
-            layout = layout_for(list(row), kind=kind, given=given, fixed=False)
+            layout = layout_for(list(row), kind=kind, given=given, fixed=fixed)
         try:
             examples.append(_example(line, row, layout))
         except BadValue as error:
