@@ -108,8 +108,8 @@ class DatasetForm(forms.Form):
             raise forms.ValidationError(f"Columns: {error}.", code="columns") from None
 
     def clean(self) -> dict[str, object]:
-        """Adds ``corpus`` (a file) and ``filename``, resolves ``kind`` (a `Dataset.Kind`) and fills ``name``:
-        the form's output is what `dataset_create` takes."""
+        """Adds ``corpus`` (a file) and ``filename``, resolves ``kind`` (a `Dataset.Kind`) and ``columns`` (the
+        column of each role) and fills ``name``: the form's output is what `dataset_create` takes."""
         cleaned = super().clean()
         source = cleaned.get("source")
         upload: UploadedFile | None = cleaned.get("file")
@@ -146,7 +146,9 @@ class DatasetForm(forms.Form):
     def _unused_data(source: object, upload: UploadedFile | None, server_path: str) -> str:
         """Why the data given does not fit the Data choice ("" when it does): a file chosen, or a path given,
         under a choice that would not use it, is an error rather than ignored."""
-        label = dict(Dataset.Source.choices).get(str(source), "")
+        if source not in Dataset.Source.values:  # the choice itself is refused
+            return ""
+        label = Dataset.Source(source).label
         if upload is not None and source != Dataset.Source.UPLOAD:
             return (f"You chose the file {Path(upload.name or '').name!r}, but the Data choice is '{label}'. Choose "
                     f"'{Dataset.Source.UPLOAD.label}' to use the file, or remove it to use the {label.lower()}.")
