@@ -1,13 +1,17 @@
 """The dataset form in real Chromium: the file a user chooses is the data used, whatever the Data choice said
-before, and columns of other names are mapped to roles on the form and shown on the dataset's page."""
+before, and columns of other names are mapped to roles on the form and shown on the dataset's page, whose
+preview of a long row is cut and fits the window."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
+from django.test import Client
 
 from tests.conftest import PASSWORD
+from tests.webapp.datasets.factories import upload_and_build
 from webapp.datasets.models import Dataset
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -51,3 +55,18 @@ def test_a_file_left_under_a_sample_choice_is_refused_with_why(page, live_server
     assert "You chose the file 'notes.txt', but the Data choice is 'Built-in sample corpus'." in page.inner_text(
         "#dataset-form")
     assert not Dataset.objects.exists()
+
+
+def test_a_long_row_is_cut_and_wrapped_in_the_preview(page, live_server, alice):
+    client = Client()
+    client.force_login(alice)
+    rows = [{"title": "Long?", "body": "z" * 300_000}] + [{"title": f"Q{k}?", "body": f"A{k}."} for k in range(9)]
+    content = "".join(json.dumps(row) + "\n" for row in rows).encode()
+    dataset = upload_and_build(client, "long.jsonl", content, columns="prompt=title, completion=body",
+                               val_fraction=0.1)
+    _log_in(page, live_server)
+    page.goto(f"{live_server.url}/datasets/{dataset.pk}/")
+    first = page.locator("#examples-preview pre.example").first
+    assert "more characters not shown" in first.inner_text()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    assert page.errors == []
