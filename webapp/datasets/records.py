@@ -7,8 +7,8 @@ per-row rules, `file_rows` and `parquet_rows` the rules of each format and the l
 stops the read. A file with no usable row, columns that fit no kind or not the one given, or an unsupported
 format raises `RecordsError`.
 
-Every bad row is kept in `Records.bad`, uncapped: the examples themselves already take memory in proportion
-to the file.
+The first `BAD_ROWS_KEPT` bad rows are kept in `Records.bad`, and all are counted: a file of small bad rows (a
+JSON array of 25 million numbers fits an upload) would otherwise take gigabytes for their reasons alone.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ from webapp.datasets.record_rows import (
     text_value,
 )
 
-__all__ = ["ROLES", "SUFFIXES", "BadRow", "Example", "Kind", "Layout", "Records", "RecordsError", "read_records"]
+__all__ = ["BAD_ROWS_KEPT", "ROLES", "SUFFIXES", "BadRow", "Example", "Kind", "Layout", "Records", "RecordsError",
+           "read_records"]
 
 SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".parquet")
+BAD_ROWS_KEPT = 1_000
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,16 @@ class Example:
 class Records:
     layout: Layout
     examples: list[Example]
-    bad: list[BadRow]  # every bad row, in file order
+    bad: list[BadRow]  # the first `BAD_ROWS_KEPT` bad rows, in file order
     rows: int  # rows read, good + bad (blank lines and a CSV header are not rows)
 
     @property
     def kind(self) -> Kind:
         return self.layout.kind
+
+    @property
+    def n_bad(self) -> int:
+        return self.rows - len(self.examples)
 
 
 def read_records(path: Path, *, kind: Kind | None = None, columns: Mapping[str, str] | None = None,
@@ -84,25 +90,28 @@ def _collect(items: Iterator[Item], *, layout: Layout | None, kind: Kind | None,
     # The layout of a JSON file is settled at its first row that is an object, so bad lines before it count.
     examples: list[Example] = []
     bad: list[BadRow] = []
+    n_bad = 0
     for item in items:
-        if isinstance(item, BadRow):
+        if not isinstance(item, BadRow):
+            line, row = item
+            if not isinstance(row, dict):
+                item = BadRow(line, f"row is {described(row)}, not an object")
+            else:
+                if layout is None:
+                    layout = layout_for(list(row), kind=kind, given=given, fixed=fixed)
+                try:
+                    examples.append(_example(line, row, layout))
+                    continue
+                except BadValue as error:
+                    item = BadRow(line, str(error))
+        n_bad += 1
+        if len(bad) < BAD_ROWS_KEPT:
             bad.append(item)
-            continue
-        line, row = item
-        if not isinstance(row, dict):
-            bad.append(BadRow(line, f"row is {described(row)}, not an object"))
-            continue
-        if layout is None:
-            layout = layout_for(list(row), kind=kind, given=given, fixed=fixed)
-        try:
-            examples.append(_example(line, row, layout))
-        except BadValue as error:
-            bad.append(BadRow(line, str(error)))
     if layout is None or not examples:
         if not bad:
             raise RecordsError("no rows")
-        raise RecordsError(f"no usable row: {len(bad)} rows, all bad; first: line {bad[0].line}: {bad[0].reason}")
-    return Records(layout=layout, examples=examples, bad=bad, rows=len(examples) + len(bad))
+        raise RecordsError(f"no usable row: {n_bad} rows, all bad; first: line {bad[0].line}: {bad[0].reason}")
+    return Records(layout=layout, examples=examples, bad=bad, rows=len(examples) + n_bad)
 
 
 def _example(line: int, row: dict[str, object], layout: Layout) -> Example:

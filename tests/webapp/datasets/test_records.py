@@ -300,3 +300,10 @@ def test_it_refuses_a_json_array_that_is_not_closed(tmp_path):
 def test_it_refuses_a_parquet_file_it_cannot_read(tmp_path):
     with pytest.raises(RecordsError, match="not a readable Parquet file"):
         read_records(write(tmp_path, "fake.parquet", "text\nHi\n"))
+
+
+def test_it_keeps_the_first_bad_rows_and_counts_them_all(tmp_path):
+    path = write(tmp_path, "numbers.json", "[" + "1," * 5_000 + '{"text": "one"}]')
+    records = read_records(path)
+    assert (len(records.bad), records.n_bad, records.rows) == (1_000, 5_000, 5_001)
+    assert records.bad[-1] == BadRow(1_000, "row is an int, not an object")
