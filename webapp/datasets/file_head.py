@@ -4,9 +4,9 @@ The web worker reads the whole file (`records.read_records`) and counts every ba
 file that holds no instruction data at all (columns that fit no kind, or not the kind chosen or the columns
 named) before it is stored. It finds the columns where `read_records` settles the layout, read by the same
 rules (`file_rows`): a CSV file's header, the first row of a JSON file that is an object (bad rows before it,
-too long or not JSON, are read past, up to `HEAD_BYTES` of the file), a Parquet file's schema, whose decode
-bounds are checked here too (`parquet_rows.decode_plan`), so that a file that could never be read is refused
-before it is stored.
+too long or not JSON, are read past, up to `HEAD_ROWS` rows or `HEAD_BYTES` of the file), a Parquet file's
+schema, whose decode bounds are checked here too (`parquet_rows.decode_plan`), so that a file that could never
+be read is refused before it is stored.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from webapp.datasets.layouts import Kind, Layout, RecordsError, layout_for
 from webapp.datasets.parquet_rows import decode_plan, parquet_columns
 from webapp.datasets.record_rows import described
 
+HEAD_ROWS = 1_000  # rows read past, at most, before the first object: the request must stay short
 HEAD_BYTES = 64 << 20
 
 
@@ -44,14 +45,15 @@ def file_layout(file: BinaryIO, *, suffix: str, kind: Kind | None, given: Mappin
 
 def _first_object_keys(file: BinaryIO, *, suffix: str) -> list[str]:
     first_bad: BadRow | None = None
-    for item in text_rows(file, suffix=suffix):
+    where = "in the file"
+    for count, item in enumerate(text_rows(file, suffix=suffix), 1):
         if not isinstance(item, BadRow) and isinstance(item[1], dict):
             return list(item[1])
         first_bad = first_bad or (item if isinstance(item, BadRow) else
                                   BadRow(item[0], f"row is {described(item[1])}, not an object"))
-        if file.tell() > HEAD_BYTES:
+        if count >= HEAD_ROWS or file.tell() > HEAD_BYTES:
+            where = f"among the first {count:,} rows"
             break
-    where = f"in the first {HEAD_BYTES >> 20} MiB" if file.tell() > HEAD_BYTES else "in the file"
     first = f"; line {first_bad.line}: {first_bad.reason}" if first_bad else ""
     raise RecordsError(f"no row is a JSON object {where}{first}. JSONL has one object a line, a JSON file an array "
                        "of objects")

@@ -82,6 +82,8 @@ def test_a_confirmed_kind_is_kept_when_the_columns_allow_both(alice_client):
     ("empty.jsonl", b"\n \n", {}, "empty.jsonl: the file is empty"),
     ("broken.jsonl", b"{not json\n[1]\n", {}, "broken.jsonl: no row is a JSON object in the file; line 1: not valid "
      "JSON"),
+    ("numbers.jsonl", b"1\n" * 5_000 + jsonl(CHAT), {}, "numbers.jsonl: no row is a JSON object among the first 1,000 "
+     "rows; line 1: row is an int, not an object"),
     ("broken.parquet", b"PAR1 not really", {}, "broken.parquet: not a readable Parquet file"),
     ("notes.txt", b"Plain text.\n", {"kind": "messages"}, "notes.txt is a text corpus: a kind applies to"),
     ("notes.txt", b"Plain text.\n", {"columns": "text=body"}, "notes.txt is a text corpus: columns apply to"),
