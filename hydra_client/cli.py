@@ -295,12 +295,22 @@ def dataset_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--kind", default="", help="Instruction data only: text, prompt_completion, alpaca or messages "
                                          "(default: detect from the columns).")
+@click.option("--column", "columns", multiple=True, metavar="ROLE=COLUMN",
+              help="Instruction data only: the column of a role whose column has another name (repeat for each).")
 @dataset_options
 @json_option
-def datasets_upload(file: Path, kind: str, name: str, vocab_size: int, val_fraction: float, wait: bool) -> None:
+def datasets_upload(file: Path, kind: str, columns: tuple[str, ...], name: str, vocab_size: int, val_fraction: float,
+                    wait: bool) -> None:
     """Upload FILE: a UTF-8 text corpus, or instruction or chat data (.jsonl, .json, .csv, .parquet)."""
+    mapping = {}
+    for pair in columns:
+        role, equals, column = pair.partition("=")
+        if not equals or not role.strip() or not column.strip():
+            raise click.BadParameter(f"{pair!r} is not ROLE=COLUMN, e.g. prompt=question", param_hint="--column")
+        mapping[role.strip()] = column.strip()
     note(f"Uploading {file.name} ({size(file.stat().st_size)})…")
-    dataset = client().datasets.upload(file, name=name, kind=kind, vocab_size=vocab_size, val_fraction=val_fraction)
+    dataset = client().datasets.upload(file, name=name, kind=kind, vocab_size=vocab_size, val_fraction=val_fraction,
+                                       columns=mapping)
     _created(dataset, wait)
 
 

@@ -17,6 +17,7 @@ the server's Retry-After says and tries again, a few times, before it raises.
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -367,12 +368,13 @@ class Datasets(Resource):
         return self.client.get(f"/datasets/{int(dataset_id)}/preview")
 
     def upload(self, path: str | os.PathLike[str], name: str = "", kind: str = "", vocab_size: int = 2048,
-               val_fraction: float = 0.1) -> dict[str, Any]:
-        """Upload a UTF-8 text corpus, or instruction or chat data (.jsonl, .json, .csv, .parquet; `kind`: its
-        layout, empty to detect it). The dataset comes back tokenizing: `wait` for it."""
+               val_fraction: float = 0.1, columns: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Upload a UTF-8 text corpus, or instruction or chat data (.jsonl, .json, .csv, .parquet; `kind`: what
+        its rows hold, empty to detect it; `columns`: the column of each role whose column is not found by its
+        common names, e.g. ``{"prompt": "title"}``). The dataset comes back tokenizing: `wait` for it."""
         path = Path(path)
-        fields = {"source": "upload", "name": name, "kind": kind, "vocab_size": str(vocab_size),
-                  "val_fraction": str(val_fraction)}
+        fields = {"source": "upload", "name": name, "kind": kind, "columns": json.dumps(dict(columns or {})),
+                  "vocab_size": str(vocab_size), "val_fraction": str(val_fraction)}
         with path.open("rb") as handle:
             return self.client.call("POST", "/datasets", data=fields,
                                     files={"file": (path.name, handle, "application/octet-stream")})

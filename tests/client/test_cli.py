@@ -208,6 +208,18 @@ def test_an_upload_is_checked_as_the_page_checks_it(alice_hydra: Shell, tmp_path
     assert "file: The file looks binary" in refused.stderr
 
 
+def test_an_upload_maps_columns_to_roles(alice_hydra: Shell, tmp_path: Path) -> None:
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("title,body,notes\n" + "".join(f"Q{k},A{k},n\n" for k in range(8)))
+    made = _document(alice_hydra("datasets", "upload", str(pairs), "--column", "prompt=title", "--column",
+                                 "completion=body", "--json"))
+    assert (made["kind"], made["columns"]) == ("prompt_completion", {"prompt": "title", "completion": "body"})
+    unknown = alice_hydra("datasets", "upload", str(pairs), "--name", "again", "--column", "prompt=heading")
+    assert unknown.exit_code == 1
+    assert "columns: pairs.csv: no column 'heading' in the file; found 'title', 'body', 'notes'" in unknown.stderr
+    assert alice_hydra("datasets", "upload", str(pairs), "--column", "prompt").exit_code == 2
+
+
 def test_usage_errors_exit_2(alice_hydra: Shell, tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)

@@ -41,6 +41,9 @@ def test_it_starts_with_no_environment_in_debug():
         ({**DEV, "HYDRA_WORKER_DEVICE": "tpu:0"}, "HYDRA_WORKER_DEVICE"),
         ({**DEV, "HYDRA_MAX_UPLOAD_MB": "lots"}, "HYDRA_MAX_UPLOAD_MB"),
         ({**DEV, "HYDRA_MAX_UPLOAD_MB": "0"}, "HYDRA_MAX_UPLOAD_MB"),
+        ({**DEV, "HYDRA_MAX_DECODED_MB": "0"}, "HYDRA_MAX_DECODED_MB"),
+        ({**DEV, "HYDRA_WEB_TASK_MEMORY_MB": "100"}, "HYDRA_WEB_TASK_MEMORY_MB"),
+        ({**DEV, "HYDRA_WEB_TASK_MEMORY_MB": "4G"}, "HYDRA_WEB_TASK_MEMORY_MB"),
         ({**DEV, "HYDRA_HOST_ID": "bad host/name"}, "HYDRA_HOST_ID"),
         ({**DEV, "HYDRA_FAULT_OOM_ABOVE_BYTES": "1GB"}, "HYDRA_FAULT_OOM_ABOVE_BYTES"),
         ({**DEV, "HYDRA_FAULT_OOM_ABOVE_BYTES": "0"}, "HYDRA_FAULT_OOM_ABOVE_BYTES"),
@@ -99,6 +102,12 @@ def test_it_throttles_logins_per_username_and_address_and_per_address():
     lab = load({**DEV, "HYDRA_LOGIN_FAILURES_PER_USER": "10", "HYDRA_LOGIN_FAILURES_PER_ADDRESS": "200",
                 "HYDRA_TRUSTED_PROXY_COUNT": "1"})
     assert lab.login_throttle == LoginThrottle(failures_per_user=10, failures_per_address=200, trusted_proxy_count=1)
+
+
+def test_it_bounds_what_a_dataset_file_decodes_to_and_what_a_web_task_may_take():
+    assert (load(DEV).max_decoded_bytes, load(DEV).web_task_memory_bytes) == (1 << 30, None)
+    lab = load({**DEV, "HYDRA_MAX_DECODED_MB": "8192", "HYDRA_WEB_TASK_MEMORY_MB": "16384"})
+    assert (lab.max_decoded_bytes, lab.web_task_memory_bytes) == (8 << 30, 16 << 30)
 
 
 def test_it_stops_manage_py_with_the_message():

@@ -40,7 +40,11 @@ def dataset_create(
     request: HttpRequest,
     source: str = Form("upload", description="upload, sample, sample_chat or import"),
     name: str = Form("", description="Defaults to the file's name."),
-    kind: str = Form("", description="Instruction data only: its layout; empty: detect from the columns."),
+    kind: str = Form("", description="Instruction data only: what its rows hold (text, prompt_completion, alpaca, "
+                                     "messages); empty: detect from the columns."),
+    columns: str = Form("", description="Instruction data only: the column of each role, as a JSON object "
+                                        '({"prompt": "question", "completion": "answer"}) or role=column pairs '
+                                        "separated by commas; empty: the roles' common names."),
     vocab_size: str = Form("2048"),
     val_fraction: str = Form("0.1"),
     server_path: str = Form("", description="source=import: a file under the server's import folder."),
@@ -51,7 +55,7 @@ def dataset_create(
     team = team_of(request)
     if upload_refused(request):
         raise HttpError(413, upload_limit_error(settings.HYDRA.max_upload_bytes))
-    form = DatasetForm({"source": source, "name": name, "kind": kind, "vocab_size": vocab_size,
+    form = DatasetForm({"source": source, "name": name, "kind": kind, "columns": columns, "vocab_size": vocab_size,
                         "val_fraction": val_fraction, "server_path": server_path}, request.FILES)
     if not form.is_valid():
         raise ValidationError({field: list(messages) for field, messages in form.errors.items()})
@@ -59,7 +63,7 @@ def dataset_create(
     dataset = services.dataset_create(
         team=team, user=request.user, name=data["name"], corpus=data["corpus"], source=data["source"],
         vocab_size=data["vocab_size"], val_fraction=data["val_fraction"], filename=data["filename"],
-        kind=data["kind"])
+        kind=data["kind"], columns=data["columns"])
     audit(request, "dataset.create", f"dataset {dataset.pk}")
     return Status(201, dataset)
 

@@ -30,6 +30,7 @@ class DatasetOut(Schema):
     id: int
     name: str
     kind: str
+    columns: dict[str, str]
     source: str
     status: str
     message: str

@@ -6,7 +6,9 @@ its own queue (`web_queue`), which no device worker consumes, and its control me
 exchange, so the device workers' ``hydra_device`` broadcast is answered by device workers alone.
 
 Tasks are idempotent (their state lives in the database and files are renamed into place), so a message is
-acknowledged only once its task has run: a worker killed midway leaves it to be run again.
+acknowledged only once its task has run: a worker killed midway leaves it to be run again. A task whose pool
+process dies in it runs once more, a few seconds later, and its work fails when that process dies too
+(`task_limits`): a task that always kills its process must not occupy the worker for ever.
 
 ``manage.py hydra_web_worker`` starts the worker; pages send it work through `webapp.background.outbox`.
 Every Redis command of this app, a page's send as the worker's own, gives up after ``SEND_TIMEOUT_S``: a
@@ -48,6 +50,8 @@ app.conf.update(
     accept_content=["json"],
     task_acks_late=True,
     task_reject_on_worker_lost=True,
+    task_retry_on_worker_lost=True,
+    task_annotations={"*": {"max_retries": 1, "default_retry_delay": 5}},
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
     control_exchange="hydra-web",

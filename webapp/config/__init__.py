@@ -42,6 +42,9 @@ TELEMETRY_KEEP_DAYS_DEFAULT = 14
 TELEMETRY_KEEP_DAYS_MINIMUM = 7
 LOGIN_FAILURES_PER_USER_DEFAULT = 5
 LOGIN_FAILURES_PER_ADDRESS_DEFAULT = 50
+MAX_DECODED_MB_DEFAULT = 1024
+# A web task process with Django, torch and transformers loaded maps about 300 MB before it does anything.
+WEB_TASK_MEMORY_MINIMUM_MB = 512
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +76,8 @@ class Config:
     models_root: Path
     import_dir: Path  # the server-side folder datasets may be imported from, for files too large to upload
     max_upload_bytes: int
+    max_decoded_bytes: int  # the most a dataset file's columns may decode to (Parquet is compressed)
+    web_task_memory_bytes: int | None  # each web worker task's memory; None: a quarter of the host's
     caps: Caps
     csrf_trusted_origins: list[str]
     https: bool
@@ -183,6 +188,16 @@ def login_throttle(environ: Mapping[str, str]) -> LoginThrottle:
     )
 
 
+def web_task_memory_bytes(environ: Mapping[str, str]) -> int | None:
+    """`HYDRA_WEB_TASK_MEMORY_MB`: the memory each of the web worker's task processes may take, so that a task
+    that goes wrong fails alone (`webapp.background.task_limits`); unset, a quarter of the host's memory,
+    which the web worker finds when it starts."""
+    name = "HYDRA_WEB_TASK_MEMORY_MB"
+    if not environ.get(name, "").strip():
+        return None
+    return envint(environ, name, WEB_TASK_MEMORY_MINIMUM_MB, minimum=WEB_TASK_MEMORY_MINIMUM_MB) << 20
+
+
 def load(environ: Mapping[str, str]) -> Config:
     """Turn an environment mapping into a `Config`; raise ImproperlyConfigured on any bad value."""
     try:
@@ -212,6 +227,8 @@ def _load(environ: Mapping[str, str]) -> Config:
         models_root=envpath(environ, "HYDRA_MODELS_ROOT", worker.data_dir / "models"),
         import_dir=envpath(environ, "HYDRA_IMPORT_DIR", worker.data_dir / "imports"),
         max_upload_bytes=envint(environ, "HYDRA_MAX_UPLOAD_MB", 50, minimum=1) * 1024 * 1024,
+        max_decoded_bytes=envint(environ, "HYDRA_MAX_DECODED_MB", MAX_DECODED_MB_DEFAULT, minimum=1) << 20,
+        web_task_memory_bytes=web_task_memory_bytes(environ),
         caps=caps_config(environ),
         csrf_trusted_origins=origins,
         https=https,

@@ -1,92 +1,59 @@
-"""The kind of an instruction or chat data file, from its head: cheap enough for the upload form.
+"""The layout of an instruction or chat data file, from its first rows: cheap enough for the upload form.
 
 The web worker reads the whole file (`records.read_records`) and counts every bad row; the form only refuses a
-file that holds no instruction data at all (columns of no known kind, or not those of the kind chosen) before it
-is stored. It finds the columns where `read_records` settles the kind: the first JSON object of a JSONL file,
-the first object in a JSON array, a CSV file's header, a Parquet file's schema. Only the first `HEAD_BYTES`
-of a text format are read; a head that holds no object is refused, saying so.
+file that holds no instruction data at all (columns that fit no kind, or not the kind chosen or the columns
+named) before it is stored. It finds the columns where `read_records` settles the layout, read by the same
+rules (`file_rows`): a CSV file's header, the first row of a JSON file that is an object (bad rows before it,
+too long or not JSON, are read past, up to `HEAD_ROWS` rows or `HEAD_BYTES` of the file), a Parquet file's
+schema, whose decode bounds are checked here too (`parquet_rows.decode_plan`), so that a file that could never
+be read is refused before it is stored.
 """
 
 from __future__ import annotations
 
-import codecs
-import csv
-import io
-import json
+from collections.abc import Mapping
 from typing import BinaryIO
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from webapp.datasets.file_rows import BadRow, csv_header, first_char, text_rows
+from webapp.datasets.layouts import Kind, Layout, RecordsError, layout_for
+from webapp.datasets.parquet_rows import decode_plan, parquet_columns
+from webapp.datasets.record_rows import described
 
-from webapp.datasets.records import Kind, RecordsError, checked_kind
+HEAD_ROWS = 1_000  # rows read past, at most, before the first object: the request must stay short
+HEAD_BYTES = 64 << 20
 
-HEAD_BYTES = 1 << 20
 
-
-def file_kind(file: BinaryIO, *, suffix: str, kind: Kind | None) -> Kind:
-    """The kind of the rows of `file` (a ``records.SUFFIXES`` format, told by `suffix`): `kind` when its
-    columns are there, else RecordsError; with `kind` None, the kind its columns make. Leaves `file` rewound."""
+def file_layout(file: BinaryIO, *, suffix: str, kind: Kind | None, given: Mapping[str, str],
+                max_decoded_bytes: int) -> Layout:
+    """The layout of the rows of `file` (a ``records.SUFFIXES`` format, told by `suffix`) with `kind` and the
+    columns `given` (`layouts.layout_for`). Raises RecordsError (LayoutError for the columns given) when there
+    is none, and for a Parquet file over the decode bounds. Leaves `file` rewound."""
     try:
         if suffix == ".parquet":
-            return checked_kind(kind, _parquet_columns(file))
-        file.seek(0)
-        head = file.read(HEAD_BYTES).removeprefix(codecs.BOM_UTF8)
-        if not head.strip():
+            layout = layout_for(parquet_columns(file), kind=kind, given=given)
+            decode_plan(file, list(layout.columns.values()), max_decoded_bytes=max_decoded_bytes)
+            return layout
+        if first_char(file) == b"":
             raise RecordsError("the file is empty")
+        file.seek(0)
         if suffix == ".csv":
-            return checked_kind(kind, _csv_header(head))
-        if suffix == ".json" and head.lstrip()[:1] == b"[":
-            return checked_kind(kind, _first_array_object(head))
-        return checked_kind(kind, _first_line_object(head))
+            return layout_for(csv_header(file), kind=kind, given=given)
+        return layout_for(_first_object_keys(file, suffix=suffix), kind=kind, given=given, fixed=False)
     finally:
         file.seek(0)
 
 
-def _parquet_columns(file: BinaryIO) -> list[str]:
-    try:
-        return list(pq.ParquetFile(file).schema_arrow.names)
-    except pa.ArrowException as error:
-        raise RecordsError(f"not a readable Parquet file: {error}") from error
-
-
-def _csv_header(head: bytes) -> list[str]:
-    text = head.decode("utf-8", errors="replace")
-    for fields in csv.reader(io.StringIO(text, newline="")):
-        if fields:
-            return [name.strip() for name in fields]
-    raise RecordsError("no rows: the file has no header line")
-
-
-def _first_line_object(head: bytes) -> list[str]:
-    lines = head.splitlines()
-    if len(head) == HEAD_BYTES and lines:
-        lines.pop()  # cut off by the head: it may be a whole object's beginning
-    for raw in lines:
-        try:
-            row = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            continue
-        if isinstance(row, dict):
-            return list(row)
-    raise RecordsError(f"no JSON object on a line of its own in the first {HEAD_BYTES:,} bytes; JSONL has one "
-                       "object per line")
-
-
-def _first_array_object(head: bytes) -> list[str]:
-    text = head.decode("utf-8", errors="replace")
-    decoder = json.JSONDecoder()
-    index = text.index("[") + 1
-    while True:
-        while index < len(text) and text[index] in " \t\r\n,":
-            index += 1
-        if index >= len(text) or text[index] == "]":
+def _first_object_keys(file: BinaryIO, *, suffix: str) -> list[str]:
+    first_bad: BadRow | None = None
+    where = "in the file"
+    for count, item in enumerate(text_rows(file, suffix=suffix), 1):
+        if not isinstance(item, BadRow) and isinstance(item[1], dict):
+            return list(item[1])
+        first_bad = first_bad or (item if isinstance(item, BadRow) else
+                                  BadRow(item[0], f"row is {described(item[1])}, not an object"))
+        if count >= HEAD_ROWS or file.tell() > HEAD_BYTES:
+            where = f"among the first {count:,} rows"
             break
-        try:
-            row, index = decoder.raw_decode(text, index)
-        except json.JSONDecodeError as error:
-            if len(head) < HEAD_BYTES:
-                raise RecordsError(f"not valid JSON: {error}") from error
-            break
-        if isinstance(row, dict):
-            return list(row)
-    raise RecordsError(f"no JSON object in the array's first {HEAD_BYTES:,} bytes")
+    first = f"; line {first_bad.line}: {first_bad.reason}" if first_bad else ""
+    raise RecordsError(f"no row is a JSON object {where}{first}. JSONL has one object a line, a JSON file an array "
+                       "of objects")

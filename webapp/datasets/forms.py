@@ -1,9 +1,10 @@
 """The dataset form: turns an upload, a file in the import folder or a sample into a checked file, its kind and
 tokenizer settings.
 
-A file of instruction or chat data (a ``records.SUFFIXES`` suffix) is checked cheaply here: its kind, from
-the columns of its first rows (`file_head`); the web worker reads every row. Any other file is a text corpus,
-checked as UTF-8 text.
+A file of instruction or chat data (a ``records.SUFFIXES`` suffix) is checked cheaply here: its kind and the
+column of each role (its layout), from the columns of its first rows and those the user names (`file_head`);
+the web worker reads every row. Any other file is a text corpus, checked as UTF-8 text. The data used is the
+one the Data choice names: a file chosen or a path given under another choice is an error, never ignored.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from django.core.files.base import ContentFile, File
 from django.core.files.uploadedfile import UploadedFile
 from django.template.defaultfilters import filesizeformat
 
-from webapp.datasets.file_head import file_kind
+from webapp.datasets.file_head import file_layout
 from webapp.datasets.imports import MAX_PATH_CHARS, import_file
+from webapp.datasets.layouts import ROLE_NAMES, LayoutError, columns_parse
 from webapp.datasets.models import Dataset
 from webapp.datasets.records import SUFFIXES, Kind, RecordsError
 from webapp.datasets.sample_chat import SAMPLE_CHAT_FILENAME, SAMPLE_CHAT_NAME, sample_chat_jsonl
@@ -77,8 +79,12 @@ class DatasetForm(forms.Form):
         required=False, max_length=MAX_PATH_CHARS,
         help_text="For a file too large to upload: its path relative to the server's import folder.")
     kind = forms.ChoiceField(choices=KIND_CHOICES, required=False, help_text=(
-        "Instruction and chat data: what its rows hold. text: a text column; prompt_completion: prompt and "
-        "completion; alpaca: instruction, input and output; messages: messages or conversations."))
+        "Instruction and chat data: what its rows hold. text: a text column; prompt_completion: a prompt and "
+        "its completion; alpaca: an instruction, an optional input and an output; messages: a conversation."))
+    columns = forms.CharField(
+        required=False, max_length=2_000, label="Columns", help_text=(
+            "Instruction and chat data: the column of each role, when it is not found by its common names: "
+            "role=column pairs, e.g. prompt=question, completion=answer. Roles: " + ", ".join(ROLE_NAMES) + "."))
     vocab_size = forms.IntegerField(min_value=MIN_VOCAB_SIZE, max_value=MAX_VOCAB_SIZE, initial=2048,
                                     help_text="Tokenizer vocabulary size (byte-level BPE).")
     val_fraction = forms.FloatField(min_value=0.01, max_value=0.5, initial=0.1,
@@ -95,12 +101,21 @@ class DatasetForm(forms.Form):
             raise forms.ValidationError(upload_limit_error(limit), code="too_large")
         return upload
 
+    def clean_columns(self) -> dict[str, str]:
+        try:
+            return columns_parse(self.cleaned_data.get("columns") or "")
+        except LayoutError as error:
+            raise forms.ValidationError(f"Columns: {error}.", code="columns") from None
+
     def clean(self) -> dict[str, object]:
-        """Adds ``corpus`` (a file) and ``filename``, resolves ``kind`` (a `Dataset.Kind`) and fills ``name``:
-        the form's output is what `dataset_create` takes."""
+        """Adds ``corpus`` (a file) and ``filename``, resolves ``kind`` (a `Dataset.Kind`) and ``columns`` (the
+        column of each role) and fills ``name``: the form's output is what `dataset_create` takes."""
         cleaned = super().clean()
         source = cleaned.get("source")
         upload: UploadedFile | None = cleaned.get("file")
+        if unused := self._unused_data(source, upload, cleaned.get("server_path") or ""):
+            self.add_error("source", unused)
+            return cleaned
         if source == Dataset.Source.UPLOAD:
             if upload is None:
                 if "file" not in self.errors:
@@ -118,34 +133,56 @@ class DatasetForm(forms.Form):
                        check=File(imported.file))
         elif source == Dataset.Source.SAMPLE:
             cleaned.update(corpus=ContentFile(sample_corpus_text().encode("utf-8"), name="sample.txt"), filename="",
-                           kind=Dataset.Kind.CORPUS, name=cleaned.get("name") or "Python reference (sample)")
+                           kind=Dataset.Kind.CORPUS, columns={},
+                           name=cleaned.get("name") or "Python reference (sample)")
         elif source == Dataset.Source.SAMPLE_CHAT:
             cleaned.update(corpus=ContentFile(sample_chat_jsonl().encode("utf-8"), name=SAMPLE_CHAT_FILENAME),
-                           filename=SAMPLE_CHAT_FILENAME, kind=Dataset.Kind.MESSAGES,
+                           filename=SAMPLE_CHAT_FILENAME, kind=Dataset.Kind.MESSAGES, columns={"messages": "messages"},
                            name=cleaned.get("name") or SAMPLE_CHAT_NAME)
         return cleaned
 
+    @staticmethod
+    def _unused_data(source: object, upload: UploadedFile | None, server_path: str) -> str:
+        """Why the data given does not fit the Data choice ("" when it does): a file chosen, or a path given,
+        under a choice that would not use it, is an error rather than ignored."""
+        if source not in Dataset.Source.values:  # the choice itself is refused
+            return ""
+        label = Dataset.Source(source).label
+        if upload is not None and source != Dataset.Source.UPLOAD:
+            return (f"You chose the file {Path(upload.name or '').name!r}, but the Data choice is '{label}'. Choose "
+                    f"'{Dataset.Source.UPLOAD.label}' to use the file, or remove it to use the {label.lower()}.")
+        if server_path.strip() and source != Dataset.Source.IMPORT:
+            return (f"You gave a path in the import folder, but the Data choice is '{label}'. Choose "
+                    f"'{Dataset.Source.IMPORT.label}' to use it, or clear the path.")
+        return ""
+
     def _take(self, field: str, corpus: File, *, filename: str, check: File) -> None:
-        """Check the file (`check`, open) and set the cleaned ``corpus``, ``filename``, ``kind`` and ``name``,
-        or add an error to `field`."""
+        """Check the file (`check`, open) and set the cleaned ``corpus``, ``filename``, ``kind``, ``columns`` and
+        ``name``, or add an error to `field` (to ``columns`` for the columns named)."""
         suffix, shown = Path(filename).suffix.lower(), Path(filename).name
-        chosen = self.cleaned_data.get("kind")
+        chosen, given = self.cleaned_data.get("kind"), self.cleaned_data.get("columns") or {}
+        columns: dict[str, str] = {}
         try:
             if suffix in SUFFIXES:
                 try:
-                    kind = file_kind(check, suffix=suffix, kind=Kind(chosen) if chosen else None).value
+                    layout = file_layout(check, suffix=suffix, kind=Kind(chosen) if chosen else None, given=given,
+                                         max_decoded_bytes=settings.HYDRA.max_decoded_bytes)
+                except LayoutError as error:
+                    self.add_error("columns", forms.ValidationError(f"{shown}: {error}", code="columns"))
+                    return
                 except RecordsError as error:
                     raise forms.ValidationError(f"{shown}: {error}", code="records") from None
-            elif chosen:
+                kind, columns = layout.kind.value, dict(layout.columns)
+            elif chosen or given:
+                what = "a kind applies" if chosen else "columns apply"
                 raise forms.ValidationError(
-                    f"{shown} is a text corpus: a kind applies to instruction and chat data "
-                    f"({', '.join(SUFFIXES)}). Choose 'Detect from the columns', or upload such a file.",
-                    code="kind")
+                    f"{shown} is a text corpus: {what} to instruction and chat data ({', '.join(SUFFIXES)}). "
+                    "Choose 'Detect from the columns' and leave Columns blank, or upload such a file.", code="kind")
             else:
                 check_corpus(check)
                 kind = Dataset.Kind.CORPUS
         except forms.ValidationError as error:
             self.add_error(field, error)
             return
-        self.cleaned_data.update(corpus=corpus, filename=filename, kind=kind,
+        self.cleaned_data.update(corpus=corpus, filename=filename, kind=kind, columns=columns,
                                  name=self.cleaned_data.get("name") or shown or "Uploaded corpus")

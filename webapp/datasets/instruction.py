@@ -10,7 +10,7 @@ replaces them:
 - ``records.jsonl``: the examples, ``{"line", "text", "messages"}`` a line, in split order: the training
   examples, then the validation ones, each part in file order. A pretrained tokenizer encodes this file in
   this order, so every tokenizer's example set splits at the same example.
-- ``bad_rows.json``: the first `MAX_BAD_ROWS_KEPT` ``[line, reason]`` pairs, rows the template refused among them.
+- ``bad_rows.json``: the first `BAD_ROWS_KEPT` ``[line, reason]`` pairs, rows the template refused among them.
 - ``tokenizer.json``, ``examples/``: the dataset's own byte-level BPE, and the examples under it and ChatML.
 - ``preview.json``: what the detail page shows (`preview`).
 
@@ -35,7 +35,7 @@ from tokenizers import Tokenizer, models
 
 from webapp import worker_door
 from webapp.datasets.models import Dataset, DatasetTokens
-from webapp.datasets.records import BadRow, Example, Kind, RecordsError, read_records
+from webapp.datasets.records import BAD_ROWS_KEPT, BadRow, Example, Kind, RecordsError, read_records
 from webapp.datasets.tokenization import token_byte_lengths
 from webapp.worker_door import END_OF_TEXT, train_tokenizer
 
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from webapp.worker_door import Encoded, ExampleSet
 
 VAL_SEED = 0
-MAX_BAD_ROWS_KEPT = 1_000
 PREVIEW_EXAMPLES = 5
 LENGTH_LIMITS = (128, 256, 512, 1024, 2048, 4096)  # the max_seq_len values the page counts dropped examples at
 
@@ -76,13 +75,14 @@ def split_examples(examples: Sequence[Example], *, val_fraction: float) -> Split
 
 def instruction_dataset_build(dataset: Dataset) -> dict[str, int]:
     """Read, split and tokenize a tokenizing instruction dataset and write its files; returns the row's
-    figures (``n_rows``, ``n_examples``, ``n_bad_rows``, ``train_examples``, ``n_tokens``, ``vocab_size``).
-    Raises InstructionDataError, with the reason for the page, for data that cannot become a dataset."""
+    figures (``n_rows``, ``n_examples``, ``n_bad_rows``, ``train_examples``, ``n_tokens``, ``vocab_size``, and
+    the ``columns`` read). Raises InstructionDataError, with the reason for the page, for data that cannot become
+    a dataset."""
     from transformers import PreTrainedTokenizerFast
 
-    try:  # a JSON array is read whole, so it may be no larger than an upload
-        records = read_records(dataset.source_path, kind=Kind(dataset.kind),
-                               max_bytes=settings.HYDRA.max_upload_bytes)
+    try:
+        records = read_records(dataset.source_path, kind=Kind(dataset.kind), columns=dataset.columns,
+                               max_decoded_bytes=settings.HYDRA.max_decoded_bytes)
     except RecordsError as error:
         raise InstructionDataError(_named(str(error), dataset)) from None
     split = split_examples(records.examples, val_fraction=dataset.val_fraction)
@@ -92,8 +92,9 @@ def instruction_dataset_build(dataset: Dataset) -> dict[str, int]:
     tokenizer = train_tokenizer(text, vocab_size=dataset.vocab_size, special_tokens=worker_door.CHAT_SPECIAL_TOKENS)
     chat = worker_door.chat_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=END_OF_TEXT))
     encoded = worker_door.encode_examples(chat, _rows(ordered), byte_lengths=token_byte_lengths(tokenizer))
+    # The file's first bad rows come before any it did not keep, so the first of these are the first of all.
     bad = sorted([*records.bad, *(BadRow(line, reason) for line, reason in encoded.failed)],
-                 key=lambda row: row.line)
+                 key=lambda row: row.line)[:BAD_ROWS_KEPT]
     kept = set(encoded.lines)
     train = [e for e in split.train if e.line in kept]
     validation = [e for e in split.validation if e.line in kept]
@@ -103,13 +104,14 @@ def instruction_dataset_build(dataset: Dataset) -> dict[str, int]:
         tokenizer.save(str(partials.path(dataset.tokenizer_path)))
         _write_records(partials.path(dataset.records_path), train + validation)
         partials.path(dataset.bad_rows_path).write_text(
-            json.dumps([[row.line, row.reason] for row in bad[:MAX_BAD_ROWS_KEPT]]))
+            json.dumps([[row.line, row.reason] for row in bad]))
         encoded.examples.save(partials.path(dataset.examples_dir))
         partials.path(dataset.preview_path).write_text(
             json.dumps(preview(chat, train, encoded.examples, n_train=len(train))))
-    return {"n_rows": records.rows, "n_examples": len(encoded.examples), "n_bad_rows": len(bad),
+    return {"n_rows": records.rows, "n_examples": len(encoded.examples),
+            "n_bad_rows": records.n_bad + len(encoded.failed),
             "train_examples": len(train), "n_tokens": len(encoded.examples.ids),
-            "vocab_size": tokenizer.get_vocab_size()}
+            "vocab_size": tokenizer.get_vocab_size(), "columns": dict(records.layout.columns)}
 
 
 def instruction_tokens_build(tokens: DatasetTokens) -> dict[str, Any]:

@@ -65,6 +65,9 @@ class Dataset(WebWork):
     kind = models.CharField(
         max_length=20, choices=Kind.choices, default=Kind.CORPUS,
         help_text="A text corpus (token blocks), or the kind of rows of an instruction or chat data file.")
+    columns = models.JSONField(
+        default=dict, blank=True,
+        help_text="Instruction data: the column of each role of its kind ({role: column}), given or detected.")
     filename = models.CharField(max_length=255, blank=True,
                                 help_text="The uploaded file's name, or its path in the import folder, if any.")
     status = models.CharField(

@@ -1,8 +1,10 @@
 """Turn one row of an instruction or chat file into normalized messages, or say why it cannot be one.
 
-A row is a dict of column values (a JSON object, a CSV row, a Parquet row). Every function here returns
-what the row holds or raises `BadValue`, whose message is the row's reason in `records.BadRow`. Strings are
-kept exactly as written; only emptiness is checked, on the stripped value. A null is treated as missing.
+A row is a dict of column values (a JSON object, a CSV row, a Parquet row); `columns` maps the roles of the
+row's kind to its columns (`layouts.Layout`). Every function here returns what the row holds or raises
+`BadValue`, whose message is the row's reason in `BadRow`. Strings are kept exactly as written; only emptiness
+is checked, on the stripped value, and a NUL character: no text that trains a model or is stored in the
+database may hold one (PostgreSQL refuses it in text), so such a row is bad. A null is treated as missing.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
 
 Message = dict[str, str]
 Row = Mapping[str, object]
+Columns = Mapping[str, str]  # role -> column
 
 
 class BadValue(ValueError):
@@ -30,23 +33,31 @@ def nonempty_string(row: Row, column: str) -> str:
         raise BadValue(f"'{column}' is {described(value)}, not a string")
     if not value.strip():
         raise BadValue(f"empty {column}")
+    _refuse_nul(value, f"'{column}'")
     return value
 
 
-def prompt_completion_messages(row: Row) -> tuple[Message, ...]:
+def text_value(row: Row, columns: Columns) -> str:
+    """The text, from the column of the role ``text``."""
+    return nonempty_string(row, columns["text"])
+
+
+def prompt_completion_messages(row: Row, columns: Columns) -> tuple[Message, ...]:
     """The prompt as the user's message, the completion as the assistant's."""
-    return _turn(nonempty_string(row, "prompt"), nonempty_string(row, "completion"))
+    return _turn(nonempty_string(row, columns["prompt"]), nonempty_string(row, columns["completion"]))
 
 
-def alpaca_messages(row: Row) -> tuple[Message, ...]:
+def alpaca_messages(row: Row, columns: Columns) -> tuple[Message, ...]:
     """The instruction as the user's message, followed by a blank line and the input when there is one
-    (an `input` that is missing, null or blank adds nothing); the output as the assistant's message."""
-    instruction = nonempty_string(row, "instruction")
-    extra = row.get("input")
+    (an input that is missing, null or blank adds nothing); the output as the assistant's message."""
+    instruction = nonempty_string(row, columns["instruction"])
+    extra = row.get(columns["input"]) if "input" in columns else None
     if extra is not None and not isinstance(extra, str):
-        raise BadValue(f"'input' is {described(extra)}, not a string")
+        raise BadValue(f"'{columns['input']}' is {described(extra)}, not a string")
+    if extra:
+        _refuse_nul(extra, f"'{columns['input']}'")
     prompt = f"{instruction}\n\n{extra}" if extra and extra.strip() else instruction
-    return _turn(prompt, nonempty_string(row, "output"))
+    return _turn(prompt, nonempty_string(row, columns["output"]))
 
 
 def chat_messages(row: Row, column: str) -> tuple[Message, ...]:
@@ -86,7 +97,13 @@ def _message(message: object, number: int) -> Message:
         raise BadValue(f"{content_key} in message {number} is {described(content)}, not a string")
     if not content.strip():
         raise BadValue(f"empty {content_key} in message {number}")
+    _refuse_nul(content, f"{content_key} of message {number}")
     return {"role": roles[role], "content": content}
+
+
+def _refuse_nul(value: str, where: str) -> None:
+    if "\x00" in value:
+        raise BadValue(f"a NUL character in {where} (at character {value.index(chr(0)) + 1})")
 
 
 def _turn(prompt: str, answer: str) -> tuple[Message, ...]:

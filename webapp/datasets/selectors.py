@@ -13,6 +13,7 @@ from webapp.accounts.selectors import team_scoped_get
 from webapp.datasets.models import Dataset
 
 BAD_ROWS_SHOWN = 100
+EXAMPLE_CHARS_SHOWN = 2_000  # of each example a preview shows: a row may hold a megabyte
 
 
 def dataset_list(*, team: Team | None) -> QuerySet[Dataset]:
@@ -44,7 +45,27 @@ def dataset_preview(*, dataset: Dataset, chars: int = 600) -> dict[str, object]:
 
 def dataset_examples_preview(*, dataset: Dataset) -> dict[str, object]:
     """What the web worker wrote for a ready instruction dataset's page: its first training examples as
-    segments, the examples too long for each max_seq_len, and the first `BAD_ROWS_SHOWN` bad rows."""
+    segments (cut to `EXAMPLE_CHARS_SHOWN` characters each, ``hidden`` saying how many more there are), the
+    examples too long for each max_seq_len, and the first `BAD_ROWS_SHOWN` bad rows."""
     preview = json.loads(dataset.preview_path.read_text(encoding="utf-8"))
     bad_rows = json.loads(dataset.bad_rows_path.read_text(encoding="utf-8"))[:BAD_ROWS_SHOWN]
-    return {**preview, "bad_rows": bad_rows}
+    examples = [{**example, **_cut(example["segments"], EXAMPLE_CHARS_SHOWN)} for example in preview["examples"]]
+    return {**preview, "examples": examples, "bad_rows": bad_rows}
+
+
+def _cut(segments: list[dict[str, object]], chars: int) -> dict[str, object]:
+    """The first `chars` characters of `segments` (``{"text", ...}`` pieces in order, the last one shown cut) as
+    ``segments``, and the characters left out as ``hidden``."""
+    shown: list[dict[str, object]] = []
+    left, hidden = chars, 0
+    for segment in segments:
+        text = str(segment["text"])
+        if left <= 0:
+            hidden += len(text)
+            continue
+        if len(text) > left:
+            hidden += len(text) - left
+            segment = {**segment, "text": text[:left]}
+        shown.append(segment)
+        left -= len(text)
+    return {"segments": shown, "hidden": hidden}

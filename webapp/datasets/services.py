@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import uuid
+from collections.abc import Mapping
 
 import numpy as np
 from django.contrib.auth.models import AbstractBaseUser
@@ -21,6 +22,7 @@ from django.db.models import ProtectedError
 from webapp.accounts.models import Team
 from webapp.accounts.roles import require_creator_or_owner
 from webapp.background.outbox import work_enqueue
+from webapp.background.task_limits import memory_note
 from webapp.datasets.instruction import InstructionDataError, instruction_dataset_build, instruction_tokens_build
 from webapp.datasets.models import Dataset, DatasetTokens, datasets_root, template_sha256
 from webapp.datasets.tokenization import TokenizedCorpus, encode_split, tokenize_corpus, validation_offset
@@ -37,13 +39,18 @@ class CorpusError(ValueError):
 
 
 def dataset_fingerprint(*, corpus_sha256: hashlib._Hash, vocab_size: int, val_fraction: float,
-                        kind: str = Dataset.Kind.CORPUS) -> str:
+                        kind: str = Dataset.Kind.CORPUS, columns: Mapping[str, str] | None = None) -> str:
     """Equal fingerprints mean the same corpus, vocabulary and split, so results on them compare.
     `corpus_sha256` has hashed the corpus's UTF-8 bytes (no byte-order mark); instruction data is read as
-    `kind` too, since one file may hold the columns of two kinds."""
+    `kind` too, since one file may hold the columns of two kinds, and through `columns` (role -> column) when a
+    role is read from a column of another name, since one file may hold two columns fit for a role."""
     digest = corpus_sha256.copy()
-    settings = [vocab_size, round(val_fraction, 6)]
-    digest.update(json.dumps(settings if kind == Dataset.Kind.CORPUS else [*settings, kind]).encode())
+    settings: list[object] = [vocab_size, round(val_fraction, 6)]
+    if kind != Dataset.Kind.CORPUS:
+        settings.append(kind)
+        if any(role != column for role, column in (columns or {}).items()):
+            settings.append(sorted((columns or {}).items()))
+    digest.update(json.dumps(settings).encode())
     return digest.hexdigest()
 
 
@@ -58,9 +65,11 @@ def dataset_create(
     val_fraction: float,
     filename: str = "",
     kind: str = Dataset.Kind.CORPUS,
+    columns: Mapping[str, str] | None = None,
 ) -> Dataset:
     """Store `corpus` (UTF-8 text, or for another `kind` a file of instruction data in the format its
-    `filename`'s suffix says, checked by the form) and record the dataset as tokenizing; the web worker
+    `filename`'s suffix says, whose roles the `columns` hold, checked by the form) and record the dataset as
+    tokenizing; the web worker
     trains its tokenizer (`dataset_tokenize`) once the transaction commits. When Redis cannot be reached the
     dataset is stored all the same, its ``send_error`` saying why, and the ingest's pass sends it later.
 
@@ -90,10 +99,10 @@ def dataset_create(
         staging.rename(final)
         with transaction.atomic():
             dataset = Dataset.objects.create(
-                team=team, name=name, source=source, kind=kind, filename=filename[:255],
+                team=team, name=name, source=source, kind=kind, columns=dict(columns or {}), filename=filename[:255],
                 status=Dataset.Status.TOKENIZING, vocab_size=vocab_size, val_fraction=val_fraction, n_bytes=n_bytes,
                 fingerprint=dataset_fingerprint(corpus_sha256=digest, vocab_size=vocab_size,
-                                                val_fraction=val_fraction, kind=kind),
+                                                val_fraction=val_fraction, kind=kind, columns=columns),
                 corpus_sha256=digest.hexdigest(), storage_key=key, created_by=user,
             )
             work_enqueue(row=dataset)
@@ -120,6 +129,13 @@ def dataset_tokenize(*, dataset_id: int) -> None:
         figures = instruction_dataset_build(dataset) if dataset.is_instruction else _tokenize_corpus(dataset)
     except (CorpusError, InstructionDataError) as error:
         pending.update(status=Dataset.Status.FAILED, message=str(error))
+        return
+    except MemoryError:
+        what = "file" if dataset.is_instruction else "corpus"
+        pending.update(status=Dataset.Status.FAILED, message=(
+            f"Reading and tokenizing this {what} took more memory than a task of the web worker may take "
+            f"({memory_note()}). The {what} is kept; split it into smaller files, or ask an administrator to raise "
+            "the limit."))
         return
     except Exception as error:  # a dataset deleted meanwhile updates no row below
         log.exception("tokenizing dataset %s failed", dataset_id)
@@ -197,6 +213,11 @@ def dataset_tokens_build(*, tokens_id: int) -> None:
         figures = instruction_tokens_build(tokens) if tokens.dataset.is_instruction else _encode_corpus(tokens)
     except (CorpusError, InstructionDataError) as error:
         pending.update(status=DatasetTokens.Status.FAILED, message=str(error))
+        return
+    except MemoryError:
+        pending.update(status=DatasetTokens.Status.FAILED, message=(
+            f"Tokenizing with {tokens.model_name}'s tokenizer took more memory than a task of the web worker may "
+            f"take ({memory_note()})."))
         return
     except Exception as error:
         log.exception("tokenizing dataset tokens %s failed", tokens_id)

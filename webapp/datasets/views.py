@@ -33,7 +33,7 @@ def dataset_list(request: HttpRequest) -> HttpResponse:
             dataset = services.dataset_create(
                 team=request.team, user=request.user, name=data["name"], corpus=data["corpus"],
                 source=data["source"], vocab_size=data["vocab_size"], val_fraction=data["val_fraction"],
-                filename=data["filename"], kind=data["kind"],
+                filename=data["filename"], kind=data["kind"], columns=data["columns"],
             )
         except ValidationError as error:
             form_add_errors(form, error)

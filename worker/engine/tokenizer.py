@@ -6,7 +6,10 @@ trial's exported tokenizer with the engine's own code without loading torch.
 `train_tokenizer` trains the GPT-2-style byte-level BPE a corpus gets when no pretrained tokenizer is chosen:
 the engine's own corpora (`worker.engine.data.tokenize_corpus`) and the web app's datasets, whose instruction
 data adds a chat template's markers as special tokens. Every byte is in its alphabet, so any later text
-encodes. Id 0 is `END_OF_TEXT`, which ends (and starts) a document, as in GPT-2.
+encodes. Id 0 is `END_OF_TEXT`, which ends (and starts) a document, as in GPT-2. A run of more than
+`MAX_PIECE_CHARS` characters without white space (a base64 blob, a row of one letter) is cut into pieces of
+that length before GPT-2's split: training BPE on one piece of n characters takes time far beyond linear in n
+(benchmarks/RESULTS.md), while text with words of ordinary length splits as GPT-2's does.
 
 `TOKENIZER_FILES` are the files of a ``save_pretrained`` tokenizer directory of the families the engine trains,
 all of which ``AutoTokenizer.from_pretrained`` reads back: ``tokenizer_config.json`` (the tokenizer's class,
@@ -22,9 +25,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 END_OF_TEXT = "<|endoftext|>"
+MAX_PIECE_CHARS = 256
 MIN_VOCAB_SIZE = 300  # 256 byte symbols + the end-of-text token + a few merges
 MAX_VOCAB_SIZE = 65_536
 CHUNK_LINES = 2_000
@@ -47,7 +51,10 @@ def train_tokenizer(corpus: str | Path, vocab_size: int, *, special_tokens: Sequ
         raise ValueError(f"vocab_size {vocab_size} must be between {MIN_VOCAB_SIZE} and {MAX_VOCAB_SIZE}")
     text = corpus.read_text(encoding="utf-8") if isinstance(corpus, Path) else corpus
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(rf"\S{{{MAX_PIECE_CHARS}}}"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   special_tokens=[END_OF_TEXT, *special_tokens], show_progress=False)

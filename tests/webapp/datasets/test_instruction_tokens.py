@@ -33,7 +33,7 @@ def test_a_conversations_file_becomes_examples_with_each_refused_row_on_its_line
     vocabulary.pre_tokenizer = pre_tokenizers.Whitespace()
     vocabulary.add_special_tokens(list(CHAT_SPECIAL_TOKENS))
 
-    records = read_records(path)
+    records = read_records(path, max_decoded_bytes=1 << 30)
     encoded = encode_examples(chat_tokenizer(vocabulary, template=TEMPLATE),
                               ((e.line, e.text, e.messages) for e in records.examples))
 

@@ -73,15 +73,20 @@ def test_a_confirmed_kind_is_kept_when_the_columns_allow_both(alice_client):
 
 
 @pytest.mark.parametrize(("name", "content", "fields", "message"), [
-    ("odd.jsonl", jsonl({"question": "a", "answer": "b"}),
-     {}, "odd.jsonl: no known columns: found 'question', 'answer'; accepted: messages: messages or conversations"),
+    ("odd.jsonl", jsonl({"title": "a", "body": "b"}),
+     {}, "odd.jsonl: no known columns: found 'title', 'body'; accepted: messages: messages/conversations"),
     ("chat.jsonl", jsonl(CHAT), {"kind": "alpaca"},
-     "chat.jsonl: kind 'alpaca' needs instruction + output (optional: input); found 'messages'"),
-    ("odd.csv", b"question,answer\na,b\n", {}, "odd.csv: no known columns: found 'question', 'answer'"),
+     "chat.jsonl: kind 'alpaca' needs instruction + output/response/answer (optional: input/context); found "
+     "'messages'"),
+    ("odd.csv", b"title,body\na,b\n", {}, "odd.csv: no known columns: found 'title', 'body'"),
     ("empty.jsonl", b"\n \n", {}, "empty.jsonl: the file is empty"),
-    ("broken.jsonl", b"{not json\n[1]\n", {}, "broken.jsonl: no JSON object on a line of its own"),
+    ("broken.jsonl", b"{not json\n[1]\n", {}, "broken.jsonl: no row is a JSON object in the file; line 1: not valid "
+     "JSON"),
+    ("numbers.jsonl", b"1\n" * 5_000 + jsonl(CHAT), {}, "numbers.jsonl: no row is a JSON object among the first 1,000 "
+     "rows; line 1: row is an int, not an object"),
     ("broken.parquet", b"PAR1 not really", {}, "broken.parquet: not a readable Parquet file"),
     ("notes.txt", b"Plain text.\n", {"kind": "messages"}, "notes.txt is a text corpus: a kind applies to"),
+    ("notes.txt", b"Plain text.\n", {"columns": "text=body"}, "notes.txt is a text corpus: columns apply to"),
 ])
 def test_it_refuses_a_file_of_no_usable_kind_in_the_form_and_stores_nothing(alice_client, data_dir, name, content,
                                                                              fields, message):
@@ -156,9 +161,9 @@ def test_it_refuses_a_server_path_outside_the_import_folder(alice_client, data_d
 
 
 def test_an_instruction_file_from_the_import_folder_is_checked_like_an_upload(alice_client, data_dir):
-    (imports() / "odd.jsonl").write_bytes(jsonl({"question": "a"}))
+    (imports() / "odd.jsonl").write_bytes(jsonl({"title": "a"}))
     page = form_errors(post_import(alice_client, "odd.jsonl"))
-    assert "odd.jsonl: no known columns: found &#x27;question&#x27;" in page
+    assert "odd.jsonl: no known columns: found &#x27;title&#x27;" in page
     assert_nothing_stored(data_dir)
 
 

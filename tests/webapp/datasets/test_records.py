@@ -10,7 +10,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from webapp.datasets.records import BadRow, Example, Kind, Records, RecordsError, detect_kind, read_records
+from webapp.datasets.layouts import Kind, Layout
+from webapp.datasets.records import BadRow, Example, Records, RecordsError
+from webapp.datasets.records import read_records as read_with_bounds
+
+MAX_DECODED = 1 << 30
+MESSAGES = Layout(Kind.MESSAGES, {"messages": "messages"})
+
+
+def read_records(path: Path, **options: object) -> Records:
+    return read_with_bounds(path, max_decoded_bytes=MAX_DECODED, **options)
 
 
 def write(tmp_path: Path, name: str, content: str | bytes) -> Path:
@@ -40,7 +49,7 @@ def test_it_reads_openai_messages_from_jsonl_keeping_strings_exactly(tmp_path):
                       {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6"}]},
     ))
     assert read_records(path) == Records(
-        kind=Kind.MESSAGES,
+        layout=MESSAGES,
         examples=[
             Example(line=1, text=None, messages=chat(("system", "Be brief."), ("user", " Hi \n"),
                                                      ("assistant", "Hello."))),
@@ -59,7 +68,7 @@ def test_it_maps_sharegpt_conversations_to_system_user_and_assistant(tmp_path):
         {"conversations": [{"from": "human", "value": "hund"}, {"from": "gpt", "value": "dog"}]},
     ))
     records = read_records(path)
-    assert records.kind is Kind.MESSAGES
+    assert records.layout == Layout(Kind.MESSAGES, {"messages": "conversations"})
     assert records.examples == [
         Example(line=1, text=None, messages=chat(("system", "You translate."), ("user", "chat"), ("assistant", "cat"))),
         Example(line=2, text=None, messages=chat(("user", "hund"), ("assistant", "dog"))),
@@ -74,7 +83,7 @@ def test_it_reads_an_alpaca_json_array_joining_a_nonblank_input_to_the_instructi
         {"instruction": "Name a tree.", "output": "Oak"},
     ], indent=2))
     assert read_records(path) == Records(
-        kind=Kind.ALPACA,
+        layout=Layout(Kind.ALPACA, {"instruction": "instruction", "input": "input", "output": "output"}),
         examples=[
             Example(line=1, text=None, messages=chat(("user", "Add.\n\n2 and 3"), ("assistant", "5"))),
             Example(line=2, text=None, messages=chat(("user", "Name a colour."), ("assistant", "Red"))),
@@ -102,7 +111,7 @@ def test_it_reads_csv_prompt_completion_with_a_quoted_field_spanning_lines(tmp_p
         "Last,one,web\r\n"
     ))
     assert read_records(path) == Records(
-        kind=Kind.PROMPT_COMPLETION,
+        layout=Layout(Kind.PROMPT_COMPLETION, {"prompt": "prompt", "completion": "completion"}),
         examples=[
             Example(line=2, text=None, messages=chat(("user", "Say hi"), ("assistant", "hi"))),
             Example(line=3, text=None, messages=chat(("user", "Write two lines"), ("assistant", "first\r\nsecond"))),
@@ -127,7 +136,7 @@ def test_it_reads_parquet_messages_with_nulls_and_blanks_as_bad_rows(tmp_path):
     pq.write_table(table, tmp_path / "chat.parquet", row_group_size=2)
     records = read_records(tmp_path / "chat.parquet")
     assert records == Records(
-        kind=Kind.MESSAGES,
+        layout=MESSAGES,
         examples=[Example(line=1, text=None, messages=chat(("user", "Hi"), ("assistant", "Hello")))],
         bad=[BadRow(2, "missing content in message 2"), BadRow(3, "empty content in message 2")],
         rows=3,
@@ -139,7 +148,7 @@ def test_it_reads_parquet_text(tmp_path):
                    tmp_path / "corpus.parquet")
     records = read_records(tmp_path / "corpus.parquet")
     assert records == Records(
-        kind=Kind.TEXT,
+        layout=Layout(Kind.TEXT, {"text": "text"}),
         examples=[Example(line=1, text="alpha\n", messages=()), Example(line=4, text="beta", messages=())],
         bad=[BadRow(2, "missing 'text'"), BadRow(3, "empty text")],
         rows=4,
@@ -239,13 +248,15 @@ def test_it_refuses_an_empty_file(tmp_path):
     ("chat.csv", "text\nHi\n"),
 ])
 def test_it_refuses_a_kind_that_does_not_match_the_columns(tmp_path, name, content):
-    with pytest.raises(RecordsError, match=r"kind 'alpaca' needs instruction \+ output \(optional: input\); found"):
+    with pytest.raises(RecordsError, match=r"kind 'alpaca' needs instruction \+ output/response/answer \(optional: "
+                                           r"input/context\); found"):
         read_records(write(tmp_path, name, content), kind=Kind.ALPACA)
 
 
 def test_it_refuses_a_parquet_kind_mismatch_before_reading_rows(tmp_path):
     pq.write_table(pa.table({"text": ["Hi"]}), tmp_path / "corpus.parquet")
-    with pytest.raises(RecordsError, match=r"kind 'messages' needs messages or conversations; found 'text'$"):
+    with pytest.raises(RecordsError, match=r"kind 'messages' needs messages/conversations/conversation; found "
+                                           r"'text'\. Name the column for messages under Columns"):
         read_records(tmp_path / "corpus.parquet", kind=Kind.MESSAGES)
 
 
@@ -255,25 +266,23 @@ def test_it_reads_the_kind_given_when_several_match(tmp_path):
     assert read_records(path, kind=Kind.TEXT).examples == [Example(line=1, text="Q A", messages=())]
 
 
-@pytest.mark.parametrize(("columns", "kind"), [
-    (["conversations", "text"], Kind.MESSAGES),
-    (["messages", "instruction", "output"], Kind.MESSAGES),
-    (["instruction", "input", "output", "prompt", "completion"], Kind.ALPACA),
-    (["prompt", "completion", "text"], Kind.PROMPT_COMPLETION),
-    (["text", "prompt"], Kind.TEXT),
-])
-def test_it_detects_the_kind_by_priority(columns, kind):
-    assert detect_kind(columns) is kind
-
-
-def test_it_refuses_unknown_columns_naming_the_found_and_the_accepted(tmp_path):
-    path = write(tmp_path, "odd.csv", "question,answer\nQ,A\n")
+def test_it_refuses_columns_of_no_kind_naming_the_found_and_the_accepted(tmp_path):
+    path = write(tmp_path, "odd.csv", "title,body\nQ,A\n")
     with pytest.raises(RecordsError) as raised:
         read_records(path)
     assert str(raised.value) == (
-        "no known columns: found 'question', 'answer'; accepted: messages: messages or conversations; "
-        "alpaca: instruction + output (optional: input); prompt_completion: prompt + completion; text: text"
+        "odd.csv: no known columns: found 'title', 'body'; accepted: messages: messages/conversations/conversation; "
+        "alpaca: instruction + output/response/answer (optional: input/context); prompt_completion: "
+        "prompt/question/query/input + completion/response/answer/output; text: text. Or name the column of each "
+        "role under Columns, e.g. prompt=question, completion=answer"
     )
+
+
+def test_it_reads_the_columns_given_for_the_roles(tmp_path):
+    path = write(tmp_path, "odd.csv", "title,body,notes\nQ,A,n\n")
+    records = read_records(path, columns={"prompt": "title", "completion": "body"})
+    assert records.layout == Layout(Kind.PROMPT_COMPLETION, {"prompt": "title", "completion": "body"})
+    assert records.examples == [Example(line=2, text=None, messages=chat(("user", "Q"), ("assistant", "A")))]
 
 
 def test_it_refuses_an_unsupported_suffix(tmp_path):
@@ -282,20 +291,19 @@ def test_it_refuses_an_unsupported_suffix(tmp_path):
         read_records(write(tmp_path, "data.txt", "text\n"))
 
 
-def test_it_refuses_a_json_array_over_max_bytes_and_suggests_jsonl(tmp_path):
-    array = write(tmp_path, "big.json", json.dumps([{"text": "x" * 100}]))
-    lines = write(tmp_path, "big.jsonl", jsonl({"text": "x" * 100}))
-    with pytest.raises(RecordsError, match=r"over the 50-byte limit.*save it as JSONL"):
-        read_records(array, max_bytes=50)
-    assert read_records(array, max_bytes=200).rows == 1
-    assert read_records(lines, max_bytes=50).rows == 1
-
-
-def test_it_refuses_a_json_array_that_is_not_valid_json(tmp_path):
-    with pytest.raises(RecordsError, match=r"broken\.json: not valid JSON: Expecting value: line 2 column 1"):
+def test_it_refuses_a_json_array_that_is_not_closed(tmp_path):
+    with pytest.raises(RecordsError, match=r"^broken\.json: not valid JSON: the file ends inside the array, after "
+                                           r"row 1$"):
         read_records(write(tmp_path, "broken.json", '[{"text": "a"},\n'))
 
 
 def test_it_refuses_a_parquet_file_it_cannot_read(tmp_path):
     with pytest.raises(RecordsError, match="not a readable Parquet file"):
         read_records(write(tmp_path, "fake.parquet", "text\nHi\n"))
+
+
+def test_it_keeps_the_first_bad_rows_and_counts_them_all(tmp_path):
+    path = write(tmp_path, "numbers.json", "[" + "1," * 5_000 + '{"text": "one"}]')
+    records = read_records(path)
+    assert (len(records.bad), records.n_bad, records.rows) == (1_000, 5_000, 5_001)
+    assert records.bad[-1] == BadRow(1_000, "row is an int, not an object")

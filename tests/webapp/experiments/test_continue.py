@@ -102,7 +102,7 @@ def test_a_finished_trial_is_continued_from_its_page_on_one_curve(
     assert (trial.status, trial.step, trial.total_steps) == ("finished", 7, 7), trial.message
     curve = list(StepMetric.objects.filter(trial=trial, attempt=trial.attempt).order_by("step")
                  .values_list("step", flat=True))
-    assert curve == list(range(7))  # one curve: the added steps after the old ones
+    assert curve == list(range(1, 8))  # one curve: the added steps after the old ones
     assert "continued +3 steps" in alice_client.get(f"/trials/{trial.pk}/").content.decode()
     assert "continued +3" in alice_client.get(f"/experiments/{kept.pk}/").content.decode()
     spec = TrialSpec.from_dict(trial.spec)

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from webapp.background.celery_app import app, web_queue
+from webapp.background.task_limits import limit_task_memory
 
 
 class Command(BaseCommand):
@@ -24,6 +25,8 @@ class Command(BaseCommand):
         # workers pinned to them, and a generation whose threads wait on each other's busy cores ran many
         # times slower than one on a single thread. Set before the pool processes import torch.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        limit = limit_task_memory(app)
+        self.stdout.write(f"hydra: each web task may take {limit >> 20:,} MB of memory (HYDRA_WEB_TASK_MEMORY_MB)")
         app.worker_main([
             "worker", "--hostname", f"web@{host}", "--queues", web_queue(host), "--concurrency", str(concurrency),
             "--pool", "prefork", "--without-gossip", "--without-mingle", "--loglevel", loglevel,

@@ -1,0 +1,56 @@
+"""Dataset uploads through the API: columns mapped to roles, as a JSON object or role=column pairs, kept with
+the dataset; hostile files answered with a 400 under their field, never a 500."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+pytestmark = pytest.mark.django_db
+
+PAIRS = "title,body,notes\n" + "".join(f"Q{k},A{k},n\n" for k in range(8))
+
+
+def post(api, name: str, content: bytes, **fields: str):
+    return api.upload("/datasets", {"source": "upload", "vocab_size": 300, "val_fraction": 0.25,
+                                    "file": SimpleUploadedFile(name, content), **fields})
+
+
+@pytest.mark.parametrize("columns", ['{"prompt": "title", "completion": "body"}', "prompt=title, completion=body"])
+def test_columns_map_a_files_columns_to_roles_and_are_kept(alice_api, data_dir, columns):
+    made = post(alice_api, "pairs.csv", PAIRS.encode(), columns=columns)
+    assert made.status_code == 201, made.content
+    assert (made.json()["kind"], made.json()["columns"]) == ("prompt_completion", {"prompt": "title",
+                                                                                  "completion": "body"})
+    assert alice_api.get(f"/datasets/{made.json()['id']}").json()["columns"] == made.json()["columns"]
+
+
+def test_common_column_names_are_found_without_a_mapping(alice_api, data_dir):
+    rows = "".join(json.dumps({"instruction": f"Do {k}", "context": "", "response": "Done"}) + "\n" for k in range(4))
+    made = post(alice_api, "dolly.jsonl", rows.encode())
+    assert made.status_code == 201, made.content
+    assert (made.json()["kind"], made.json()["columns"]) == (
+        "alpaca", {"instruction": "instruction", "input": "context", "output": "response"})
+
+
+@pytest.mark.parametrize(("columns", "message"), [
+    ("prompt=heading", "pairs.csv: no column 'heading' in the file; found 'title', 'body', 'notes'"),
+    ("promt=title", "pairs.csv: no role 'promt'; the roles are messages, instruction, input, output, prompt, "
+                    "completion, text"),
+    ("prompt", "Columns: 'prompt' is not role=column, e.g. prompt=question."),
+])
+def test_columns_that_do_not_fit_are_a_400_under_columns(alice_api, data_dir, columns, message):
+    refused = post(alice_api, "pairs.csv", PAIRS.encode(), columns=columns)
+    assert refused.status_code == 400
+    assert refused.json()["errors"]["columns"] == [message]
+
+
+def test_a_file_nested_100000_deep_is_a_400_under_the_file(alice_api, data_dir):
+    deep = ("[" * 100_000 + "]" * 100_000).encode()
+    refused = post(alice_api, "deep.json", b"[" + deep + b"]")
+    assert refused.status_code == 400
+    assert refused.json()["errors"]["file"] == [
+        "deep.json: no row is a JSON object in the file; line 1: the row nests deeper than 100 levels. JSONL has "
+        "one object a line, a JSON file an array of objects"]
