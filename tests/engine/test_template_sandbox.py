@@ -50,6 +50,15 @@ def test_it_renders_what_apply_chat_template_renders(template: str, generation_p
         CONVERSATION, add_generation_prompt=generation_prompt, tokenize=False)
 
 
+def test_the_sandbox_starting_up_does_not_count_against_the_render_limit(monkeypatch) -> None:
+    """A busy host may take seconds to start the child (Python and transformers' Jinja rendering): a template
+    that renders in milliseconds is never refused for that."""
+    template_sandbox.SANDBOX._stop()
+    monkeypatch.setattr(template_sandbox, "RENDER_SECONDS", 0.4)  # less than the child's own start-up
+    chat = tokenizer(LLAMA_LIKE)
+    assert render(chat, CONVERSATION) == chat.apply_chat_template(CONVERSATION, tokenize=False)
+
+
 def test_a_template_that_fails_says_why_as_it_did_in_process() -> None:
     with pytest.raises(TemplateError, match="the chat template fails: TemplateError: no system turns here"):
         render(tokenizer("{{ raise_exception('no system turns here') }}"), CONVERSATION)

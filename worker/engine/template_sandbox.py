@@ -18,7 +18,9 @@ request); a template that fails as Jinja raises `worker.engine.chat.TemplateErro
 would. Renderings are transformers' own (`render_jinja_template`, which ``apply_chat_template`` calls), so text
 from here equals ``apply_chat_template``'s.
 
-The protocol on the child's stdin and stdout: one JSON document a line each way. A request is
+The protocol on the child's stdin and stdout: one JSON document a line each way. The child first says
+``{"ready": true}`` once it has imported what it renders with (seconds on a busy host, within `START_SECONDS`),
+so that its start-up never counts against a template's `RENDER_SECONDS`. A request is
 ``{"template"?: str, "tokens": {...}, "renders": [[messages, add_generation_prompt], ...], "max_chars": [...]}``
 (the template only when it differs from the last one sent); an answer ``{"texts": [...]}``,
 ``{"error": "TypeName: message"}``, ``{"memory": true}`` or ``{"too_long": [index, chars]}``.
@@ -42,6 +44,7 @@ from worker.engine.errors import SpecError
 RENDER_SECONDS = 20.0  # a conversation's renderings take milliseconds, unless the template loops
 RENDER_MEMORY_BYTES = 2 << 30  # the child's address space (about 200 MiB of it is Python and Jinja)
 RENDER_SLACK_CHARS = 1 << 20  # what a template may add to a conversation's text, beyond doubling it
+START_SECONDS = 120.0  # the child's start-up (Python, transformers' Jinja rendering), on however busy a host
 
 Message = Mapping[str, str]
 Render = tuple[Sequence[Message], bool]  # a conversation, and whether to open the assistant's answer after it
@@ -52,6 +55,10 @@ class TemplateLimitError(SpecError):
     makes a text far longer than its conversation, to render a conversation. Not a
     `worker.engine.chat.TemplateError`: it is about the template, not one conversation, so a dataset's build
     stops at it instead of leaving the example out and meeting the same for the next."""
+
+
+class SandboxStartError(RuntimeError):
+    """The sandbox's child did not start within `START_SECONDS`: the host's fault, not the template's."""
 
 
 class TemplateRenderError(SpecError):
@@ -123,6 +130,11 @@ class Sandbox:
                 [sys.executable, "-m", "worker.engine.template_sandbox", str(RENDER_MEMORY_BYTES)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
             self._child, self._owner, self._memory, self._template = child, os.getpid(), RENDER_MEMORY_BYTES, None
+            try:
+                self._read(child, START_SECONDS)
+            except (TimeoutError, EOFError):
+                self._stop()
+                raise SandboxStartError(f"the chat template sandbox did not start within {START_SECONDS:g} s") from None
         return child
 
     def _ask(self, child: subprocess.Popen[bytes], line: bytes) -> dict[str, Any]:
@@ -133,7 +145,13 @@ class Sandbox:
             child.stdin.flush()
         except BrokenPipeError:
             raise EOFError from None
-        deadline = time.monotonic() + RENDER_SECONDS
+        return self._read(child, RENDER_SECONDS)
+
+    @staticmethod
+    def _read(child: subprocess.Popen[bytes], seconds: float) -> dict[str, Any]:
+        """The child's next one-line answer; TimeoutError past `seconds`, EOFError if it dies."""
+        assert child.stdout is not None
+        deadline = time.monotonic() + seconds
         out, chunks = child.stdout.fileno(), []
         while True:
             left = deadline - time.monotonic()
@@ -178,6 +196,10 @@ def render_here(template: str, tokens: Mapping[str, Any], messages: Sequence[Mes
 def _serve(memory_bytes: int) -> None:
     """The child: answer requests from stdin until it closes, within `memory_bytes` of address space."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    from transformers.utils import chat_template_utils  # noqa: F401  imported before the first request's clock
+
+    sys.stdout.write(json.dumps({"ready": True}) + "\n")
+    sys.stdout.flush()
     template = ""
     for line in sys.stdin.buffer:
         try:
