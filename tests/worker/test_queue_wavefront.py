@@ -121,3 +121,25 @@ def test_a_narrow_trial_never_takes_a_second_device(shard_queue: ShardQueue) -> 
     assert shard_queue.claim("a", "cpu0") is not None
     assert shard_queue.claim("a", "cpu1") is None
     assert not survey(shard_queue, "cpu1").candidates
+
+
+def test_a_lane_given_back_brings_the_engine_s_view_so_it_is_not_leased_again_until_it_can_run(
+        shard_queue: ShardQueue) -> None:
+    """The queue's view can be behind the store's: a store restored from its checkpoint is back at an earlier
+    unit, where only lane 0 can run. The lane given back says so, and the next lease is lane 0's."""
+    wide(shard_queue, "a", ready=(1,))
+    stale = shard_queue.claim("a", "cpu0")
+    assert stale.lane == 1
+    assert shard_queue.unclaim(stale, remaining_units=26, ready=[0], ready_version=1_000_000) == "runnable"
+    record = shard_queue.trial("a")
+    assert (record.remaining_units, record.units_done, record.devices) == (26, 0, [])
+    assert shard_queue.claim("a", "cpu0").lane == 0
+
+
+def test_a_lane_given_back_with_an_older_view_than_the_queue_s_leaves_the_newer_one(shard_queue: ShardQueue) -> None:
+    wide(shard_queue, "a", ready=(0, 1))
+    lane0, lane1 = shard_queue.claim("a", "cpu0"), shard_queue.claim("a", "cpu1")
+    assert shard_queue.complete(lane0, remaining_units=19, unit_s=0.5, ready=[0, 2], ready_version=3) == "running"
+    assert shard_queue.unclaim(lane1, remaining_units=20, ready=[0], ready_version=2) == "runnable"
+    assert shard_queue.trial("a").remaining_units == 19
+    assert [shard_queue.claim("a", "cpu0").lane, shard_queue.claim("a", "cpu1").lane] == [0, 2]

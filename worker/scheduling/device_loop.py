@@ -316,7 +316,8 @@ class DeviceLoop:
         except LaneBusy as error:  # the queue's view of the lane was behind its state: give the lease back
             log.info("lease of trial %s given back: %s", lease.trial_id, error)
             with contextlib.suppress(LeaseLost):
-                self.queue.unclaim(lease)
+                self.queue.unclaim(lease, remaining_units=error.remaining_units, ready=error.ready,
+                                   ready_version=error.ready_version)
             return
         except Exception as error:  # a unit that raises fails its trial; the other trials go on
             self._fail(lease.trial_id, lease.token, f"unit {lease.units_done}", error)

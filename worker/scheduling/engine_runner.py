@@ -252,7 +252,7 @@ class EngineRunner:
         except StaleWriterError as error:
             raise LeaseLost(f"trial {trial_id!r}: {error}") from error
         except LaneNotReady as error:
-            raise LaneBusy(str(error)) from error
+            raise LaneBusy(str(error), *progress_of(session)) from error
         except torch.OutOfMemoryError as error:
             reason = str(error).split("\n")[0]  # CUDA's message goes on about allocator settings
         else:

@@ -21,8 +21,13 @@ class WorkloadError(Exception):
 
 
 class LaneBusy(Exception):
-    """The leased lane has no unit that can run now (its next unit needs one another device runs): nothing ran,
-    and the lease goes back."""
+    """The leased lane has no unit that can run now (its next unit needs one another device runs, or its store
+    was restored to an earlier unit): nothing ran, and the lease goes back with the trial's view as its store
+    has it, as `UnitDone` carries it: units left, ready lanes and the commit they are as of."""
+
+    def __init__(self, message: str, remaining_units: int, ready: list[int], ready_version: int) -> None:
+        super().__init__(message)
+        self.remaining_units, self.ready, self.ready_version = remaining_units, ready, ready_version
 
 
 @dataclass(frozen=True)

@@ -297,11 +297,14 @@ class ShardQueue:
         only give it back), in one round trip (`worker.scheduling.queue.speculative`)."""
         return speculative.unclaim_then_claim(self._scripts, claimed, trial_ids)
 
-    def unclaim(self, lease: Lease) -> str:
+    def unclaim(self, lease: Lease, *, remaining_units: int, ready: Sequence[int], ready_version: int) -> str:
         """Give back a lease whose unit did not run (its lane had no unit that could run after all): as
-        `unclaim_then_claim` gives back a speculative claim. Raises LeaseLost."""
-        return self._check_lease(self._scripts.run("unclaim", id=lease.trial_id, token=lease.token,
-                                                   expired=lease.expired), lease.trial_id)
+        `unclaim_then_claim` gives back a speculative claim, with the engine's view of the trial as `complete`
+        takes it (its `ready` lanes and `remaining_units` as of commit `ready_version`), so that the lane is not
+        leased again until it can run. Raises LeaseLost."""
+        return self._check_lease(self._scripts.run(
+            "unclaim", id=lease.trial_id, token=lease.token, expired=lease.expired,
+            remaining_units=int(remaining_units), ready=_lanes(ready), ready_v=int(ready_version)), lease.trial_id)
 
     def renew(self, trial_id: str, token: str) -> bool:
         """Extend a lease by the host's lease length; False when it was already lost."""

@@ -32,7 +32,8 @@ def unclaim_then_claim(scripts: Scripts, claimed: Lease, trial_ids: Sequence[str
     only give it back), in one round trip; the new lease, or None. A claim whose lease expired meanwhile has
     nothing to give back: its trial went back when the lease was requeued."""
     calls: list[tuple[str, Mapping[str, object]]] = [
-        ("unclaim", {"id": claimed.trial_id, "token": claimed.token, "expired": claimed.expired})]
+        ("unclaim", {"id": claimed.trial_id, "token": claimed.token, "expired": claimed.expired,
+                     "remaining_units": "", "ready": "", "ready_v": ""})]
     if trial_ids:
         calls.append(("claim", {"ids": claim_ids(trial_ids), "device": claimed.device}))
     replies = scripts.run_all(calls)
