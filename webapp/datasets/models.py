@@ -33,13 +33,16 @@ class Dataset(WebWork):
         SAMPLE_CHAT = "sample_chat", "Built-in sample chat data"
 
     class Kind(models.TextChoices):
-        """A plain text corpus (token blocks), or instruction data of one `records.Kind` (examples)."""
+        """A plain text corpus (token blocks), instruction data of one `records.Kind` (examples), or preference
+        pairs (a prompt with a chosen and a rejected answer; its example set is a pair set, see
+        `worker.engine.pairs`, and ``train_examples``, ``n_examples`` count pairs)."""
 
         CORPUS = "corpus", "Text corpus"
         TEXT = "text", "Text rows"
         PROMPT_COMPLETION = "prompt_completion", "Prompt and completion"
         ALPACA = "alpaca", "Alpaca instructions"
         MESSAGES = "messages", "Chat messages"
+        PREFERENCE = "preference", "Preference pairs"
 
     class Status(models.TextChoices):
         TOKENIZING = "tokenizing", "Tokenizing…"
@@ -64,7 +67,7 @@ class Dataset(WebWork):
     source = models.CharField(max_length=12, choices=Source.choices)
     kind = models.CharField(
         max_length=20, choices=Kind.choices, default=Kind.CORPUS,
-        help_text="A text corpus (token blocks), or the kind of rows of an instruction or chat data file.")
+        help_text="A text corpus (token blocks), the kind of rows of an instruction or chat data file, or preference pairs.")
     columns = models.JSONField(
         default=dict, blank=True,
         help_text="Instruction data: the column of each role of its kind ({role: column}), given or detected.")
@@ -119,6 +122,11 @@ class Dataset(WebWork):
     def is_instruction(self) -> bool:
         """Instruction or chat data (examples), rather than a text corpus (token blocks)."""
         return self.kind != self.Kind.CORPUS
+
+    @property
+    def is_preference(self) -> bool:
+        """Preference pairs, which train with DPO; also `is_instruction` (examples rendered with a chat template)."""
+        return self.kind == self.Kind.PREFERENCE
 
     @property
     def val_examples(self) -> int:
