@@ -67,7 +67,8 @@ class Dataset(WebWork):
     source = models.CharField(max_length=12, choices=Source.choices)
     kind = models.CharField(
         max_length=20, choices=Kind.choices, default=Kind.CORPUS,
-        help_text="A text corpus (token blocks), the kind of rows of an instruction or chat data file, or preference pairs.")
+        help_text="A text corpus (token blocks), the kind of rows of an instruction or chat data file, or "
+                  "preference pairs.")
     columns = models.JSONField(
         default=dict, blank=True,
         help_text="Instruction data: the column of each role of its kind ({role: column}), given or detected.")
