@@ -65,25 +65,6 @@
   form.addEventListener("change", updateVisibility);
   updateVisibility();
 
-  // A large sweep's preview is planned by the web worker: fetch its page until it is no longer preparing and
-  // put its section in place of this one, so that the form (and what was typed in it) stays as it is.
-  function poll(section) {
-    setTimeout(function () {
-      fetch(section.dataset.poll, {credentials: "same-origin"})
-        .then(function (response) { return response.status === 404 ? null : response.text(); })
-        .then(function (html) {
-          if (html === null) return;  // deleted meanwhile: previewing again asks for it anew
-          const fresh = new DOMParser().parseFromString(html, "text/html").getElementById("preview");
-          if (!fresh) return poll(section);
-          section.replaceWith(fresh);
-          if (fresh.dataset.poll) poll(fresh);
-        })
-        .catch(function () { poll(section); });
-    }, 1500);
-  }
-  const preparing = document.querySelector("#preview[data-poll]");
-  if (preparing) poll(preparing);
-
   // A chat template is checked by the web worker: ask how its check stands until it has a verdict, and say it.
   function pollCheck(line) {
     setTimeout(function () {

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import PASSWORD
+from tests.webapp.conftest import web_worker  # noqa: F401 -- fixture
 from tests.webapp.datasets.factories import make_dataset
 from tests.webapp.experiments.checkpoints import ready_checkpoint
+from tests.webapp.experiments.test_previews import DEEP, LEARNING_RATES
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -122,4 +124,31 @@ def test_a_lora_sweep_keeps_its_base_in_nf4_and_the_preview_says_what_it_takes(p
     said = page.inner_text("#preview-base-dtype")
     assert said.startswith("Base in nf4: ") and " instead of " in said and " in fp32" in said, said
     assert page.input_value("#id_base_dtype") == "nf4"  # the form keeps the choice for the create
+    assert page.errors == []
+
+
+@pytest.mark.usefixtures("web_worker")
+def test_a_large_preview_planned_by_the_web_worker_comes_in_place_of_its_placeholder(page, live_server, alice,
+                                                                                     alice_team):
+    dataset = make_dataset(alice_team)
+    page.goto(f"{live_server.url}/login/?next=/experiments/new/%3Fdataset%3D{dataset.pk}")
+    page.fill("input[name=username]", "alice")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/experiments/new/?dataset={dataset.pk}")
+    page.fill("#id_name", "deep sweep")
+    page.check("input[name=model_kind][value=custom]")
+    for field, value in DEEP.items():
+        if field != "model_kind":
+            page.fill(f"#id_{field}", str(value))
+    page.click("details.space-help summary")
+    page.fill("#id_space_text", f"lr: {LEARNING_RATES}\nbatch_size: 2\n")
+    page.click("button[name=action][value=preview]")
+    page.wait_for_load_state()
+    assert "Preparing preview" in page.inner_text("#preview")
+    page.fill("#id_name", "typed while it plans")
+
+    page.wait_for_selector("#preview[data-status=ready]", timeout=90_000)  # in place, not a reload
+    assert page.inner_text("#preview h2").startswith("Preview: 20 trials")
+    assert page.input_value("#id_name") == "typed while it plans"
     assert page.errors == []
