@@ -142,7 +142,7 @@ def test_a_generation_is_asked_for_in_the_request_and_done_outside_it(alice_clie
         Generation.Status.PENDING, "", trial.experiment.team.members.get(), trial.queue_id)
     page = alice_client.get(response["Location"]).content.decode()
     poll = reverse("trial_generation", args=[trial.pk, generation.pk])
-    assert f'data-poll="{poll}"' in page and "trial_generations.js" in page and "Generating…" in page
+    assert f'data-poll="{poll}"' in page and "poll_cards.js" in page and "Generating…" in page
     assert "temperature 0.7 · top-p 0.9 · seed 42" in page
     assert 'value="42"' in page  # the prompt box keeps the last settings, to try a variation
     fragment = alice_client.get(poll).content.decode()

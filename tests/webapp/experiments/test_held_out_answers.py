@@ -135,7 +135,7 @@ def test_the_page_shows_each_question_reference_and_answer_escaped_and_polls_whi
     page_url = reverse("trial_detail", args=[trial.pk])
 
     page = alice_client.get(page_url).content.decode()
-    assert 'id="held-out"' in page and f'data-poll="{page_url}"' in page and "trial_generations.js" in page
+    assert 'id="held-out"' in page and f'data-poll="{page_url}"' in page and "poll_cards.js" in page
     assert page.count('data-status="pending"') == 1 + generations.HELD_OUT_SHOWN  # the card and each row
     assert 'class="card generation" id="generation-' not in page  # the ordinary list leaves them out
 
@@ -144,7 +144,7 @@ def test_the_page_shows_each_question_reference_and_answer_escaped_and_polls_whi
     Generation.objects.filter(pk=second.pk).update(status=Generation.Status.DONE, text="Four.")
     Generation.objects.filter(pk=third.pk).update(status=Generation.Status.FAILED, message="The <model> is gone.")
     page = alice_client.get(page_url).content.decode()
-    assert "data-poll" not in page and "trial_generations.js" not in page
+    assert "data-poll" not in page and "poll_cards.js" not in page
     for generation in (first, second, third):
         generation.refresh_from_db()
         assert f'data-line="{generation.held_out_line}" data-status="{generation.status}"' in page

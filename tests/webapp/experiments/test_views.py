@@ -158,7 +158,7 @@ def test_it_packs_a_model_for_download_outside_the_request(alice_client, alice_t
     assert TrialArchive.objects.get().status == TrialArchive.Status.PREPARING
     assert not (data_dir / "archives").exists()
     page = alice_client.get(response["Location"]).content.decode()
-    assert "Packing: 0%" in page and 'data-poll="' in page and "js/trial_downloads.js" in page
+    assert "Packing: 0%" in page and 'data-poll="' in page and "js/poll_cards.js" in page
     assert alice_client.get(export_url).status_code == 404
 
 
