@@ -293,15 +293,16 @@ def dataset_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 @datasets.command("upload")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--kind", default="", help="Instruction data only: text, prompt_completion, alpaca or messages "
-                                         "(default: detect from the columns).")
+@click.option("--kind", default="", help="Instruction data only: text, prompt_completion, alpaca, messages or "
+                                         "preference (default: detect from the columns).")
 @click.option("--column", "columns", multiple=True, metavar="ROLE=COLUMN",
               help="Instruction data only: the column of a role whose column has another name (repeat for each).")
 @dataset_options
 @json_option
 def datasets_upload(file: Path, kind: str, columns: tuple[str, ...], name: str, vocab_size: int, val_fraction: float,
                     wait: bool) -> None:
-    """Upload FILE: a UTF-8 text corpus, or instruction or chat data (.jsonl, .json, .csv, .parquet)."""
+    """Upload FILE: a UTF-8 text corpus, or instruction, chat or preference data (.jsonl, .json, .csv,
+    .parquet)."""
     mapping = {}
     for pair in columns:
         role, equals, column = pair.partition("=")
@@ -316,11 +317,16 @@ def datasets_upload(file: Path, kind: str, columns: tuple[str, ...], name: str, 
 
 @datasets.command("sample")
 @click.option("--chat", is_flag=True, help="The sample chat data instead of the sample text corpus.")
+@click.option("--pairs", is_flag=True, help="The sample preference pairs (for DPO) instead of the text corpus.")
 @dataset_options
 @json_option
-def datasets_sample(chat: bool, name: str, vocab_size: int, val_fraction: float, wait: bool) -> None:
-    """Make a dataset of the server's built-in sample (a text corpus, or with --chat chat data)."""
-    dataset = client().datasets.sample(chat=chat, name=name, vocab_size=vocab_size, val_fraction=val_fraction)
+def datasets_sample(chat: bool, pairs: bool, name: str, vocab_size: int, val_fraction: float, wait: bool) -> None:
+    """Make a dataset of the server's built-in sample (a text corpus, with --chat chat data, with --pairs
+    preference pairs)."""
+    if chat and pairs:
+        raise click.UsageError("Give --chat or --pairs, not both.")
+    dataset = client().datasets.sample(chat=chat, pairs=pairs, name=name, vocab_size=vocab_size,
+                                       val_fraction=val_fraction)
     _created(dataset, wait)
 
 

@@ -369,9 +369,9 @@ class Datasets(Resource):
 
     def upload(self, path: str | os.PathLike[str], name: str = "", kind: str = "", vocab_size: int = 2048,
                val_fraction: float = 0.1, columns: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """Upload a UTF-8 text corpus, or instruction or chat data (.jsonl, .json, .csv, .parquet; `kind`: what
-        its rows hold, empty to detect it; `columns`: the column of each role whose column is not found by its
-        common names, e.g. ``{"prompt": "title"}``). The dataset comes back tokenizing: `wait` for it."""
+        """Upload a UTF-8 text corpus, or instruction, chat or preference data (.jsonl, .json, .csv, .parquet;
+        `kind`: what its rows hold, empty to detect it; `columns`: the column of each role whose column is not
+        found by its common names, e.g. ``{"prompt": "title"}``). The dataset comes back tokenizing: `wait` for it."""
         path = Path(path)
         fields = {"source": "upload", "name": name, "kind": kind, "columns": json.dumps(dict(columns or {})),
                   "vocab_size": str(vocab_size), "val_fraction": str(val_fraction)}
@@ -380,10 +380,13 @@ class Datasets(Resource):
                                     files={"file": (path.name, handle, "application/octet-stream")})
 
     def sample(self, chat: bool = False, name: str = "", vocab_size: int = 2048, val_fraction: float = 0.1,
-               ) -> dict[str, Any]:
-        """The server's built-in sample: a text corpus, or with `chat` a small chat dataset."""
-        fields = {"source": "sample_chat" if chat else "sample", "name": name, "vocab_size": str(vocab_size),
-                  "val_fraction": str(val_fraction)}
+               pairs: bool = False) -> dict[str, Any]:
+        """The server's built-in sample: a text corpus, with `chat` a small chat dataset, or with `pairs` small
+        preference pairs (a prompt, a chosen and a rejected answer) for DPO."""
+        if chat and pairs:
+            raise ValueError("choose one sample: chat or pairs")
+        source = "sample_chat" if chat else "sample_pairs" if pairs else "sample"
+        fields = {"source": source, "name": name, "vocab_size": str(vocab_size), "val_fraction": str(val_fraction)}
         return self.client.call("POST", "/datasets", data=fields)
 
     def wait(self, dataset_id: int, timeout: float = 600.0, interval: float = 1.0) -> dict[str, Any]:

@@ -15,9 +15,9 @@ every web module with torch, transformers and safetensors blocked):
   the index of the host's shared LoRA bases, and its byte-level BPE tokenizer and the files of a saved
   tokenizer.
 
-The engine's code that loads torch or transformers (rendering chats and encoding examples, importing a GGUF
-file) is named here too, in `LAZY`: it is imported when first used (`__getattr__`), by the web worker's
-tasks, never when the web app starts. A web module therefore imports this module itself and uses those names
+The engine's code that loads torch or transformers (rendering chats, encoding examples and preference pairs,
+importing a GGUF file) is named here too, in `LAZY`: it is imported when first used (`__getattr__`), by the web
+worker's tasks, never when the web app starts. A web module therefore imports this module itself and uses those names
 as its attributes (``worker_door.render(...)``, ``except worker_door.TemplateError``), never
 ``from webapp.worker_door import render``, which would load transformers with the importing module. The
 engine renders any chat template but its own ChatML in a child process, under the limits of
@@ -83,6 +83,7 @@ if TYPE_CHECKING:
     from worker.engine.chat import (
         CHAT_SPECIAL_TOKENS,
         DEFAULT_CHAT_TEMPLATE,
+        PROMPT,
         TemplateError,
         answer_spans,
         chat_tokenizer,
@@ -91,6 +92,7 @@ if TYPE_CHECKING:
     )
     from worker.engine.examples import Encoded, ExampleSet, encode_examples
     from worker.engine.gguf_import import import_gguf
+    from worker.engine.pairs import encode_pairs, save_pairs
 
 __all__ = [
     "AUTO_BUDGET_FRACTION",
@@ -108,6 +110,7 @@ __all__ = [
     "MAX_DEVICES_PER_TRIAL",
     "MAX_VOCAB_SIZE",
     "MIN_VOCAB_SIZE",
+    "PROMPT",
     "RENDER_MEMORY_BYTES",
     "RENDER_SECONDS",
     "TOKENIZER_CONFIG",
@@ -161,6 +164,7 @@ __all__ = [
     "control_changes",
     "default_intermediate",
     "encode_examples",
+    "encode_pairs",
     "envbool",
     "envint",
     "envlist",
@@ -171,6 +175,7 @@ __all__ = [
     "optimizer_slots",
     "read_limited",
     "render",
+    "save_pairs",
     "smollm2_gguf_path",
     "solve_with_head_chunks",
     "text_chunks",
@@ -180,10 +185,11 @@ __all__ = [
 
 # The engine's names that load torch or transformers, by the module that defines them: imported on first use.
 LAZY = {
-    "worker.engine.chat": ("CHAT_SPECIAL_TOKENS", "DEFAULT_CHAT_TEMPLATE", "TemplateError", "answer_spans",
+    "worker.engine.chat": ("CHAT_SPECIAL_TOKENS", "DEFAULT_CHAT_TEMPLATE", "PROMPT", "TemplateError", "answer_spans",
                            "chat_tokenizer", "check_template_text", "render"),
     "worker.engine.examples": ("Encoded", "ExampleSet", "encode_examples"),
     "worker.engine.gguf_import": ("import_gguf",),
+    "worker.engine.pairs": ("encode_pairs", "save_pairs"),
 }
 
 

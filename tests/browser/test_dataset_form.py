@@ -13,6 +13,7 @@ from django.test import Client
 from tests.conftest import PASSWORD
 from tests.webapp.datasets.factories import upload_and_build
 from webapp.datasets.models import Dataset
+from webapp.datasets.services import dataset_tokenize
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -69,4 +70,24 @@ def test_a_long_row_is_cut_and_wrapped_in_the_preview(page, live_server, alice):
     first = page.locator("#examples-preview pre.example").first
     assert "more characters not shown" in first.inner_text()
     assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    assert page.errors == []
+
+
+def test_preference_pairs_uploaded_through_the_form_show_as_pairs(page, live_server, alice, tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"What is {k} + 1?", "chosen": f"{k + 1}.",
+                                         "rejected": "Work it out yourself."}) + "\n" for k in range(8)))
+    _log_in(page, live_server)
+    page.set_input_files("input[name=file]", str(pairs))
+    page.click("#dataset-form button[type=submit]")
+    page.wait_for_url(re.compile(r"/datasets/\d+/$"))
+    dataset = Dataset.objects.get()
+    assert dataset.kind == "preference"
+    dataset_tokenize(dataset_id=dataset.pk)  # as the web worker would
+    page.reload()
+    assert page.inner_text("#dataset-kind") == "Preference pairs"
+    first = page.locator("#pairs-preview .pair").first
+    assert re.match(r"What is \d \+ 1\?", first.locator("pre.pair-prompt").inner_text().removeprefix("user: "))
+    assert first.locator("pre.pair-rejected").inner_text().strip() == "assistant: Work it out yourself."
+    assert page.locator("#too-long tbody tr").count() == 6
     assert page.errors == []

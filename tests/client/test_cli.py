@@ -400,3 +400,17 @@ def test_every_read_prints_text_for_people(alice_hydra: Shell, alice_team, db_lo
         result = alice_hydra(*args)
         assert result.exit_code == 0, (args, result.output)
         assert text in result.stdout, (args, result.stdout)
+
+
+def test_preference_pairs_are_uploaded_and_sampled_with_their_kind(alice_hydra: Shell, tmp_path: Path) -> None:
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"Q{k}", "chosen": f"A{k}", "rejected": "No."}) + "\n"
+                             for k in range(8)))
+    made = _document(alice_hydra("datasets", "upload", str(pairs), "--kind", "preference", "--json"))
+    assert (made["kind"], made["columns"]) == ("preference", {"prompt": "prompt", "chosen": "chosen",
+                                                              "rejected": "rejected"})
+    sample = _document(alice_hydra("datasets", "sample", "--pairs", "--json"))
+    assert (sample["source"], sample["kind"], sample["status"]) == ("sample_pairs", "preference", "tokenizing")
+    listed = alice_hydra("datasets", "list")
+    assert "preference" in listed.stdout
+    assert alice_hydra("datasets", "sample", "--pairs", "--chat").exit_code == 2

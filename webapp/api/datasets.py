@@ -38,10 +38,10 @@ def dataset_list(request: HttpRequest, status: str | None = None, name: str | No
 @router.post("", response={201: DatasetOut}, summary="Upload a corpus or instruction data, or take a sample")
 def dataset_create(
     request: HttpRequest,
-    source: str = Form("upload", description="upload, sample, sample_chat or import"),
+    source: str = Form("upload", description="upload, sample, sample_chat, sample_pairs or import"),
     name: str = Form("", description="Defaults to the file's name."),
     kind: str = Form("", description="Instruction data only: what its rows hold (text, prompt_completion, alpaca, "
-                                     "messages); empty: detect from the columns."),
+                                     "messages, preference); empty: detect from the columns."),
     columns: str = Form("", description="Instruction data only: the column of each role, as a JSON object "
                                         '({"prompt": "question", "completion": "answer"}) or role=column pairs '
                                         "separated by commas; empty: the roles' common names."),
@@ -73,12 +73,15 @@ def dataset_detail(request: HttpRequest, dataset_id: int) -> Dataset:
     return selectors.dataset_get(team=team_of(request), dataset_id=dataset_id)
 
 
-@router.get("/{id:dataset_id}/preview", summary="A ready dataset's first text and its tokens, or first examples")
+@router.get("/{id:dataset_id}/preview",
+            summary="A ready dataset's first text and its tokens, or first examples or pairs")
 def dataset_preview(request: HttpRequest, dataset_id: int) -> dict[str, Any]:
     dataset = selectors.dataset_get(team=team_of(request), dataset_id=dataset_id)
     if not dataset.is_ready:
         raise HttpError(409, f"Dataset {dataset.name} is {dataset.get_status_display().lower()}; its preview "
                              "comes once it is ready.")
+    if dataset.is_preference:
+        return {"kind": dataset.kind, **selectors.dataset_pairs_preview(dataset=dataset)}
     if dataset.is_instruction:
         return {"kind": dataset.kind, **selectors.dataset_examples_preview(dataset=dataset)}
     return {"kind": dataset.kind, **selectors.dataset_preview(dataset=dataset)}

@@ -26,6 +26,7 @@ from webapp.datasets.models import Dataset
 from webapp.datasets.records import SUFFIXES, Kind, RecordsError
 from webapp.datasets.sample_chat import SAMPLE_CHAT_FILENAME, SAMPLE_CHAT_NAME, sample_chat_jsonl
 from webapp.datasets.sample_corpus import sample_corpus_text
+from webapp.datasets.sample_preference import SAMPLE_PAIRS_FILENAME, SAMPLE_PAIRS_NAME, sample_preference_jsonl
 from webapp.worker_door import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE
 
 IMPORT_SUFFIXES = (*SUFFIXES, ".txt")
@@ -74,13 +75,14 @@ class DatasetForm(forms.Form):
     source = forms.ChoiceField(choices=Dataset.Source.choices, initial=Dataset.Source.SAMPLE,
                                widget=forms.RadioSelect)
     file = forms.FileField(required=False, help_text=(
-        "A UTF-8 text corpus, or instruction or chat data: .jsonl, .ndjson, .json, .csv or .parquet."))
+        "A UTF-8 text corpus, or instruction, chat or preference data: .jsonl, .ndjson, .json, .csv or .parquet."))
     server_path = forms.CharField(
         required=False, max_length=MAX_PATH_CHARS,
         help_text="For a file too large to upload: its path relative to the server's import folder.")
     kind = forms.ChoiceField(choices=KIND_CHOICES, required=False, help_text=(
         "Instruction and chat data: what its rows hold. text: a text column; prompt_completion: a prompt and "
-        "its completion; alpaca: an instruction, an optional input and an output; messages: a conversation."))
+        "its completion; alpaca: an instruction, an optional input and an output; messages: a conversation; "
+        "preference: a prompt with a chosen and a rejected answer."))
     columns = forms.CharField(
         required=False, max_length=2_000, label="Columns", help_text=(
             "Instruction and chat data: the column of each role, when it is not found by its common names: "
@@ -139,6 +141,11 @@ class DatasetForm(forms.Form):
             cleaned.update(corpus=ContentFile(sample_chat_jsonl().encode("utf-8"), name=SAMPLE_CHAT_FILENAME),
                            filename=SAMPLE_CHAT_FILENAME, kind=Dataset.Kind.MESSAGES, columns={"messages": "messages"},
                            name=cleaned.get("name") or SAMPLE_CHAT_NAME)
+        elif source == Dataset.Source.SAMPLE_PAIRS:
+            cleaned.update(corpus=ContentFile(sample_preference_jsonl().encode("utf-8"), name=SAMPLE_PAIRS_FILENAME),
+                           filename=SAMPLE_PAIRS_FILENAME, kind=Dataset.Kind.PREFERENCE,
+                           columns={"prompt": "prompt", "chosen": "chosen", "rejected": "rejected"},
+                           name=cleaned.get("name") or SAMPLE_PAIRS_NAME)
         return cleaned
 
     @staticmethod

@@ -84,7 +84,7 @@ def instruction_dataset_build(dataset: Dataset) -> dict[str, int]:
         records = read_records(dataset.source_path, kind=Kind(dataset.kind), columns=dataset.columns,
                                max_decoded_bytes=settings.HYDRA.max_decoded_bytes)
     except RecordsError as error:
-        raise InstructionDataError(_named(str(error), dataset)) from None
+        raise InstructionDataError(file_named(str(error), dataset)) from None
     split = split_examples(records.examples, val_fraction=dataset.val_fraction)
     ordered = split.train + split.validation
     renderer = worker_door.chat_tokenizer(Tokenizer(models.BPE()))  # the default template needs no vocabulary
@@ -100,7 +100,7 @@ def instruction_dataset_build(dataset: Dataset) -> dict[str, int]:
     validation = [e for e in split.validation if e.line in kept]
     _check_split(len(train), len(validation), encoded)
 
-    with _Partials(dataset.directory) as partials:
+    with Partials(dataset.directory) as partials:
         tokenizer.save(str(partials.path(dataset.tokenizer_path)))
         _write_records(partials.path(dataset.records_path), train + validation)
         partials.path(dataset.bad_rows_path).write_text(
@@ -120,24 +120,14 @@ def instruction_tokens_build(tokens: DatasetTokens) -> dict[str, Any]:
     and save them to the row's ``examples_dir``; returns the row's figures. Examples the template refuses are
     left out, and the returned ``message`` says how many. Raises InstructionDataError when the tokenizer or
     the template cannot be used, or no example of a split is left."""
-    from transformers import AutoTokenizer
-
     dataset = tokens.dataset
-    try:
-        pretrained = AutoTokenizer.from_pretrained(tokens.tokenizer_dir, local_files_only=True)
-    except Exception as error:  # transformers raises OSError, ValueError or the tokenizer's own errors
-        raise InstructionDataError(f"{tokens.model_name}'s tokenizer could not be read from {tokens.tokenizer_dir} "
-                                   f"({type(error).__name__}: {str(error)[:200]}).") from None
-    try:
-        chat = worker_door.chat_tokenizer(pretrained, template=tokens.chat_template or None)
-    except worker_door.TemplateError as error:
-        raise InstructionDataError(f"{tokens.model_name}'s chat template cannot be used: {error}") from None
+    chat = pretrained_chat(tokens)
     rows = list(stored_rows(dataset.records_path))
-    encoded = worker_door.encode_examples(chat, rows, byte_lengths=token_byte_lengths(pretrained.backend_tokenizer))
+    encoded = worker_door.encode_examples(chat, rows, byte_lengths=token_byte_lengths(chat.backend_tokenizer))
     train_lines = {line for line, _, _ in rows[: dataset.train_examples]}
     n_train = sum(1 for line in encoded.lines if line in train_lines)
     _check_split(n_train, len(encoded.examples) - n_train, encoded)
-    with _Partials(dataset.directory) as partials:
+    with Partials(dataset.directory) as partials:
         encoded.examples.save(partials.path(tokens.examples_dir))
     message = ""
     if encoded.failed:
@@ -146,6 +136,22 @@ def instruction_tokens_build(tokens: DatasetTokens) -> dict[str, Any]:
                    f"{reason}")
     return {"n_tokens": len(encoded.examples.ids), "max_id": int(encoded.examples.ids.max()),
             "train_examples": n_train, "val_start": None, "message": message}
+
+
+def pretrained_chat(tokens: DatasetTokens) -> PreTrainedTokenizerBase:
+    """The pretrained tokenizer of a `DatasetTokens` row with its chat template (the row's, else the checkpoint's,
+    else ChatML). Raises InstructionDataError when the tokenizer cannot be read or the template used."""
+    from transformers import AutoTokenizer
+
+    try:
+        pretrained = AutoTokenizer.from_pretrained(tokens.tokenizer_dir, local_files_only=True)
+    except Exception as error:  # transformers raises OSError, ValueError or the tokenizer's own errors
+        raise InstructionDataError(f"{tokens.model_name}'s tokenizer could not be read from {tokens.tokenizer_dir} "
+                                   f"({type(error).__name__}: {str(error)[:200]}).") from None
+    try:
+        return worker_door.chat_tokenizer(pretrained, template=tokens.chat_template or None)
+    except worker_door.TemplateError as error:
+        raise InstructionDataError(f"{tokens.model_name}'s chat template cannot be used: {error}") from None
 
 
 def stored_rows(path: Path) -> Iterator[tuple[int, str | None, tuple[dict[str, str], ...]]]:
@@ -219,13 +225,13 @@ def _write_records(path: Path, examples: Sequence[Example]) -> None:
             file.write(json.dumps({"line": e.line, "text": e.text, "messages": list(e.messages)}) + "\n")
 
 
-def _named(message: str, dataset: Dataset) -> str:
+def file_named(message: str, dataset: Dataset) -> str:
     """A RecordsError's message about the stored file, naming the file as the user knows it."""
     stored = f"{dataset.source_path.name}: "
     return f"{Path(dataset.filename).name}: {message[len(stored):]}" if message.startswith(stored) else message
 
 
-class _Partials:
+class Partials:
     """Files and directories written under temporary names in `directory`, renamed into place (an earlier
     run's replaced) when the block ends without an error, and removed when it raises."""
 
@@ -239,7 +245,7 @@ class _Partials:
         self.moves.append((partial, final))
         return partial
 
-    def __enter__(self) -> _Partials:
+    def __enter__(self) -> Partials:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:

@@ -6,8 +6,8 @@ row. A file's layout maps every required role, and each optional one the file ha
 user names for it (``role=column`` on the form, the ``columns`` field of the API), else the first of the role's
 common names (`Role.names`) among the file's columns, matched exactly, then without regard to case. With no
 kind given, the kinds are tried in the order of `KIND_ROLES` (messages, alpaca, prompt_completion, text), and
-the first whose required roles all find a column is the file's. A kind of paired answers (prompt, chosen,
-rejected) would be one more entry there, read through the same mapping.
+the first whose required roles all find a column is the file's: a file with chosen and rejected columns holds
+preference pairs, whatever else it holds.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class Kind(StrEnum):
     PROMPT_COMPLETION = "prompt_completion"  # a prompt and its completion
     ALPACA = "alpaca"  # an instruction, an optional input, an output
     MESSAGES = "messages"  # a conversation: [{role, content}] (OpenAI) or [{from, value}] (ShareGPT)
+    PREFERENCE = "preference"  # a prompt (optional when the answers are conversations), a chosen and a rejected answer
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class Role:
 
 
 KIND_ROLES: dict[Kind, tuple[Role, ...]] = {
+    Kind.PREFERENCE: (Role("prompt", ("prompt", "question", "query"), required=False),
+                      Role("chosen", ("chosen", "chosen_response")),
+                      Role("rejected", ("rejected", "rejected_response"))),
     Kind.MESSAGES: (Role("messages", ("messages", "conversations", "conversation")),),
     Kind.ALPACA: (Role("instruction", ("instruction",)),
                   Role("input", ("input", "context"), required=False),

@@ -31,6 +31,7 @@ class Dataset(WebWork):
         IMPORT = "import", "File in the server's import folder"
         SAMPLE = "sample", "Built-in sample corpus"
         SAMPLE_CHAT = "sample_chat", "Built-in sample chat data"
+        SAMPLE_PAIRS = "sample_pairs", "Built-in sample preference pairs"
 
     class Kind(models.TextChoices):
         """A plain text corpus (token blocks), instruction data of one `records.Kind` (examples), or preference

@@ -75,6 +75,65 @@ def chat_messages(row: Row, column: str) -> tuple[Message, ...]:
     return messages
 
 
+def preference_messages(row: Row, columns: Columns) -> tuple[tuple[Message, ...], ...]:
+    """(prompt, chosen, rejected) messages of a preference pair. An answer is a string (the assistant's message)
+    or a list of messages; the prompt, a string (the user's message) or a list of messages, may be left out when
+    both answers are lists, whose shared prompt turns are then every message before each one's closing assistant
+    turns. An answer list that begins with the prompt's turns (UltraFeedback's layout) is read from after them.
+    Raises BadValue for a missing or malformed value, an answer without a closing assistant turn, prompt turns
+    that differ, and two answers that are the same."""
+    given = columns.get("prompt")
+    prompt = _conversation(row, given, "user") if given is not None and row.get(given) is not None else None
+    answers = [_conversation(row, columns[which], "assistant") for which in ("chosen", "rejected")]
+    if prompt is None:
+        if not all(isinstance(row.get(columns[which]), list) for which in ("chosen", "rejected")):
+            raise BadValue(f"missing '{given or 'prompt'}': answers given as strings need a prompt")
+        cuts = [_last_prompt_turn(answer, columns[which]) for answer, which in zip(answers, ("chosen", "rejected"),
+                                                                                   strict=True)]
+        prompt = answers[0][: cuts[0]]
+        if answers[1][: cuts[1]] != prompt:
+            raise BadValue(f"the prompt turns of '{columns['chosen']}' and '{columns['rejected']}' differ: both "
+                           "must begin with the same messages before their answers")
+        answers = [answer[cut:] for answer, cut in zip(answers, cuts, strict=True)]
+    else:
+        answers = [answer[len(prompt):] if answer[: len(prompt)] == prompt else answer for answer in answers]
+    for answer, which in zip(answers, ("chosen", "rejected"), strict=True):
+        if not answer:
+            raise BadValue(f"'{columns[which]}' holds only the prompt's turns, no answer")
+        if answer[-1]["role"] != "assistant":
+            raise BadValue(f"'{columns[which]}' does not end with an assistant turn")
+    if answers[0] == answers[1]:
+        raise BadValue(f"'{columns['chosen']}' and '{columns['rejected']}' are the same answer")
+    return prompt, answers[0], answers[1]
+
+
+def _conversation(row: Row, column: str, role: str) -> tuple[Message, ...]:
+    """The value in `column`: a string as one message of `role`, or a list of messages."""
+    value = row.get(column)
+    if isinstance(value, list):
+        if not value:
+            raise BadValue(f"'{column}' is an empty list")
+        try:
+            return tuple(_message(message, number) for number, message in enumerate(value, 1))
+        except BadValue as error:
+            raise BadValue(f"'{column}': {error}") from None
+    if value is not None and not isinstance(value, str):
+        raise BadValue(f"'{column}' is {described(value)}, not a string or a list of messages")
+    return ({"role": role, "content": nonempty_string(row, column)},)
+
+
+def _last_prompt_turn(messages: tuple[Message, ...], column: str) -> int:
+    """Where the closing assistant turns of a conversation begin: the messages before them are its prompt."""
+    if messages[-1]["role"] != "assistant":
+        raise BadValue(f"'{column}' does not end with an assistant turn")
+    cut = len(messages)
+    while cut and messages[cut - 1]["role"] == "assistant":
+        cut -= 1
+    if cut == 0:
+        raise BadValue(f"'{column}' has no prompt turn before its answer; give the prompt in its own column")
+    return cut
+
+
 def described(value: object) -> str:
     """`value`'s type with its article, in JSON's word for a dict: "a str", "an int", "an object"."""
     name = "object" if isinstance(value, dict) else type(value).__name__

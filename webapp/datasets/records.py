@@ -1,9 +1,10 @@
 """Read instruction and chat data files into normalized examples, every bad row counted by its line.
 
 A file holds rows of one `Kind`, whose roles are read from the columns its `Layout` names (`layouts`).
-`read_records` turns each row into an `Example` (plain text, or a conversation of ``{"role", "content"}``
-messages whose roles are in `ROLES`), or into a `BadRow` saying where and why (`record_rows` holds the
-per-row rules, `file_rows` and `parquet_rows` the rules of each format and the limits of a row). A bad row never
+`read_records` turns each row into an `Example` (plain text, a conversation of ``{"role", "content"}``
+messages whose roles are in `ROLES`, or a preference pair: a prompt's messages and two answers'), or into a
+`BadRow` saying where and why (`record_rows` holds the per-row rules, `file_rows` and `parquet_rows` the rules
+of each format and the limits of a row). A bad row never
 stops the read. A file with no usable row, columns that fit no kind or not the one given, or an unsupported
 format raises `RecordsError`.
 
@@ -26,6 +27,7 @@ from webapp.datasets.record_rows import (
     alpaca_messages,
     chat_messages,
     described,
+    preference_messages,
     prompt_completion_messages,
     text_value,
 )
@@ -41,7 +43,10 @@ BAD_ROWS_KEPT = 1_000
 class Example:
     line: int  # 1-based line (JSONL, CSV: where the row starts) or row number (JSON array, Parquet)
     text: str | None  # Kind.TEXT only
-    messages: tuple[dict[str, str], ...]  # other kinds: ({"role": ..., "content": ...}, ...), roles in ROLES
+    messages: tuple[dict[str, str], ...]  # other kinds: ({"role": ..., "content": ...}, ...), roles in ROLES;
+    # Kind.PREFERENCE: the prompt shared by its two answers
+    chosen: tuple[dict[str, str], ...] = ()  # Kind.PREFERENCE only: the answers' messages
+    rejected: tuple[dict[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,9 @@ def _example(line: int, row: dict[str, object], layout: Layout) -> Example:
         return Example(line=line, text=text_value(row, columns), messages=())
     if kind is Kind.MESSAGES:
         return Example(line=line, text=None, messages=chat_messages(row, columns["messages"]))
+    if kind is Kind.PREFERENCE:
+        prompt, chosen, rejected = preference_messages(row, columns)
+        return Example(line=line, text=None, messages=prompt, chosen=chosen, rejected=rejected)
     if kind is Kind.ALPACA:
         return Example(line=line, text=None, messages=alpaca_messages(row, columns))
     return Example(line=line, text=None, messages=prompt_completion_messages(row, columns))

@@ -53,6 +53,23 @@ def dataset_examples_preview(*, dataset: Dataset) -> dict[str, object]:
     return {**preview, "examples": examples, "bad_rows": bad_rows}
 
 
+def dataset_pairs_preview(*, dataset: Dataset) -> dict[str, object]:
+    """What the web worker wrote for a ready preference dataset's page: its first training pairs, each with its
+    ``prompt``, ``chosen`` and ``rejected`` messages as ``{"text", "role"}`` segments (each part cut to
+    `EXAMPLE_CHARS_SHOWN` characters, its ``*_hidden`` saying how many more there are) and token counts, the pairs
+    too long for each max_seq_len, and the first `BAD_ROWS_SHOWN` bad rows."""
+    preview = json.loads(dataset.preview_path.read_text(encoding="utf-8"))
+    bad_rows = json.loads(dataset.bad_rows_path.read_text(encoding="utf-8"))[:BAD_ROWS_SHOWN]
+    pairs = []
+    for pair in preview["pairs"]:
+        shown = dict(pair)
+        for part in ("prompt", "chosen", "rejected"):
+            cut = _cut([{"text": m["content"], "role": m["role"]} for m in pair[part]], EXAMPLE_CHARS_SHOWN)
+            shown[part], shown[f"{part}_hidden"] = cut["segments"], cut["hidden"]
+        pairs.append(shown)
+    return {**preview, "pairs": pairs, "bad_rows": bad_rows}
+
+
 def _cut(segments: list[dict[str, object]], chars: int) -> dict[str, object]:
     """The first `chars` characters of `segments` (``{"text", ...}`` pieces in order, the last one shown cut) as
     ``segments``, and the characters left out as ``hidden``."""

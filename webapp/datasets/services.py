@@ -1,5 +1,6 @@
 """Writes about datasets. A dataset's files and its row appear together or not at all; the tokenizer and the
-token ids follow from the web worker (`dataset_tokenize`; for instruction data, `webapp.datasets.instruction`)."""
+token ids follow from the web worker (`dataset_tokenize`; for instruction data, `webapp.datasets.instruction`, for
+preference pairs `webapp.datasets.preference`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from django.contrib.auth.models import AbstractBaseUser
@@ -25,6 +27,7 @@ from webapp.background.outbox import work_enqueue
 from webapp.background.task_limits import memory_note
 from webapp.datasets.instruction import InstructionDataError, instruction_dataset_build, instruction_tokens_build
 from webapp.datasets.models import Dataset, DatasetTokens, datasets_root, template_sha256
+from webapp.datasets.preference import preference_dataset_build, preference_tokens_build
 from webapp.datasets.tokenization import TokenizedCorpus, encode_split, tokenize_corpus, validation_offset
 from webapp.worker_door import TOKENIZER_JSON
 
@@ -126,7 +129,7 @@ def dataset_tokenize(*, dataset_id: int) -> None:
         return
     pending = Dataset.objects.filter(pk=dataset_id, status=Dataset.Status.TOKENIZING)
     try:
-        figures = instruction_dataset_build(dataset) if dataset.is_instruction else _tokenize_corpus(dataset)
+        figures = _dataset_build(dataset)
     except (CorpusError, InstructionDataError) as error:
         pending.update(status=Dataset.Status.FAILED, message=str(error))
         return
@@ -145,6 +148,12 @@ def dataset_tokenize(*, dataset_id: int) -> None:
             "upload it again, or ask an administrator to look at the web worker's log."))
         return
     pending.update(status=Dataset.Status.READY, message="", **figures)
+
+
+def _dataset_build(dataset: Dataset) -> dict[str, Any]:
+    if dataset.is_preference:
+        return preference_dataset_build(dataset)
+    return instruction_dataset_build(dataset) if dataset.is_instruction else _tokenize_corpus(dataset)
 
 
 def _tokenize_corpus(dataset: Dataset) -> dict[str, int]:
@@ -210,7 +219,7 @@ def dataset_tokens_build(*, tokens_id: int) -> None:
         return
     pending = DatasetTokens.objects.filter(pk=tokens_id, status=DatasetTokens.Status.TOKENIZING)
     try:
-        figures = instruction_tokens_build(tokens) if tokens.dataset.is_instruction else _encode_corpus(tokens)
+        figures = _tokens_build(tokens)
     except (CorpusError, InstructionDataError) as error:
         pending.update(status=DatasetTokens.Status.FAILED, message=str(error))
         return
@@ -225,6 +234,12 @@ def dataset_tokens_build(*, tokens_id: int) -> None:
             f"Tokenizing with {tokens.model_name}'s tokenizer failed ({type(error).__name__}: {error})."))
         return
     pending.update(**({"status": DatasetTokens.Status.READY, "message": ""} | figures))
+
+
+def _tokens_build(tokens: DatasetTokens) -> dict[str, Any]:
+    if tokens.dataset.is_preference:
+        return preference_tokens_build(tokens)
+    return instruction_tokens_build(tokens) if tokens.dataset.is_instruction else _encode_corpus(tokens)
 
 
 def _encode_corpus(tokens: DatasetTokens) -> dict[str, int | None]:

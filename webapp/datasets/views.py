@@ -53,12 +53,15 @@ def dataset_list(request: HttpRequest) -> HttpResponse:
 @team_required
 def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
     dataset = selectors.dataset_get(team=request.team, dataset_id=dataset_id)
-    corpus, examples = dataset.is_ready and not dataset.is_instruction, dataset.is_ready and dataset.is_instruction
+    corpus = dataset.is_ready and not dataset.is_instruction
+    examples = dataset.is_ready and dataset.is_instruction and not dataset.is_preference
+    pairs = dataset.is_ready and dataset.is_preference
     return render(
         request, "datasets/dataset_detail.html",
         {
             "dataset": dataset, "preview": selectors.dataset_preview(dataset=dataset) if corpus else None,
             "examples": selectors.dataset_examples_preview(dataset=dataset) if examples else None,
+            "pairs": selectors.dataset_pairs_preview(dataset=dataset) if pairs else None,
             "can_delete": selectors.dataset_can_delete(user=request.user, dataset=dataset),
             "token_sets": dataset.token_sets.order_by("model_name"),
         },

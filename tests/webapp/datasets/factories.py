@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 from django.conf import LazySettings
@@ -14,7 +15,9 @@ from django.urls import reverse
 
 from webapp.accounts.models import Team
 from webapp.datasets.models import Dataset
+from webapp.datasets.sample_preference import SAMPLE_PAIRS_FILENAME, sample_preference_rows
 from webapp.datasets.services import dataset_create, dataset_tokenize
+from worker.engine.tokenizer import END_OF_TEXT, train_tokenizer
 
 TINY_CORPUS = (
     "The quick brown fox jumps over the lazy dog. A hydra has many heads, and each head trains a model.\n"
@@ -57,3 +60,32 @@ def upload_and_build(client: Client, filename: str, content: bytes, /, **fields:
     dataset_tokenize(dataset_id=dataset.pk)
     dataset.refresh_from_db()
     return dataset
+
+
+def make_preference_dataset(team: Team, name: str = "pairs", *, pairs: int | None = None,
+                            rows: list[dict[str, object]] | None = None, vocab_size: int = 1000,
+                            val_fraction: float = 0.1) -> Dataset:
+    """A ready preference dataset, built here as the web worker would: the built-in sample's pairs (the first
+    `pairs` of them, all when None) or `rows` of ``{"prompt", "chosen", "rejected"}`` (strings or messages)."""
+    chosen = rows if rows is not None else sample_preference_rows()[:pairs]
+    content = "".join(json.dumps(row) + "\n" for row in chosen).encode()
+    dataset = dataset_create(
+        team=team, user=None, name=name, corpus=ContentFile(content), source=Dataset.Source.SAMPLE_PAIRS,
+        vocab_size=vocab_size, val_fraction=val_fraction, filename=SAMPLE_PAIRS_FILENAME,
+        kind=Dataset.Kind.PREFERENCE, columns={"prompt": "prompt", "chosen": "chosen", "rejected": "rejected"},
+    )
+    dataset_tokenize(dataset_id=dataset.pk)
+    dataset.refresh_from_db()
+    assert dataset.status == Dataset.Status.READY, dataset.message
+    return dataset
+
+
+def pretrained_tokenizer_dir(path: Path) -> Path:
+    """A tokenizer directory as ``save_pretrained`` writes it: a byte-level BPE with an end-of-text token."""
+    from transformers import PreTrainedTokenizerFast
+
+    text = "### user:\n### assistant:\nWhat is 2 + 2? Capital of France? Paris. Blue. Green. Yes.\n" * 20
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(text, vocab_size=300),
+                                        eos_token=END_OF_TEXT)
+    tokenizer.save_pretrained(path)
+    return path

@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.utils.html import escape
 from tokenizers import Tokenizer
 
-from tests.webapp.datasets.factories import upload, upload_and_build
+from tests.webapp.datasets.factories import pretrained_tokenizer_dir, upload, upload_and_build
 from webapp.datasets import services
 from webapp.datasets.instruction import LENGTH_LIMITS, split_examples
 from webapp.datasets.models import Dataset, DatasetTokens
@@ -27,7 +27,7 @@ from webapp.datasets.records import Example
 from webapp.datasets.sample_chat import CONVERSATIONS
 from worker.engine.chat import PROMPT
 from worker.engine.examples import ExampleSet
-from worker.engine.tokenizer import END_OF_TEXT, train_tokenizer
+from worker.engine.tokenizer import END_OF_TEXT
 
 pytestmark = pytest.mark.django_db
 
@@ -275,17 +275,6 @@ def test_another_team_cannot_see_the_preview(alice_client, bob_client):
 
 TEMPLATE = ("{% for m in messages %}### {{ m['role'] }}:\n{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}### assistant:\n{% endif %}")
-
-
-def pretrained_tokenizer_dir(path: Path) -> Path:
-    """A tokenizer directory as ``save_pretrained`` writes it: a byte-level BPE with an end-of-text token."""
-    from transformers import PreTrainedTokenizerFast
-
-    text = "### user:\n### assistant:\nWhat is 2 + 2? Capital of France? Paris. Blue. Green. Yes.\n" * 20
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(text, vocab_size=300),
-                                        eos_token=END_OF_TEXT)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def test_a_pretrained_tokenizer_encodes_the_examples_with_its_chat_template(alice_client, tmp_path):

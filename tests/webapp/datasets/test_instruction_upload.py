@@ -74,7 +74,7 @@ def test_a_confirmed_kind_is_kept_when_the_columns_allow_both(alice_client):
 
 @pytest.mark.parametrize(("name", "content", "fields", "message"), [
     ("odd.jsonl", jsonl({"title": "a", "body": "b"}),
-     {}, "odd.jsonl: no known columns: found 'title', 'body'; accepted: messages: messages/conversations"),
+     {}, "odd.jsonl: no known columns: found 'title', 'body'; accepted: preference: chosen/chosen_response"),
     ("chat.jsonl", jsonl(CHAT), {"kind": "alpaca"},
      "chat.jsonl: kind 'alpaca' needs instruction + output/response/answer (optional: input/context); found "
      "'messages'"),

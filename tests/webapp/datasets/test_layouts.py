@@ -56,12 +56,12 @@ def test_a_column_given_to_one_role_is_not_found_for_another():
 
 
 @pytest.mark.parametrize(("columns", "kind", "given", "message"), [
-    (["a"], None, {"promt": "a"}, "no role 'promt'; the roles are messages, instruction, input, output, prompt, "
-                                   "completion, text"),
+    (["a"], None, {"promt": "a"}, "no role 'promt'; the roles are prompt, chosen, rejected, messages, instruction, "
+                                   "input, output, completion, text"),
     (["a", "b"], Kind.TEXT, {"prompt": "a"}, "kind 'text' has the roles text; not 'prompt'"),
     (["a", "b"], None, {"prompt": "c"}, "no column 'c' in the file; found 'a', 'b'"),
-    (["a", "b"], None, {"prompt": "a", "text": "b"}, "no kind has all the roles 'prompt', 'text': messages has "
-                                                     "messages; alpaca has instruction, input (optional), output;"),
+    (["a", "b"], None, {"prompt": "a", "text": "b"}, "no kind has all the roles 'prompt', 'text': preference "
+                                                     "has prompt (optional), chosen, rejected; messages has messages;"),
 ])
 def test_a_role_or_column_given_that_does_not_fit_is_a_layout_error(columns, kind, given, message):
     with pytest.raises(LayoutError) as raised:
@@ -113,3 +113,21 @@ def test_a_message_lists_the_first_columns_cut_short():
 def test_a_layout_reading_roles_from_their_own_columns_is_plain():
     assert Layout(Kind.ALPACA, {"instruction": "instruction", "output": "output"}).plain
     assert not Layout(Kind.PROMPT_COMPLETION, {"prompt": "question", "completion": "completion"}).plain
+
+
+@pytest.mark.parametrize(("columns", "expected"), [
+    (["prompt", "chosen", "rejected"], {"prompt": "prompt", "chosen": "chosen", "rejected": "rejected"}),
+    (["chosen", "rejected"], {"chosen": "chosen", "rejected": "rejected"}),
+    (["prompt", "prompt_id", "chosen", "rejected", "messages", "score_chosen"],  # UltraFeedback's columns
+     {"prompt": "prompt", "chosen": "chosen", "rejected": "rejected"}),
+    (["Question", "Chosen_Response", "Rejected_Response"],
+     {"prompt": "Question", "chosen": "Chosen_Response", "rejected": "Rejected_Response"}),
+])
+def test_a_file_with_chosen_and_rejected_columns_holds_preference_pairs(columns, expected):
+    assert layout_for(columns, kind=None, given={}) == Layout(Kind.PREFERENCE, expected)
+
+
+def test_a_prompt_given_without_answers_is_still_a_prompt_and_completion():
+    assert layout_for(["q", "completion"], kind=None, given={"prompt": "q"}).kind is Kind.PROMPT_COMPLETION
+    assert layout_for(["q", "good", "bad"], kind=None, given={"prompt": "q", "chosen": "good",
+                                                              "rejected": "bad"}).kind is Kind.PREFERENCE

@@ -271,7 +271,8 @@ def test_it_refuses_columns_of_no_kind_naming_the_found_and_the_accepted(tmp_pat
     with pytest.raises(RecordsError) as raised:
         read_records(path)
     assert str(raised.value) == (
-        "odd.csv: no known columns: found 'title', 'body'; accepted: messages: messages/conversations/conversation; "
+        "odd.csv: no known columns: found 'title', 'body'; accepted: preference: chosen/chosen_response + "
+        "rejected/rejected_response (optional: prompt/question/query); messages: messages/conversations/conversation; "
         "alpaca: instruction + output/response/answer (optional: input/context); prompt_completion: "
         "prompt/question/query/input + completion/response/answer/output; text: text. Or name the column of each "
         "role under Columns, e.g. prompt=question, completion=answer"
