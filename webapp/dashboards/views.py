@@ -255,12 +255,13 @@ def _metric_rows(experiment: Experiment) -> Iterator[list[object]]:
 def dataset_leaderboard(request: HttpRequest, dataset_id: int) -> HttpResponse:
     """The team's board on a dataset as a chart beside its table (the leaderboards app ranks, we draw)."""
     dataset = team_scoped_get(Dataset.objects.all(), team=request.team, pk=dataset_id)
-    metric = metric_get(request.GET.get("metric"))
+    metric = metric_get(request.GET.get("metric"), dataset=dataset)
     rows = team_board(team=request.team, dataset=dataset, metric=metric, limit=50)
     chart_rows = [(f"{r['experiment']} #{r['number']}", r["value"]) for r in rows]
     return render(request, "dashboards/leaderboard.html", {
         "dataset": dataset,
         "metric": metric,
         "rows": rows,
-        "leaderboard_figure": figures.leaderboard(chart_rows, metric=metric.label.lower()),
+        "leaderboard_figure": figures.leaderboard(chart_rows, metric=metric.label.lower(),
+                                                  direction=metric.direction),
     })

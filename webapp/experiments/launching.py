@@ -102,6 +102,7 @@ def trial_launch(*, trial: Trial) -> None:
     trial.step, trial.remaining_s, trial.started, trial.finished = 0, None, None, None
     trial.best_val_loss = trial.best_val_ppl = None
     trial.final_bpb = trial.final_loss = trial.final_ppl = trial.final_step = trial.final_eval_bytes = None
+    trial.final_reward_accuracy = trial.final_reward_margin = None
     trial.checkpoint_step, trial.checkpoint_at = None, None  # an attempt's checkpoints are its own
     trial.save()
     if job is not None:
