@@ -205,7 +205,8 @@ def cross_team_board(*, dataset: Dataset, metric: Metric, holdout_bytes: int | N
     )
     return [
         {"rank": rank, "team": trial.experiment.team.name, "team_id": trial.experiment.team_id,
-         "value": getattr(trial, metric.field), "cells": _cells(trial, metric), "bpb": trial.final_bpb, "ppl": trial.final_ppl,
+         "value": getattr(trial, metric.field), "cells": _cells(trial, metric), "bpb": trial.final_bpb,
+         "ppl": trial.final_ppl,
          "loss": trial.final_loss, "reward_accuracy": trial.final_reward_accuracy,
          "reward_margin": trial.final_reward_margin, "params": trial.params, "finished": trial.finished}
         for rank, trial in enumerate(best, start=1)
