@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET
 
 from webapp.accounts.selectors import team_scoped_get
 from webapp.csv_cells import csv_lines
-from webapp.dashboards import figures, selectors
+from webapp.dashboards import figures, reward_figures, selectors
 from webapp.datasets.http import team_required
 from webapp.datasets.models import Dataset
 from webapp.ground.models import Experiment, Trial
@@ -108,6 +108,7 @@ def experiment_curves(request: HttpRequest, experiment_id: int) -> HttpResponse:
         "curves_figure": figures.learning_curves(curves, x=x, metric=metric, smoothing=smoothing, log_y=log_y),
         "parallel_figure": figures.hyperparameters(trials, metric=metric),
         "scatter_figure": figures.hyperparameter_scatter(trials, metric=metric),
+        "reward_figure": reward_figures.reward_curves(selectors.reward_curves(trials=trials), trials),
         "state": state,
     })
 
@@ -149,11 +150,12 @@ def _trial_rows(trials: list[selectors.TrialInfo]) -> dict[str, dict[str, Any]]:
 
 def trial_curves(trial: Trial) -> dict[str, Any]:
     """The trial page's own learning curves: the figure and the poll state ``dashboards.js`` keeps them live
-    with (``figure``, ``state``)."""
+    with (``figure``, ``state``), and a DPO trial's rewards (``rewards``; None for any other trial)."""
     trials = selectors.trial_infos([trial])
     curves = selectors.curves(trials=trials)
     return {
         "figure": figures.learning_curves(curves),
+        "rewards": reward_figures.reward_curves(selectors.reward_curves(trials=trials), trials),
         "state": {"kind": "curves", "url": reverse("dashboard_trial_curves_data", args=[trial.pk]),
                   "cursor": {"after_step": curves.cursor.step, "after_eval": curves.cursor.eval},
                   "running": trial.is_active, "poll_ms": POLL_MS, "smoothing": figures.DEFAULT_SMOOTHING},
