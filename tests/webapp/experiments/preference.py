@@ -1,7 +1,7 @@
 """Preference data for the experiment tests: a ready preference dataset whose pair set is encoded by the engine's
 own `encode_pairs` with a catalog checkpoint's tokenizer (its ``examples/`` set, and the same pairs as that
 checkpoint's `DatasetTokens` set, ready, as the web worker would leave them), so that DPO experiments on the
-checkpoint train at once; and the held-out rows a DPO trial declares, counted from the pair set."""
+checkpoint train at once; a DPO experiment on them, made through the services; and the held-out rows a DPO trial declares, counted from the pair set."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.webapp.experiments.factories import make_experiment
 from webapp.accounts.models import Team
 from webapp.catalog.models import Checkpoint
 from webapp.catalog.selectors import checkpoint_dir
 from webapp.datasets.models import Dataset, DatasetTokens, template_sha256
 from webapp.datasets.tokenization import token_byte_lengths
+from webapp.experiments.model_shapes import checkpoint_shape
+from webapp.ground.models import Experiment
 
 ANIMALS = ("cat", "dog", "owl", "fox", "bee", "cow", "elk", "ant", "hen", "yak", "eel", "ram")
 N_PAIRS, N_TRAIN = 24, 20  # 4 held out
@@ -66,3 +69,15 @@ def held_out_rows(examples_dir: Path | str, *, seq_len: int) -> int:
     """The rows of a DPO trial's final evaluation: two for each held-out pair both of whose sequences fit."""
     lengths = np.diff(np.load(Path(examples_dir) / "starts.npy")).reshape(-1, 2)
     return 2 * int((lengths[N_TRAIN:].max(axis=1) <= seq_len).sum())
+
+
+DPO_SPACE = {"dpo_beta": {"values": [0.1]}, "lora_r": {"values": [4]}, "batch_size": {"values": [4]},
+             "seq_len": {"values": [78]}}
+
+
+def dpo_experiment(team: Team, dataset: Dataset, checkpoint: Checkpoint, **fields: object) -> Experiment:
+    """A DPO experiment of `team` on `dataset` and `checkpoint` (by default one LoRA trial of beta 0.1)."""
+    values: dict[str, object] = {"space": DPO_SPACE, "objective": "dpo", "shape": checkpoint_shape(checkpoint.pk),
+                                 "model": {"kind": "checkpoint", "checkpoint": checkpoint.pk,
+                                           "checkpoint_name": checkpoint.name}}
+    return make_experiment(team, dataset, **(values | fields))
