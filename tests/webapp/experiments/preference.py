@@ -1,7 +1,8 @@
 """Preference data for the experiment tests: a ready preference dataset whose pair set is encoded by the engine's
 own `encode_pairs` with a catalog checkpoint's tokenizer (its ``examples/`` set, and the same pairs as that
 checkpoint's `DatasetTokens` set, ready, as the web worker would leave them), so that DPO experiments on the
-checkpoint train at once; a DPO experiment on them, made through the services; and the held-out rows a DPO trial declares, counted from the pair set."""
+checkpoint train at once; a DPO experiment on them, made through the services; and the held-out rows a DPO
+trial declares, counted from the pair set."""
 
 from __future__ import annotations
 

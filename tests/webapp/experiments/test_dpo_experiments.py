@@ -51,9 +51,10 @@ def test_dpo_beta_is_a_log_scale_parameter_and_a_bad_beta_or_loss_type_is_refuse
     assert space.to_dict() == {"dpo_beta": {"kind": "logfloat", "low": 0.03, "high": 0.3},
                                "dpo_loss_type": {"kind": "categorical", "values": ["sigmoid", "ipo"]}}
     for bad, says in [({"dpo_beta": 0}, "outside"), ({"dpo_beta": -0.1}, "outside"),
-                      ({"dpo_beta": "strong"}, "not a number"), ({"dpo_beta": {"kind": "logfloat", "low": 0,
-                                                                               "high": 1}}, "outside"),
-                      ({"dpo_loss_type": "hinge"}, "not one of sigmoid, ipo"), ({"beta": 0.1}, "did you mean dpo_beta")]:
+                      ({"dpo_beta": "strong"}, "not a number"),
+                      ({"dpo_beta": {"kind": "logfloat", "low": 0, "high": 1}}, "outside"),
+                      ({"dpo_loss_type": "hinge"}, "not one of sigmoid, ipo"),
+                      ({"beta": 0.1}, "did you mean dpo_beta")]:
         with pytest.raises(SearchSpaceError, match=says):
             parse_search_space(bad)
 
