@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from webapp.experiments.model_shapes import ModelChoiceError, ModelShape
 from webapp.experiments.search_space import PARAMETERS, SearchSpace, SearchSpaceError, Value
-from webapp.worker_door import PRUNER_METRICS, DpoSpec
+from webapp.worker_door import DpoSpec
 
 if TYPE_CHECKING:
     from webapp.datasets.models import Dataset
@@ -99,14 +99,6 @@ def check_even_batches(space: SearchSpace) -> None:
                                        "each. Use even batch sizes (per micro-batch).",
                                        parameter="batch_size" if batch is not None else "micro_batches",
                                        field="values")
-
-
-def check_pruner_metric(pruner: dict[str, Any] | None) -> None:
-    """A stored pruner's metric is one the workers know (`PRUNER_METRICS`)."""
-    metric = (pruner or {}).get("metric", "loss")
-    if metric not in PRUNER_METRICS:
-        raise SearchSpaceError(f"pruner: metric {metric!r} is not one of {', '.join(PRUNER_METRICS)}.",
-                               field="pruner_metric")
 
 
 def dpo_spec(values: dict[str, Value], *, objective: str) -> DpoSpec | None:

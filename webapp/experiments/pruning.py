@@ -15,7 +15,7 @@ from django.db.models import Max
 
 from webapp.experiments.search_space import PRUNER_KEY, SearchSpaceError, quote
 from webapp.ground.models import Experiment, Trial
-from webapp.worker_door import JobError, PrunerSpec, PruningJob
+from webapp.worker_door import PRUNER_METRICS, JobError, PrunerSpec, PruningJob
 
 FIELDS = ("kind", "metric", "min_resource", "reduction_factor", "min_early_stopping_rate", "n_startup_trials",
           "n_warmup_steps")
@@ -25,6 +25,7 @@ METRIC_LABELS = {"loss": "validation loss (lower is better; a DPO trial's DPO lo
                  "bpb": "bits per byte (lower is better; a DPO trial's of its chosen answers)",
                  "reward_accuracy": "preference accuracy (DPO; higher is better)",
                  "reward_margin": "reward margin (DPO; higher is better)"}
+assert set(METRIC_LABELS) == set(PRUNER_METRICS), "a label for each metric the workers know"
 MAX_STEPS = 10_000_000
 
 

@@ -41,6 +41,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from webapp.worker_door import DPO_LOSS_TYPES
+
 Kind = Literal["categorical", "int", "float", "logfloat"]
 KINDS: tuple[Kind, ...] = ("categorical", "int", "float", "logfloat")
 GRID_CAP = 256  # most trials a grid may expand to
@@ -155,7 +157,7 @@ PARAMETERS: dict[str, ParameterDef] = {
         ParameterDef("dpo_beta", "DPO beta (objective dpo: how far from the reference the rewards may pull; TRL's "
                      "beta)", float, ("categorical", "float", "logfloat"), 0.1, 1e-6, 1000.0),
         ParameterDef("dpo_loss_type", "DPO loss (objective dpo: sigmoid, DPO's own; ipo, IPO's squared loss)", str,
-                     ("categorical",), "sigmoid", choices=("sigmoid", "ipo")),
+                     ("categorical",), "sigmoid", choices=DPO_LOSS_TYPES),
         ParameterDef("n_embd", "width (embedding size)", int, ("categorical", "int"), 0, 8, 16_384,
                      architecture=True),
         ParameterDef("n_layer", "depth (transformer blocks)", int, ("categorical", "int"), 0, 1, 256,
