@@ -149,3 +149,10 @@ def test_a_dpo_sweep_s_trials_train_on_pairs_with_beta_and_declare_their_held_ou
         shown = {s.name: s.value for s in trial_settings(trial)}
         assert (shown["dpo_beta"], shown["dpo_loss_type"]) == (trial.params["dpo_beta"], "sigmoid")
         assert "loss_on" not in shown
+
+
+def test_an_epoch_of_a_dpo_trial_is_two_rows_a_training_pair(alice_team, prefs, checkpoint):
+    form = bound(alice_team, dpo_data(prefs, checkpoint, budget_unit="epochs", budget=1))
+    assert form.is_valid(), form.errors
+    experiment = services.experiment_create(team=alice_team, user=None, draft=form.cleaned_data["draft"])
+    assert {t.total_steps for t in experiment.trials.all()} == {2 * N_TRAIN // 4}  # batches of 4 rows: 2 pairs
