@@ -5,6 +5,7 @@ experiment), and the specs, held-out rows and memory plans of the trials of a DP
 from __future__ import annotations
 
 import pytest
+from django.urls import reverse
 
 from tests.webapp.experiments.instruction import chat_checkpoint, chat_dataset
 from tests.webapp.experiments.preference import N_PAIRS, N_TRAIN, held_out_rows, preference_dataset
@@ -156,3 +157,21 @@ def test_an_epoch_of_a_dpo_trial_is_two_rows_a_training_pair(alice_team, prefs, 
     assert form.is_valid(), form.errors
     experiment = services.experiment_create(team=alice_team, user=None, draft=form.cleaned_data["draft"])
     assert {t.total_steps for t in experiment.trials.all()} == {2 * N_TRAIN // 4}  # batches of 4 rows: 2 pairs
+
+
+def test_the_pages_offer_the_objective_and_show_a_dpo_experiment_s_setup(alice_client, alice_team, prefs, checkpoint):
+    form = alice_client.get(reverse("experiment_create")).content.decode()
+    assert '<option value="dpo">Preference tuning (DPO)</option>' in form
+    assert '<option value="reward_accuracy">preference accuracy (DPO; higher is better)</option>' in form
+    experiment = services.experiment_create(team=alice_team, user=None, draft=_draft(alice_team, prefs, checkpoint))
+    page = alice_client.get(reverse("experiment_detail", args=[experiment.pk])).content.decode()
+    assert '<dd id="objective">Preference tuning (DPO)</dd>' in page
+    assert '<span class="param">dpo_beta=searched</span> <span class="param">dpo_loss_type=sigmoid</span>' in page
+    assert "every held-out pair that fits max_seq_len" in page
+    assert "trials compared by reward margin (DPO; higher is better)" in page
+
+
+def _draft(team, dataset, checkpoint):
+    form = bound(team, dpo_data(dataset, checkpoint, pruner="asha", pruner_metric="reward_margin"))
+    assert form.is_valid(), form.errors
+    return form.cleaned_data["draft"]
