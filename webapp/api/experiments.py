@@ -21,7 +21,7 @@ from webapp.experiments.events import trial_events_sync_quietly
 from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet
 from webapp.experiments.listing import ExperimentListQuery, experiments_listed, trials_sorted
 from webapp.experiments.objective import DPO_PARAMETERS
-from webapp.experiments.search_space import PARAMETERS
+from webapp.experiments.search_space import OBJECTIVE_KEY, PARAMETERS
 from webapp.ground.models import Experiment, ExperimentPreview
 
 router = Router(tags=["experiments"])
@@ -277,7 +277,8 @@ def experiment_clone(request: HttpRequest, experiment_id: int, changes: Experime
     source = selectors.experiment_get(team=team_of(request), experiment_id=experiment_id)
     body: dict[str, Any] = {
         "name": f"{source.name} (copy)"[:120], "dataset": source.dataset_id,
-        "space": selectors.experiment_spec(source), "strategy": source.strategy, "n_trials": source.n_trials,
+        "space": {key: value for key, value in selectors.experiment_spec(source).items() if key != OBJECTIVE_KEY},
+        "objective": source.objective, "strategy": source.strategy, "n_trials": source.n_trials,
         "budget_unit": source.budget_unit, "budget": source.budget, "eval_every": source.eval_every,
         "seed": source.seed, "priority": source.priority, "early_stop_patience": source.early_stop_patience,
         "memory_budget_mib": None if source.memory_budget_bytes is None else source.memory_budget_bytes >> 20,

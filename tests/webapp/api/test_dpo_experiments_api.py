@@ -45,6 +45,8 @@ def test_a_dpo_experiment_is_created_shown_and_cloned_with_its_objective(alice_a
     clone = alice_api.post(f"/experiments/{experiment['id']}/clone", {"name": "again"})
     assert clone.status_code == 201, clone.content
     assert clone.json()["objective"] == "dpo"
+    refused = alice_api.post(f"/experiments/{experiment['id']}/clone", {"name": "as sft", "objective": "sft"})
+    assert refused.status_code == 400 and "choose objective dpo" in " ".join(refused.json()["errors"]["objective"])
 
 
 @pytest.mark.parametrize("fields, field, says", [
