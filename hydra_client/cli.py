@@ -48,8 +48,8 @@ Exit codes:
 # `experiments create` options and `clone --set` keys, by the API's field names.
 EXPERIMENT_FIELDS = ("name", "dataset", "space", "strategy", "n_trials", "budget_unit", "budget", "eval_every",
                      "seed", "memory_budget_mib", "early_stop_patience", "priority", "holdout_bytes",
-                     "chat_template", "launch")
-TEXT_FIELDS = frozenset({"name", "space", "strategy", "budget_unit", "priority", "chat_template"})
+                     "chat_template", "objective", "launch")
+TEXT_FIELDS = frozenset({"name", "space", "strategy", "budget_unit", "priority", "chat_template", "objective"})
 FIELD_ALIASES = {"trials": "n_trials", "memory_mib": "memory_budget_mib", "patience": "early_stop_patience"}
 
 
@@ -350,13 +350,31 @@ def models_list() -> None:
 
 def _experiment_line(experiment: Mapping[str, Any]) -> str:
     counts = experiment["trials"]
-    return (f"Experiment {experiment['id']} {experiment['name']!r} on {experiment['dataset_name']}: "
+    objective = ""
+    if experiment.get("objective") == "dpo":
+        searched = [f"{name} {_dimension(experiment.get(name))}" for name in ("dpo_beta", "dpo_loss_type")]
+        objective = f" (DPO: {', '.join(searched)})"
+    return (f"Experiment {experiment['id']} {experiment['name']!r} on {experiment['dataset_name']}{objective}: "
             f"{experiment['status']}, {counts['total']} trial(s) ({counts['finished']} finished, "
             f"{counts['active']} active, {counts['failed']} failed, {counts['new']} not launched)")
 
 
+def _dimension(dimension: Mapping[str, Any] | None) -> str:
+    """A searched parameter in a few characters: its values, or its range."""
+    if not dimension:
+        return "?"
+    if dimension.get("kind") == "categorical":
+        return "/".join(str(value) for value in dimension.get("values", []))
+    return f"{dimension.get('low')}..{dimension.get('high')}{' (log)' if dimension.get('kind') == 'logfloat' else ''}"
+
+
 TRIAL_COLUMNS = [("id", "ID"), ("number", "#"), ("status", "STATUS"), ("progress", "STEP"), ("params", "PARAMS"),
                  ("final_bpb", "VAL BPB"), ("best_val_loss", "BEST VAL LOSS"), ("eta", "ETA")]
+# A DPO experiment's trials: the final evaluation's DPO loss, preference accuracy, reward margin and the chosen
+# answers' bits per byte.
+DPO_TRIAL_COLUMNS = [("id", "ID"), ("number", "#"), ("status", "STATUS"), ("progress", "STEP"), ("params", "PARAMS"),
+                     ("final_loss", "DPO LOSS"), ("final_reward_accuracy", "PREF ACC"),
+                     ("final_reward_margin", "MARGIN"), ("final_bpb", "CHOSEN BPB"), ("eta", "ETA")]
 
 
 def _trial_rows(trials: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -394,8 +412,9 @@ def experiments_show(experiment_id: int) -> None:
     hydra = client()
     experiment = hydra.experiments.get(experiment_id)
     trials = hydra.experiments.trials(experiment_id)
+    columns = DPO_TRIAL_COLUMNS if experiment.get("objective") == "dpo" else TRIAL_COLUMNS
     emit({**experiment, "trial_list": trials},
-         lambda: _experiment_line(experiment) + "\n" + table(_trial_rows(trials), TRIAL_COLUMNS))
+         lambda: _experiment_line(experiment) + "\n" + table(_trial_rows(trials), columns))
 
 
 @experiments.command("space")
@@ -419,11 +438,16 @@ def experiments_space(experiment_id: int) -> None:
 @click.option("--memory-mib", "memory_budget_mib", type=int, help="Device memory per trial (default: auto).")
 @click.option("--early-stop-patience", type=int, help="Stop a trial after this many evaluations without gain.")
 @click.option("--priority", help="low, normal or high.")
+@click.option("--objective", type=click.Choice(["sft", "dpo"]),
+              help="sft: language modelling (server default); dpo: preference tuning of a checkpoint on a "
+                   "preference dataset, searching SPACE's dpo_beta and dpo_loss_type.")
 @click.option("--launch", is_flag=True, help="Launch it at once.")
 @json_option
 def experiments_create(space: Path, name: str, dataset: str, launch: bool, **fields: Any) -> None:
     """Create an experiment from SPACE, a YAML or JSON search space as the web form takes it (and as
-    `hydra experiments space` prints it): the parameters, and optionally model, pruner, holdout_bytes..."""
+    `hydra experiments space` prints it): the parameters, and optionally model, pruner, holdout_bytes... With
+    --objective dpo, SPACE may search dpo_beta ({kind: logfloat, low: 0.03, high: 0.3}) and dpo_loss_type
+    ([sigmoid, ipo]), and a pruner may compare trials by metric reward_accuracy or reward_margin."""
     hydra = client()
     experiment = hydra.experiments.create(space.read_text(encoding="utf-8"), name=name,
                                           dataset=hydra.datasets.find(dataset)["id"], launch=launch, **fields)
@@ -515,6 +539,9 @@ def _trial_line(trial: Mapping[str, Any]) -> str:
             f"step {trial['step']}/{trial['total_steps']}")
     if trial.get("params"):
         line += f", {params(trial['params'])}"
+    if trial.get("final_reward_accuracy") is not None:
+        line += (f", DPO loss {number(trial['final_loss'])}, preference accuracy "
+                 f"{number(trial['final_reward_accuracy'])}, margin {number(trial['final_reward_margin'])}")
     if trial.get("final_bpb") is not None:
         line += f", bpb {number(trial['final_bpb'])}"
     return line + (f"\n  {trial['message']}" if trial.get("message") else "")
@@ -647,7 +674,8 @@ def queue(page: int) -> None:
 
 
 def _leaderboard_text(board: Mapping[str, Any]) -> str:
-    lines = [f"Dataset {board['dataset']}, best by {board['metric']} (lower is better):"]
+    ranked_by = board.get("metric_label") or board["metric"]
+    lines = [f"Dataset {board['dataset']}, best by {ranked_by} ({board.get('direction', 'lower is better')}):"]
     lines.append(table(board["team"], [("rank", "#"), ("value", board["metric"].upper()), ("trial_id", "TRIAL"),
                                        ("experiment", "EXPERIMENT"), ("number", "NO."), ("params", "PARAMS")])
                  if board["team"] else "no finished trial yet")
@@ -659,11 +687,12 @@ def _leaderboard_text(board: Mapping[str, Any]) -> str:
 
 @cli.command()
 @click.argument("dataset", metavar="DATASET")
-@click.option("--metric", type=click.Choice(["bpb", "val_ppl", "val_loss"]), default="bpb", show_default=True,
-              help="What to rank by.")
+@click.option("--metric", type=click.Choice(["bpb", "val_ppl", "val_loss", "reward_accuracy", "reward_margin"]),
+              help="What to rank by (default: bpb; on a preference dataset val_loss, the DPO loss). A preference "
+                   "dataset ranks by val_loss, reward_accuracy, reward_margin or bpb (of the chosen answers).")
 @click.option("--limit", type=click.IntRange(1, 200), default=20, show_default=True, help="How many trials.")
 @json_option
-def leaderboard(dataset: str, metric: str, limit: int) -> None:
+def leaderboard(dataset: str, metric: str | None, limit: int) -> None:
     """The team's best trials on DATASET (its id or name), and each team's best."""
     board = client().leaderboard(dataset, metric=metric, limit=limit)
     emit(board, lambda: _leaderboard_text(board))

@@ -293,7 +293,8 @@ class Hydra:
     def leaderboard(self, dataset: int | str, metric: str | None = None, holdout: int | None = None,
                     limit: int | None = None) -> dict[str, Any]:
         """The team's best trials on a dataset (its id or name, as `Datasets.find` takes it) by `metric` (bpb,
-        val_ppl or val_loss), and each team's best."""
+        val_ppl or val_loss; on a preference dataset val_loss, reward_accuracy, reward_margin or bpb; None: the
+        board's default), and each team's best."""
         dataset_id = dataset if isinstance(dataset, int) else self.datasets.find(dataset)["id"]
         return self.get(f"/leaderboards/{int(dataset_id)}", metric=metric, holdout=holdout, limit=limit)
 
@@ -433,7 +434,7 @@ class Experiments(Resource):
                launch: bool = False, **fields: Any) -> dict[str, Any]:
         """Create an experiment from a search space (see `space_text`) as the new-experiment form does, and
         launch it with `launch`. `fields`: strategy, n_trials, budget_unit, budget, eval_every, seed,
-        memory_budget_mib, early_stop_patience, priority, holdout_bytes, chat_template."""
+        memory_budget_mib, early_stop_patience, priority, holdout_bytes, chat_template, objective (sft or dpo)."""
         body = {"name": name, "dataset": int(dataset), "space": space_text(space), "launch": launch,
                 **_query(fields)}
         return self.client.post("/experiments", body)

@@ -37,6 +37,7 @@ from worker.contract import (
     ENDED,
     MAX_CHECKPOINT_MINUTES,
     MAX_DEVICES_PER_TRIAL,
+    PRUNER_METRICS,
     Budget,
     Control,
     EngineJob,
@@ -61,7 +62,16 @@ from worker.engine.checkpoint_files import (
     read_limited,
 )
 from worker.engine.checkpoints import check_checkpoint, install_smollm2, smollm2_gguf_path
-from worker.engine.config import DataSpec, LoraSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
+from worker.engine.config import (
+    DPO_LOSS_TYPES,
+    DataSpec,
+    DpoSpec,
+    LoraSpec,
+    ModelSpec,
+    OptimizerSpec,
+    ScheduleSpec,
+    TrialSpec,
+)
 from worker.engine.errors import BudgetError, CheckpointError, CheckpointFileTooLarge, CheckpointLinkError, SpecError
 from worker.engine.families import FAMILIES, Architecture, architecture_from_config, default_intermediate
 from worker.engine.partition import AUTO_BUDGET_FRACTION, LayerCost, solve_with_head_chunks
@@ -102,6 +112,7 @@ __all__ = [
     "CHECKPOINT_JSON_MAX_BYTES",
     "DEFAULT_CHAT_TEMPLATE",
     "DEFAULT_CHECKPOINT_MINUTES",
+    "DPO_LOSS_TYPES",
     "ENDED",
     "END_OF_TEXT",
     "FAMILIES",
@@ -111,6 +122,7 @@ __all__ = [
     "MAX_VOCAB_SIZE",
     "MIN_VOCAB_SIZE",
     "PROMPT",
+    "PRUNER_METRICS",
     "RENDER_MEMORY_BYTES",
     "RENDER_SECONDS",
     "TOKENIZER_CONFIG",
@@ -126,6 +138,7 @@ __all__ = [
     "ConfigError",
     "Control",
     "DataSpec",
+    "DpoSpec",
     "Encoded",
     "EngineJob",
     "ExampleSet",

@@ -69,6 +69,12 @@ MAX_DEVICES_PER_TRIAL = 1024
 
 
 PRUNER_KINDS = ("asha", "hyperband", "median")
+# What a pruner compares trials by: an evaluation's figure (its field of the engine's unit result) and whether
+# lower or higher is better. The reward figures are a DPO trial's (its loss is the DPO loss, its bits per byte
+# those of the chosen answers).
+PRUNER_METRICS = {"loss": ("eval_loss", "minimize"), "bpb": ("eval_bpb", "minimize"),
+                  "reward_accuracy": ("eval_reward_accuracy", "maximize"),
+                  "reward_margin": ("eval_reward_margin", "maximize")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +87,9 @@ class PrunerSpec:
     so far. ``hyperband``: several such brackets of different early-stopping rates (``HyperbandPruner``, up
     to ``max_resource`` steps, the trials' length). ``median``: a trial stops when its loss is worse than the
     median of the finished trials' at the same step (``MedianPruner``), after ``n_startup_trials`` finished
-    and ``n_warmup_steps`` of its own. Resources are optimizer steps; decisions are taken at evaluations."""
+    and ``n_warmup_steps`` of its own. Resources are optimizer steps; decisions are taken at evaluations.
+    ``metric`` is the evaluation's figure the trials are compared by (`PRUNER_METRICS`: the validation loss by
+    default; a DPO experiment's may be its preference accuracy or reward margin, higher being better)."""
 
     kind: str
     min_resource: int = 1
@@ -90,10 +98,13 @@ class PrunerSpec:
     max_resource: int | None = None
     n_startup_trials: int = 5
     n_warmup_steps: int = 0
+    metric: str = "loss"
 
     def __post_init__(self) -> None:
         if self.kind not in PRUNER_KINDS:
             raise JobError(f"pruner kind {self.kind!r} is unknown; use one of {', '.join(PRUNER_KINDS)}.")
+        if self.metric not in PRUNER_METRICS:
+            raise JobError(f"pruner metric {self.metric!r} is unknown; use one of {', '.join(PRUNER_METRICS)}.")
         for name in ("min_resource", "reduction_factor", "min_early_stopping_rate", "n_startup_trials",
                      "n_warmup_steps"):
             value = getattr(self, name)
@@ -108,8 +119,20 @@ class PrunerSpec:
             raise JobError(f"pruner max_resource={self.max_resource!r} must be a number of steps of at least "
                            f"min_resource ({self.min_resource}).")
 
+    @property
+    def direction(self) -> str:
+        """``minimize`` or ``maximize``: which way `metric` gets better."""
+        return PRUNER_METRICS[self.metric][1]
+
+    def value(self, figures: Mapping[str, Any]) -> float | None:
+        """`metric`'s figure among an evaluation's (the engine's ``UnitResult`` fields by name; None: none)."""
+        return figures.get(PRUNER_METRICS[self.metric][0])
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        raw = dataclasses.asdict(self)
+        if self.metric == "loss":  # the form of a pruner by validation loss stays what it always was
+            del raw["metric"]
+        return raw
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,8 @@ from webapp.experiments import previews, selectors, services
 from webapp.experiments.events import trial_events_sync_quietly
 from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet
 from webapp.experiments.listing import ExperimentListQuery, experiments_listed, trials_sorted
+from webapp.experiments.objective import DPO_PARAMETERS
+from webapp.experiments.search_space import OBJECTIVE_KEY, PARAMETERS
 from webapp.ground.models import Experiment, ExperimentPreview
 
 router = Router(tags=["experiments"])
@@ -33,7 +35,8 @@ class ExperimentIn(Schema):
     as an experiment's search-space download gives it): YAML or JSON text, or the same as an object, with
     the parameters and optionally ``model``, ``pruner``, ``checkpoint_minutes``, ``holdout_bytes``,
     ``max_devices_per_trial`` and ``chat_template``. Without a ``model`` entry the model is the preset
-    gpt2-micro."""
+    gpt2-micro. ``objective`` is ``sft`` (the language-modelling loss) or ``dpo`` (preference tuning of a
+    checkpoint on a preference dataset, searching the space's ``dpo_beta`` and ``dpo_loss_type``)."""
 
     name: str
     dataset: int
@@ -49,6 +52,7 @@ class ExperimentIn(Schema):
     priority: str = "normal"
     holdout_bytes: int | None = None
     chat_template: str = ""
+    objective: str = "sft"
     launch: bool = False
 
 
@@ -69,6 +73,7 @@ class ExperimentChanges(Schema):
     priority: str | None = None
     holdout_bytes: int | None = None
     chat_template: str | None = None
+    objective: str | None = None
     launch: bool = False
 
 
@@ -93,7 +98,8 @@ def _form(request: HttpRequest, body: dict[str, Any]) -> ExperimentForm:
         "seed": body["seed"], "memory_budget": "auto" if mib is None else "explicit",
         "memory_budget_mib": mib, "early_stop_patience": body.get("early_stop_patience"), "pruner": "none",
         "priority": body["priority"], "holdout_bytes": body.get("holdout_bytes"),
-        "chat_template": body.get("chat_template") or "", "space-TOTAL_FORMS": "0", "space-INITIAL_FORMS": "0",
+        "chat_template": body.get("chat_template") or "", "objective": body.get("objective") or "sft",
+        "space-TOTAL_FORMS": "0", "space-INITIAL_FORMS": "0",
     }
     data = {key: "" if value is None else str(value) for key, value in data.items()}
     return ExperimentForm(data, team=team_of(request), rows=ParameterRowFormSet(data, prefix="space"))
@@ -133,9 +139,18 @@ def _experiment_out(experiment: Experiment, counts: dict[str, int]) -> dict[str,
         "strategy": experiment.strategy, "n_trials": experiment.n_trials, "budget_unit": experiment.budget_unit,
         "budget": experiment.budget, "eval_every": experiment.eval_every, "seed": experiment.seed,
         "priority": experiment.priority, "max_devices_per_trial": experiment.max_devices_per_trial,
-        "trials": counts, "created": experiment.created,
+        "objective": experiment.objective, **_dpo_out(experiment), "trials": counts, "created": experiment.created,
         "launched": experiment.launched, "cloned_from": experiment.cloned_from_id, "tags": experiment.tags,
     }
+
+
+def _dpo_out(experiment: Experiment) -> dict[str, Any]:
+    """A DPO experiment's searched ``dpo_beta`` and ``dpo_loss_type`` (each its search-space dimension, or the
+    default as a one-value dimension); nothing for any other objective."""
+    if experiment.objective != Experiment.Objective.DPO:
+        return {}
+    return {name: experiment.search_space.get(name) or {"kind": "categorical", "values": [PARAMETERS[name].default]}
+            for name in DPO_PARAMETERS}
 
 
 def _listed(request: HttpRequest, experiment_id: int) -> Experiment:
@@ -262,7 +277,8 @@ def experiment_clone(request: HttpRequest, experiment_id: int, changes: Experime
     source = selectors.experiment_get(team=team_of(request), experiment_id=experiment_id)
     body: dict[str, Any] = {
         "name": f"{source.name} (copy)"[:120], "dataset": source.dataset_id,
-        "space": selectors.experiment_spec(source), "strategy": source.strategy, "n_trials": source.n_trials,
+        "space": {key: value for key, value in selectors.experiment_spec(source).items() if key != OBJECTIVE_KEY},
+        "objective": source.objective, "strategy": source.strategy, "n_trials": source.n_trials,
         "budget_unit": source.budget_unit, "budget": source.budget, "eval_every": source.eval_every,
         "seed": source.seed, "priority": source.priority, "early_stop_patience": source.early_stop_patience,
         "memory_budget_mib": None if source.memory_budget_bytes is None else source.memory_budget_bytes >> 20,

@@ -48,9 +48,10 @@ def leaderboard(request: HttpRequest, dataset_id: int, metric: str | None = None
     """``metric`` and ``holdout`` as on the leaderboard page; ``limit``: the team's best this many (1 to 200)."""
     team = team_of(request)
     dataset = dataset_get(team=team, dataset_id=dataset_id)
-    chosen, held = boards.metric_get(metric), boards.holdout_get(holdout)
+    chosen, held = boards.metric_get(metric, dataset=dataset), boards.holdout_get(holdout)
     return {
-        "dataset": dataset.pk, "metric": chosen.key, "holdout_bytes": held,
+        "dataset": dataset.pk, "metric": chosen.key, "metric_label": chosen.label, "direction": chosen.direction,
+        "holdout_bytes": held,
         "measured_on": boards.measured_on(dataset=dataset, holdout_bytes=held),
         "team": boards.team_board(team=team, dataset=dataset, metric=chosen, limit=limit, holdout_bytes=held),
         "teams": boards.cross_team_board(dataset=dataset, metric=chosen, holdout_bytes=held),

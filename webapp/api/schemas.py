@@ -67,6 +67,9 @@ class ExperimentOut(Schema):
     seed: int
     priority: str
     max_devices_per_trial: int | None = None  # None: as many devices as a trial has micro-batches
+    objective: str = "sft"  # sft: the language-modelling loss; dpo: DPO on a preference dataset's pairs
+    dpo_beta: dict[str, Any] | None = None  # objective dpo: the searched beta (a search-space dimension)
+    dpo_loss_type: dict[str, Any] | None = None  # ... and loss type
     trials: dict[str, int]
     created: datetime
     launched: datetime | None
@@ -89,6 +92,8 @@ class TrialOut(Schema):
     best_val_ppl: float | None
     final_bpb: float | None
     final_loss: float | None
+    final_reward_accuracy: float | None = None  # DPO: the final evaluation's preference accuracy
+    final_reward_margin: float | None = None  # DPO: its mean reward margin
     actions: list[str]
     plan: dict[str, Any] | None
     created: datetime
@@ -103,6 +108,9 @@ class StepOut(Schema):
     lr: float
     tokens: int
     time: float
+    rewards_chosen: float | None = None  # DPO: the batch's mean implicit rewards and preference accuracy
+    rewards_rejected: float | None = None
+    reward_accuracy: float | None = None
 
 
 class EvalOut(Schema):
@@ -111,6 +119,10 @@ class EvalOut(Schema):
     perplexity: float
     bpb: float | None
     time: float
+    rewards_chosen: float | None = None  # DPO: the held-out pairs' rewards, margin and preference accuracy
+    rewards_rejected: float | None = None
+    reward_margin: float | None = None
+    reward_accuracy: float | None = None
 
 
 class MetricsOut(Schema):

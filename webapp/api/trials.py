@@ -24,8 +24,8 @@ MAX_STEP = 2**31 - 1  # the steps' column
 
 def trial_out(trial: Trial) -> dict[str, Any]:
     fields = ("number", "status", "message", "params", "attempt", "step", "total_steps", "remaining_s",
-              "best_val_loss", "best_val_ppl", "final_bpb", "final_loss", "created", "updated", "started",
-              "finished")
+              "best_val_loss", "best_val_ppl", "final_bpb", "final_loss", "final_reward_accuracy",
+              "final_reward_margin", "created", "updated", "started", "finished")
     return {"id": trial.pk, "experiment": trial.experiment_id, **{f: getattr(trial, f) for f in fields},
             "actions": selectors.trial_actions(trial), "plan": selectors.plan_summary(trial.plan)}
 

@@ -461,14 +461,16 @@ def _best(trial: TrialInfo, metric: Metric) -> float | None:
     return trial.best_val_loss if metric == "loss" else trial.best_val_ppl
 
 
-def leaderboard(rows: Sequence[tuple[str, float]], *, metric: str = "validation perplexity") -> Figure:
-    """Horizontal bars, best (lowest) on top, for a leaderboard of (label, value) rows in rank order."""
+def leaderboard(rows: Sequence[tuple[str, float]], *, metric: str = "validation perplexity",
+                direction: str = "lower is better") -> Figure:
+    """Horizontal bars, best on top, for a leaderboard of (label, value) rows in rank order; `direction` says
+    which way the metric is better."""
     return {
         "data": [{"type": "bar", "orientation": "h", "y": [text(label) for label, _ in rows],
                   "x": [value for _, value in rows], "marker": {"color": [colour(i) for i in range(len(rows))]},
                   "hovertemplate": f"%{{y}}<br>{metric} %{{x:.4g}}<extra></extra>"}],
         "layout": BASE_LAYOUT | {
-            "title": {"text": f"Best {metric} (lower is better)"},
+            "title": {"text": f"Best {metric} ({direction})"},
             "xaxis": {"title": {"text": metric}},
             "yaxis": {"autorange": "reversed", "automargin": True},
             "height": max(220, 60 + 28 * len(rows)),

@@ -219,6 +219,42 @@ def _thin_evals(series: EvalSeries) -> EvalSeries:
                       loss=[series.loss[i] for i in keep], perplexity=[series.perplexity[i] for i in keep])
 
 
+@dataclass
+class RewardSeries:
+    """A DPO trial's rewards, as TRL logs them: per step the mean implicit reward of the chosen and of the rejected
+    answers and the preference accuracy of its batch; per evaluation the held-out pairs' accuracy and margin."""
+
+    step: list[int] = field(default_factory=list)
+    chosen: list[float] = field(default_factory=list)
+    rejected: list[float] = field(default_factory=list)
+    accuracy: list[float] = field(default_factory=list)
+    eval_step: list[int] = field(default_factory=list)
+    eval_accuracy: list[float] = field(default_factory=list)
+    eval_margin: list[float] = field(default_factory=list)
+
+
+def reward_curves(*, trials: list[TrialInfo]) -> dict[int, RewardSeries]:
+    """The reward series of the DPO trials among `trials` (current attempt, at the curves' level of detail);
+    trials without rewards (any other objective) are left out, so an empty answer means no DPO trial."""
+    series: dict[int, RewardSeries] = defaultdict(RewardSeries)
+    steps = (StepMetric.objects.filter(_level_filter(trials), rewards_chosen__isnull=False).order_by("trial_id", "step")
+             .values_list("trial_id", "step", "rewards_chosen", "rewards_rejected", "reward_accuracy"))
+    for trial_id, step, chosen, rejected, accuracy in steps:
+        one = series[trial_id]
+        one.step.append(step)
+        one.chosen.append(chosen)
+        one.rejected.append(rejected)
+        one.accuracy.append(accuracy)
+    evals = (EvalMetric.objects.filter(_current_attempts(trials), reward_accuracy__isnull=False)
+             .order_by("trial_id", "step").values_list("trial_id", "step", "reward_accuracy", "reward_margin"))
+    for trial_id, step, accuracy, margin in evals:
+        one = series[trial_id]
+        one.eval_step.append(step)
+        one.eval_accuracy.append(accuracy)
+        one.eval_margin.append(margin)
+    return dict(series)
+
+
 def devices(*, experiment: Experiment, trials: list[TrialInfo], after: int | None = None,
             sample_after: float | None = None) -> Devices:
     """Unit spans of the experiment's trials (the latest `SPAN_LIMIT`, or those after span id `after`) and

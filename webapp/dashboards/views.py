@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET
 
 from webapp.accounts.selectors import team_scoped_get
 from webapp.csv_cells import csv_lines
-from webapp.dashboards import figures, selectors
+from webapp.dashboards import figures, reward_figures, selectors
 from webapp.datasets.http import team_required
 from webapp.datasets.models import Dataset
 from webapp.ground.models import Experiment, Trial
@@ -108,6 +108,7 @@ def experiment_curves(request: HttpRequest, experiment_id: int) -> HttpResponse:
         "curves_figure": figures.learning_curves(curves, x=x, metric=metric, smoothing=smoothing, log_y=log_y),
         "parallel_figure": figures.hyperparameters(trials, metric=metric),
         "scatter_figure": figures.hyperparameter_scatter(trials, metric=metric),
+        "reward_figure": reward_figures.reward_curves(selectors.reward_curves(trials=trials), trials),
         "state": state,
     })
 
@@ -149,11 +150,12 @@ def _trial_rows(trials: list[selectors.TrialInfo]) -> dict[str, dict[str, Any]]:
 
 def trial_curves(trial: Trial) -> dict[str, Any]:
     """The trial page's own learning curves: the figure and the poll state ``dashboards.js`` keeps them live
-    with (``figure``, ``state``)."""
+    with (``figure``, ``state``), and a DPO trial's rewards (``rewards``; None for any other trial)."""
     trials = selectors.trial_infos([trial])
     curves = selectors.curves(trials=trials)
     return {
         "figure": figures.learning_curves(curves),
+        "rewards": reward_figures.reward_curves(selectors.reward_curves(trials=trials), trials),
         "state": {"kind": "curves", "url": reverse("dashboard_trial_curves_data", args=[trial.pk]),
                   "cursor": {"after_step": curves.cursor.step, "after_eval": curves.cursor.eval},
                   "running": trial.is_active, "poll_ms": POLL_MS, "smoothing": figures.DEFAULT_SMOOTHING},
@@ -255,12 +257,13 @@ def _metric_rows(experiment: Experiment) -> Iterator[list[object]]:
 def dataset_leaderboard(request: HttpRequest, dataset_id: int) -> HttpResponse:
     """The team's board on a dataset as a chart beside its table (the leaderboards app ranks, we draw)."""
     dataset = team_scoped_get(Dataset.objects.all(), team=request.team, pk=dataset_id)
-    metric = metric_get(request.GET.get("metric"))
+    metric = metric_get(request.GET.get("metric"), dataset=dataset)
     rows = team_board(team=request.team, dataset=dataset, metric=metric, limit=50)
     chart_rows = [(f"{r['experiment']} #{r['number']}", r["value"]) for r in rows]
     return render(request, "dashboards/leaderboard.html", {
         "dataset": dataset,
         "metric": metric,
         "rows": rows,
-        "leaderboard_figure": figures.leaderboard(chart_rows, metric=metric.label.lower()),
+        "leaderboard_figure": figures.leaderboard(chart_rows, metric=metric.label.lower(),
+                                                  direction=metric.direction),
     })

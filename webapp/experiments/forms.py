@@ -10,6 +10,9 @@ Instruction and chat data add the ``packing`` and ``loss_on`` parameters (refuse
 planning) and a chat template, which renders the conversations for a pretrained checkpoint instead of its own:
 the web worker checks it as the engine will, by rendering a probe conversation under the rendering limits, and
 the form waits for that verdict, kept per template text (`webapp.experiments.chat_template`).
+
+The objective (``sft``, or ``dpo`` on a preference dataset: `webapp.experiments.objective`) is a field, or
+``objective:`` in pasted text; planning checks it against the dataset, the model and the search space.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from webapp.experiments.model_shapes import (
     model_from_spec,
     model_shape,
 )
+from webapp.experiments.objective import DPO_PRUNER_METRICS, objective_of
 from webapp.experiments.planning import CapError, ExperimentDraft, check_caps, check_steps_budget
-from webapp.experiments.pruning import pruner_spec
+from webapp.experiments.pruning import METRIC_LABELS, pruner_spec
 from webapp.experiments.search_space import (
     ALIASES,
     KINDS,
@@ -55,6 +59,7 @@ from webapp.experiments.space_text import (
     holdout_bytes_of_text,
     load_spec_text,
     max_devices_of_text,
+    objective_of_text,
     pruner_of_text,
 )
 from webapp.ground.models import ChatTemplateCheck, Experiment
@@ -142,6 +147,10 @@ class ExperimentForm(forms.Form):
         help_text="Optional: paste a search space as YAML or JSON; it replaces the rows above (which are set aside "
                   "while it is there), and a model: entry replaces the model chosen above.",
     )
+    objective = forms.ChoiceField(
+        choices=Experiment.Objective.choices, initial=Experiment.Objective.SFT, required=False,
+        help_text="Language modelling, or DPO on a preference dataset's pairs (from a pretrained checkpoint; searches "
+                  "dpo_beta and dpo_loss_type; batch sizes count rows, two a pair).")
     strategy = forms.ChoiceField(choices=Experiment.Strategy.choices, initial=Experiment.Strategy.GRID)
     n_trials = forms.IntegerField(min_value=1, max_value=MAX_TRIALS, initial=8,
                                   help_text="For random search and TPE.")
@@ -178,6 +187,10 @@ class ExperimentForm(forms.Form):
                  ("median", "Median rule")],
         initial="none", required=False,
         help_text="Stops trials that fall behind at their evaluations; the devices they free go to the others.")
+    pruner_metric = forms.ChoiceField(
+        choices=list(METRIC_LABELS.items()), initial="loss", required=False, label="Compare trials by",
+        help_text="The evaluation figure the pruner ranks trials by; preference accuracy and reward margin are DPO "
+                  "experiments' only.")
     pruner_min_resource = forms.IntegerField(
         min_value=1, max_value=10_000_000, required=False, label="First rung (steps)",
         help_text="ASHA and Hyperband: the step of the first rung (empty: the evaluation interval).")
@@ -303,7 +316,7 @@ class ExperimentForm(forms.Form):
             kind = cleaned.get("pruner") or "none"
             if kind == "none":
                 return None
-            fields = {"kind": kind,
+            fields = {"kind": kind, "metric": cleaned.get("pruner_metric") or "loss",
                       "min_resource": cleaned.get("pruner_min_resource") or cleaned.get("eval_every") or 1,
                       "reduction_factor": cleaned.get("pruner_reduction_factor") or 3}
             if kind == "asha":
@@ -383,6 +396,7 @@ class ExperimentForm(forms.Form):
                                           "Leave it empty.")
         template = self._chat_template(cleaned, shape=shape)
         max_devices = self._max_devices(cleaned)
+        objective = self._objective(cleaned, pruner)
         if not self.errors and model is not None and shape is not None and space is not None:
             draft = ExperimentDraft(
                 name=cleaned["name"].strip(), dataset=cleaned["dataset"], model=model, shape=shape, space=space,
@@ -392,6 +406,7 @@ class ExperimentForm(forms.Form):
                 checkpoint_minutes=self._checkpoint_minutes(cleaned),
                 priority=cleaned.get("priority") or Experiment.Priority.NORMAL, pruner=pruner,
                 holdout_bytes=holdout, chat_template=template, max_devices_per_trial=max_devices,
+                objective=objective,
             )
             try:
                 check_caps(draft, caps=settings.HYDRA.caps)
@@ -402,6 +417,25 @@ class ExperimentForm(forms.Form):
             else:
                 cleaned["draft"] = draft
         return cleaned
+
+    def _objective(self, cleaned: dict[str, Any], pruner: dict[str, Any] | None) -> str:
+        """The pasted text's ``objective``, else the field's (sft by default); adds an error where it came from
+        when it names none, and on the pruner's metric when that is a DPO figure and the objective is not."""
+        text = (cleaned.get("space_text") or "").strip()
+        field, objective = "objective", "sft"
+        try:
+            pasted = objective_of_text(text) if text else None
+            if pasted is not None:
+                field = "space_text"
+            objective = objective_of(pasted if pasted is not None else cleaned.get("objective"), field=field)
+        except SearchSpaceError as error:
+            self.add_error(field, str(error))
+        metric = (pruner or {}).get("metric", "loss")
+        if objective != "dpo" and metric in DPO_PRUNER_METRICS:
+            self.add_error("space_text" if text and pruner_of_text(text)[0] else "pruner_metric",
+                           f"The pruner's metric {metric} is a DPO trial's figure; with objective {objective}, "
+                           "compare trials by loss or bpb.")
+        return objective
 
     def _chat_template(self, cleaned: dict[str, Any], *, shape: ModelShape | None) -> str:
         """The pasted text's ``chat_template``, else the field's ("" for none), with the line ends a browser's
@@ -502,6 +536,7 @@ def experiment_initial(experiment: Experiment) -> tuple[dict[str, Any], list[dic
         "priority": experiment.priority,
         "holdout_bytes": experiment.holdout_bytes,
         "chat_template": experiment.chat_template,
+        "objective": experiment.objective,
         **({f"pruner_{k}" if k != "kind" else "pruner": v for k, v in experiment.pruner.items()}
            if experiment.pruner else {}),
     }

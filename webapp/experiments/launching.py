@@ -26,6 +26,7 @@ from webapp import queue_client
 from webapp.experiments.chat_template import template_refusal
 from webapp.experiments.memory_preview import auto_budget_bytes
 from webapp.experiments.model_shapes import ModelChoiceError, model_shape
+from webapp.experiments.objective import DPO
 from webapp.experiments.planning import hyperparameters, total_steps, trial_plan, trial_spec
 from webapp.experiments.pruning import trial_pruning
 from webapp.experiments.search_space import parse_search_space
@@ -69,7 +70,7 @@ def trial_job(*, trial: Trial) -> EngineJob:
     spec = trial_spec(params=trial.params, shape=shape, dataset=experiment.dataset, data=data,
                       steps=trial.total_steps,
                       eval_every=experiment.eval_every, seed=experiment.seed, budget_bytes=budget,
-                      early_stop_patience=experiment.early_stop_patience)
+                      early_stop_patience=experiment.early_stop_patience, objective=experiment.objective)
     return EngineJob(trial=spec, budget=_budget_mode(experiment), checkpoint_minutes=experiment.checkpoint_minutes,
                      pruning=trial_pruning(trial=trial), max_devices=experiment.max_devices_per_trial)
 
@@ -101,6 +102,7 @@ def trial_launch(*, trial: Trial) -> None:
     trial.step, trial.remaining_s, trial.started, trial.finished = 0, None, None, None
     trial.best_val_loss = trial.best_val_ppl = None
     trial.final_bpb = trial.final_loss = trial.final_ppl = trial.final_step = trial.final_eval_bytes = None
+    trial.final_reward_accuracy = trial.final_reward_margin = None
     trial.checkpoint_step, trial.checkpoint_at = None, None  # an attempt's checkpoints are its own
     trial.save()
     if job is not None:
@@ -255,7 +257,8 @@ def experiment_extend_tpe(*, experiment: Experiment) -> list[Trial]:
             total_steps=total_steps(budget_unit=experiment.budget_unit, budget=experiment.budget,
                                     batch_size=int(values["batch_size"]), seq_len=int(values["seq_len"]),
                                     epoch=epoch),
-            plan=trial_plan(params, shape=shape, vocab_size=dataset.vocab_size, budget_bytes=budget),
+            plan=trial_plan(params, shape=shape, vocab_size=dataset.vocab_size, budget_bytes=budget,
+                            dpo_pairs=dataset.n_examples if experiment.objective == DPO else None),
         )
         if experiment.launched is not None:
             trial_launch(trial=trial)

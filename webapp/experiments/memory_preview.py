@@ -130,13 +130,28 @@ def layer_costs(shape: ModelShape, *, batch: int, seq_len: int, slots: int,
 
 
 def memory_plan(shape: ModelShape, *, batch: int, seq_len: int, optimizer: str, momentum: float,
-                budget_bytes: int, lora: LoraSpec | None = None) -> dict[str, Any]:
+                budget_bytes: int, lora: LoraSpec | None = None, dpo_pairs: int | None = None) -> dict[str, Any]:
     """The estimated plan as plain data (the engine's `MemoryPlan.to_dict()` plus spill totals, and for a
     LoRA trial ``base_bytes``, the host's one shared copy of the frozen base).
 
+    A DPO trial (`dpo_pairs`: the pairs of its dataset; None for any other trial) is planned as the same rows
+    (``batch`` counts rows, two a pair) and adds the reference's costs to its store, with ``dpo_reference``
+    saying where its reference comes from: a LoRA trial's is the shared base with the adapters off, whose
+    boundary outputs it keeps beside its own (one per cut, no gradient); a full fine-tune's is its starting
+    weights, run once in a first pass over every pair before training (that pass's boundary outputs, then two
+    fp32 log-probabilities a pair kept for the whole trial), never a second copy of the model.
+
     Raises `FitError` when a layer cannot fit one shard, naming the layer and the overage.
     """
-    return _memory_plan(shape, batch, seq_len, optimizer_slots(optimizer, momentum), budget_bytes, lora)
+    plan = _memory_plan(shape, batch, seq_len, optimizer_slots(optimizer, momentum), budget_bytes, lora)
+    if dpo_pairs is None:
+        return plan
+    spilled = dict(plan["spilled_bytes"])
+    spilled["reference_boundaries"] = batch * seq_len * shape.n_embd * FP32 * (len(plan["shards"]) - 1)
+    if lora is None:
+        spilled["reference_log_probs"] = 2 * FP32 * dpo_pairs
+    return {**plan, "spilled_bytes": spilled,
+            "dpo_reference": "shared base, adapters off" if lora is not None else "first pass, log-probs kept"}
 
 
 @functools.lru_cache(maxsize=512)

@@ -18,6 +18,7 @@ from webapp.config import Caps
 from webapp.datasets.models import Dataset
 from webapp.experiments.memory_preview import FitError, memory_plan
 from webapp.experiments.model_shapes import FAMILY_LABELS, ModelChoiceError, ModelShape
+from webapp.experiments.objective import DPO, SFT, check_objective, dpo_spec
 from webapp.experiments.search_space import (
     PARAMETERS,
     Dimension,
@@ -80,6 +81,7 @@ class ExperimentDraft:
     holdout_bytes: int | None = None  # the final evaluation covers this much of the validation text; None: all
     chat_template: str = ""  # instruction data on a pretrained model: renders its conversations; "": the model's
     max_devices_per_trial: int | None = None  # a trial's micro-batches on at most this many devices; None: all
+    objective: str = SFT  # `webapp.experiments.objective`: sft, or dpo on a preference dataset
 
     def to_dict(self) -> dict[str, Any]:
         """The draft as JSON-able data, the dataset by id (`from_dict` reads it back)."""
@@ -90,7 +92,7 @@ class ExperimentDraft:
             "memory_budget_bytes": self.memory_budget_bytes, "early_stop_patience": self.early_stop_patience,
             "checkpoint_minutes": self.checkpoint_minutes, "priority": self.priority, "pruner": self.pruner,
             "holdout_bytes": self.holdout_bytes, "chat_template": self.chat_template,
-            "max_devices_per_trial": self.max_devices_per_trial,
+            "max_devices_per_trial": self.max_devices_per_trial, "objective": self.objective,
         }
 
     @classmethod
@@ -226,6 +228,7 @@ def check_space(draft: ExperimentDraft) -> None:
                 f"multiples of {shape.n_head} (for a range: low and step).", parameter="n_embd", field="values",
             )
     check_micro_batches(space)
+    check_objective(objective=draft.objective, dataset=draft.dataset, shape=shape, space=space, pruner=draft.pruner)
     check_lora(space, shape)
     seq = space.get("seq_len")
     longest = int(seq.largest()) if seq else int(PARAMETERS["seq_len"].default)
@@ -268,7 +271,7 @@ def check_examples_fit(draft: ExperimentDraft) -> None:
     shortest = _int_bounds(draft.space, "seq_len")[0]
     try:
         example_rows(examples_dir=draft.dataset.examples_dir, train_examples=draft.dataset.train_examples,
-                     seq_len=shortest)
+                     seq_len=shortest, pairs=draft.dataset.is_preference)
     except TrialDataError as error:
         raise SearchSpaceError(f"seq_len: {error}", parameter="seq_len" if seq else None,
                                field="values" if seq else None) from None
@@ -321,15 +324,17 @@ def check_micro_batches(space: SearchSpace) -> None:
                     "batch into equal micro-batches.", parameter="micro_batches", field="values")
 
 
-def trial_plan(params: dict[str, Value], *, shape: ModelShape, vocab_size: int, budget_bytes: int) -> dict[str, Any]:
-    """The estimated memory plan of one trial (a LoRA trial's when its ``lora_r`` is above 0); a unit holds
-    one micro-batch's activations."""
+def trial_plan(params: dict[str, Value], *, shape: ModelShape, vocab_size: int, budget_bytes: int,
+               dpo_pairs: int | None = None) -> dict[str, Any]:
+    """The estimated memory plan of one trial (a LoRA trial's when its ``lora_r`` is above 0; a DPO trial's with
+    its reference's costs when `dpo_pairs`, its dataset's pairs, is given); a unit holds one micro-batch's
+    activations."""
     values = hyperparameters(params, shape)
     return memory_plan(
         shape.with_params(values, vocab_size=vocab_size),
         batch=max(1, int(values["batch_size"]) // int(values["micro_batches"])),
         seq_len=int(values["seq_len"]), optimizer=str(values["optimizer"]), momentum=float(values["momentum"]),
-        budget_bytes=budget_bytes, lora=lora_spec(values),
+        budget_bytes=budget_bytes, lora=lora_spec(values), dpo_pairs=dpo_pairs,
     )
 
 
@@ -385,10 +390,11 @@ def plan_trials(draft: ExperimentDraft, *, budget_bytes: int, caps: Caps) -> lis
     check_space(draft)
     check_caps(draft, caps=caps)
     vocab = draft.dataset.vocab_size
+    pairs = draft.dataset.n_examples if draft.objective == DPO else None
     epoch = epoch_size(shape=draft.shape, dataset=draft.dataset, chat_template=draft.chat_template)
     if draft.strategy != "grid":
         for worst in worst_case_params(draft.space):
-            trial_plan(worst, shape=draft.shape, vocab_size=vocab, budget_bytes=budget_bytes)
+            trial_plan(worst, shape=draft.shape, vocab_size=vocab, budget_bytes=budget_bytes, dpo_pairs=pairs)
     drafts = []
     for number, params in enumerate(
         initial_trials(draft.space, strategy=draft.strategy, n_trials=draft.n_trials, seed=draft.seed),  # type: ignore[arg-type]
@@ -401,16 +407,17 @@ def plan_trials(draft: ExperimentDraft, *, budget_bytes: int, caps: Caps) -> lis
         check_trial_caps(steps=steps, batch_size=batch_size, seq_len=seq_len, caps=caps)
         drafts.append(TrialDraft(
             number=number, params=params, total_steps=steps,
-            plan=trial_plan(params, shape=draft.shape, vocab_size=vocab, budget_bytes=budget_bytes),
+            plan=trial_plan(params, shape=draft.shape, vocab_size=vocab, budget_bytes=budget_bytes, dpo_pairs=pairs),
         ))
     return drafts
 
 
 def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset, data: TrialData, steps: int,
-               eval_every: int, seed: int, budget_bytes: int, early_stop_patience: int | None = None) -> TrialSpec:
-    """The engine's ``TrialSpec`` of one trial, on the token blocks or examples, and the tokenizer, of `data`.
-    Raises SpecError for values the engine cannot train with, TrialDataError for a sequence length that drops
-    every example of a split."""
+               eval_every: int, seed: int, budget_bytes: int, early_stop_patience: int | None = None,
+               objective: str = SFT) -> TrialSpec:
+    """The engine's ``TrialSpec`` of one trial, on the token blocks, examples or preference pairs, and the
+    tokenizer, of `data` (with objective dpo: DPO's settings, on pairs). Raises SpecError for values the engine
+    cannot train with, TrialDataError for a sequence length that drops every example of a split."""
     values = hyperparameters(params, shape)
     trial_shape = shape.with_params(values, vocab_size=dataset.vocab_size)
     lora = lora_spec(values)
@@ -418,6 +425,7 @@ def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset,
         raise SpecError(LORA_NEEDS_A_CHECKPOINT)
     return TrialSpec(
         lora=lora,
+        dpo=dpo_spec(values, objective=objective),
         model=ModelSpec(
             family=trial_shape.family,  # type: ignore[arg-type]
             n_layer=trial_shape.n_layer, n_embd=trial_shape.n_embd, n_head=trial_shape.n_head,
@@ -447,14 +455,15 @@ def trial_spec(*, params: dict[str, Value], shape: ModelShape, dataset: Dataset,
 
 
 def _data_spec(values: dict[str, Value], *, dataset: Dataset, data: TrialData) -> DataSpec:
-    """A trial's token blocks, or its examples with their layout, loss and held-out rows (None until a
-    pretrained tokenizer has made them: the send completes them, `trial_data.sent_data_fields`)."""
+    """A trial's token blocks, or its examples (or preference pairs) with their layout, loss and held-out rows
+    (None until a pretrained tokenizer has made them: the send completes them, `trial_data.sent_data_fields`)."""
     seq_len = int(values["seq_len"])
     if data.examples_dir is not None:
         return DataSpec(examples_dir=str(data.examples_dir), train_examples=data.train_examples, seq_len=seq_len,
-                        packing=bool(values["packing"]), loss_on=str(values["loss_on"]),  # type: ignore[arg-type]
+                        packing=bool(values["packing"]),
+                        loss_on="assistant" if data.pairs else str(values["loss_on"]),  # type: ignore[arg-type]
                         holdout_rows=data.holdout_rows(seq_len), chat_template=data.chat_template,
-                        tokenizer_dir=str(data.tokenizer_dir))
+                        tokenizer_dir=str(data.tokenizer_dir), pairs=data.pairs)
     assert data.tokens_path is not None, "a pretrained model's examples are asked for before its trials' specs"
     return DataSpec(tokens_path=str(data.tokens_path), seq_len=seq_len, val_fraction=dataset.val_fraction,
                     tokenizer_dir=str(data.tokenizer_dir))

@@ -13,12 +13,19 @@ from typing import Any
 
 from django.db.models import Max
 
-from webapp.experiments.search_space import PRUNER_KEY, SearchSpaceError
+from webapp.experiments.search_space import PRUNER_KEY, SearchSpaceError, quote
 from webapp.ground.models import Experiment, Trial
-from webapp.worker_door import JobError, PrunerSpec, PruningJob
+from webapp.worker_door import PRUNER_METRICS, JobError, PrunerSpec, PruningJob
 
-FIELDS = ("kind", "min_resource", "reduction_factor", "min_early_stopping_rate", "n_startup_trials",
+FIELDS = ("kind", "metric", "min_resource", "reduction_factor", "min_early_stopping_rate", "n_startup_trials",
           "n_warmup_steps")
+# The evaluation figures a pruner may compare trials by (`worker.contract.PRUNER_METRICS`), in words; the last two
+# are a DPO trial's (`webapp.experiments.objective`).
+METRIC_LABELS = {"loss": "validation loss (lower is better; a DPO trial's DPO loss)",
+                 "bpb": "bits per byte (lower is better; a DPO trial's of its chosen answers)",
+                 "reward_accuracy": "preference accuracy (DPO; higher is better)",
+                 "reward_margin": "reward margin (DPO; higher is better)"}
+assert set(METRIC_LABELS) == set(PRUNER_METRICS), "a label for each metric the workers know"
 MAX_STEPS = 10_000_000
 
 
@@ -36,8 +43,13 @@ def pruner_spec(raw: object, *, field: str = "space_text") -> dict[str, Any] | N
                                f"{', '.join(FIELDS)}.", field=field)
     if raw.get("kind") in (None, "", "none"):
         return None
+    metric = raw.get("metric", "loss")
+    if not isinstance(metric, str) or metric not in METRIC_LABELS:
+        raise SearchSpaceError(f"{PRUNER_KEY}: metric {quote(metric)} is not one of {', '.join(METRIC_LABELS)}.",
+                               field=field)
     for name, value in raw.items():
-        if name != "kind" and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STEPS):
+        if name not in ("kind", "metric") and (isinstance(value, bool) or not isinstance(value, int)
+                                               or not 0 <= value <= MAX_STEPS):
             raise SearchSpaceError(f"{PRUNER_KEY}: {name} must be a whole number from 0 to {MAX_STEPS:,}.",
                                    field=field)
     try:
@@ -53,14 +65,15 @@ def describe(pruner: Mapping[str, Any] | None) -> str:
     """One line for the experiment's page."""
     if not pruner:
         return "off: every trial trains its whole budget"
+    by = f"; trials compared by {METRIC_LABELS[pruner.get('metric', 'loss')]}"
     if pruner["kind"] == "median":
         return (f"median rule: a trial stops when worse than the finished trials' median at the same step, after "
-                f"{pruner['n_startup_trials']} finished trials and {pruner['n_warmup_steps']} steps of its own")
+                f"{pruner['n_startup_trials']} finished trials and {pruner['n_warmup_steps']} steps of its own{by}")
     factor = pruner["reduction_factor"]
     first = pruner["min_resource"] * factor ** pruner.get("min_early_stopping_rate", 0)
     rungs = f"first rung at step {first}, each next one {factor}x further; the best 1/{factor} go on"
     name = "ASHA (asynchronous successive halving)" if pruner["kind"] == "asha" else "Hyperband"
-    return f"{name}: {rungs}"
+    return f"{name}: {rungs}{by}"
 
 
 def trial_pruning(*, trial: Trial) -> PruningJob | None:

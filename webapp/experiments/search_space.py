@@ -21,6 +21,10 @@ one), ``loss_on`` (which tokens the loss covers: ``assistant``, ``last`` or ``al
 which may be written ``max_seq_len`` there (`ALIASES`): on examples it is the longest one a row holds, longer
 ones being dropped, never cut. It is one parameter, stored and shown as ``seq_len``.
 
+Preference data trains with DPO (pasted text says ``objective: dpo``; `webapp.experiments.objective`), which adds
+``dpo_beta`` (TRL's beta, searched on a log scale: ``{kind: logfloat, low: 0.03, high: 0.3}``) and
+``dpo_loss_type`` (``sigmoid`` or ``ipo``).
+
 Every error is a `SearchSpaceError` naming the parameter and the field, so forms can put it beside the row;
 a space with several bad parameters raises them all at once (`SearchSpaceErrors`). An unknown name is
 answered with the parameter it most likely means (`suggestion`). Messages quote at most `QUOTE_CHARS` of any
@@ -37,6 +41,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from webapp.worker_door import DPO_LOSS_TYPES
+
 Kind = Literal["categorical", "int", "float", "logfloat"]
 KINDS: tuple[Kind, ...] = ("categorical", "int", "float", "logfloat")
 GRID_CAP = 256  # most trials a grid may expand to
@@ -51,6 +57,7 @@ MAX_HOLDOUT_BYTES = 10**12
 CHECKPOINT_KEY = "checkpoint_minutes"  # ... and how often its trials take durable checkpoints
 DEVICES_KEY = "max_devices_per_trial"  # ... and on how many devices at most a trial's micro-batches run at once
 TEMPLATE_KEY = "chat_template"  # ... and the chat template of its instruction data
+OBJECTIVE_KEY = "objective"  # ... and what its trials minimize: sft (the default) or dpo
 
 
 class SearchSpaceError(ValueError):
@@ -147,6 +154,10 @@ PARAMETERS: dict[str, ParameterDef] = {
                      0.0, 0.9),
         ParameterDef("lora_targets", "LoRA target modules (comma-separated, e.g. q_proj,v_proj; GPT-2: c_attn)", str,
                      ("categorical",), "q_proj,v_proj"),
+        ParameterDef("dpo_beta", "DPO beta (objective dpo: how far from the reference the rewards may pull; TRL's "
+                     "beta)", float, ("categorical", "float", "logfloat"), 0.1, 1e-6, 1000.0),
+        ParameterDef("dpo_loss_type", "DPO loss (objective dpo: sigmoid, DPO's own; ipo, IPO's squared loss)", str,
+                     ("categorical",), "sigmoid", choices=DPO_LOSS_TYPES),
         ParameterDef("n_embd", "width (embedding size)", int, ("categorical", "int"), 0, 8, 16_384,
                      architecture=True),
         ParameterDef("n_layer", "depth (transformer blocks)", int, ("categorical", "int"), 0, 1, 256,
@@ -160,7 +171,8 @@ OTHER_NAMES = {"learning_rate": "lr", "per_device_train_batch_size": "batch_size
                "rank": "lora_r", "target_modules": "lora_targets", "max_grad_norm": "clip_norm",
                "grad_clip": "clip_norm", "lr_scheduler_type": "lr_decay", "lr_scheduler": "lr_decay",
                "gradient_accumulation_steps": "micro_batches", "block_size": "seq_len", "max_length": "seq_len",
-               "optim": "optimizer", "bf16": "precision", "fp16": "precision"}
+               "optim": "optimizer", "bf16": "precision", "fp16": "precision", "beta": "dpo_beta",
+               "loss_type": "dpo_loss_type"}
 FLAGS = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}  # a bool row's words
 
 

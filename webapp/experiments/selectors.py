@@ -17,6 +17,7 @@ from webapp.experiments.search_space import (
     DEVICES_KEY,
     HOLDOUT_KEY,
     MODEL_KEY,
+    OBJECTIVE_KEY,
     PRUNER_KEY,
     TEMPLATE_KEY,
 )
@@ -144,13 +145,14 @@ def plan_shard_rows(plan: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def experiment_spec(experiment: Experiment) -> dict[str, Any]:
-    """The experiment's search space with its model, checkpoint interval, pruner, held-out size, devices per trial
-    and chat template beside the parameters: the text the form and the API take, which gives the same
-    experiment."""
+    """The experiment's search space with its model, checkpoint interval, pruner, held-out size, devices per trial,
+    chat template and objective (when dpo) beside the parameters: the text the form and the API take, which gives
+    the same experiment."""
     model = model_to_spec(experiment.model)
     return {**({MODEL_KEY: model} if model is not None else {}), CHECKPOINT_KEY: experiment.checkpoint_minutes,
             **({PRUNER_KEY: experiment.pruner} if experiment.pruner else {}),
             **({HOLDOUT_KEY: experiment.holdout_bytes} if experiment.holdout_bytes else {}),
             **({TEMPLATE_KEY: experiment.chat_template} if experiment.chat_template else {}),
             **({DEVICES_KEY: experiment.max_devices_per_trial} if experiment.max_devices_per_trial else {}),
+            **({OBJECTIVE_KEY: experiment.objective} if experiment.objective != Experiment.Objective.SFT else {}),
             **experiment.search_space}

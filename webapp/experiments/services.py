@@ -63,7 +63,8 @@ def experiment_create(
             memory_budget_bytes=draft.memory_budget_bytes, early_stop_patience=draft.early_stop_patience,
             checkpoint_minutes=draft.checkpoint_minutes, priority=draft.priority, pruner=draft.pruner,
             holdout_bytes=draft.holdout_bytes, chat_template=draft.chat_template,
-            max_devices_per_trial=draft.max_devices_per_trial, cloned_from=cloned_from, created_by=user,
+            max_devices_per_trial=draft.max_devices_per_trial, objective=draft.objective, cloned_from=cloned_from,
+            created_by=user,
         )
         Trial.objects.bulk_create(
             Trial(experiment=experiment, number=t.number, params=t.params, total_steps=t.total_steps, plan=t.plan)

@@ -3,7 +3,8 @@
 Beside the parameters, the text may name the experiment's model under ``model`` (`load_spec_text`), how often
 its trials take durable checkpoints under ``checkpoint_minutes``, its pruner under ``pruner``, the size of the
 final evaluation's held-out text under ``holdout_bytes``, the most devices a trial's micro-batches run on at once
-under ``max_devices_per_trial``, and, for instruction and chat data, the chat template under ``chat_template``.
+under ``max_devices_per_trial``, what its trials minimize under ``objective`` (``sft`` or ``dpo``), and, for
+instruction and chat data, the chat template under ``chat_template``.
 The form, the API and the command line all read pasted text through this module, so they say the same things
 about it.
 
@@ -27,6 +28,7 @@ from webapp.experiments.search_space import (
     MAX_HOLDOUT_BYTES,
     MAX_NODES,
     MODEL_KEY,
+    OBJECTIVE_KEY,
     PRUNER_KEY,
     TEMPLATE_KEY,
     SearchSpace,
@@ -83,8 +85,9 @@ def load_spec_text(text: str) -> tuple[object | None, SearchSpace]:
     `model_shapes.model_from_spec`): that entry, unchecked (None without one), and the search space."""
     raw = _load_text(text)
     if isinstance(raw, Mapping) and any(key in raw for key in (MODEL_KEY, CHECKPOINT_KEY, PRUNER_KEY, HOLDOUT_KEY,
-                                                               TEMPLATE_KEY, DEVICES_KEY)):
+                                                               TEMPLATE_KEY, DEVICES_KEY, OBJECTIVE_KEY)):
         raw = dict(raw)
+        raw.pop(OBJECTIVE_KEY, None)  # read by `objective_of_text`
         raw.pop(DEVICES_KEY, None)  # read by `max_devices_of_text`
         raw.pop(TEMPLATE_KEY, None)  # read by `chat_template_of_text`
         raw.pop(HOLDOUT_KEY, None)  # read by `holdout_bytes_of_text`
@@ -92,6 +95,15 @@ def load_spec_text(text: str) -> tuple[object | None, SearchSpace]:
         raw.pop(PRUNER_KEY, None)  # read by `pruner_of_text`
         return raw.pop(MODEL_KEY, None), parse_search_space(raw)
     return None, parse_search_space(raw)
+
+
+def objective_of_text(text: str) -> object | None:
+    """The ``objective`` pasted YAML or JSON names (None when it names none), unchecked (see
+    `webapp.experiments.objective.objective_of`)."""
+    raw = _load_text(text)
+    if not isinstance(raw, Mapping) or raw.get(OBJECTIVE_KEY) is None:
+        return None
+    return raw[OBJECTIVE_KEY]
 
 
 def pruner_of_text(text: str) -> tuple[bool, object]:

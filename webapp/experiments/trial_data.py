@@ -39,7 +39,8 @@ class TrialData:
     """Where a trial reads its token ids: `tokens_path` (token blocks) or `examples_dir` (examples, whose first
     `train_examples` train: the count once `token_set` is ready, the dataset's own until then). `token_set`
     is None for the dataset's own ids, else the pretrained tokenizer's (maybe not ready). `chat_template` is
-    the template the examples are rendered with when the tokenizer in `tokenizer_dir` carries none."""
+    the template the examples are rendered with when the tokenizer in `tokenizer_dir` carries none. `pairs`: the
+    examples are a preference dataset's pair set (`worker.engine.pairs`), whose `train_examples` counts pairs."""
 
     tokenizer_dir: Path
     token_set: DatasetTokens | None
@@ -47,6 +48,7 @@ class TrialData:
     examples_dir: Path | None = None
     train_examples: int = 0
     chat_template: str | None = None
+    pairs: bool = False
 
     @property
     def is_ready(self) -> bool:
@@ -57,7 +59,8 @@ class TrialData:
         examples are made. Raises TrialDataError."""
         if self.examples_dir is None or not self.is_ready:
             return None
-        return example_rows(examples_dir=self.examples_dir, train_examples=self.train_examples, seq_len=seq_len)
+        return example_rows(examples_dir=self.examples_dir, train_examples=self.train_examples, seq_len=seq_len,
+                            pairs=self.pairs)
 
 
 def trial_data(*, shape: ModelShape, dataset: Dataset, chat_template: str = "") -> TrialData:
@@ -66,7 +69,8 @@ def trial_data(*, shape: ModelShape, dataset: Dataset, chat_template: str = "") 
     if shape.tokenizer_sha256 is None or shape.tokenizer_dir is None:
         if dataset.is_instruction:
             return TrialData(dataset.directory, None, examples_dir=dataset.examples_dir,
-                             train_examples=dataset.train_examples, chat_template=default_chat_template())
+                             train_examples=dataset.train_examples, chat_template=default_chat_template(),
+                             pairs=dataset.is_preference)
         return TrialData(dataset.directory, None, tokens_path=dataset.tokens_path)
     template = chat_template if dataset.is_instruction else ""
     token_set = DatasetTokens.objects.filter(dataset=dataset, tokenizer_sha256=shape.tokenizer_sha256,
@@ -80,7 +84,7 @@ def trial_data(*, shape: ModelShape, dataset: Dataset, chat_template: str = "") 
     ready = token_set is not None and token_set.is_ready
     return TrialData(tokenizer_dir, token_set, examples_dir=token_set.examples_dir if token_set else None,
                      train_examples=token_set.train_examples if ready else dataset.train_examples,
-                     chat_template=template or None)
+                     chat_template=template or None, pairs=dataset.is_preference)
 
 
 def trial_data_request(*, shape: ModelShape, dataset: Dataset, chat_template: str = "") -> DatasetTokens | None:
@@ -113,7 +117,8 @@ def epoch_size_of(*, dataset: Dataset, token_set: DatasetTokens | None) -> Epoch
     then, from the dataset's own: the send recomputes an epoch budget's steps from the real count)."""
     ready = token_set is not None and token_set.is_ready
     if dataset.is_instruction:
-        return EpochSize(examples=token_set.train_examples if ready else dataset.train_examples)
+        train = token_set.train_examples if ready else dataset.train_examples
+        return EpochSize(examples=2 * train if dataset.is_preference else train)  # a pair takes two rows
     return EpochSize(tokens=token_set.train_tokens if ready else dataset.train_tokens)
 
 
@@ -123,23 +128,30 @@ def epoch_size(*, shape: ModelShape, dataset: Dataset, chat_template: str = "") 
     return epoch_size_of(dataset=dataset, token_set=token_set)
 
 
-def example_rows(*, examples_dir: Path, train_examples: int, seq_len: int) -> int:
+def example_rows(*, examples_dir: Path, train_examples: int, seq_len: int, pairs: bool = False) -> int:
     """The validation examples of the set in `examples_dir` (those from `train_examples` on) at most `seq_len`
     tokens long: the engine drops longer ones, and its final evaluation covers the rest, one a row
-    (``DataSpec.holdout_rows``). Raises TrialDataError when `seq_len` drops every training or every
-    validation example."""
+    (``DataSpec.holdout_rows``). For a pair set (`pairs`; `train_examples` counts pairs) a pair fits when both
+    its sequences do, and each held-out pair that fits takes two rows. Raises TrialDataError when `seq_len`
+    drops every training or every validation example (pair)."""
     try:
         lengths = np.diff(np.load(examples_dir / "starts.npy"))
     except (OSError, ValueError) as error:
         raise TrialDataError(f"the examples at {examples_dir} cannot be read ({type(error).__name__}); retry the "
                              "trial once the dataset is tokenized again.") from None
+    item = "example"
+    if pairs:
+        if len(lengths) % 2:
+            raise TrialDataError(f"the pair set at {examples_dir} holds an odd number of sequences; retry the trial "
+                                 "once the dataset is tokenized again.")
+        lengths, item = lengths.reshape(-1, 2).max(axis=1), "pair"  # a pair is as long as its longer sequence
     for split, part in (("training", lengths[:train_examples]), ("validation", lengths[train_examples:])):
         if len(part) and int(part.min()) > seq_len:
             raise TrialDataError(
-                f"max_seq_len {seq_len} drops every {split} example (the shortest has {int(part.min())} tokens; "
-                "longer examples are dropped, never cut). Raise seq_len (max_seq_len) to at least "
+                f"max_seq_len {seq_len} drops every {split} {item} (the shortest has {int(part.min())} tokens; "
+                f"longer {item}s are dropped, never cut). Raise seq_len (max_seq_len) to at least "
                 f"{int(part.min())}.")
-    return int((lengths[train_examples:] <= seq_len).sum())
+    return (2 if pairs else 1) * int((lengths[train_examples:] <= seq_len).sum())
 
 
 def heldout_data(*, dataset: Dataset, token_set: DatasetTokens | None, holdout_bytes: int | None) -> dict[str, object]:
@@ -171,7 +183,7 @@ def sent_data_fields(*, data: dict[str, Any], dataset: Dataset, token_set: Datas
     train = dataset.train_examples if token_set is None else token_set.train_examples
     return {"train_examples": train,
             "holdout_rows": example_rows(examples_dir=Path(data["examples_dir"]), train_examples=train,
-                                         seq_len=data["seq_len"])}
+                                         seq_len=data["seq_len"], pairs=bool(data.get("pairs")))}
 
 
 def check_ids(*, shape: ModelShape, dataset: Dataset, field: str, chat_template: str = "") -> None:

@@ -226,14 +226,17 @@ def experiment_detail(request: HttpRequest, experiment_id: int) -> HttpResponse:
 
 def _examples_setup(experiment: Experiment) -> list[tuple[str, object]] | None:
     """How an experiment on instruction data lays out and trains its examples: max_seq_len (the ``seq_len``
-    parameter), packing and loss_on, each with its value for every trial (its default, or the one value the
-    space lists), or None where the trials search several (their parameters show them). None on a text
-    corpus."""
+    parameter), packing and loss_on (a DPO experiment's: dpo_beta and dpo_loss_type), each with its value for
+    every trial (its default, or the one value the space lists), or None where the trials search several (their
+    parameters show them). None on a text corpus."""
     if not experiment.dataset.is_instruction:
         return None
     space = parse_search_space(experiment.search_space)
     setup: list[tuple[str, object]] = []
-    for label, name in (("max_seq_len", "seq_len"), ("packing", "packing"), ("loss_on", "loss_on")):
+    names = [("max_seq_len", "seq_len"), ("packing", "packing"), ("loss_on", "loss_on")]
+    if experiment.objective == Experiment.Objective.DPO:  # the loss is on the answers; beta and the loss searched
+        names[-1:] = [("dpo_beta", "dpo_beta"), ("dpo_loss_type", "dpo_loss_type")]
+    for label, name in names:
         dimension = space.get(name)
         if dimension is None:
             setup.append((label, PARAMETERS[name].default))

@@ -28,6 +28,13 @@ class Experiment(models.Model):
         RANDOM = "random", "Random search"
         TPE = "tpe", "TPE (Bayesian, Optuna)"
 
+    class Objective(models.TextChoices):
+        """What the trials minimize: the language-modelling loss on the dataset's text or examples, or DPO's loss
+        on its preference pairs (`webapp.experiments.objective`)."""
+
+        SFT = "sft", "Language modelling (SFT)"
+        DPO = "dpo", "Preference tuning (DPO)"
+
     class BudgetUnit(models.TextChoices):
         STEPS = "steps", "optimizer steps"
         EPOCHS = "epochs", "epochs over the training split"
@@ -37,6 +44,9 @@ class Experiment(models.Model):
     dataset = models.ForeignKey("datasets.Dataset", on_delete=models.PROTECT, related_name="experiments")
     model = models.JSONField(help_text='{"kind": "preset"|"custom"|"pretrained", ...}: see ExperimentForm.')
     search_space = models.JSONField(help_text="Serialized search space: {name: {kind, values | low, high, step}}.")
+    objective = models.CharField(
+        max_length=4, choices=Objective.choices, default=Objective.SFT,
+        help_text="sft: the language-modelling loss; dpo: DPO on a preference dataset, from a pretrained checkpoint.")
     strategy = models.CharField(max_length=10, choices=Strategy.choices)
     n_trials = models.PositiveIntegerField(help_text="Trials for random search and TPE (a grid has its own count).")
     budget_unit = models.CharField(max_length=10, choices=BudgetUnit.choices, default=BudgetUnit.STEPS)
@@ -137,6 +147,11 @@ class Trial(models.Model):
         help_text="Validation bits per byte of the final evaluation, on the experiment's declared held-out text.")
     final_loss = models.FloatField(null=True, blank=True, help_text="Its loss per token (nats).")
     final_ppl = models.FloatField(null=True, blank=True, help_text="Its perplexity per token.")
+    final_reward_accuracy = models.FloatField(
+        null=True, blank=True, help_text="DPO: the final evaluation's preference accuracy (share of held-out pairs "
+                                         "whose chosen answer has the higher implicit reward).")
+    final_reward_margin = models.FloatField(
+        null=True, blank=True, help_text="DPO: its mean reward margin (chosen less rejected implicit reward).")
     final_step = models.PositiveIntegerField(null=True, blank=True, help_text="Steps trained at the final evaluation.")
     final_eval_bytes = models.BigIntegerField(
         null=True, blank=True, help_text="UTF-8 bytes of the validation text the final evaluation's tokens cover.")

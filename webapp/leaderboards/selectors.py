@@ -3,7 +3,9 @@
 Every metric is the trial's final evaluation, on the dataset's declared held-out text (the whole validation
 split, or the first bytes of it an experiment stated; a board shows one declaration at a time), not the best
 of its evaluations. Bits per byte ranks by default: it compares across tokenizers, models and sequence
-lengths; the per-token loss and perplexity stand beside it. Lower is better for every metric. Ties go to the
+lengths; the per-token loss and perplexity stand beside it. A preference dataset's trials train with DPO and
+rank by their DPO loss by default, or their preference accuracy, reward margin, or the bits per byte of their
+chosen answers (`DPO_METRICS`). Every metric says whether lower or higher is better, and ranks so. Ties go to the
 trial that finished first, then the older trial; trials without a final figure are not ranked. Across teams,
 datasets compare when their corpus and validation split match (the same text held out, whatever the
 vocabulary), and a team sees other teams' names, metrics and parameters only: never their datasets,
@@ -30,6 +32,11 @@ class Metric:
     field: str
     label: str
     column: str  # its column's heading on a board, where every metric has one
+    higher_is_better: bool = False
+
+    @property
+    def direction(self) -> str:
+        return "higher is better" if self.higher_is_better else "lower is better"
 
 
 METRICS: dict[str, Metric] = {
@@ -41,11 +48,45 @@ METRICS: dict[str, Metric] = {
     ]
 }
 DEFAULT_METRIC = "bpb"
+# A DPO trial's final evaluation: its loss is the mean DPO loss of the held-out pairs, its bits per byte those of
+# their chosen answers, beside the share of pairs it prefers rightly and the mean reward margin.
+DPO_METRICS: dict[str, Metric] = {
+    m.key: m
+    for m in [
+        Metric("val_loss", "final_loss", "DPO loss on the held-out pairs", "DPO loss"),
+        Metric("reward_accuracy", "final_reward_accuracy", "Preference accuracy (chosen answer rewarded higher)",
+               "Preference accuracy", higher_is_better=True),
+        Metric("reward_margin", "final_reward_margin", "Reward margin (chosen less rejected)", "Reward margin",
+               higher_is_better=True),
+        Metric("bpb", "final_bpb", "Bits per byte of the chosen answers", "Chosen bits per byte"),
+    ]
+}
+DEFAULT_DPO_METRIC = "val_loss"
 
 
-def metric_get(key: str | None) -> Metric:
-    """The metric called `key`, or the default (validation bits per byte) for a missing or unknown key."""
-    return METRICS.get(key or DEFAULT_METRIC, METRICS[DEFAULT_METRIC])
+def metrics_of(dataset: Dataset | None) -> dict[str, Metric]:
+    """The metrics a board on `dataset` ranks by: a preference dataset's DPO metrics, else `METRICS`."""
+    return DPO_METRICS if dataset is not None and dataset.is_preference else METRICS
+
+
+def metric_get(key: str | None, *, dataset: Dataset | None = None) -> Metric:
+    """The metric called `key` on `dataset`'s board, or its default (validation bits per byte; a preference
+    dataset's DPO loss) for a missing or unknown key."""
+    metrics = metrics_of(dataset)
+    default = DEFAULT_DPO_METRIC if metrics is DPO_METRICS else DEFAULT_METRIC
+    return metrics.get(key or default, metrics[default])
+
+
+def _cells(trial: Trial, metric: Metric) -> list[dict[str, Any]]:
+    """The trial's value of every metric of `metric`'s board (the DPO metrics or the others), in column order."""
+    family = DPO_METRICS if DPO_METRICS.get(metric.key) is metric else METRICS
+    return [{"key": m.key, "value": getattr(trial, m.field)} for m in family.values()]
+
+
+def _order(metric: Metric) -> list[Any]:
+    """Best first by `metric`, ties to the earlier finish, then the older trial."""
+    value = F(metric.field).desc() if metric.higher_is_better else F(metric.field).asc()
+    return [value, F("finished").asc(nulls_last=True), F("pk").asc()]
 
 
 def holdout_get(raw: str | None) -> int | None:
@@ -72,6 +113,10 @@ def measured_on(*, dataset: Dataset, holdout_bytes: int | None) -> str:
     """What a board's figures were measured on, in words."""
     split = (f"validation split, corpus sha256 {dataset.corpus_sha256[:12]}"
              if dataset.corpus_sha256 else f"validation split, fingerprint {dataset.fingerprint[:12]}")
+    if dataset.is_preference:
+        return (f"the {dataset.val_examples} held-out pairs of {dataset.name} (preference pairs; {split}), each "
+                "scored on its chosen and rejected answers against the trial's reference model; a pair longer than "
+                "a trial's max_seq_len is not scored by that trial")
     if dataset.is_instruction:
         return (f"the {dataset.val_examples} held-out examples of {dataset.name} ({dataset.get_kind_display()}, "
                 f"whole examples chosen at random; {split}), scoring only the answers' tokens (the assistant's "
@@ -100,9 +145,7 @@ def holdout_choices(*, dataset: Dataset) -> list[int | None]:
 
 def _ranked(trials: QuerySet[Trial], metric: Metric) -> QuerySet[Trial]:
     """`trials` with a value for `metric`, best first: ties to the earlier finish, then the older trial."""
-    return trials.filter(**{f"{metric.field}__isnull": False}).order_by(
-        F(metric.field).asc(), F("finished").asc(nulls_last=True), "pk"
-    )
+    return trials.filter(**{f"{metric.field}__isnull": False}).order_by(*_order(metric))
 
 
 def team_ranked(*, team: Team, dataset: Dataset, metric: Metric, holdout_bytes: int | None = None) -> QuerySet[Trial]:
@@ -124,9 +167,11 @@ def board_rows(trials: Iterable[Trial], *, metric: Metric, first_rank: int = 1) 
     """The rows of a team's board for `trials` (ranked already), numbered from `first_rank`."""
     return [
         {
-            "rank": rank, "value": getattr(t, metric.field), "trial_id": t.pk, "number": t.number,
+            "rank": rank, "value": getattr(t, metric.field), "cells": _cells(t, metric), "trial_id": t.pk,
+            "number": t.number,
             "bpb": t.final_bpb, "ppl": t.final_ppl, "step": t.final_step,
-            "loss": t.final_loss, "model": t.experiment.model,
+            "loss": t.final_loss, "reward_accuracy": t.final_reward_accuracy,
+            "reward_margin": t.final_reward_margin, "model": t.experiment.model,
             "experiment_id": t.experiment_id, "experiment": t.experiment.name, "params": t.params,
             "status": t.get_status_display(), "finished": t.finished, "template": template_label(t.experiment),
         }
@@ -148,19 +193,22 @@ def cross_team_board(*, dataset: Dataset, metric: Metric, holdout_bytes: int | N
     team's best (a window over the ranked trials), so the page reads one row per team however many trials
     the teams ran.
     """
-    order = [F(metric.field).asc(), F("finished").asc(nulls_last=True), F("pk").asc()]
+    order = _order(metric)
     best = (
         _ranked(Trial.objects.filter(_comparable(dataset), _declared(holdout_bytes)), metric)
         .annotate(team_rank=Window(RowNumber(), partition_by=[F("experiment__team_id")], order_by=order))
         .filter(team_rank=1)
         .select_related("experiment__team")
-        .only("pk", "params", "finished", "final_bpb", "final_ppl", "final_loss", metric.field,
+        .only("pk", "params", "finished", "final_bpb", "final_ppl", "final_loss", "final_reward_accuracy",
+              "final_reward_margin", metric.field,
               "experiment__team__name", "experiment__team_id")
     )
     return [
         {"rank": rank, "team": trial.experiment.team.name, "team_id": trial.experiment.team_id,
-         "value": getattr(trial, metric.field), "bpb": trial.final_bpb, "ppl": trial.final_ppl,
-         "loss": trial.final_loss, "params": trial.params, "finished": trial.finished}
+         "value": getattr(trial, metric.field), "cells": _cells(trial, metric), "bpb": trial.final_bpb,
+         "ppl": trial.final_ppl,
+         "loss": trial.final_loss, "reward_accuracy": trial.final_reward_accuracy,
+         "reward_margin": trial.final_reward_margin, "params": trial.params, "finished": trial.finished}
         for rank, trial in enumerate(best, start=1)
     ]
 

@@ -23,7 +23,7 @@ def leaderboard_index(request: HttpRequest) -> HttpResponse:
 @team_required
 def leaderboard(request: HttpRequest, dataset_id: int) -> HttpResponse:
     dataset = dataset_get(team=request.team, dataset_id=dataset_id)
-    metric = selectors.metric_get(request.GET.get("metric"))
+    metric = selectors.metric_get(request.GET.get("metric"), dataset=dataset)
     holdout = selectors.holdout_get(request.GET.get("holdout"))
     page = page_get(selectors.team_ranked(team=request.team, dataset=dataset, metric=metric, holdout_bytes=holdout),
                     request.GET.get("page"))
@@ -32,7 +32,7 @@ def leaderboard(request: HttpRequest, dataset_id: int) -> HttpResponse:
         "datasets": selectors.board_datasets(team=request.team),
         "with_results": selectors.datasets_with_results(team=request.team),
         "metric": metric,
-        "metrics": selectors.METRICS.values(),
+        "metrics": selectors.metrics_of(dataset).values(),
         "holdout": holdout,
         "holdouts": [h for h in selectors.holdout_choices(dataset=dataset) if h != holdout],
         "measured_on": selectors.measured_on(dataset=dataset, holdout_bytes=holdout),

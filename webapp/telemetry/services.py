@@ -165,7 +165,9 @@ def _store_evals(host_id: str, entries: list[Entry]) -> None:
             Trial.objects.filter(Q(final_step__isnull=True) | Q(final_step__lte=done), pk=trial_id,
                                  attempt=attempt).update(final_bpb=_bpb(e), final_loss=e["loss"],
                                                          final_ppl=e["perplexity"], final_step=done,
-                                                         final_eval_bytes=e.get("bytes") or None)
+                                                         final_eval_bytes=e.get("bytes") or None,
+                                                         final_reward_accuracy=e.get("reward_accuracy"),
+                                                         final_reward_margin=e.get("reward_margin"))
     for trial_id, attempt in {(row.trial_id, row.attempt) for row in rows}:
         best = min((row for row in rows if row.trial_id == trial_id), key=lambda row: row.loss)
         # Only ever an improvement, whatever order batches arrive in.

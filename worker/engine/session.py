@@ -29,9 +29,10 @@ The small state next to them (cursor, per-shard flags, running sums) is a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -127,10 +128,11 @@ class TrialSession(ShardUnits):
         # Fault injection at named points of a unit, for crash, fencing and out-of-memory tests (see
         # worker.engine.faults); None (always, in production) turns it off.
         self.fault: Fault | None = None
-        # Asked after an evaluation that leaves steps to train, with the steps done and the validation loss:
-        # a reason to end the trial there (its experiment's pruner stopped it), or None to go on. The scheduler
-        # sets it for a trial of a study (worker.scheduling.pruning); None trains every step.
-        self.stop_rule: Callable[[int, float], str | None] | None = None
+        # Asked after an evaluation that leaves steps to train, with the steps done and the evaluation's figures
+        # (UnitResult's eval_* fields by name): a reason to end the trial there (its experiment's pruner stopped
+        # it), or None to go on. The scheduler sets it for a trial of a study (worker.scheduling.pruning); None
+        # trains every step.
+        self.stop_rule: Callable[[int, Mapping[str, Any]], str | None] | None = None
         self._unit_index = self.state.cursor  # the unit the fault points belong to
         store.before_stage = self._before_stage
         # Staging buffers hold one optimizer-state chunk; whole shards stream through them chunk by chunk.
@@ -321,7 +323,7 @@ class TrialSession(ShardUnits):
                 metrics = run(unit)
             if (self.stop_rule is not None and metrics.get("eval_loss") is not None
                     and not metrics.get("stopped_early") and unit.step < self.spec.total_steps - 1):
-                self.state.early_stop.pruned = self.stop_rule(unit.step + 1, metrics["eval_loss"])
+                self.state.early_stop.pruned = self.stop_rule(unit.step + 1, metrics)
                 metrics["stopped_early"] = self.state.early_stop.pruned is not None
             if self.state.early_stop.pruned is not None:  # this unit and the final evaluation's after it
                 metrics["pruned"] = self.state.early_stop.pruned

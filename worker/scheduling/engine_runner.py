@@ -41,8 +41,10 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import redis
 import torch
@@ -262,7 +264,7 @@ class EngineRunner:
             rung = None
             if job.pruning is not None and not left:
                 if result.pruned is None:
-                    pruning.finish(self._studies(), job.pruning, loss=result.eval_loss,
+                    pruning.finish(self._studies(), job.pruning, loss=job.pruning.pruner.value(vars(result)),
                                    step=result.final_step if result.final_step is not None else result.unit.step + 1)
                 else:
                     rung = pruning.rung_of(self._studies(), job.pruning)
@@ -277,10 +279,14 @@ class EngineRunner:
             raise WorkloadError("this worker was started without the Redis of the pruners' studies")
         return self.studies
 
-    def _ask_pruner(self, trial_id: str, job: EngineJob, step: int, loss: float) -> str | None:
-        """The session's stop rule for a trial of a study: report the evaluation, end the trial if pruned."""
+    def _ask_pruner(self, trial_id: str, job: EngineJob, step: int, figures: Mapping[str, Any]) -> str | None:
+        """The session's stop rule for a trial of a study: report the evaluation's figure of the pruner's metric,
+        end the trial if pruned (an evaluation without that figure goes on)."""
         assert job.pruning is not None
-        verdict = pruning.report(self._studies(), job.pruning, step=step, loss=loss)
+        value = job.pruning.pruner.value(figures)
+        if value is None:
+            return None
+        verdict = pruning.report(self._studies(), job.pruning, step=step, loss=value)
         return verdict.reason if verdict.prune else None
 
     def _checkpoint_if_due(self, trial_id: str, job: EngineJob) -> None:

@@ -5,7 +5,8 @@ namespace (an experiment's trials may train on several hosts), one hash per stud
 
     hydra:study:<study>    HASH   trial number -> {"values": {step: loss}, "attrs": {...}, "state": ...}
 
-``values`` are the trial's reported validation losses by step, ``attrs`` the system attributes the pruner
+``values`` are the trial's reported figures by step (of its pruner's ``metric``: the validation loss unless the
+experiment chose another, whose direction the study takes), ``attrs`` the system attributes the pruner
 keeps on it (successive halving's completed rungs), ``state`` running, pruned or complete.
 
 When a trial's evaluation ends, the device reports the loss and asks whether to go on (`report`): under the
@@ -33,6 +34,8 @@ import redis
 from worker.contract import PrunerSpec, PruningJob
 
 LOCK_TIMEOUT_S = 30.0  # a device that died holding the lock frees it after this long
+METRIC_WORDS = {"loss": "validation loss", "bpb": "validation bits per byte", "reward_accuracy": "preference accuracy",
+                "reward_margin": "reward margin"}  # each of `worker.contract.PRUNER_METRICS`, for a pruned trial's page
 
 
 def study_key(study: str) -> str:
@@ -63,8 +66,9 @@ def make_pruner(spec: PrunerSpec) -> Any:
 
 
 def report(client: redis.Redis, job: PruningJob, *, step: int, loss: float) -> Verdict:
-    """Record that trial ``job.trial_number`` had validation loss `loss` after `step` steps, and return
-    whether its pruner stops it there. Safe to repeat: a unit run again reports the same step again."""
+    """Record that trial ``job.trial_number`` had the figure `loss` of its pruner's metric (the validation loss
+    unless it names another) after `step` steps, and return whether its pruner stops it there. Safe to repeat: a
+    unit run again reports the same step again."""
     import optuna
     from optuna.trial import TrialState, create_trial
 
@@ -74,7 +78,8 @@ def report(client: redis.Redis, job: PruningJob, *, step: int, loss: float) -> V
         records = {int(number): json.loads(raw) for number, raw in client.hgetall(key).items()}
         mine = records.setdefault(job.trial_number, {"values": {}, "attrs": {}, "state": "running"})
         mine["values"][str(step)] = loss if math.isfinite(loss) else float("nan")
-        study = optuna.create_study(study_name=job.study, direction="minimize", pruner=make_pruner(job.pruner))
+        study = optuna.create_study(study_name=job.study, direction=job.pruner.direction,
+                                    pruner=make_pruner(job.pruner))
         states = {"running": TrialState.RUNNING, "pruned": TrialState.PRUNED, "complete": TrialState.COMPLETE}
         for number in range(1, max(records) + 1):  # Optuna numbers trials from 0, in the order they are added
             record = records.get(number)
@@ -95,18 +100,18 @@ def report(client: redis.Redis, job: PruningJob, *, step: int, loss: float) -> V
     rung = _top_rung(mine["attrs"])
     if not prune:
         return Verdict(False, rung)
+    figure = f"its {METRIC_WORDS[job.pruner.metric]} {loss:.4f}"
     if job.pruner.kind == "median":
-        reason = (f"pruned after step {step}: its validation loss {loss:.4f} was worse than the median of the "
-                  "finished trials at that step")
+        reason = f"pruned after step {step}: {figure} was worse than the median of the finished trials at that step"
     else:
-        reason = (f"pruned at rung {rung} (step {step}): its validation loss {loss:.4f} was not in the best "
+        reason = (f"pruned at rung {rung} (step {step}): {figure} was not in the best "
                   f"1/{job.pruner.reduction_factor} of the trials that reached that rung")
     return Verdict(True, rung, reason)
 
 
 def finish(client: redis.Redis, job: PruningJob, *, step: int, loss: float | None) -> None:
-    """Record that the trial trained its whole budget, `step` steps, its last evaluation's loss `loss` (None
-    without one): its final value, which the median rule compares with."""
+    """Record that the trial trained its whole budget, `step` steps, its last evaluation's figure `loss` of the
+    pruner's metric (None without one): its final value, which the median rule compares with."""
     key = study_key(job.study)
     with client.lock(f"{key}:lock", timeout=LOCK_TIMEOUT_S, blocking_timeout=LOCK_TIMEOUT_S):
         raw = client.hget(key, str(job.trial_number))

@@ -51,7 +51,8 @@ def test_it_ranks_the_teams_trials_best_first_with_ties_to_the_earlier_finish(al
 def test_it_ranks_each_teams_best_across_teams(boards):
     rows = cross_team_board(dataset=boards["alice_data"], metric=METRICS["val_loss"])
     assert [(r["team"], r["value"]) for r in rows] == [("Bob lab", 1.5), ("Alice lab", 2.0)]
-    assert set(rows[0]) == {"rank", "team", "team_id", "value", "bpb", "ppl", "loss", "params", "finished"}
+    assert set(rows[0]) == {"rank", "team", "team_id", "value", "cells", "bpb", "ppl", "loss", "reward_accuracy",
+                            "reward_margin", "params", "finished"}
 
 
 def test_it_leaves_out_unfinished_trials_and_other_corpora(alice_team, boards):
