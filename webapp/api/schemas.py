@@ -3,7 +3,7 @@
 from datetime import datetime
 from typing import Any
 
-from ninja import Schema
+from ninja import Field, Schema
 
 
 class ErrorOut(Schema):
@@ -38,7 +38,10 @@ class DatasetOut(Schema):
     val_fraction: float
     n_bytes: int
     n_tokens: int
-    n_examples: int
+    n_rows: int = Field(description="Instruction data and preference pairs: the file's rows, good and bad.")
+    n_bad_rows: int = Field(description="Rows that are no example or pair (each one's reason is in the preview).")
+    n_examples: int = Field(description="Examples (preference data: pairs) tokenized, training and validation.")
+    train_examples: int = Field(description="Examples or pairs of the training split (the first of the set).")
     created: datetime
 
 

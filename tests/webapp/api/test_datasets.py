@@ -68,6 +68,7 @@ def test_preference_pairs_are_uploaded_as_their_kind_and_previewed_as_pairs(alic
     dataset_tokenize(dataset_id=made.json()["id"])
     ready = alice_api.get(f"/datasets/{made.json()['id']}").json()
     assert (ready["status"], ready["kind"], ready["n_examples"]) == ("ready", "preference", 8)  # pairs
+    assert (ready["n_rows"], ready["n_bad_rows"]) == (8, 0) and 0 < ready["train_examples"] < 8
     preview = alice_api.get(f"/datasets/{made.json()['id']}/preview").json()
     assert preview["kind"] == "preference" and preview["bad_rows"] == []
     first = preview["pairs"][0]
