@@ -50,7 +50,6 @@ from benchmarks.memory_bound import smollm2_checkpoint
 from benchmarks.sharp_scaling import pinned
 from webapp.datasets.sample_chat import sample_chat_rows
 from worker import config
-from worker.contract import EngineJob
 from worker.devices import Device, cpu_cores
 from worker.engine import shared_base
 from worker.engine.chat import chat_tokenizer
@@ -163,16 +162,7 @@ def main() -> None:
             devices = [Device("cpu", i, 1) for i in range(args.devices)]
             with LocalWorkers(devices=devices, redis_url=config.current().redis_url, root=root / "sharp") as workers:
                 with PeakBytes(workers.spill_dir) as peak:
-                    start = time.monotonic()
-                    for trial_id, spec in specs.items():
-                        workers.queue.submit(trial_id=trial_id, job=EngineJob(trial=spec),
-                                             export_dir=str(root / "sharp" / "export" / trial_id))
-                    workers.wait_until_ended(list(specs), timeout_s=7200)
-                    shared_s = time.monotonic() - start
-                records = {r.trial_id: r for r in workers.queue.trials() if r.trial_id in specs}
-                failed = {t: r.message for t, r in records.items() if r.state != "finished"}
-                if failed:
-                    sys.exit(f"trials failed: {failed}")
+                    shared_s, _ = workers.run_trials(specs, export_root=root / "sharp" / "export", timeout_s=7200)
                 for entry in sorted(workers.entries("evals"), key=lambda e: float(e["time"])):
                     if entry["trial"] in specs:
                         accuracy[str(entry["trial"])] = float(entry["reward_accuracy"])  # the last one stays

@@ -14,16 +14,20 @@ import uuid
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import redis
 
-from worker.contract import ENDED
+from worker.contract import ENDED, EngineJob, TrialRecord
 from worker.devices import Device
 from worker.launch import worker_command
 from worker.processes import stop_processes
 from worker.scheduling import telemetry
 from worker.scheduling.keys import HOSTS_KEY
 from worker.scheduling.queue import ShardQueue
+
+if TYPE_CHECKING:
+    from worker.engine.config import TrialSpec
 
 STOP_GRACE_S = 15.0
 START_TIMEOUT_S = 120.0
@@ -104,6 +108,22 @@ class LocalWorkers:
     def logs(self) -> str:
         """The end of every worker's log."""
         return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted(self.root.glob("*.log")))
+
+    def run_trials(self, specs: Mapping[str, TrialSpec], *, export_root: Path,
+                   timeout_s: float) -> tuple[float, dict[str, TrialRecord]]:
+        """Submit every trial of `specs` (trial id -> spec) to this host, each exported into ``export_root /
+        <trial id>``, and wait until all ended: the seconds from the first submission to the last end, and each
+        trial's record. RuntimeError, with each failed trial's message, if one did not finish."""
+        start = time.monotonic()
+        for trial_id, spec in specs.items():
+            self.queue.submit(trial_id=trial_id, job=EngineJob(trial=spec), export_dir=str(export_root / trial_id))
+        self.wait_until_ended(list(specs), timeout_s=timeout_s)
+        seconds = time.monotonic() - start
+        records = {r.trial_id: r for r in self.queue.trials() if r.trial_id in specs}
+        failed = {t: r.message for t, r in records.items() if r.state != "finished"}
+        if failed:
+            raise RuntimeError(f"trials failed: {failed}")
+        return seconds, records
 
     def wait_until_ended(self, trial_ids: Sequence[str], *, timeout_s: float) -> None:
         """Block until every trial ended (finished, pruned, failed or cancelled); raise RuntimeError on a timeout."""

@@ -61,7 +61,6 @@ from benchmarks.local_workers import LocalWorkers
 from benchmarks.memory_bound import smollm2_checkpoint
 from benchmarks.sharp_scaling import pinned
 from worker import config
-from worker.contract import EngineJob
 from worker.devices import Device, cpu_cores
 from worker.engine import shared_base
 from worker.engine.config import DataSpec, LoraSpec, ModelSpec, OptimizerSpec, ScheduleSpec, TrialSpec
@@ -310,16 +309,8 @@ def main() -> None:
             devices = [Device("cpu", i, 1) for i in range(args.devices)]
             with LocalWorkers(devices=devices, redis_url=config.current().redis_url, root=root / "sharp") as workers:
                 with PeakBytes(workers.spill_dir) as peak:
-                    start = time.monotonic()
-                    for trial_id, spec in specs.items():
-                        workers.queue.submit(trial_id=trial_id, job=EngineJob(trial=spec),
-                                             export_dir=str(root / "sharp" / "export" / trial_id))
-                    workers.wait_until_ended(list(specs), timeout_s=3600)
-                    shared_s = time.monotonic() - start
-                records = {r.trial_id: r for r in workers.queue.trials() if r.trial_id in specs}
-                failed = {t: r.message for t, r in records.items() if r.state != "finished"}
-                if failed:
-                    sys.exit(f"trials failed: {failed}")
+                    shared_s, records = workers.run_trials(specs, export_root=root / "sharp" / "export",
+                                                           timeout_s=3600)
                 spans = [s for s in workers.entries("spans") if s["trial"] in specs]
                 saved, needed = base_loads(spans, {t: r.plan for t, r in records.items() if r.plan})
         print(f"shared: {shared_s:.1f} s", file=sys.stderr)
