@@ -1,9 +1,9 @@
 """A lab tunes a chat model on its preferences, in real Chromium against the real stack (`make run`'s devstack):
 upload a JSONL file of preference pairs (one row of it bad), read its pairs on the dataset's page (the chosen
 answer marked beside the rejected one, the bad row listed by line), sweep two DPO betas of SmolLM2-135M-Instruct
-with LoRA on it, watch the chosen and rejected rewards appear on a trial's page, rank the trials by preference
-accuracy on the leaderboard, ask the best one a question on its page, download its adapter and load it on
-SmolLM2 with transformers and peft. No page may log an error.
+with LoRA on it, watch the chosen and rejected rewards appear on a trial's page as it trains, rank the trials by
+preference accuracy on the leaderboard, ask the best one a question on its page, download its adapter and load it
+on SmolLM2 with transformers and peft. No page may log an error.
 
 Kept small for a 2-core machine: 2 steps per trial, one pair (two rows of 96 tokens at most) a step.
 """
@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.browser.devstack import DevStack
 from tests.browser.test_chat_journey import QUESTION, _ask
-from tests.browser.test_end_to_end import _checked, _log_in, _reload_until
+from tests.browser.test_end_to_end import _checked, _log_in, _reload_until, _trial_rows
 from tests.browser.test_pretrained_journey import (
     FINISH_TIMEOUT_S,
     _add_smollm2,
@@ -107,6 +107,17 @@ def _sweep_betas(page) -> int:
     return create_from_preview(page)
 
 
+def _watch_rewards_appear(page, stack: DevStack, experiment_id: int) -> int:
+    """The first trial's page, opened as the sweep starts, draws its rewards by itself once its first step is
+    done; returns the trial's id, back on the experiment's page."""
+    trial = min(_trial_rows(page))
+    page.goto(f"{stack.url}/trials/{trial}/")
+    page.wait_for_selector("#rewards-plot .main-svg", timeout=FINISH_TIMEOUT_S * 1000)
+    assert page.evaluate(REWARDS_JS)["chosen"], page.evaluate(REWARDS_JS)
+    page.goto(f"{stack.url}/experiments/{experiment_id}/")
+    return trial
+
+
 def _see_rewards(page, stack: DevStack, trial: int, screenshots_dir: Path) -> None:
     """The trial's page draws its chosen and rejected rewards and its preference accuracy at every step."""
     page.goto(f"{stack.url}/trials/{trial}/")
@@ -127,8 +138,8 @@ def _see_rewards(page, stack: DevStack, trial: int, screenshots_dir: Path) -> No
 
 
 def _ranked_by_preference_accuracy(page, stack: DevStack, dataset_url: str, screenshots_dir: Path) -> int:
-    """The dataset's leaderboard, switched to preference accuracy, says so and ranks both trials highest first;
-    returns the best's id."""
+    """The dataset's leaderboard, switched to preference accuracy, says so and ranks both trials highest first,
+    ties to the higher reward margin; returns the best's id."""
     page.goto(dataset_url)
     page.click("section.card a.button:text-is('Leaderboard')")
     page.wait_for_url(re.compile(r"/leaderboards/\d+/$"))
@@ -136,7 +147,8 @@ def _ranked_by_preference_accuracy(page, stack: DevStack, dataset_url: str, scre
     page.select_option("#board-metric", "reward_accuracy")
     page.wait_for_url(re.compile(r"/leaderboards/\d+/\?metric=reward_accuracy$"))
     ranked_by = page.inner_text("#ranked-by")
-    assert "Preference accuracy" in ranked_by and "higher is better" in ranked_by, ranked_by
+    assert ranked_by.startswith("Ranked by Preference accuracy (chosen answer rewarded higher): higher is better; "
+                                "ties go to the higher reward margin"), ranked_by
     assert page.get_attribute("#team-board th.ranked", "aria-sort") == "descending"
     rows = page.locator("#team-board tbody tr")
     deadline = time.monotonic() + 60
@@ -148,6 +160,9 @@ def _ranked_by_preference_accuracy(page, stack: DevStack, dataset_url: str, scre
     assert rows.count() == 2, page.inner_text("#team-board")
     accuracies = [float(rows.nth(i).locator("td.ranked").inner_text()) for i in range(2)]
     assert accuracies == sorted(accuracies, reverse=True) and all(0 <= a <= 1 for a in accuracies), accuracies
+    # On 2 held-out pairs the accuracy is 0, 1/2 or 1: a tie is usual, and the larger margin breaks it.
+    margins = [float(rows.nth(i).locator("td[data-field=reward_margin]").inner_text()) for i in range(2)]
+    assert accuracies[0] > accuracies[1] or margins[0] >= margins[1], (accuracies, margins)
     betas = sorted(float(re.search(r"dpo_beta=([\d.]+)", rows.nth(i).locator("td.params").inner_text())[1])
                    for i in range(2))
     assert betas == BETAS, page.inner_text("#team-board")
@@ -184,11 +199,12 @@ def test_a_lab_tunes_a_chat_model_on_its_preferences(page, devstack: DevStack, s
     marks["dataset"] = time.monotonic()
     _checked(page, screenshots_dir, "preference-1-pairs")
     experiment_id = _sweep_betas(page)
-    rows = _reload_until(page, "finish of both trials",
-                         lambda now: all(row.status == "finished" for row in now.values()), FINISH_TIMEOUT_S)
+    first = _watch_rewards_appear(page, devstack, experiment_id)
+    _reload_until(page, "finish of both trials",
+                  lambda now: all(row.status == "finished" for row in now.values()), FINISH_TIMEOUT_S)
     marks["trained"] = time.monotonic()
     _checked(page, screenshots_dir, "preference-2-finished")
-    _see_rewards(page, devstack, min(rows), screenshots_dir)
+    _see_rewards(page, devstack, first, screenshots_dir)
     best = _ranked_by_preference_accuracy(page, devstack, dataset_url, screenshots_dir)
     _ask(page, devstack, best)
     marks["generated"] = time.monotonic()
