@@ -119,7 +119,8 @@ def _watch_rewards_appear(page, stack: DevStack, experiment_id: int) -> int:
 
 
 def _see_rewards(page, stack: DevStack, trial: int, screenshots_dir: Path) -> None:
-    """The trial's page draws its chosen and rejected rewards and its preference accuracy at every step."""
+    """The trial's page draws its chosen and rejected rewards and its preference accuracy at every step, beside
+    its DPO loss."""
     page.goto(f"{stack.url}/trials/{trial}/")
     deadline = time.monotonic() + 60
     while True:  # a trial can say finished before the ingest stored its last step's figures
@@ -133,6 +134,8 @@ def _see_rewards(page, stack: DevStack, trial: int, screenshots_dir: Path) -> No
     assert all(0 <= accuracy <= 1 for accuracy in curves["accuracy"]), curves
     # The first step's policy is its reference, whose implicit rewards are 0.
     assert abs(curves["chosen"][0]) < 1e-3 and abs(curves["rejected"][0]) < 1e-3, curves
+    loss_axis = page.evaluate("() => document.getElementById('curves-plot').layout.yaxis.title.text")
+    assert loss_axis == "DPO loss (nats/pair)", loss_axis
     page.locator("#trial-rewards").scroll_into_view_if_needed()
     _checked(page, screenshots_dir, "preference-3-rewards")
 

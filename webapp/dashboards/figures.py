@@ -161,7 +161,7 @@ def learning_curves(curves: Curves, *, x: XAxis = "step", metric: Metric = "loss
                            "showlegend": False, "marker": {"symbol": "x", "size": 11, "color": colour(index)},
                            "meta": {"trial": trial.id, "role": "pruned"}, "legendgroup": str(trial.id),
                            "hovertemplate": f"<b>{label}</b> {where}<extra></extra>"})
-    y_title = "loss (nats/token)" if metric == "loss" else "perplexity"
+    y_title = _loss_title(curves.trials) if metric == "loss" else "perplexity"
     return {
         "data": traces,
         "layout": BASE_LAYOUT | {
@@ -177,6 +177,17 @@ def learning_curves(curves: Curves, *, x: XAxis = "step", metric: Metric = "loss
             "meta": {"smoothing": smoothing},
         },
     }
+
+
+def _loss_title(trials: Sequence[TrialInfo]) -> str:
+    """The loss axis' title: nats a token, or a pair's DPO loss where DPO trials are drawn (a compared
+    experiment may mix both)."""
+    dpo = {trial.objective == "dpo" for trial in trials}
+    if dpo == {True}:
+        return "DPO loss (nats/pair)"
+    if dpo == {True, False}:
+        return "loss (nats/token; DPO trials: DPO loss, nats/pair)"
+    return "loss (nats/token)"
 
 
 def device_timeline(devices: Devices, trials: Sequence[TrialInfo]) -> Figure:

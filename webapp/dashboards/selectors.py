@@ -45,6 +45,7 @@ class TrialInfo:
     started: float | None = None  # when the trial began running, and ended (epoch seconds)
     finished: float | None = None
     rung: int | None = None  # the pruner's rung where a pruned trial stopped
+    objective: str = "sft"  # its experiment's: a DPO trial's loss is the DPO loss of its pairs, not per token
 
     @property
     def label(self) -> str:
@@ -119,7 +120,8 @@ def trial_infos(trials: Iterable[Trial]) -> list[TrialInfo]:
                   best_val_ppl=t.best_val_ppl,
                   launched=t.experiment.launched.timestamp() if t.experiment.launched else None,
                   started=t.started.timestamp() if t.started else None,
-                  finished=t.finished.timestamp() if t.finished else None, rung=t.rung)
+                  finished=t.finished.timestamp() if t.finished else None, rung=t.rung,
+                  objective=t.experiment.objective)
         for t in trials
     ]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from webapp.dashboards import figures
@@ -49,6 +51,19 @@ def test_learning_curves_draw_raw_smoothed_and_validation_per_trial_on_the_chose
     assert "&lt;b&gt;" in raw["hovertemplate"]
     tokens = figures.curve_points(curves, x="tokens", metric="loss")[7]
     assert tokens["eval_x"] == [20.0]
+
+
+def test_the_loss_axis_says_a_dpo_trial_s_loss_is_per_pair():
+    sft, dpo = _trial(1, 1, {}), replace(_trial(2, 2, {"dpo_beta": 0.1}), objective="dpo")
+
+    def title(*trials: TrialInfo) -> str:
+        curves = Curves(trials=list(trials), train={t.id: TrainSeries() for t in trials},
+                        evals={t.id: EvalSeries() for t in trials}, cursor=Cursor())
+        return figures.learning_curves(curves)["layout"]["yaxis"]["title"]["text"]
+
+    assert title(sft) == "loss (nats/token)"
+    assert title(dpo) == "DPO loss (nats/pair)"
+    assert title(sft, dpo) == "loss (nats/token; DPO trials: DPO loss, nats/pair)"
 
 
 def test_the_timeline_has_a_bar_per_unit_in_its_devices_lane_and_a_trace_per_trial():
