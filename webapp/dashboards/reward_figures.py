@@ -61,7 +61,10 @@ def reward_curves(series: Mapping[int, RewardSeries], trials: Sequence[TrialInfo
             "title": {"text": "DPO rewards: chosen (solid), rejected (dashed), preference accuracy (dotted)"},
             "xaxis": {"title": {"text": "optimizer step"}},
             "yaxis": {"title": {"text": "implicit reward (beta x log-ratio)"}},
+            # room on the right for the accuracy's ticks and title; a little beyond 0 and 1, so that the accuracy's
+            # line at 0 is not hidden by the x axis nor a held-out diamond at 1 cut in half
+            "margin": BASE_LAYOUT["margin"] | {"r": 70},
             "yaxis2": {"title": {"text": "preference accuracy"}, "overlaying": "y", "side": "right",
-                       "range": [0, 1], "tickformat": ".0%"},
+                       "range": [-0.05, 1.05], "tickformat": ".0%", "tickvals": [0, 0.25, 0.5, 0.75, 1]},
         },
     }

@@ -65,7 +65,7 @@ def test_the_figure_draws_the_rewards_and_the_accuracy_of_dpo_trials_only(trials
     assert by_role["chosen"]["y"] == pytest.approx([0.01 * s for s in range(STEPS)])
     assert by_role["rejected"]["y"] == pytest.approx([-0.02 * s for s in range(STEPS)])
     assert by_role["accuracy"]["y"] == pytest.approx([s / STEPS for s in range(STEPS)])
-    assert by_role["accuracy"]["yaxis"] == "y2" and figure["layout"]["yaxis2"]["range"] == [0, 1]
+    assert by_role["accuracy"]["yaxis"] == "y2" and figure["layout"]["yaxis2"]["range"] == [-0.05, 1.05]
     assert (by_role["eval_accuracy"]["x"], by_role["eval_accuracy"]["customdata"]) == ([3, STEPS], [0.15, 0.15])
     assert reward_figures.reward_curves(selectors.reward_curves(trials=infos[1:], until=selectors.Cursor(2**62, 2**62)),
                                         infos[1:]) is None
