@@ -77,6 +77,29 @@
     return unknown;
   }
 
+  // A DPO trial's rewards, on its own figure (the trial page's and the curves page's share the element's id).
+  function applyRewards(rewards) {
+    const el = document.getElementById("rewards-plot");
+    let unknown = false;
+    Object.keys(rewards || {}).forEach(function (key) {
+      const trial = Number(key);
+      const r = rewards[key];
+      const roles = ["chosen", "rejected", "accuracy", "eval_accuracy"];
+      const at = el && el.data ? roles.map(function (role) { return traceIndex(el, "trial", trial, role); }) : [-1];
+      if (at.some(function (i) { return i < 0; })) {
+        unknown = true;  // no figure yet (the page was drawn before the first rewards), or not this trial's traces
+        return;
+      }
+      if (r.x.length) {
+        Plotly.extendTraces(el, { x: [r.x, r.x, r.x], y: [r.chosen, r.rejected, r.accuracy] }, at.slice(0, 3));
+      }
+      if (r.eval_x.length) {
+        Plotly.extendTraces(el, { x: [r.eval_x], y: [r.eval_accuracy], customdata: [r.eval_margin] }, [at[3]]);
+      }
+    });
+    return unknown;
+  }
+
   function applyDevices(data) {
     const timeline = plots["timeline-figure"];
     let unknown = false;
@@ -126,7 +149,7 @@
         return response.json();
       })
       .then(function (data) {
-        const unknown = state.kind === "curves" ? applyCurves(data) : applyDevices(data);
+        const unknown = state.kind === "curves" ? applyCurves(data) || applyRewards(data.rewards) : applyDevices(data);
         updateTrials(data.trials);
         if (unknown) {
           // A trial or device the page does not draw yet (TPE asked for a new trial): draw the page afresh.

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from tests.conftest import PASSWORD
+from tests.webapp.dashboards.test_reward_curves import STEPS, write_dpo
 from tests.webapp.telemetry.factories import (
     make_experiment,
     write_event,
@@ -129,4 +130,46 @@ def test_the_dashboards_draw_grow_and_stop_live(page, live_server, alice, alice_
     assert page.locator("#leaderboard-table tbody tr").count() == 3
     _shot(page, screenshots_dir, "dashboard-leaderboard")
 
+    assert page.errors == []
+
+
+def _reward_lengths(page) -> dict[str, int]:
+    return page.evaluate("() => Object.fromEntries(document.getElementById('rewards-plot').data"
+                         ".map(t => [t.meta.role, t.x.length]))")
+
+
+def test_a_dpo_trial_s_page_draws_its_rewards_as_they_come(page, live_server, alice, alice_team, redis_client,
+                                                           host_id, screenshots_dir, monkeypatch, db_lock):
+    """Opened before its first step, the page of a running DPO trial draws the reward figure when the first
+    rewards arrive, then extends it with each poll, held-out evaluations included, without a reload."""
+    monkeypatch.setattr(views, "POLL_MS", 300)
+    experiment = make_experiment(alice_team, name="dpo live", trials=[{"dpo_beta": 0.1}], total_steps=STEPS)
+    (trial,) = experiment.trials.all()
+    page.goto(f"{live_server.url}/login/")
+    page.fill("input[name=username]", "alice")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+    page.goto(f"{live_server.url}/trials/{trial.pk}/")
+    page.wait_for_selector("#curves-plot .main-svg")
+    assert page.locator("#rewards-plot").count() == 0  # no rewards yet
+
+    write_dpo(redis_client, host_id, trial, range(2))
+    with db_lock:
+        telemetry_ingest(host_id=host_id)
+    page.wait_for_selector("#rewards-plot .main-svg", timeout=10_000)
+    assert _reward_lengths(page) == {"chosen": 2, "rejected": 2, "accuracy": 2, "eval_accuracy": 0}
+
+    page.evaluate("() => { window.notReloaded = true; }")
+    write_dpo(redis_client, host_id, trial, range(2, STEPS))
+    with db_lock:
+        telemetry_ingest(host_id=host_id)
+    page.wait_for_function("() => document.getElementById('rewards-plot').data"
+                           ".every(t => t.x.length === (t.meta.role === 'eval_accuracy' ? 2 : 6))", timeout=10_000)
+    assert page.evaluate("() => window.notReloaded") is True
+    chosen = page.evaluate("() => document.getElementById('rewards-plot').data.find(t => t.meta.role === 'chosen')")
+    assert chosen["x"] == list(range(1, STEPS + 1))
+    assert chosen["y"] == pytest.approx([0.01 * step for step in range(STEPS)])
+    page.locator("#trial-rewards").scroll_into_view_if_needed()
+    _shot(page, screenshots_dir, "trial-rewards-live")
     assert page.errors == []

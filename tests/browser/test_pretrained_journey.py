@@ -69,10 +69,11 @@ def _create_sample_dataset(page) -> None:
     page.wait_for_selector("#dataset-status[data-status=ready]", timeout=120_000)
 
 
-def preview_smollm2_grid(page, *, name: str, space: str, steps: int, budget_mib: int | None = None) -> None:
+def preview_smollm2_grid(page, *, name: str, space: str, steps: int, budget_mib: int | None = None,
+                         objective: str | None = None) -> None:
     """From a dataset's page: an experiment of SmolLM2 with a grid pasted as YAML, `steps` steps and one
-    evaluation at the end, no checkpoints, and a memory budget of `budget_mib` (else the default); previewed,
-    and the preview shows 2 trials."""
+    evaluation at the end, no checkpoints, a memory budget of `budget_mib` (else the default) and the form's
+    `objective` (else its default); previewed, and the preview shows 2 trials."""
     page.click("text=New experiment on this dataset")
     page.wait_for_url(re.compile(r"/experiments/new/"))
     page.fill("#id_name", name)
@@ -80,6 +81,8 @@ def preview_smollm2_grid(page, *, name: str, space: str, steps: int, budget_mib:
     option = page.locator("#id_checkpoint option", has_text="SmolLM2-135M-Instruct")
     assert option.inner_text().startswith("SmolLM2-135M-Instruct (Llama, 134.5M parameters,"), option.inner_text()
     page.select_option("#id_checkpoint", option.get_attribute("value"))
+    if objective is not None:
+        page.select_option("#id_objective", objective)
     page.select_option("#id_strategy", "grid")
     page.fill("#id_budget", str(steps))
     page.select_option("#id_budget_unit", "steps")

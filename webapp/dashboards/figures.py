@@ -113,7 +113,8 @@ def curve_points(curves: Curves, *, x: XAxis, metric: Metric) -> dict[int, dict[
     """Per trial, the train and validation points on the chosen axes: ``{"x", "y", "eval_x", "eval_y"}``.
 
     Wall time counts from the trial's experiment's launch (else its first point), so a page's poll puts new
-    points on the same axis as the first load.
+    points on the same axis as the first load. A DPO trial has no train perplexity (its train loss is the DPO loss
+    of pairs, whose exponential is no perplexity): its perplexity is its evaluations', of the chosen answers.
     """
     points: dict[int, dict[str, list[float]]] = {}
     for trial in curves.trials:
@@ -121,9 +122,10 @@ def curve_points(curves: Curves, *, x: XAxis, metric: Metric) -> dict[int, dict[
         origin = trial.launched
         if origin is None:
             origin = min(train.time[:1] + evals.time[:1], default=0.0)
+        no_train = metric == "perplexity" and trial.objective == "dpo"
         points[trial.id] = {
-            "x": _trial_x(train, x, origin, train),
-            "y": list(train.loss) if metric == "loss" else [perplexity(v) for v in train.loss],
+            "x": [] if no_train else _trial_x(train, x, origin, train),
+            "y": list(train.loss) if metric == "loss" else [] if no_train else [perplexity(v) for v in train.loss],
             "eval_x": _trial_x(evals, x, origin, train),
             "eval_y": list(evals.loss if metric == "loss" else evals.perplexity),
         }
@@ -161,7 +163,7 @@ def learning_curves(curves: Curves, *, x: XAxis = "step", metric: Metric = "loss
                            "showlegend": False, "marker": {"symbol": "x", "size": 11, "color": colour(index)},
                            "meta": {"trial": trial.id, "role": "pruned"}, "legendgroup": str(trial.id),
                            "hovertemplate": f"<b>{label}</b> {where}<extra></extra>"})
-    y_title = "loss (nats/token)" if metric == "loss" else "perplexity"
+    y_title = _y_title(curves.trials, metric)
     return {
         "data": traces,
         "layout": BASE_LAYOUT | {
@@ -177,6 +179,20 @@ def learning_curves(curves: Curves, *, x: XAxis = "step", metric: Metric = "loss
             "meta": {"smoothing": smoothing},
         },
     }
+
+
+def _y_title(trials: Sequence[TrialInfo], metric: Metric) -> str:
+    """The y axis' title: a loss in nats a token or a perplexity, or for DPO trials (a compared experiment may mix
+    both) a pair's DPO loss, or the perplexity of the held-out chosen answers."""
+    dpo = {trial.objective == "dpo" for trial in trials}
+    plain, only_dpo, mixed = {
+        "loss": ("loss (nats/token)", "DPO loss (nats/pair)", "loss (nats/token; DPO trials: DPO loss, nats/pair)"),
+        "perplexity": ("perplexity", "perplexity of the held-out chosen answers",
+                       "perplexity (DPO trials: the held-out chosen answers')"),
+    }[metric]
+    if dpo == {True}:
+        return only_dpo
+    return mixed if dpo == {True, False} else plain
 
 
 def device_timeline(devices: Devices, trials: Sequence[TrialInfo]) -> Figure:

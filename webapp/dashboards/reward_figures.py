@@ -15,10 +15,22 @@ from webapp.dashboards.figures import BASE_LAYOUT, Figure, colour, text
 from webapp.dashboards.selectors import RewardSeries, TrialInfo
 
 
+def reward_points(series: Mapping[int, RewardSeries]) -> dict[str, dict[str, list[float]]]:
+    """Per trial with new rewards, what a page's poll appends to `reward_curves`' traces (``dashboards.js``):
+    ``{"x", "chosen", "rejected", "accuracy"}`` per step and ``{"eval_x", "eval_accuracy", "eval_margin"}`` per
+    held-out evaluation."""
+    return {
+        str(trial): {"x": one.step, "chosen": one.chosen, "rejected": one.rejected, "accuracy": one.accuracy,
+                     "eval_x": one.eval_step, "eval_accuracy": one.eval_accuracy, "eval_margin": one.eval_margin}
+        for trial, one in series.items()
+    }
+
+
 def reward_curves(series: Mapping[int, RewardSeries], trials: Sequence[TrialInfo]) -> Figure | None:
     """Chosen (solid) and rejected (dashed) rewards and the preference accuracy (dotted; markers: held-out pairs)
     of every trial in `series`, coloured as on the learning curves (by its place in `trials`); None when no trial
-    has rewards (no DPO trial)."""
+    has rewards (no DPO trial). Every trial has its four traces, the held-out one empty before its first
+    evaluation, so that a live page's poll extends them (`reward_points`)."""
     if not series:
         return None
     traces: list[Figure] = []
@@ -37,20 +49,22 @@ def reward_curves(series: Mapping[int, RewardSeries], trials: Sequence[TrialInfo
                        "y": one.accuracy, "yaxis": "y2", **common, "line": {"color": colour(index), "dash": "dot"},
                        "meta": {"trial": trial.id, "role": "accuracy"},
                        "hovertemplate": f"<b>{label}</b> accuracy<br>step %{{x}}: %{{y:.2%}}<extra></extra>"})
-        if one.eval_step:
-            traces.append({"type": "scatter", "mode": "markers", "name": f"{label} held-out accuracy",
-                           "x": one.eval_step, "y": one.eval_accuracy, "yaxis": "y2", "legendgroup": str(trial.id),
-                           "marker": {"color": colour(index), "size": 8, "symbol": "diamond"},
-                           "customdata": one.eval_margin, "meta": {"trial": trial.id, "role": "eval_accuracy"},
-                           "hovertemplate": f"<b>{label}</b> held-out pairs<br>step %{{x}}: accuracy %{{y:.2%}}, "
-                                            "margin %{customdata:.4g}<extra></extra>"})
+        traces.append({"type": "scatter", "mode": "markers", "name": f"{label} held-out accuracy",
+                       "x": one.eval_step, "y": one.eval_accuracy, "yaxis": "y2", **common,
+                       "marker": {"color": colour(index), "size": 8, "symbol": "diamond"},
+                       "customdata": one.eval_margin, "meta": {"trial": trial.id, "role": "eval_accuracy"},
+                       "hovertemplate": f"<b>{label}</b> held-out pairs<br>step %{{x}}: accuracy %{{y:.2%}}, "
+                                        "margin %{customdata:.4g}<extra></extra>"})
     return {
         "data": traces,
         "layout": BASE_LAYOUT | {
             "title": {"text": "DPO rewards: chosen (solid), rejected (dashed), preference accuracy (dotted)"},
             "xaxis": {"title": {"text": "optimizer step"}},
             "yaxis": {"title": {"text": "implicit reward (beta x log-ratio)"}},
+            # room on the right for the accuracy's ticks and title; a little beyond 0 and 1, so that the accuracy's
+            # line at 0 is not hidden by the x axis nor a held-out diamond at 1 cut in half
+            "margin": BASE_LAYOUT["margin"] | {"r": 70},
             "yaxis2": {"title": {"text": "preference accuracy"}, "overlaying": "y", "side": "right",
-                       "range": [0, 1], "tickformat": ".0%"},
+                       "range": [-0.05, 1.05], "tickformat": ".0%", "tickvals": [0, 0.25, 0.5, 0.75, 1]},
         },
     }

@@ -45,6 +45,7 @@ class TrialInfo:
     started: float | None = None  # when the trial began running, and ended (epoch seconds)
     finished: float | None = None
     rung: int | None = None  # the pruner's rung where a pruned trial stopped
+    objective: str = "sft"  # its experiment's: a DPO trial's loss is the DPO loss of its pairs, not per token
 
     @property
     def label(self) -> str:
@@ -119,7 +120,8 @@ def trial_infos(trials: Iterable[Trial]) -> list[TrialInfo]:
                   best_val_ppl=t.best_val_ppl,
                   launched=t.experiment.launched.timestamp() if t.experiment.launched else None,
                   started=t.started.timestamp() if t.started else None,
-                  finished=t.finished.timestamp() if t.finished else None, rung=t.rung)
+                  finished=t.finished.timestamp() if t.finished else None, rung=t.rung,
+                  objective=t.experiment.objective)
         for t in trials
     ]
 
@@ -233,21 +235,39 @@ class RewardSeries:
     eval_margin: list[float] = field(default_factory=list)
 
 
-def reward_curves(*, trials: list[TrialInfo]) -> dict[int, RewardSeries]:
-    """The reward series of the DPO trials among `trials` (current attempt, at the curves' level of detail);
-    trials without rewards (any other objective) are left out, so an empty answer means no DPO trial."""
+def reward_curves(*, trials: list[TrialInfo], until: Cursor, after: Cursor | None = None) -> dict[int, RewardSeries]:
+    """The reward series of the DPO trials among `trials` (current attempt) from the rows up to the `until`
+    cursor, the one `curves` answered, so that a page's poll gets every row once; trials without rewards (any
+    other objective) are left out, so an empty answer means no DPO trial.
+
+    Without `after`: the whole history at the curves' level of detail. With `after`: only the rows stored since
+    that cursor (a live page's poll).
+    """
     series: dict[int, RewardSeries] = defaultdict(RewardSeries)
-    steps = (StepMetric.objects.filter(_level_filter(trials), rewards_chosen__isnull=False).order_by("trial_id", "step")
-             .values_list("trial_id", "step", "rewards_chosen", "rewards_rejected", "reward_accuracy"))
-    for trial_id, step, chosen, rejected, accuracy in steps:
+    current = _current_attempts(trials)
+    if after is None:  # as in `curves`: rows newer than the cursor are skipped here, not by a range in SQL
+        steps = StepMetric.objects.filter(_level_filter(trials))
+        evals = EvalMetric.objects.filter(current)
+    else:
+        steps = StepMetric.objects.filter(current, pk__gt=after.step, pk__lte=until.step)
+        evals = EvalMetric.objects.filter(current, pk__gt=after.eval, pk__lte=until.eval)
+    for pk, trial_id, step, chosen, rejected, accuracy in (
+        steps.filter(rewards_chosen__isnull=False).order_by("trial_id", "step")
+        .values_list("pk", "trial_id", "step", "rewards_chosen", "rewards_rejected", "reward_accuracy")
+    ):
+        if pk > until.step:
+            continue
         one = series[trial_id]
         one.step.append(step)
         one.chosen.append(chosen)
         one.rejected.append(rejected)
         one.accuracy.append(accuracy)
-    evals = (EvalMetric.objects.filter(_current_attempts(trials), reward_accuracy__isnull=False)
-             .order_by("trial_id", "step").values_list("trial_id", "step", "reward_accuracy", "reward_margin"))
-    for trial_id, step, accuracy, margin in evals:
+    for pk, trial_id, step, accuracy, margin in (
+        evals.filter(reward_accuracy__isnull=False).order_by("trial_id", "step")
+        .values_list("pk", "trial_id", "step", "reward_accuracy", "reward_margin")
+    ):
+        if pk > until.eval:
+            continue
         one = series[trial_id]
         one.eval_step.append(step)
         one.eval_accuracy.append(accuracy)

@@ -108,7 +108,8 @@ def experiment_curves(request: HttpRequest, experiment_id: int) -> HttpResponse:
         "curves_figure": figures.learning_curves(curves, x=x, metric=metric, smoothing=smoothing, log_y=log_y),
         "parallel_figure": figures.hyperparameters(trials, metric=metric),
         "scatter_figure": figures.hyperparameter_scatter(trials, metric=metric),
-        "reward_figure": reward_figures.reward_curves(selectors.reward_curves(trials=trials), trials),
+        "reward_figure": reward_figures.reward_curves(selectors.reward_curves(trials=trials, until=curves.cursor),
+                                                      trials),
         "state": state,
     })
 
@@ -117,7 +118,7 @@ def experiment_curves(request: HttpRequest, experiment_id: int) -> HttpResponse:
 @require_GET
 def experiment_curves_data(request: HttpRequest, experiment_id: int) -> JsonResponse:
     """What is new since the cursor (or everything, downsampled, without one), on the page's axes:
-    ``{"cursor", "running", "points", "trials"}``."""
+    ``{"cursor", "running", "points", "rewards", "trials"}``."""
     experiment = _experiment(request, experiment_id)
     experiments = _compared(request, experiment)
     x = _choice(request, "x", figures.X_AXES, "step")
@@ -129,7 +130,8 @@ def experiment_curves_data(request: HttpRequest, experiment_id: int) -> JsonResp
 
 def _curves_answer(request: HttpRequest, trials: list[selectors.TrialInfo], *, x: figures.XAxis,
                    metric: figures.Metric, running: bool) -> JsonResponse:
-    """The poll's answer for `trials`: what is new since the request's cursor, on the given axes."""
+    """The poll's answer for `trials`: what is new since the request's cursor, on the given axes, and the new
+    rewards of its DPO trials (``rewards``, always per step)."""
     after_step, after_eval = _count(request, "after_step"), _count(request, "after_eval")
     # Without a cursor: the whole history at the level of detail that fits the budget (a first load).
     after = None if after_step is None and after_eval is None else selectors.Cursor(after_step or 0, after_eval or 0)
@@ -139,6 +141,8 @@ def _curves_answer(request: HttpRequest, trials: list[selectors.TrialInfo], *, x
         "cursor": {"after_step": curves.cursor.step, "after_eval": curves.cursor.eval},
         "running": running,
         "points": {str(tid): p for tid, p in points.items() if p["x"] or p["eval_x"]},
+        "rewards": reward_figures.reward_points(selectors.reward_curves(trials=trials, after=after,
+                                                                        until=curves.cursor)),
         "trials": _trial_rows(trials),
     })
 
@@ -155,7 +159,7 @@ def trial_curves(trial: Trial) -> dict[str, Any]:
     curves = selectors.curves(trials=trials)
     return {
         "figure": figures.learning_curves(curves),
-        "rewards": reward_figures.reward_curves(selectors.reward_curves(trials=trials), trials),
+        "rewards": reward_figures.reward_curves(selectors.reward_curves(trials=trials, until=curves.cursor), trials),
         "state": {"kind": "curves", "url": reverse("dashboard_trial_curves_data", args=[trial.pk]),
                   "cursor": {"after_step": curves.cursor.step, "after_eval": curves.cursor.eval},
                   "running": trial.is_active, "poll_ms": POLL_MS, "smoothing": figures.DEFAULT_SMOOTHING},

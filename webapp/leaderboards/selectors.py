@@ -6,7 +6,8 @@ of its evaluations. Bits per byte ranks by default: it compares across tokenizer
 lengths; the per-token loss and perplexity stand beside it. A preference dataset's trials train with DPO and
 rank by their DPO loss by default, or their preference accuracy, reward margin, or the bits per byte of their
 chosen answers (`DPO_METRICS`). Every metric says whether lower or higher is better, and ranks so. Ties go to the
-trial that finished first, then the older trial; trials without a final figure are not ranked. Across teams,
+metric's tie-breaking metric where it has one (preference accuracy: the reward margin), then the trial that
+finished first, then the older trial; trials without a final figure are not ranked. Across teams,
 datasets compare when their corpus and validation split match (the same text held out, whatever the
 vocabulary), and a team sees other teams' names, metrics and parameters only: never their datasets,
 experiments or models.
@@ -33,10 +34,24 @@ class Metric:
     label: str
     column: str  # its column's heading on a board, where every metric has one
     higher_is_better: bool = False
+    # A metric that breaks its ties, for one of few values (the share of a few held-out pairs) where ties are usual
+    tie_break: Metric | None = None
 
     @property
     def direction(self) -> str:
         return "higher is better" if self.higher_is_better else "lower is better"
+
+    @property
+    def ties(self) -> str:
+        """How the board orders trials of equal value, in words."""
+        if self.tie_break is None:
+            return "ties go to the trial that finished first"
+        better = "higher" if self.tie_break.higher_is_better else "lower"
+        return f"ties go to the {better} {self.tie_break.column.lower()}, then to the trial that finished first"
+
+    @property
+    def best_first(self) -> Any:
+        return F(self.field).desc() if self.higher_is_better else F(self.field).asc()
 
 
 METRICS: dict[str, Metric] = {
@@ -49,15 +64,17 @@ METRICS: dict[str, Metric] = {
 }
 DEFAULT_METRIC = "bpb"
 # A DPO trial's final evaluation: its loss is the mean DPO loss of the held-out pairs, its bits per byte those of
-# their chosen answers, beside the share of pairs it prefers rightly and the mean reward margin.
+# their chosen answers, beside the share of pairs it prefers rightly and the mean reward margin. The share takes
+# few values on a few held-out pairs: the margin, how far the trial prefers the chosen answers, breaks its ties.
+REWARD_MARGIN = Metric("reward_margin", "final_reward_margin", "Reward margin (chosen less rejected)", "Reward margin",
+                       higher_is_better=True)
 DPO_METRICS: dict[str, Metric] = {
     m.key: m
     for m in [
         Metric("val_loss", "final_loss", "DPO loss on the held-out pairs", "DPO loss"),
         Metric("reward_accuracy", "final_reward_accuracy", "Preference accuracy (chosen answer rewarded higher)",
-               "Preference accuracy", higher_is_better=True),
-        Metric("reward_margin", "final_reward_margin", "Reward margin (chosen less rejected)", "Reward margin",
-               higher_is_better=True),
+               "Preference accuracy", higher_is_better=True, tie_break=REWARD_MARGIN),
+        REWARD_MARGIN,
         Metric("bpb", "final_bpb", "Bits per byte of the chosen answers", "Chosen bits per byte"),
     ]
 }
@@ -84,9 +101,10 @@ def _cells(trial: Trial, metric: Metric) -> list[dict[str, Any]]:
 
 
 def _order(metric: Metric) -> list[Any]:
-    """Best first by `metric`, ties to the earlier finish, then the older trial."""
-    value = F(metric.field).desc() if metric.higher_is_better else F(metric.field).asc()
-    return [value, F("finished").asc(nulls_last=True), F("pk").asc()]
+    """Best first by `metric`, ties to its tie-breaking metric (if it has one), then to the earlier finish, then
+    the older trial."""
+    ties = [metric.tie_break.best_first] if metric.tie_break else []
+    return [metric.best_first, *ties, F("finished").asc(nulls_last=True), F("pk").asc()]
 
 
 def holdout_get(raw: str | None) -> int | None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 
 from webapp.dashboards import figures
@@ -49,6 +52,33 @@ def test_learning_curves_draw_raw_smoothed_and_validation_per_trial_on_the_chose
     assert "&lt;b&gt;" in raw["hovertemplate"]
     tokens = figures.curve_points(curves, x="tokens", metric="loss")[7]
     assert tokens["eval_x"] == [20.0]
+
+
+def test_the_loss_axis_says_a_dpo_trial_s_loss_is_per_pair():
+    sft, dpo = _trial(1, 1, {}), replace(_trial(2, 2, {"dpo_beta": 0.1}), objective="dpo")
+
+    def title(*trials: TrialInfo, metric: figures.Metric = "loss") -> str:
+        curves = Curves(trials=list(trials), train={t.id: TrainSeries() for t in trials},
+                        evals={t.id: EvalSeries() for t in trials}, cursor=Cursor())
+        return figures.learning_curves(curves, metric=metric)["layout"]["yaxis"]["title"]["text"]
+
+    assert title(sft) == "loss (nats/token)"
+    assert title(dpo) == "DPO loss (nats/pair)"
+    assert title(sft, dpo) == "loss (nats/token; DPO trials: DPO loss, nats/pair)"
+    assert title(sft, metric="perplexity") == "perplexity"
+    assert title(dpo, metric="perplexity") == "perplexity of the held-out chosen answers"
+    assert title(sft, dpo, metric="perplexity") == "perplexity (DPO trials: the held-out chosen answers')"
+
+
+def test_a_dpo_trial_s_perplexity_is_its_chosen_answers_not_the_exponential_of_its_dpo_loss():
+    sft, dpo = _trial(1, 1, {}), replace(_trial(2, 2, {"dpo_beta": 0.1}), objective="dpo")
+    train = TrainSeries(step=[0, 1], tokens=[10, 20], time=[101.0, 102.0], loss=[0.69, 0.6])
+    evals = EvalSeries(step=[1], time=[102.0], loss=[0.55], perplexity=[7.5])
+    curves = Curves(trials=[sft, dpo], train={1: train, 2: train}, evals={1: evals, 2: evals}, cursor=Cursor())
+    points = figures.curve_points(curves, x="step", metric="perplexity")
+    assert points[1]["y"] == pytest.approx([math.exp(0.69), math.exp(0.6)]) and points[1]["eval_y"] == [7.5]
+    assert (points[2]["x"], points[2]["y"], points[2]["eval_y"]) == ([], [], [7.5])
+    assert figures.curve_points(curves, x="step", metric="loss")[2]["y"] == [0.69, 0.6]
 
 
 def test_the_timeline_has_a_bar_per_unit_in_its_devices_lane_and_a_trace_per_trial():

@@ -168,6 +168,12 @@ def test_the_pages_offer_the_objective_and_show_a_dpo_experiment_s_setup(alice_c
     assert '<dd id="objective">Preference tuning (DPO)</dd>' in page
     assert '<span class="param">dpo_beta=searched</span> <span class="param">dpo_loss_type=sigmoid</span>' in page
     assert "every held-out pair that fits max_seq_len" in page
+    assert "(trained as pairs)" in page and "(trained as examples)" not in page
+    assert "A pair whose chosen or rejected sequence is longer than max_seq_len" in page
+    assert "<th>Best val loss</th>" not in page and ">Best val DPO loss</th>" in page
+    assert ">Chosen answers' ppl</th>" in page
+    trial_page = alice_client.get(reverse("trial_detail", args=[experiment.trials.first().pk])).content.decode()
+    assert ">Best val DPO loss</dt>" in trial_page and ">Chosen answers' ppl</dt>" in trial_page
     assert "trials compared by reward margin (DPO; higher is better)" in page
 
 

@@ -13,6 +13,7 @@ from django.utils import timezone
 from tests.webapp.api.conftest import api_for
 from tests.webapp.experiments.instruction import chat_checkpoint
 from tests.webapp.experiments.preference import dpo_experiment, preference_dataset
+from webapp.ground.models import Trial
 from webapp.leaderboards.selectors import DPO_METRICS, cross_team_board, metric_get, team_board
 
 pytestmark = pytest.mark.django_db
@@ -54,9 +55,21 @@ def test_each_dpo_metric_ranks_its_own_way(alice_team, board, key, order):
     assert FIGURES_BY_LOSS[best[0]["loss"]] == order[0]
 
 
+def test_equal_preference_accuracies_rank_by_reward_margin(alice_team, board):
+    """On a few held-out pairs the accuracy takes few values: of two trials that prefer every pair rightly, the
+    one that prefers them by more ranks first, though it finished last."""
+    sharp = FIGURES["sharp"][0]
+    Trial.objects.filter(experiment__dataset=board, final_loss=sharp).update(final_reward_accuracy=1.0,
+                                                                             finished=timezone.now())
+    assert ranked(board, alice_team, "reward_accuracy") == ["sharp", "gentle", "steady"]
+    best = cross_team_board(dataset=board, metric=metric_get("reward_accuracy", dataset=board))
+    assert FIGURES_BY_LOSS[best[0]["loss"]] == "sharp"
+
+
 def test_the_page_and_the_api_say_which_metric_ranks_and_which_way(alice, alice_client, board):
     page = alice_client.get(reverse("leaderboard", args=[board.pk]), {"metric": "reward_accuracy"}).content.decode()
-    assert "Ranked by <strong>Preference accuracy (chosen answer rewarded higher)</strong>: higher is better." in page
+    assert ("Ranked by <strong>Preference accuracy (chosen answer rewarded higher)</strong>: higher is better; ties go "
+            "to the higher reward margin, then to the trial that finished first.") in page
     assert ('aria-sort="descending" title="Ranked by this: higher is better" data-metric="reward_accuracy">'
             'Preference accuracy') in page
     assert [m.column for m in DPO_METRICS.values()] == ["DPO loss", "Preference accuracy", "Reward margin",
@@ -64,7 +77,8 @@ def test_the_page_and_the_api_say_which_metric_ranks_and_which_way(alice, alice_
     assert '<td data-field="reward_accuracy" class="ranked">1.0000</td>' in page
     assert "held-out pairs of prefs" in page
     page = alice_client.get(reverse("leaderboard", args=[board.pk])).content.decode()
-    assert "Ranked by <strong>DPO loss on the held-out pairs</strong>: lower is better." in page
+    assert ("Ranked by <strong>DPO loss on the held-out pairs</strong>: lower is better; ties go to the trial that "
+            "finished first.") in page
     answer = api_for(alice).get(f"/leaderboards/{board.pk}", metric="reward_margin").json()
     assert (answer["metric"], answer["direction"]) == ("reward_margin", "higher is better")
     assert [row["reward_margin"] for row in answer["team"]] == [0.9, 0.4, 0.2]
