@@ -27,11 +27,12 @@ from typing import Any
 import click
 
 from hydra_client import config as settings
-from hydra_client.client import Hydra, api_base, sends_in_clear
+from hydra_client.client import Hydra
 from hydra_client.commands.common import EXIT_CODES_HELP, HydraGroup, client, emit, json_option, when
 from hydra_client.commands.datasets import datasets, models
 from hydra_client.commands.experiments import experiments, watch
 from hydra_client.commands.trials import download, leaderboard, queue, trials
+from hydra_client.connection import api_base, sends_in_clear
 
 
 @click.group(cls=HydraGroup, epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})

@@ -11,7 +11,8 @@ from typing import Any
 import click
 
 from hydra_client import config as settings
-from hydra_client.client import Hydra, HydraError, HydraUnreachable
+from hydra_client.client import Hydra
+from hydra_client.connection import HydraError, HydraUnreachable
 from hydra_client.render import document
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AUTH, EXIT_NOT_FOUND, EXIT_SERVER = 0, 1, 2, 3, 4, 5

@@ -11,8 +11,8 @@ from typing import Any
 import click
 from tqdm import tqdm
 
-from hydra_client.client import HydraError
 from hydra_client.commands.common import HydraGroup, client, emit, json_option, note
+from hydra_client.connection import HydraError
 from hydra_client.render import duration, number, params, size, table
 
 
