@@ -9,6 +9,7 @@ and ``tqdm``.
         print(dataset["id"], dataset["name"], dataset["status"])
 """
 
-from hydra_client.client import Hydra, HydraError, HydraUnreachable
+from hydra_client.client import Hydra
+from hydra_client.connection import HydraError, HydraUnreachable
 
 __all__ = ["Hydra", "HydraError", "HydraUnreachable"]

@@ -15,7 +15,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hydra_client.client import ENDED, SUCCEEDED, Hydra, HydraError, HydraUnreachable
+from hydra_client.client import ENDED, SUCCEEDED, Hydra
+from hydra_client.connection import HydraError, HydraUnreachable
 from hydra_client.render import duration, number, params
 
 STEPS_PER_ANSWER = 1000  # the most steps one answer of /trials/{id}/metrics holds

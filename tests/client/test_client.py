@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hydra_client import Hydra, HydraError, HydraUnreachable
-from hydra_client.client import attachment_name
+from hydra_client.connection import attachment_name
 from tests.browser.devstack import free_port
 from tests.client.conftest import make_token
 from tests.webapp.datasets.factories import TINY_CORPUS, make_dataset

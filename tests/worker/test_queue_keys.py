@@ -9,7 +9,7 @@ from pathlib import Path
 
 import redis
 
-from tests.worker.test_queue import SPEC, runnable, survey
+from tests.worker.queue_helpers import SPEC, runnable, survey
 from tests.worker.test_queue_wavefront import FOUR
 from worker import api, config
 from worker.contract import EngineJob

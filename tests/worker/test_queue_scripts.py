@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from tests.private_redis import PrivateRedis
-from tests.worker.test_queue import SPEC, runnable, survey
+from tests.worker.queue_helpers import SPEC, runnable, survey
 from worker.scheduling.keys import EVENTS_MAXLEN
 from worker.scheduling.policy import TIE_TOLERANCE
 from worker.scheduling.queue import ShardQueue

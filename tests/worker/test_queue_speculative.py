@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from tests.worker.test_queue import SPEC, Clock, events, runnable, survey
+from tests.worker.queue_helpers import SPEC, Clock, events, runnable, survey
 from worker.scheduling.queue import LeaseLost, ShardQueue
 
 

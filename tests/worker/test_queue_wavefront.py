@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.worker.test_queue import Clock, runnable, survey
-from tests.worker.test_queue import clock as clock
-from tests.worker.test_queue import shard_queue as shard_queue
+from tests.worker.queue_helpers import Clock, runnable, survey
+from tests.worker.queue_helpers import clock as clock
+from tests.worker.queue_helpers import shard_queue as shard_queue
 from worker.contract import EngineJob
 from worker.engine.config import DataSpec, TrialSpec
 from worker.scheduling.queue import LeaseLost, ShardQueue

@@ -13,7 +13,7 @@ import random
 
 import redis
 
-from tests.worker.test_queue import Clock
+from tests.worker.queue_helpers import Clock
 from worker.contract import SyntheticJob
 from worker.scheduling.policy import BaseShard, Candidate, pick
 from worker.scheduling.queue import SURVEY_HEAD, ShardQueue

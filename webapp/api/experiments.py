@@ -18,10 +18,11 @@ from webapp.api.schemas import CountOut, ExperimentOut, PreviewOut, TrialOut
 from webapp.api.trials import trial_out
 from webapp.experiments import previews, selectors, services
 from webapp.experiments.events import trial_events_sync_quietly
-from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet
+from webapp.experiments.forms import ExperimentForm
 from webapp.experiments.listing import ExperimentListQuery, experiments_listed, trials_sorted
 from webapp.experiments.objective import DPO_PARAMETERS
 from webapp.experiments.search_space import OBJECTIVE_KEY, PARAMETERS
+from webapp.experiments.space_rows import ParameterRowFormSet
 from webapp.ground.models import Experiment, ExperimentPreview
 
 router = Router(tags=["experiments"])

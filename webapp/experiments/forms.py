@@ -1,4 +1,5 @@
-"""The experiment form and its search-space rows: input in, an `ExperimentDraft` out.
+"""The experiment form: input in, an `ExperimentDraft` out. Its search-space rows, and the initial data a
+clone starts from, are `webapp.experiments.space_rows`.
 
 The model is a family preset, a custom size of a family (both trained from scratch on the dataset's tokenizer),
 or a ready checkpoint of the catalog (trained on the dataset tokenized with its own tokenizer). A pretrained
@@ -42,17 +43,13 @@ from webapp.experiments.objective import DPO_PRUNER_METRICS, objective_of
 from webapp.experiments.planning import CapError, ExperimentDraft, check_caps, check_steps_budget
 from webapp.experiments.pruning import METRIC_LABELS, pruner_spec
 from webapp.experiments.search_space import (
-    ALIASES,
-    KINDS,
-    PARAMETERS,
     TEMPLATE_KEY,
     SearchSpace,
     SearchSpaceError,
     canonical_name,
-    parse_search_space,
-    rows_from_space,
     space_from_rows,
 )
+from webapp.experiments.space_rows import ParameterRowForm, ParameterRowFormSet
 from webapp.experiments.space_text import (
     chat_template_of_text,
     checkpoint_minutes_of_text,
@@ -65,8 +62,6 @@ from webapp.experiments.space_text import (
 from webapp.ground.models import ChatTemplateCheck, Experiment
 from webapp.worker_door import DEFAULT_CHECKPOINT_MINUTES, MAX_CHECKPOINT_MINUTES, MAX_DEVICES_PER_TRIAL
 
-KIND_LABELS = {"categorical": "categorical (values)", "int": "int range", "float": "float range",
-               "logfloat": "log-float range"}
 MODEL_KINDS = [("preset", "Preset"), ("custom", "Custom size"), ("checkpoint", "Pretrained checkpoint"),
                ("pretrained", "Pretrained directory (older experiments)")]
 
@@ -82,22 +77,6 @@ class CheckpointField(forms.ModelChoiceField):
 MAX_SPACE_TEXT = 20_000 + 6 * 64 * 1024
 MODEL_FIELDS = ("model_kind", "preset", "family", "n_layer", "n_embd", "n_head", "n_kv_head", "n_inner", "n_positions",
                 "checkpoint", "pretrained_dir", "base_dtype")
-
-
-class ParameterRowForm(forms.Form):
-    """One row of the search space: a parameter, its kind, and its values or range."""
-
-    name = forms.ChoiceField(choices=[(n, f"{n} — {p.label}") for n, p in PARAMETERS.items()]
-                             + [(alias, f"{alias} — {name} on instruction data") for alias, name in ALIASES.items()])
-    kind = forms.ChoiceField(choices=[(k, KIND_LABELS[k]) for k in KINDS])
-    values = forms.CharField(required=False, max_length=1000, help_text="Comma-separated (categorical).")
-    low = forms.CharField(required=False, max_length=40)
-    high = forms.CharField(required=False, max_length=40)
-    step = forms.CharField(required=False, max_length=20)
-
-
-ParameterRowFormSet = forms.formset_factory(ParameterRowForm, extra=0, can_delete=True, max_num=len(PARAMETERS),
-                                            validate_max=True)
 
 
 def _check_precision(space: SearchSpace) -> None:
@@ -513,32 +492,3 @@ class ExperimentForm(forms.Form):
         else:
             self.add_error("memory_budget_mib" if self.cleaned_data.get("memory_budget") == "explicit" else None,
                            str(error))
-
-
-def experiment_initial(experiment: Experiment) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Form and row initial data that reproduce `experiment` (for cloning)."""
-    model = experiment.model
-    initial: dict[str, Any] = {
-        "name": f"{experiment.name} (copy)"[:120],
-        "dataset": experiment.dataset_id,
-        "model_kind": model["kind"],
-        "strategy": experiment.strategy,
-        "n_trials": experiment.n_trials,
-        "budget_unit": experiment.budget_unit,
-        "budget": experiment.budget,
-        "eval_every": experiment.eval_every,
-        "seed": experiment.seed,
-        "memory_budget": "auto" if experiment.memory_budget_bytes is None else "explicit",
-        "memory_budget_mib": None if experiment.memory_budget_bytes is None else experiment.memory_budget_bytes >> 20,
-        "early_stop_patience": experiment.early_stop_patience,
-        "checkpoint_minutes": experiment.checkpoint_minutes,
-        "max_devices_per_trial": experiment.max_devices_per_trial,
-        "priority": experiment.priority,
-        "holdout_bytes": experiment.holdout_bytes,
-        "chat_template": experiment.chat_template,
-        "objective": experiment.objective,
-        **({f"pruner_{k}" if k != "kind" else "pruner": v for k, v in experiment.pruner.items()}
-           if experiment.pruner else {}),
-    }
-    initial.update({k: v for k, v in model.items() if k not in ("kind", "checkpoint_name")})
-    return initial, rows_from_space(parse_search_space(experiment.search_space))

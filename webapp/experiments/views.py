@@ -31,7 +31,7 @@ from webapp.experiments import (
 from webapp.experiments.comparisons import comparison_list
 from webapp.experiments.continue_form import ContinueForm
 from webapp.experiments.events import SCHEDULER_DOWN, trial_events_sync_quietly
-from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet, experiment_initial
+from webapp.experiments.forms import ExperimentForm
 from webapp.experiments.generation_form import GenerationForm, generation_initial
 from webapp.experiments.listing import (
     EXPERIMENT_SORTS,
@@ -51,6 +51,7 @@ from webapp.experiments.search_space import (
     PARAMETERS,
     parse_search_space,
 )
+from webapp.experiments.space_rows import ParameterRowFormSet, experiment_initial
 from webapp.experiments.trial_data import experiment_tokens
 from webapp.experiments.trial_settings import trial_settings
 from webapp.ground.models import ChatTemplateCheck, Experiment, ExperimentPreview, Trial, TrialArchive

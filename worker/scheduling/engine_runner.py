@@ -54,14 +54,14 @@ from worker.engine import durable, shared_base
 from worker.engine.durable import CheckpointInfo, Snapshot
 from worker.engine.errors import BudgetError, LaneNotReady, SpecError, SpillStoreError, StaleWriterError
 from worker.engine.faults import Fault
-from worker.engine.partition import AUTO_BUDGET_FRACTION, MemoryPlan
+from worker.engine.partition import AUTO_BUDGET_FRACTION
 from worker.engine.repartition import repartition
 from worker.engine.session import TrialSession, UnitResult, trial_create
 from worker.engine.spill_store import SpillStore
 from worker.scheduling import pruning
-from worker.scheduling.policy import BaseShard
 from worker.scheduling.runner import LaneBusy, Planned, Replanned, UnitDone, WorkloadError
-from worker.scheduling.telemetry import CheckpointMetrics, EvalMetrics, StepMetrics
+from worker.scheduling.telemetry import CheckpointMetrics
+from worker.scheduling.unit_records import _shard_of, first_unit_estimate, progress_of, unit_done
 
 log = logging.getLogger(__name__)
 
@@ -468,59 +468,3 @@ class EngineRunner:
                 session.prefetch(unit, running=running)
         except (OSError, ValueError, KeyError, SpillStoreError) as error:  # the trial moved on or ended
             log.debug("prefetch of trial %s skipped: %s", trial_id, error)
-
-
-def first_unit_estimate(plan: MemoryPlan) -> float:
-    """Seconds per unit before any unit ran, from the profiled forward+backward time of each layer.
-
-    Per micro-batch, n shards run 2n - 1 units: every layer forward once without a graph (about a third
-    of forward+backward) and forward+backward once, so about 4/3 of the profiled time over 2n - 1 units.
-    """
-    units = 2 * len(plan.shards) - 1
-    return max(1e-6, 4 / 3 * sum(layer.time_s for layer in plan.layers) / units)
-
-
-def _shard_of(read: tuple[Path, int, int] | None) -> BaseShard | None:
-    """The scheduler's name for base layers a unit reads (the base's directory is named by its key)."""
-    return None if read is None else BaseShard(read[0].name, read[1], read[2])
-
-
-def progress_of(session: TrialSession) -> tuple[int, list[int], int]:
-    """The trial's units left, its ready lanes and the commit they are as of, as `session` last read its store."""
-    ready, version = session.ready_lanes(), session.store.commit_version
-    return len(session.timetable) - session.state.units_committed, ready, version
-
-
-def unit_done(trial_id: str, result: UnitResult, remaining_units: int, ready: list[int] | None = None,
-              ready_version: int = 0, *, keeps: bool = False, base: BaseShard | None = None,
-              next_base: BaseShard | None = None, rung: int | None = None) -> UnitDone:
-    """Translate the engine's result of one unit into the scheduler's record: the trial then has `remaining_units`
-    left and `ready` lanes as of its store's commit `ready_version` (see `progress_of`). `rung`: the pruner's
-    rung the trial reached at this unit's evaluation."""
-    unit = result.unit
-    now = time.time()
-    steps = (
-        [StepMetrics(trial=trial_id, step=unit.step, loss=result.loss, lr=result.lr or 0.0,
-                     tokens=result.tokens or 0, time=now, rewards_chosen=result.rewards_chosen,
-                     rewards_rejected=result.rewards_rejected, reward_accuracy=result.reward_accuracy)]
-        if result.loss is not None else []
-    )
-    evals = (
-        [EvalMetrics(trial=trial_id, step=unit.step if result.final_step is None else result.final_step - 1,
-                     loss=result.eval_loss, perplexity=result.eval_ppl or 0.0, time=now,
-                     bpb=-1.0 if result.eval_bpb is None else result.eval_bpb, tokens=result.eval_tokens or 0,
-                     bytes=result.eval_bytes or 0, final=int(result.final_step is not None),
-                     rewards_chosen=result.eval_rewards_chosen, rewards_rejected=result.eval_rewards_rejected,
-                     reward_margin=result.eval_reward_margin, reward_accuracy=result.eval_reward_accuracy)]
-        if result.eval_loss is not None else []
-    )
-    return UnitDone(
-        remaining_units=remaining_units, step=unit.step, micro_batch=unit.micro_batch, phase=unit.phase,
-        shard=unit.shard, bytes_moved=result.bytes_read + result.bytes_written,
-        peak_bytes=result.peak_device_bytes or 0, io_s=result.io_s, steps=steps, evals=evals, keeps_activations=keeps,
-        base=base, next_base=next_base, pruned=result.pruned is not None, rung=rung,
-        ready=[0] if ready is None else ready, ready_version=ready_version,
-        message=(result.pruned if result.pruned is not None else
-                 f"stopped early after step {unit.step + 1}: no lower validation loss in the last "
-                 f"evaluations (patience)" if result.stopped_early else ""),
-    )

@@ -12,10 +12,10 @@ from tests.webapp.experiments.preference import N_PAIRS, N_TRAIN, held_out_rows,
 from tests.webapp.experiments.test_forms import bound, planned_errors, post_data, text
 from webapp.datasets.models import DatasetTokens
 from webapp.experiments import services
-from webapp.experiments.forms import experiment_initial
 from webapp.experiments.launching import trial_job
 from webapp.experiments.search_space import SearchSpaceError, parse_search_space
 from webapp.experiments.selectors import experiment_spec
+from webapp.experiments.space_rows import experiment_initial
 from webapp.experiments.space_text import load_spec_text, objective_of_text
 from webapp.experiments.trial_settings import trial_settings
 from webapp.ground.models import Experiment

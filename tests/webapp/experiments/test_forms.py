@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from webapp.experiments.forms import ExperimentForm, ParameterRowFormSet
+from webapp.experiments.forms import ExperimentForm
 from webapp.experiments.services import PLAN_ERRORS, experiment_plan
+from webapp.experiments.space_rows import ParameterRowFormSet
 
 pytestmark = pytest.mark.django_db
 

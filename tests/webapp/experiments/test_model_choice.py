@@ -14,9 +14,9 @@ from tests.webapp.experiments.test_forms import bound, planned_errors, post_data
 from webapp.datasets.models import DatasetTokens
 from webapp.datasets.services import dataset_tokens_build
 from webapp.experiments import services
-from webapp.experiments.forms import experiment_initial
 from webapp.experiments.memory_preview import layer_costs
 from webapp.experiments.model_shapes import PRESETS
+from webapp.experiments.space_rows import experiment_initial
 from webapp.experiments.trial_data import trial_data_request
 from worker.engine.families import architecture_from_spec
 from worker.engine.sizes import FP32

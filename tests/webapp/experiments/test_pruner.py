@@ -10,9 +10,9 @@ from tests.webapp.experiments.test_forms import bound, post_data, text
 from webapp.dashboards.figures import learning_curves
 from webapp.dashboards.selectors import Cursor, Curves, EvalSeries, TrainSeries, trial_infos
 from webapp.experiments.events import trial_event_apply
-from webapp.experiments.forms import experiment_initial
 from webapp.experiments.launching import trial_job, trial_sent_job
 from webapp.experiments.pruning import describe
+from webapp.experiments.space_rows import experiment_initial
 from webapp.ground.models import Trial
 
 pytestmark = pytest.mark.django_db

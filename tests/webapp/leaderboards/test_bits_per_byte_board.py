@@ -26,7 +26,7 @@ from webapp.leaderboards.selectors import METRICS, cross_team_board, measured_on
 from worker.engine import DataSpec, ModelSpec, TrialSpec
 from worker.engine.session import UnitResult
 from worker.engine.train import train_trial
-from worker.scheduling import engine_runner, telemetry
+from worker.scheduling import telemetry, unit_records
 
 pytestmark = pytest.mark.django_db
 
@@ -55,7 +55,7 @@ def final_evaluation(dataset: Dataset, root: Path, *, steps: int) -> UnitResult:
 def report(client: redis.Redis, host_id: str, trial: Trial, result: UnitResult) -> None:
     """What the scheduler writes for the unit that completed the final evaluation."""
     pipe = client.pipeline()
-    for evaluation in engine_runner.unit_done(trial.queue_id, result, 0).evals:
+    for evaluation in unit_records.unit_done(trial.queue_id, result, 0).evals:
         telemetry.add(pipe, host_id, "evals", evaluation)
     pipe.execute()
 

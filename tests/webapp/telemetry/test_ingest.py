@@ -17,8 +17,8 @@ from worker.contract import SyntheticJob
 from worker.engine import TrialSession, trial_create
 from worker.engine.pairs import save_pairs
 from worker.scheduling import telemetry
-from worker.scheduling.engine_runner import unit_done
 from worker.scheduling.queue import ShardQueue
+from worker.scheduling.unit_records import unit_done
 
 pytestmark = pytest.mark.django_db
 

@@ -15,14 +15,17 @@ faster. A device loop may have its survey claim its guess of that pick in the sa
 (`worker.scheduling.queue.speculative`).
 
 - `shard_queue`: `ShardQueue`, the queue of one host;
-- `records`: the lease, planning job and survey it hands a device loop, read from the scripts' replies;
+- `records`: the lease, planning job and survey it hands a device loop, read from the scripts' replies, and a
+  trial's record;
+- `script_args`: the arguments it gives the survey and complete scripts, and lanes as the scripts take them;
 - `scripts`: the Lua files under ``lua/`` and how they are run (EVALSHA through redis-py, in pipelines);
 - `speculative`: the claim a survey makes on the device's guess, and giving it back.
 """
 
 from worker.contract import InvalidTransition, LeaseLost, QueueError, TrialExists, TrialNotFound, TrialRecord
 from worker.scheduling.queue.records import Lease, PlanJob, Survey
-from worker.scheduling.queue.shard_queue import SURVEY_HEAD, ShardQueue
+from worker.scheduling.queue.script_args import SURVEY_HEAD
+from worker.scheduling.queue.shard_queue import ShardQueue
 
 __all__ = ["SURVEY_HEAD", "InvalidTransition", "Lease", "LeaseLost", "PlanJob", "QueueError", "ShardQueue",
            "Survey", "TrialExists", "TrialNotFound", "TrialRecord"]

@@ -1,5 +1,6 @@
 """What the queue hands a device loop (a unit's lease, a trial to plan, a survey) and the readers of the
-scripts' replies they are made from, each reply read in one place."""
+scripts' replies they are made from, each reply read in one place; and a trial's `TrialRecord`, read from its
+hash and leases."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import dataclasses
 import functools
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from worker.contract import Job, job_from_dict
+from worker.contract import Job, TrialRecord, job_from_dict
 from worker.scheduling.keys import TRIAL_ID
-from worker.scheduling.policy import BaseShard, Candidate, Shares
+from worker.scheduling.policy import BaseShard, Candidate, Shares, remaining_seconds
 
 TRIAL_ID_PATTERN = re.compile(f"^{TRIAL_ID}$")
 
@@ -137,3 +138,38 @@ def shares_from(flat: list[Any], teams: int) -> Shares:
         if served:
             shares.served[team] = float(served)
     return shares
+
+
+def _record(trial_id: str, fields: Mapping[str, str], admitted: bool, leases: Sequence[str] = ()) -> TrialRecord:
+    remaining_units = int(fields["remaining_units"]) if "remaining_units" in fields else None
+    unit_s = float(fields["unit_s"]) if "unit_s" in fields else None
+    return TrialRecord(
+        trial_id=trial_id,
+        state=fields.get("state", ""),
+        message=fields.get("message", ""),
+        control=fields.get("control", ""),
+        device=fields.get("device", ""),
+        last_device=fields.get("last_device", ""),
+        remaining_units=remaining_units,
+        unit_s=unit_s,
+        remaining_s=(
+            remaining_seconds(remaining_units, unit_s)
+            if remaining_units is not None and unit_s is not None
+            else None
+        ),
+        units_done=int(fields.get("units_done", 0)),
+        requeues=int(fields.get("requeues", 0)),
+        replans=int(fields.get("replans", 0)),
+        submitted=float(fields.get("submitted", 0)),
+        updated=float(fields.get("updated", 0)),
+        export_dir=fields.get("export_dir", ""),
+        job=json.loads(fields.get("job", "{}")),
+        plan=json.loads(fields["plan"]) if "plan" in fields else None,
+        team=fields.get("team", ""),
+        priority=int(fields.get("priority", 1)),
+        host_bytes=int(fields.get("host_bytes", 0)),
+        admitted=admitted,
+        devices=sorted({held.split(" ", 1)[1] for held in leases if not held.startswith("plan ")}),
+        width=int(fields.get("width", 1)),
+        width_cap=int(fields.get("width_cap", 1)),
+    )

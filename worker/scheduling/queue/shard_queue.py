@@ -20,28 +20,24 @@ from worker.contract import InvalidTransition, Job, LeaseLost, TrialExists, Tria
 from worker.scheduling.fair_share import PRIORITIES
 from worker.scheduling.keys import HOSTS_KEY, TEAM, host_prefix
 from worker.scheduling.placement import HostLoad
-from worker.scheduling.policy import BaseShard, Shares, remaining_seconds
+from worker.scheduling.policy import BaseShard, Shares
 from worker.scheduling.queue import speculative
 from worker.scheduling.queue.records import (
     TRIAL_ID_PATTERN,
     Lease,
     PlanJob,
     Survey,
+    _record,
     claim_ids,
     lease_from,
     plan_job_from,
     shares_from,
     survey_from,
 )
+from worker.scheduling.queue.script_args import _complete_args, _lanes, _survey_args
 from worker.scheduling.queue.scripts import Also, Clock, Scripts
 
 TEAM_PATTERN = re.compile(f"^{TEAM}$")
-# What a survey reads of each team's runnable set (see ``lua/survey.lua``): its longest trials that no other
-# device holds, and of one shared base's trials the longest that the affinity rule may look at. Both are bounds
-# that keep a survey's cost flat however many trials are runnable; the policy's choice over them is its choice
-# over the whole set, except that a base's trials beyond the first SURVEY_BASE_WALK are not tried for affinity.
-SURVEY_HEAD = 4
-SURVEY_BASE_WALK = 16
 
 
 class ShardQueue:
@@ -440,68 +436,3 @@ class ShardQueue:
         for trial_id in ids:
             pipe.hget(self.key(f"trial:{trial_id}"), "state")
         return {trial_id: state for trial_id, state in zip(ids, pipe.execute(), strict=True) if state is not None}
-
-
-def _record(trial_id: str, fields: Mapping[str, str], admitted: bool, leases: Sequence[str] = ()) -> TrialRecord:
-    remaining_units = int(fields["remaining_units"]) if "remaining_units" in fields else None
-    unit_s = float(fields["unit_s"]) if "unit_s" in fields else None
-    return TrialRecord(
-        trial_id=trial_id,
-        state=fields.get("state", ""),
-        message=fields.get("message", ""),
-        control=fields.get("control", ""),
-        device=fields.get("device", ""),
-        last_device=fields.get("last_device", ""),
-        remaining_units=remaining_units,
-        unit_s=unit_s,
-        remaining_s=(
-            remaining_seconds(remaining_units, unit_s)
-            if remaining_units is not None and unit_s is not None
-            else None
-        ),
-        units_done=int(fields.get("units_done", 0)),
-        requeues=int(fields.get("requeues", 0)),
-        replans=int(fields.get("replans", 0)),
-        submitted=float(fields.get("submitted", 0)),
-        updated=float(fields.get("updated", 0)),
-        export_dir=fields.get("export_dir", ""),
-        job=json.loads(fields.get("job", "{}")),
-        plan=json.loads(fields["plan"]) if "plan" in fields else None,
-        team=fields.get("team", ""),
-        priority=int(fields.get("priority", 1)),
-        host_bytes=int(fields.get("host_bytes", 0)),
-        admitted=admitted,
-        devices=sorted({held.split(" ", 1)[1] for held in leases if not held.startswith("plan ")}),
-        width=int(fields.get("width", 1)),
-        width_cap=int(fields.get("width_cap", 1)),
-    )
-
-
-def _survey_args(device: str, epoch: str, holding: BaseShard | None = None, claim: Sequence[str] = (),
-                 plan: bool = False) -> dict[str, object]:
-    """The survey script's arguments for the loop `epoch` of `device`, which holds base layers `holding`,
-    claiming the first still runnable of `claim` (none when empty), or with `plan` a trial to plan."""
-    return {"head": SURVEY_HEAD, "base_walk": SURVEY_BASE_WALK, "device": device, "epoch": epoch,
-            "holding": "" if holding is None else str(holding), "claim": claim_ids(claim),
-            "plan": "1" if plan else "0"}
-
-
-def _complete_args(
-    lease: Lease, remaining_units: int, unit_s: float, message: str, steps_done: int | None, hold_s: float, *,
-    epoch: str, next_base: BaseShard | None = None, pruned: bool = False, rung: int | None = None,
-    ready: Sequence[int] = (0,), ready_version: int = 0,
-) -> dict[str, object]:
-    """The complete script's arguments; `epoch` is the device loop's that goes on with a held trial, or ''."""
-    return {"id": lease.trial_id, "token": lease.token, "remaining_units": remaining_units,
-            "unit_s": repr(unit_s), "device": lease.device, "message": message,
-            "steps_done": "" if steps_done is None else int(steps_done), "hold_ms": int(hold_s * 1000),
-            "epoch": epoch, "next_base": "" if next_base is None else str(next_base),
-            "ended": "pruned" if pruned else "finished", "rung": "" if rung is None else int(rung),
-            "ready": _lanes(ready), "ready_v": int(ready_version)}
-
-
-def _lanes(lanes: Sequence[int]) -> str:
-    """Lanes as the scripts take them, separated by spaces; ValueError for anything not a lane number."""
-    if any(isinstance(lane, bool) or not isinstance(lane, int) or lane < 0 for lane in lanes):
-        raise ValueError(f"lanes must be whole numbers from 0; got {list(lanes)!r}")
-    return " ".join(str(lane) for lane in lanes)
