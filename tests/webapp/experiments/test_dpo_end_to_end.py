@@ -32,13 +32,16 @@ SPACE = {"dpo_beta": {"values": [0.1, 0.5]}, "lora_r": {"values": [4]}, "lora_al
 
 
 def _run_to_the_end(experiment, workers, capture) -> list[Trial]:
+    """Ingest until every trial has ended and its final evaluation is stored: a worker's telemetry and its trial's
+    end are separate streams, so the last evaluation may reach the ingest a pass after the end does."""
     deadline = time.monotonic() + 240
     while True:
         with capture(execute=True):
             telemetry_ingest(host_id=workers.host_id)
             trials_reconcile()
         trials = list(experiment.trials.order_by("number"))
-        if all(t.status in Trial.ENDED for t in trials):
+        if all(t.status in Trial.ENDED for t in trials) and all(
+                EvalMetric.objects.filter(trial=t, step=STEPS).exists() for t in trials if t.status == "finished"):
             return trials
         assert time.monotonic() < deadline, f"{[(t.status, t.message) for t in trials]}\n{workers.logs()}"
         time.sleep(0.2)
