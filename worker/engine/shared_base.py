@@ -151,8 +151,9 @@ def reacquire(*, spill_dir: Path, stack: LayerStack, pretrained_dir: Path, trial
                     base_dtype=base_dtype)
     if found != key:
         release(spill_dir=spill_dir, key=found, trial_id=trial_id)
+        layout = f", or the {base_dtype} base's layout has" if base_dtype in LAYOUTS else ""
         raise SpecError(f"trial {trial_id} was trained on a base whose checkpoint {pretrained_dir} has changed "
-                        "since; its adapters belong to the old weights")
+                        f"since{layout}; its adapters belong to the old weights")
 
 
 def _build(root: Path, stack: LayerStack, source: PretrainedWeights, base_dtype: str) -> None:
