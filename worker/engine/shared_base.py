@@ -202,7 +202,7 @@ def read_dequantized(root: Path, filename: str) -> dict[str, torch.Tensor]:
 
 def _formats(index: dict[str, Any]) -> dict[str, str]:
     """Checkpoint name -> the precision its tensor is stored at, as a base's index records it (an index without
-    the entry is of a base storing every tensor at its own precision, vectors fp32 as ever)."""
+    the entry is of a base storing every matrix at the base's precision, vectors in fp32 for int8 and nf4)."""
     if "formats" in index:
         return {key: str(tensor_dtype) for key, tensor_dtype in index["formats"].items()}
     return dict.fromkeys(index["files"], str(index.get("dtype", "fp32")))
