@@ -30,12 +30,12 @@ The last line is one JSON object: ``{"trials", "host_bytes", "host_bytes_unshare
 "sequential_s", "shared_s", "speedup", "base_loads_saved", "base_loads", "device", "base",
 "sequential_trials_measured"}`` (the base-load counts are null on the GPU path, which has no spans).
 ``--base-dtype bf16|int8|nf4`` measures a low-bit base instead (`low_bit`): the shared base's host bytes at that
-precision and in fp32 (``base_bytes_ratio``, fp32 / low-bit: about 2 for bf16, 6 to 7.7 for nf4 as the share of
-vectors kept fp32 shrinks), and the same trials interleaved unit by unit on one device of this process on each
-(``throughput_ratio``, fp32 seconds / low-bit seconds: on a CPU dequantizing costs compute and the traffic it
-saves is cheap; on a GPU the traffic is what it saves). Its last line: ``{"trials", "steps", "seq_len",
-"device", "base", "base_dtype", "base_bytes", "base_bytes_fp32", "base_bytes_ratio", "interleaved_s",
-"interleaved_s_fp32", "throughput_ratio"}``.
+precision and in fp32 (``base_bytes_ratio``, fp32 / low-bit: about 2 for bf16; for nf4 6.4 on SmolLM2, whose
+int8 embedding is a large share, up to 7.7 as the blocks' share grows), and the same trials interleaved unit by
+unit on one device of this process on each (``throughput_ratio``, fp32 seconds / low-bit seconds: on a CPU
+dequantizing costs compute and the traffic it saves is cheap; on a GPU the traffic is what it saves). Its last
+line: ``{"trials", "steps", "seq_len", "device", "base", "base_dtype", "base_bytes", "base_bytes_fp32",
+"base_bytes_ratio", "interleaved_s", "interleaved_s_fp32", "throughput_ratio"}``.
 Figures: benchmarks/RESULTS.md.
 """
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from worker.engine.base_formats import NF4_CODE, dequantize, dynamic_code, quantize
-from worker.engine.sizes import NF4_BLOCK, stored_bytes
+from worker.engine.sizes import NF4_BLOCK, stored_bytes, tensor_format
 
 SHAPES = [(64, 128), (33, 70), (7, 5), (1000, 37)]  # whole blocks, a last short block, an odd count, many scales
 
@@ -113,6 +113,16 @@ def test_it_dequantizes_straight_to_the_compute_dtype_as_one_rounding() -> None:
         parts = quantize(weight, base_dtype, "w")
         assert torch.equal(dequantize(parts, "w", (64, 128), base_dtype, torch.bfloat16),
                            dequantize(parts, "w", (64, 128), base_dtype).to(torch.bfloat16))
+
+
+def test_an_nf4_base_counts_its_vocabulary_matrices_as_int8_and_the_rest_as_nf4() -> None:
+    embedding, block = (49152, 576), (576, 1536)
+    assert tensor_format(embedding, "nf4", vocabulary=True) == "int8"
+    assert stored_bytes(embedding, "nf4", vocabulary=True) == stored_bytes(embedding, "int8") == 49152 * (576 + 4)
+    assert tensor_format(block, "nf4") == "nf4" and stored_bytes(block, "nf4") < stored_bytes(block, "int8") / 1.9
+    for base_dtype in ("fp32", "bf16", "int8"):  # only nf4 treats them apart
+        assert tensor_format(embedding, base_dtype, vocabulary=True) == base_dtype
+    assert stored_bytes((576,), "nf4", vocabulary=True) == 576 * 4  # a vector stays fp32
 
 
 def test_it_refuses_an_unknown_precision() -> None:

@@ -4,32 +4,39 @@ per host at its precision, and a full fine-tune refused."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import weakref
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from tests.engine.conftest import CPU, run_all
+from tests.engine.conftest import CPU, SEQ, VOCAB, run_all
 from tests.engine.test_lora import adapter_weights, lora_spec, save_base
 from tests.plain_pytorch import assert_bit_identical, initial_weights, plain_training
 from worker.engine import ModelSpec, TrialSession, shared_base, trial_create
 from worker.engine import frozen_weights as frozen_weights_module
 from worker.engine.base_formats import dequantize, quantize
 from worker.engine.errors import SpecError
+from worker.engine.families import architecture_from_config, read_config
 from worker.engine.layers import build_layer_stack
-from worker.engine.sizes import stored_bytes
+from worker.engine.sizes import stored_bytes, tensor_format
 
 
 def dequantized_checkpoint(base: Path, base_dtype: str, out: Path) -> Path:
     """``base`` with every weight replaced by its value stored at ``base_dtype`` and read back (plain transformers
-    and the format's own round trip; the format is checked against bitsandbytes in test_base_formats.py)."""
+    and the format's own round trip; the format is checked against bitsandbytes in test_base_formats.py). The
+    model's input embeddings and output head are its vocabulary matrices, as transformers names them."""
     model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True)
+    vocabulary = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
     with torch.no_grad():
         for name, param in model.named_parameters():
             shape = tuple(param.shape)
-            param.copy_(dequantize(quantize(param, base_dtype, name), name, shape, base_dtype))
+            stored_as = tensor_format(shape, base_dtype, vocabulary=id(param) in vocabulary)
+            param.copy_(dequantize(quantize(param, stored_as, name), name, shape, stored_as))
     model.save_pretrained(out)
     return out
 
@@ -78,18 +85,59 @@ def test_two_sweeps_of_one_checkpoint_in_two_precisions_keep_a_base_each_at_its_
     assert held[("fp32-a",)]["key"] == shared_base.content_key(base)  # an fp32 base keeps the content's key
 
     stack = build_layer_stack(ModelSpec(pretrained_dir=str(base)), lora_spec(tokens_path, base, "llama").lora)
-    distinct = {ref.key: ref.shape for refs in stack.frozen for ref in refs}
+    distinct = {ref.key: ref for refs in stack.frozen for ref in refs}
     for trials, base_dtype in ((("bf16-a",), "bf16"), (("nf4-a", "nf4-b"), "nf4"), (("fp32-a",), "fp32")):
-        assert held[trials]["bytes"] == sum(stored_bytes(shape, base_dtype) for shape in distinct.values())
+        assert held[trials]["bytes"] == sum(stored_bytes(ref.shape, base_dtype, vocabulary=ref.vocabulary)
+                                            for ref in distinct.values())
         assert held[trials]["dtype"] == base_dtype
         # the plan counts the frozen weights a unit moves to the device at the base's precision
-        assert plans[trials[0]].frozen_bytes == sum(stored_bytes(ref.shape, base_dtype)
+        assert plans[trials[0]].frozen_bytes == sum(stored_bytes(ref.shape, base_dtype, vocabulary=ref.vocabulary)
                                                     for refs in stack.frozen for ref in refs)
     assert held[("fp32-a",)]["bytes"] > 1.95 * held[("bf16-a",)]["bytes"] > 1.95 * held[("nf4-a", "nf4-b")]["bytes"]
 
     assert not shared_base.release(spill_dir=spill, key=str(held[("nf4-a", "nf4-b")]["key"]), trial_id="nf4-a")
     shared_base.release_trial(spill_dir=spill, trial_id="bf16-a")  # the bf16 sweep ends: the nf4 one goes on
     assert {tuple(b["trials"]) for b in shared_base.bases(spill)} == {("nf4-b",), ("fp32-a",)}
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_an_nf4_base_keeps_the_token_embedding_and_the_head_in_int8(tied: bool, tokens_path: Path,
+                                                                   tmp_path: Path) -> None:
+    """The matrices with a row per token are int8 (a tied one stored once), the blocks' matrices nf4, the vectors
+    fp32; the base's bytes are those the architecture counts from its config, and what the files hold."""
+    base = tmp_path / "base"
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=SEQ, tie_word_embeddings=tied)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        LlamaForCausalLM(config).save_pretrained(base)
+    lora = lora_spec(tokens_path, base, "llama").lora
+    stack = build_layer_stack(ModelSpec(pretrained_dir=str(base)), lora)
+    spill = tmp_path / "spill"
+    key = shared_base.acquire(spill_dir=spill, stack=stack, pretrained_dir=base, trial_id="t", base_dtype="nf4")
+    root = shared_base.base_root(spill, key)
+    index = json.loads((root / shared_base.INDEX).read_text())
+    parts: dict[str, torch.Tensor] = {}
+    for filename in set(index["files"].values()):
+        parts |= load_file(root / filename)
+
+    vocabulary = {"model.embed_tokens.weight"} | (set() if tied else {"lm_head.weight"})
+    assert {k for k in index["files"] if k.endswith("embed_tokens.weight") or k.startswith("lm_head")} == vocabulary
+    for name in vocabulary:
+        assert index["formats"][name] == "int8"
+        assert parts[name].dtype == torch.int8 and parts[name].shape == (VOCAB, 32)
+        assert parts[f"{name}.absmax"].shape == (VOCAB,) and f"{name}.absmax2" not in parts
+    blocks = [k for k, shape in index["shapes"].items() if k.startswith("model.layers.") and len(shape) == 2]
+    assert len(blocks) == 2 * 7
+    for name in blocks:
+        assert index["formats"][name] == "nf4"
+        assert parts[name].dtype == torch.uint8 and parts[name].numel() == math.prod(index["shapes"][name]) // 2
+        assert {f"{name}.absmax", f"{name}.absmax2", f"{name}.offset"} <= set(parts)
+    norms = [k for k, shape in index["shapes"].items() if len(shape) == 1]
+    assert norms and all(parts[k].dtype == torch.float32 for k in norms)
+
+    stored = sum(t.numel() * t.element_size() for t in parts.values())
+    assert index["bytes"] == stored == architecture_from_config(read_config(base)).base_bytes("nf4")
 
 
 def test_a_full_fine_tune_refuses_a_low_bit_base(tokens_path: Path, tmp_path: Path) -> None:

@@ -114,7 +114,8 @@ class ExperimentForm(forms.Form):
                                      help_text="A save_pretrained GPT-2 directory, relative to the models root.")
     base_dtype = forms.ChoiceField(
         choices=[("fp32", "fp32 (4 bytes a weight)"), ("bf16", "bf16 (2 bytes)"),
-                 ("int8", "int8 (1 byte, a scale per row)"), ("nf4", "nf4, QLoRA's 4 bits (about half a byte)")],
+                 ("int8", "int8 (1 byte, a scale per row)"),
+                 ("nf4", "nf4, QLoRA's 4 bits (about half a byte; embedding and head int8)")],
         initial="fp32", required=False, label="Base precision",
         help_text="LoRA trials on a checkpoint: the precision its frozen weights are kept in, once on the host for "
                   "every trial and on every copy to the device. Each weight is dequantized on the device only "

@@ -19,7 +19,8 @@ gradients and optimizer state, and every base weight the layer registers is ``fr
 while a unit of its shard runs, not in the trial's state, read from the host's one shared copy of the base
 (``base_bytes`` in the plan: the model's parameters once, at the experiment's ``base_dtype``, with
 ``base_bytes_fp32`` beside it for comparison). A base in bf16, int8 or nf4 counts each layer's frozen weights at
-that precision (`Architecture.frozen_layer_bytes`, the engine's `stored_bytes` of each matrix), and a unit also
+that precision, an nf4 base's token embedding and head at int8 (`Architecture.frozen_layer_bytes`, the engine's
+`stored_bytes` of each matrix), and a unit also
 holds one module's weights dequantized while it runs: the layer's largest matrix in fp32 is added to its
 activations. Its activations are those of full training
 (an upper bound: a frozen weight's input need not be kept) plus each adapter's rank-wide intermediate, and its

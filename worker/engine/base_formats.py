@@ -12,7 +12,10 @@
   the block maxima double-quantized as bitsandbytes stores them (``quantize_4bit(compress_statistics=True)``):
   less their mean (``offset``), in the 8-bit dynamic code in blocks of 256, with one fp32 maximum each.
 
-For ``int8`` and ``nf4`` vectors (norm weights, biases: a negligible share of the bytes) stay fp32.
+For ``int8`` and ``nf4`` vectors (norm weights, biases: a negligible share of the bytes) stay fp32, and an
+``nf4`` base keeps the token embedding and the output head (tied: one matrix) in ``int8``
+(:func:`worker.engine.sizes.tensor_format`), as QLoRA leaves them out of its 4-bit layers. So the functions here
+take a tensor's own precision, ``tensor_dtype``, which a base records per tensor.
 
 A stored tensor is a few named parts (:func:`quantize`): the data under the weight's own key and the
 statistics under ``<key>.absmax`` (and ``<key>.absmax2``, ``<key>.offset`` for nf4), so that a layer's file
@@ -90,17 +93,18 @@ def _scaled(values: torch.Tensor, absmax: torch.Tensor, block: int) -> torch.Ten
     return torch.cat([out, values[full:] * absmax[-1]]) if full < n else out
 
 
-def quantize(tensor: torch.Tensor, base_dtype: str, key: str) -> dict[str, torch.Tensor]:
-    """``tensor`` (any float dtype) stored at ``base_dtype``: its parts by name (``key``, and for a quantized
-    matrix its statistics under ``key.*``)."""
-    if base_dtype not in BASE_DTYPES:
-        raise ValueError(f"base_dtype {base_dtype!r} is not one of {', '.join(BASE_DTYPES)}")
+def quantize(tensor: torch.Tensor, tensor_dtype: str, key: str) -> dict[str, torch.Tensor]:
+    """``tensor`` (any float dtype) stored at ``tensor_dtype`` (its own precision in the base,
+    :func:`worker.engine.sizes.tensor_format`): its parts by name (``key``, and for a quantized matrix its
+    statistics under ``key.*``)."""
+    if tensor_dtype not in BASE_DTYPES:
+        raise ValueError(f"precision {tensor_dtype!r} is not one of {', '.join(BASE_DTYPES)}")
     tensor = tensor.detach().float().contiguous()
-    if base_dtype == "bf16":
+    if tensor_dtype == "bf16":
         return {key: tensor.to(torch.bfloat16)}
-    if not is_quantized(tuple(tensor.shape), base_dtype):
+    if not is_quantized(tuple(tensor.shape), tensor_dtype):
         return {key: tensor}
-    if base_dtype == "int8":
+    if tensor_dtype == "int8":
         rows = tensor.view(tensor.shape[0], -1)
         absmax = rows.abs().max(dim=1).values  # (rows,)
         # An all-zero row (a padding token's embedding) stays zero rather than 0 * inf.
@@ -116,26 +120,26 @@ def quantize(tensor: torch.Tensor, base_dtype: str, key: str) -> dict[str, torch
     return {key: packed, f"{key}.absmax": scales, f"{key}.absmax2": absmax2, f"{key}.offset": offset.view(1)}
 
 
-def part_names(key: str, shape: tuple[int, ...], base_dtype: str) -> list[str]:
+def part_names(key: str, shape: tuple[int, ...], tensor_dtype: str) -> list[str]:
     """The names :func:`quantize` stores a tensor of ``shape`` under."""
-    if not is_quantized(shape, base_dtype):
+    if not is_quantized(shape, tensor_dtype):
         return [key]
-    if base_dtype == "int8":
+    if tensor_dtype == "int8":
         return [key, f"{key}.absmax"]
     return [key, f"{key}.absmax", f"{key}.absmax2", f"{key}.offset"]
 
 
-def dequantize(parts: dict[str, torch.Tensor], key: str, shape: tuple[int, ...], base_dtype: str,
+def dequantize(parts: dict[str, torch.Tensor], key: str, shape: tuple[int, ...], tensor_dtype: str,
                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The tensor of ``shape`` stored as ``parts`` (:func:`quantize`'s, on any device), as ``dtype`` on that
     device. On CUDA a quantized matrix goes through bitsandbytes' kernels; elsewhere through plain PyTorch
     with their arithmetic (the values in fp32, rounded to ``dtype`` once)."""
     data = parts[key]
-    if not is_quantized(shape, base_dtype):
+    if not is_quantized(shape, tensor_dtype):
         return data.to(dtype)
     if data.device.type == "cuda":
-        return _dequantize_cuda(parts, key, shape, base_dtype, dtype)
-    if base_dtype == "int8":
+        return _dequantize_cuda(parts, key, shape, tensor_dtype, dtype)
+    if tensor_dtype == "int8":
         rows = data.view(shape[0], -1)
         return (rows * parts[f"{key}.absmax"].view(-1, 1) * INT8_SCALE).view(shape).to(dtype)
     absmax = _scaled(dynamic_code().to(data.device)[parts[f"{key}.absmax"].long()], parts[f"{key}.absmax2"],
@@ -146,13 +150,13 @@ def dequantize(parts: dict[str, torch.Tensor], key: str, shape: tuple[int, ...],
     return _scaled(values, absmax, NF4_BLOCK).view(shape).to(dtype)
 
 
-def _dequantize_cuda(parts: dict[str, torch.Tensor], key: str, shape: tuple[int, ...], base_dtype: str,
+def _dequantize_cuda(parts: dict[str, torch.Tensor], key: str, shape: tuple[int, ...], tensor_dtype: str,
                      dtype: torch.dtype) -> torch.Tensor:
     """bitsandbytes' CUDA kernels on the stored parts (its own quantization state, rebuilt around them)."""
     import bitsandbytes.functional as bnb  # only where its CUDA kernels run (see the module docstring)
 
     data = parts[key]
-    if base_dtype == "int8":
+    if tensor_dtype == "int8":
         rows = data.view(shape[0], -1)
         return bnb.int8_vectorwise_dequant(rows, parts[f"{key}.absmax"]).view(shape).to(dtype)
     device = data.device

@@ -123,7 +123,8 @@ class Architecture:
 
     def layer_matrices(self) -> list[tuple[str, list[tuple[int, int]]]]:
         """Per engine layer: the shapes of its weight matrices (a tied head's included: a LoRA trial's head reads
-        it from the base), as the model stores them; the rest of its parameters are vectors."""
+        it from the base), as the model stores them, the token embedding first; the rest of its parameters are
+        vectors."""
         c, v = self.hidden, self.vocab
         gpt2 = self.family == "gpt2"
         embedding = [(v, c), *([(self.context, c)] if gpt2 else [])]
@@ -133,20 +134,22 @@ class Architecture:
 
     def frozen_layer_bytes(self, base_dtype: str) -> list[int]:
         """Per engine layer of a LoRA trial, the bytes of the frozen weights it reads from a base stored at
-        ``base_dtype`` (:func:`worker.engine.sizes.stored_bytes` of each matrix; vectors as that function keeps
-        them)."""
+        ``base_dtype`` (:func:`worker.engine.sizes.stored_bytes` of each matrix, the token embedding and the head
+        as ``vocabulary`` matrices; vectors as that function keeps them)."""
         out = []
-        for (_, matrices), (_, _, frozen) in zip(self.layer_matrices(), self.lora_layer_params(r=1, targets=()),
-                                                 strict=True):
+        for (name, matrices), (_, _, frozen) in zip(self.layer_matrices(), self.lora_layer_params(r=1, targets=()),
+                                                    strict=True):
             vectors = frozen - sum(rows * cols for rows, cols in matrices)
-            matrix_bytes = sum(stored_bytes(shape, base_dtype) for shape in matrices)
+            vocabulary = [name == "head" or (name, k) == ("embedding", 0) for k in range(len(matrices))]
+            matrix_bytes = sum(stored_bytes(shape, base_dtype, vocabulary=vocab)
+                               for shape, vocab in zip(matrices, vocabulary, strict=True))
             out.append(matrix_bytes + stored_bytes((vectors,), base_dtype))
         return out
 
     def base_bytes(self, base_dtype: str) -> int:
         """Bytes of the host's one shared base of this model at ``base_dtype`` (a tied matrix stored once)."""
         layers = self.frozen_layer_bytes(base_dtype)
-        tied = stored_bytes((self.vocab, self.hidden), base_dtype) if self.tied else 0
+        tied = stored_bytes((self.vocab, self.hidden), base_dtype, vocabulary=True) if self.tied else 0
         return sum(layers) - tied
 
     def lora_targets(self) -> tuple[str, ...]:

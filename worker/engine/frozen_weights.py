@@ -59,16 +59,17 @@ def dequantized_bytes(stack: LayerStack, index: int, compute_dtype: torch.dtype)
 
 @contextlib.contextmanager
 def dequantized_on_use(stack: LayerStack, first: int, stop: int, stored: dict[int, dict[str, torch.Tensor]],
-                       base_dtype: str, compute_dtype: torch.dtype) -> Iterator[None]:
+                       formats: dict[str, str], compute_dtype: torch.dtype) -> Iterator[None]:
     """Within the block, layers ``[first, stop)`` of ``stack`` dequantize their frozen weights from ``stored``
-    (layer -> the base's parts on the device, :meth:`worker.engine.shared_base.BaseCache.layers`) as each
-    module that reads them runs, and autograd keeps references to the stored parts in their place."""
+    (layer -> the base's parts on the device, :meth:`worker.engine.shared_base.BaseCache.layers`; ``formats``:
+    checkpoint name -> the precision the base stores it at) as each module that reads them runs, and autograd
+    keeps references to the stored parts in their place."""
     live: dict[int, tuple[int, FrozenRef, torch.dtype]] = {}  # storage data_ptr -> (layer, weight, dtype)
     entered: list[Any] = []  # the saved-tensor hooks of the modules running now, innermost last
     handles = []
 
     def full(index: int, ref: FrozenRef, dtype: torch.dtype) -> torch.Tensor:
-        return dequantize(stored[index], ref.key, ref.shape, base_dtype, dtype)
+        return dequantize(stored[index], ref.key, ref.shape, formats[ref.key], dtype)
 
     def pack(t: torch.Tensor) -> Any:
         found = live.get(t.untyped_storage().data_ptr())

@@ -32,6 +32,7 @@ from worker.engine.families import CAUSAL_LM_CLASSES, architecture_from_config, 
 from worker.engine.head import CausalLMHead
 from worker.engine.positions import Positions
 from worker.engine.rotary_layers import rotary_layers
+from worker.engine.sizes import tensor_format
 
 
 class GPT2Embedding(nn.Module):
@@ -83,16 +84,22 @@ class ParamRef:
 class FrozenRef:
     """A frozen base weight of a LoRA trial: registered by ``layer`` under ``name``, read from the shared
     base (:mod:`worker.engine.shared_base`) under ``key``, its name in the checkpoint (a tied weight has the
-    one key of its first registration, so it is stored once)."""
+    one key of its first registration, so it is stored once). ``vocabulary``: the model's token embedding or
+    output head matrix (a row per token), which a low-bit base may keep at a wider precision."""
 
     layer: int
     name: str
     shape: tuple[int, ...]
     key: str
+    vocabulary: bool = False
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    def stored_as(self, base_dtype: str) -> str:
+        """Its precision in a base stored at ``base_dtype`` (:func:`worker.engine.sizes.tensor_format`)."""
+        return tensor_format(self.shape, base_dtype, vocabulary=self.vocabulary)
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,9 @@ class LayerStack:
         self.frozen: list[list[FrozenRef]] = []
         seen: dict[int, ParamRef] = {}
         model_names = {id(p): n for n, p in model.named_parameters()} if adapters else {}
+        # the model's own word: its input embeddings and its output head (a LoRA-wrapped head's base weight)
+        vocabulary = {id(m.weight) for m in (model.get_input_embeddings(), model.get_output_embeddings())
+                      if m is not None}
         for index, layer in enumerate(self.layers):
             owned: list[ParamRef] = []
             borrowed: list[Borrow] = []
@@ -140,7 +150,7 @@ class LayerStack:
             for name, param in layer.named_parameters():
                 if adapters and not lora_adapters.is_adapter(name):
                     key = lora_adapters.base_name(model_names[id(param)])
-                    frozen.append(FrozenRef(index, name, tuple(param.shape), key))
+                    frozen.append(FrozenRef(index, name, tuple(param.shape), key, id(param) in vocabulary))
                 elif id(param) in seen:
                     borrowed.append(Borrow(index, name, seen[id(param)]))
                 else:

@@ -3,14 +3,15 @@
 A LoRA trial trains only its adapters; the base weights never change, so the host keeps them once, beside
 the trials' spill stores, under ``spill_dir/.bases/<key>/``, where ``key`` is a digest of the checkpoint's
 *content* (its config and weight files), not of its path, and of the precision the base is stored in
-(``ModelSpec.base_dtype``; an fp32 base's key is the content digest alone): the same checkpoint copied
-elsewhere is the same base, a checkpoint replaced in place is another one, and so is the same checkpoint in
-nf4 beside it in bf16.
+(``ModelSpec.base_dtype``; an fp32 base's key is the content digest alone) with the version of that precision's
+layout (:data:`LAYOUTS`): the same checkpoint copied elsewhere is the same base, a checkpoint replaced in place
+is another one, and so is the same checkpoint in nf4 beside it in bf16, or in nf4 at another layout.
 
     <key>/layer-<i>.safetensors   the frozen weights layer i registers first (a tied weight once), at the
                                   base's precision (worker.engine.base_formats: a quantized matrix is a few
                                   named parts), quantized once, here, from the checkpoint's weights
-    <key>/index.json              checkpoint name -> layer file, the base's precision and its bytes
+    <key>/index.json              checkpoint name -> layer file, shape and precision (an nf4 base's token
+                                  embedding and head are int8), the base's precision and its bytes
     <key>/refs/<trial id>         one empty file per trial using the base
 
 A trial adds its reference when it is created and removes it when it ends (exported, failed, cancelled or
@@ -34,6 +35,7 @@ import shutil
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -52,6 +54,9 @@ from worker.engine.sizes import stored_bytes
 from worker.engine.weights import PretrainedWeights
 
 _DIGEST_CHUNK = 16 << 20
+# The version of a precision's layout (which tensors it stores how), part of its bases' keys: a host's base
+# written at another version is another base. nf4: 2 keeps the token embedding and the head in int8.
+LAYOUTS = {"nf4": 2}
 _digests: dict[tuple[str, int, int], str] = {}  # (path, size, mtime ns) -> digest: a file is hashed once
 
 
@@ -69,8 +74,8 @@ def _file_digest(path: Path) -> str:
 
 def content_key(pretrained_dir: Path, base_dtype: str = "fp32") -> str:
     """The digest that names a checkpoint's shared base at ``base_dtype``: its config and every weight file's
-    content, and the precision unless fp32. Raises ``CheckpointLinkError`` when a symbolic link leads the
-    directory, or a file of it, elsewhere."""
+    content, and the precision unless fp32, with its layout's version (:data:`LAYOUTS`). Raises
+    ``CheckpointLinkError`` when a symbolic link leads the directory, or a file of it, elsewhere."""
     directory = checkpoint_dir(pretrained_dir)
     files = sorted(p for p in directory.iterdir() if p.name == "config.json" or p.suffix == ".safetensors")
     if not any(p.suffix == ".safetensors" for p in files):
@@ -80,6 +85,8 @@ def content_key(pretrained_dir: Path, base_dtype: str = "fp32") -> str:
         digest.update(f"{path.name}:{_file_digest(path)}\n".encode())
     if base_dtype != "fp32":
         digest.update(f"base_dtype:{base_dtype}\n".encode())
+    if base_dtype in LAYOUTS:
+        digest.update(f"layout:{LAYOUTS[base_dtype]}\n".encode())
     return digest.hexdigest()[:32]
 
 
@@ -144,8 +151,9 @@ def reacquire(*, spill_dir: Path, stack: LayerStack, pretrained_dir: Path, trial
                     base_dtype=base_dtype)
     if found != key:
         release(spill_dir=spill_dir, key=found, trial_id=trial_id)
+        layout = f", or the {base_dtype} base's layout has" if base_dtype in LAYOUTS else ""
         raise SpecError(f"trial {trial_id} was trained on a base whose checkpoint {pretrained_dir} has changed "
-                        "since; its adapters belong to the old weights")
+                        f"since{layout}; its adapters belong to the old weights")
 
 
 def _build(root: Path, stack: LayerStack, source: PretrainedWeights, base_dtype: str) -> None:
@@ -156,6 +164,7 @@ def _build(root: Path, stack: LayerStack, source: PretrainedWeights, base_dtype:
     staging.mkdir(parents=True)
     where: dict[str, str] = {}
     shapes: dict[str, tuple[int, ...]] = {}
+    formats: dict[str, str] = {}
     total = 0
     for index in range(len(stack)):
         tensors: dict[str, torch.Tensor] = {}
@@ -165,14 +174,15 @@ def _build(root: Path, stack: LayerStack, source: PretrainedWeights, base_dtype:
             tensor = source.get(ref.key)
             if tuple(tensor.shape) != ref.shape:
                 raise SpecError(f"{ref.key} has shape {tuple(tensor.shape)}, the config says {ref.shape}")
-            tensors |= quantize(tensor, base_dtype, ref.key)
+            formats[ref.key] = ref.stored_as(base_dtype)
+            tensors |= quantize(tensor, formats[ref.key], ref.key)
             shapes[ref.key] = ref.shape
-            total += stored_bytes(ref.shape, base_dtype)
+            total += stored_bytes(ref.shape, base_dtype, vocabulary=ref.vocabulary)
         filename = f"layer-{index}.safetensors"
         save_file(tensors, staging / filename, metadata={"format": "pt"})
         where |= {ref.key: filename for ref in stack.frozen[index] if ref.key in tensors}
     (staging / INDEX).write_text(json.dumps({"files": where, "bytes": total, "dtype": base_dtype,
-                                               "shapes": shapes}))
+                                               "shapes": shapes, "formats": formats}))
     shutil.rmtree(root, ignore_errors=True)
     os.replace(staging, root)
 
@@ -181,13 +191,21 @@ def read_dequantized(root: Path, filename: str) -> dict[str, torch.Tensor]:
     """The frozen weights of one of base ``root``'s layer files, by checkpoint name, dequantized to fp32 on the
     CPU (what a LoRA trial's forward computed with: its export merges the adapters into these)."""
     index = json.loads((root / INDEX).read_text())
-    base_dtype = str(index.get("dtype", "fp32"))
     with safe_open(root / filename, framework="pt", device="cpu") as f:
         parts = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
-    if base_dtype == "fp32":
+    if str(index.get("dtype", "fp32")) == "fp32":
         return parts
-    return {key: dequantize(parts, key, tuple(index["shapes"][key]), base_dtype)
+    formats = _formats(index)
+    return {key: dequantize(parts, key, tuple(index["shapes"][key]), formats[key])
             for key, name in index["files"].items() if name == filename}
+
+
+def _formats(index: dict[str, Any]) -> dict[str, str]:
+    """Checkpoint name -> the precision its tensor is stored at, as a base's index records it (an index without
+    the entry is of a base storing every matrix at the base's precision, vectors in fp32 for int8 and nf4)."""
+    if "formats" in index:
+        return {key: str(tensor_dtype) for key, tensor_dtype in index["formats"].items()}
+    return dict.fromkeys(index["files"], str(index.get("dtype", "fp32")))
 
 
 class BaseCache:
@@ -207,7 +225,8 @@ class BaseCache:
 
     _held: dict[str, tuple[str, dict[int, dict[str, torch.Tensor]]]] = {}  # device -> (base root, layers)
     _pending: dict[str, tuple[str, range, Future[dict[int, dict[str, torch.Tensor]]]]] = {}  # device -> read
-    _files: dict[str, tuple[dict[str, str], str]] = {}  # base root -> (checkpoint name -> layer file, precision)
+    # base root -> (checkpoint name -> layer file, checkpoint name -> precision)
+    _files: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
     _reader: ThreadPoolExecutor | None = None
     reads = 0
     hits = 0
@@ -227,10 +246,10 @@ class BaseCache:
                 with contextlib.suppress(OSError, SpecError, RuntimeError):  # read below again, and raise there
                     held |= {i: t for i, t in pending[2].result().items() if i not in held}
         held = {i: t for i, t in held.items() if i in wanted or i in ahead}
-        files, base_dtype = cls._index(root)
+        files, formats = cls._index(root)
         for index in wanted:
             if index not in held:
-                held[index] = _read_layer(root, files, stack, index, device, base_dtype)
+                held[index] = _read_layer(root, files, stack, index, device, formats)
                 cls.reads += 1
         cls._held[str(device)] = (str(root), held)
         return {index: held[index] for index in wanted}
@@ -246,11 +265,11 @@ class BaseCache:
         missing = [i for i in range(first, stop) if i not in loading]
         if not missing:
             return 0
-        files, base_dtype = cls._index(root)
+        files, formats = cls._index(root)
         if cls._reader is None:
             cls._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hydra-base-reader")
         cls._pending[str(device)] = (str(root), range(first, stop), cls._reader.submit(
-            lambda: {i: _read_layer(root, files, stack, i, device, base_dtype) for i in missing}))
+            lambda: {i: _read_layer(root, files, stack, i, device, formats) for i in missing}))
         cls.reads += len(missing)
         return len(missing)
 
@@ -265,11 +284,16 @@ class BaseCache:
         cls._held.pop(str(device), None)
 
     @classmethod
-    def _index(cls, root: Path) -> tuple[dict[str, str], str]:
+    def formats(cls, root: Path) -> dict[str, str]:
+        """Checkpoint name -> the precision base ``root`` stores its tensor at, for dequantizing its parts."""
+        return cls._index(root)[1]
+
+    @classmethod
+    def _index(cls, root: Path) -> tuple[dict[str, str], dict[str, str]]:
         found = cls._files.get(str(root))
         if found is None:
             index = json.loads((root / INDEX).read_text())
-            found = cls._files[str(root)] = (index["files"], str(index.get("dtype", "fp32")))
+            found = cls._files[str(root)] = (index["files"], _formats(index))
         return found
 
     @classmethod
@@ -288,7 +312,7 @@ class BaseCache:
 
 
 def _read_layer(root: Path, files: dict[str, str], stack: LayerStack, index: int,
-                device: torch.device, base_dtype: str) -> dict[str, torch.Tensor]:
+                device: torch.device, formats: dict[str, str]) -> dict[str, torch.Tensor]:
     """Layer ``index``'s frozen weights on ``device`` as the base stores them: each weight's parts by name
     (:func:`worker.engine.base_formats.part_names`; an fp32 or bf16 weight is one part, under its key)."""
     tensors: dict[str, torch.Tensor] = {}
@@ -296,7 +320,7 @@ def _read_layer(root: Path, files: dict[str, str], stack: LayerStack, index: int
     for ref in stack.frozen[index]:
         if ref.key not in files:
             raise SpecError(f"the shared base in {root} lacks {ref.key}: it was built for another model")
-        by_file.setdefault(files[ref.key], []).extend(part_names(ref.key, ref.shape, base_dtype))
+        by_file.setdefault(files[ref.key], []).extend(part_names(ref.key, ref.shape, formats[ref.key]))
     for filename, names in by_file.items():
         with safe_open(root / filename, framework="pt", device=str(device)) as f:
             for name in dict.fromkeys(names):

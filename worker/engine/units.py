@@ -305,7 +305,8 @@ class ShardUnits(PreferenceUnits):
                     for ref in self.stack.frozen[index]:
                         self.stack.bind(index, ref.name, frozen[index][ref.key], trainable=False)
             else:  # each weight full precision only while the module that reads it runs
-                low_bit = dequantized_on_use(self.stack, plan.first, plan.stop, frozen, self.spec.model.base_dtype,
+                low_bit = dequantized_on_use(self.stack, plan.first, plan.stop, frozen,
+                                             BaseCache.formats(self.base_root),
                                              torch.bfloat16 if self.spec.bf16 else torch.float32)
         else:  # this trial's plan has no room for another trial's base layers
             BaseCache.drop(self.device)

@@ -59,8 +59,9 @@ def test_a_checkpoints_page_gives_its_lora_base_in_each_precision(alice, alice_c
 
     checkpoint = ready_checkpoint(alice)
     stack = build_layer_stack(ModelSpec(pretrained_dir=str(checkpoint_dir(checkpoint))), LoraSpec(r=2))
-    shapes = {ref.key: ref.shape for refs in stack.frozen for ref in refs}
-    expected = [(d, sum(stored_bytes(s, d) for s in shapes.values())) for d in ("fp32", "bf16", "int8", "nf4")]
+    refs = {ref.key: ref for layer in stack.frozen for ref in layer}
+    expected = [(d, sum(stored_bytes(r.shape, d, vocabulary=r.vocabulary) for r in refs.values()))
+                for d in ("fp32", "bf16", "int8", "nf4")]
     assert base_sizes(checkpoint) == expected
     page = alice_client.get(reverse("checkpoint_detail", args=[checkpoint.pk])).content.decode()
     assert f"nf4 {filesizeformat(expected[-1][1])}" in page and f"fp32 {filesizeformat(expected[0][1])}" in page

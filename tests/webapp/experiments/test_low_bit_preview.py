@@ -29,10 +29,16 @@ def nf4_bytes(rows: int, cols: int) -> int:
     return -(-n // 2) + blocks + 4 * -(-blocks // 256) + 4
 
 
+def int8_bytes(rows: int, cols: int) -> int:
+    """A matrix in int8: a byte a value, an fp32 maximum a row."""
+    return rows * cols + 4 * rows
+
+
 def base_nf4_bytes() -> int:
     c, v, layers = CONFIG["hidden_size"], CONFIG["vocab_size"], CONFIG["num_hidden_layers"]
     block = sum(nf4_bytes(n_out, n_in) for n_in, n_out in shapes().values()) + 2 * c * FP32  # norms stay fp32
-    return nf4_bytes(v, c) + layers * block + c * FP32  # the tied embedding once, the blocks, the final norm
+    # the tied embedding once, in int8 (a row per token), the blocks in nf4, the final norm
+    return int8_bytes(v, c) + layers * block + c * FP32
 
 
 def test_a_lora_plan_counts_the_base_at_its_precision(settings):
@@ -45,7 +51,7 @@ def test_a_lora_plan_counts_the_base_at_its_precision(settings):
     assert fp32["base_bytes"] == base_params() * FP32 and fp32["base_dtype"] == "fp32"
     assert nf4["base_bytes"] == base_nf4_bytes() and nf4["base_dtype"] == "nf4"
     assert nf4["base_bytes_fp32"] == fp32["base_bytes"]
-    tied = nf4_bytes(CONFIG["vocab_size"], CONFIG["hidden_size"])  # the head reads the tied matrix again
+    tied = int8_bytes(CONFIG["vocab_size"], CONFIG["hidden_size"])  # the head reads the tied matrix again
     assert nf4["frozen_bytes"] == base_nf4_bytes() + tied
     assert nf4["state_bytes"] == fp32["state_bytes"]  # the adapters are fp32 either way
     # a unit dequantizes one matrix at a time, the layer's largest (the embedding; a block's MLP)
