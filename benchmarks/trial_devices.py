@@ -89,7 +89,8 @@ def main() -> None:
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches a step (default 4)")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps (default 3; quick 2)")
     parser.add_argument("--rounds", type=int, help="rounds of (one device, two devices) (default 3; quick 1)")
-    parser.add_argument("--budget-mb", type=float, default=60, help="device budget (default 60: several shards)")
+    parser.add_argument("--budget-mb", type=float, default=200,
+                        help="device budget (default 200: several shards, room for the embedding with its gradient)")
     parser.add_argument("--quick", action="store_true", help="a small shape, 2 steps, 1 round")
     args = parser.parse_args()
     shape = QUICK if args.quick else SHAPE
