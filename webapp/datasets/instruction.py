@@ -23,7 +23,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -35,7 +35,7 @@ from tokenizers import Tokenizer, models
 
 from webapp import worker_door
 from webapp.datasets.models import Dataset, DatasetTokens
-from webapp.datasets.records import BAD_ROWS_KEPT, BadRow, Example, Kind, RecordsError, read_records
+from webapp.datasets.records import BAD_ROWS_KEPT, BadRow, Example, Kind, Records, RecordsError, read_records
 from webapp.datasets.tokenization import token_byte_lengths
 from webapp.worker_door import END_OF_TEXT, train_tokenizer
 
@@ -73,31 +73,61 @@ def split_examples(examples: Sequence[Example], *, val_fraction: float) -> Split
                  validation=[e for k, e in enumerate(examples) if k in held])
 
 
+@dataclass(frozen=True)
+class OwnTokenizer:
+    """A dataset's file read and split, and the tokenizer of its own trained on it (`own_tokenizer`)."""
+
+    records: Records
+    split: Split
+    tokenizer: Tokenizer
+    chat: PreTrainedTokenizerBase  # the tokenizer with the default (ChatML) template
+
+    @property
+    def ordered(self) -> list[Example]:
+        """The items in split order: the training ones, then the validation ones."""
+        return self.split.train + self.split.validation
+
+
+def own_tokenizer(dataset: Dataset, kind: Kind,
+                  rendered: Callable[[PreTrainedTokenizerBase, Example], str]) -> OwnTokenizer:
+    """Read `dataset`'s file as `kind`, split it, and train the dataset's own byte-level BPE on the text
+    `rendered` makes of each item under the default template. Raises InstructionDataError for a file that
+    cannot become a dataset."""
+    from transformers import PreTrainedTokenizerFast
+
+    try:
+        records = read_records(dataset.source_path, kind=kind, columns=dataset.columns,
+                               max_decoded_bytes=settings.HYDRA.max_decoded_bytes)
+    except RecordsError as error:
+        raise InstructionDataError(file_named(str(error), dataset)) from None
+    split = split_examples(records.examples, val_fraction=dataset.val_fraction)
+    renderer = worker_door.chat_tokenizer(Tokenizer(models.BPE()))  # the default template needs no vocabulary
+    text = "\n".join(rendered(renderer, item) for item in split.train + split.validation)
+    tokenizer = train_tokenizer(text, vocab_size=dataset.vocab_size, special_tokens=worker_door.CHAT_SPECIAL_TOKENS)
+    chat = worker_door.chat_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=END_OF_TEXT))
+    return OwnTokenizer(records=records, split=split, tokenizer=tokenizer, chat=chat)
+
+
+def kept_split(own: OwnTokenizer, encoded: Encoded) -> tuple[list[BadRow], list[Example], list[Example]]:
+    """The first `BAD_ROWS_KEPT` bad rows (the file's and those encoding refused, by line), and the training and
+    validation items encoding kept."""
+    # The file's first bad rows come before any it did not keep, so the first of these are the first of all.
+    bad = sorted([*own.records.bad, *(BadRow(line, reason) for line, reason in encoded.failed)],
+                 key=lambda row: row.line)[:BAD_ROWS_KEPT]
+    kept = set(encoded.lines)
+    return (bad, [e for e in own.split.train if e.line in kept],
+            [e for e in own.split.validation if e.line in kept])
+
+
 def instruction_dataset_build(dataset: Dataset) -> dict[str, int]:
     """Read, split and tokenize a tokenizing instruction dataset and write its files; returns the row's
     figures (``n_rows``, ``n_examples``, ``n_bad_rows``, ``train_examples``, ``n_tokens``, ``vocab_size``, and
     the ``columns`` read). Raises InstructionDataError, with the reason for the page, for data that cannot become
     a dataset."""
-    from transformers import PreTrainedTokenizerFast
-
-    try:
-        records = read_records(dataset.source_path, kind=Kind(dataset.kind), columns=dataset.columns,
-                               max_decoded_bytes=settings.HYDRA.max_decoded_bytes)
-    except RecordsError as error:
-        raise InstructionDataError(file_named(str(error), dataset)) from None
-    split = split_examples(records.examples, val_fraction=dataset.val_fraction)
-    ordered = split.train + split.validation
-    renderer = worker_door.chat_tokenizer(Tokenizer(models.BPE()))  # the default template needs no vocabulary
-    text = "\n".join(_rendered(renderer, example) for example in ordered)
-    tokenizer = train_tokenizer(text, vocab_size=dataset.vocab_size, special_tokens=worker_door.CHAT_SPECIAL_TOKENS)
-    chat = worker_door.chat_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=END_OF_TEXT))
-    encoded = worker_door.encode_examples(chat, _rows(ordered), byte_lengths=token_byte_lengths(tokenizer))
-    # The file's first bad rows come before any it did not keep, so the first of these are the first of all.
-    bad = sorted([*records.bad, *(BadRow(line, reason) for line, reason in encoded.failed)],
-                 key=lambda row: row.line)[:BAD_ROWS_KEPT]
-    kept = set(encoded.lines)
-    train = [e for e in split.train if e.line in kept]
-    validation = [e for e in split.validation if e.line in kept]
+    own = own_tokenizer(dataset, Kind(dataset.kind), _rendered)
+    records, tokenizer, chat = own.records, own.tokenizer, own.chat
+    encoded = worker_door.encode_examples(chat, _rows(own.ordered), byte_lengths=token_byte_lengths(tokenizer))
+    bad, train, validation = kept_split(own, encoded)
     _check_split(len(train), len(validation), encoded)
 
     with Partials(dataset.directory) as partials:

@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from django.conf import settings
-from tokenizers import Tokenizer, models
 
 from webapp import worker_door
 from webapp.datasets.instruction import (
@@ -32,14 +30,13 @@ from webapp.datasets.instruction import (
     PREVIEW_EXAMPLES,
     InstructionDataError,
     Partials,
-    file_named,
+    kept_split,
+    own_tokenizer,
     pretrained_chat,
-    split_examples,
 )
 from webapp.datasets.models import Dataset, DatasetTokens
-from webapp.datasets.records import BAD_ROWS_KEPT, BadRow, Example, Kind, RecordsError, read_records
+from webapp.datasets.records import Example, Kind
 from webapp.datasets.tokenization import token_byte_lengths
-from webapp.worker_door import END_OF_TEXT, train_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -54,25 +51,10 @@ def preference_dataset_build(dataset: Dataset) -> dict[str, Any]:
     """Read, split and tokenize a tokenizing preference dataset and write its files; returns the row's figures
     (``n_examples`` and ``train_examples`` count pairs). Raises InstructionDataError, with the reason for the
     page, for data that cannot become a dataset."""
-    from transformers import PreTrainedTokenizerFast
-
-    try:
-        records = read_records(dataset.source_path, kind=Kind.PREFERENCE, columns=dataset.columns,
-                               max_decoded_bytes=settings.HYDRA.max_decoded_bytes)
-    except RecordsError as error:
-        raise InstructionDataError(file_named(str(error), dataset)) from None
-    split = split_examples(records.examples, val_fraction=dataset.val_fraction)
-    ordered = split.train + split.validation
-    renderer = worker_door.chat_tokenizer(Tokenizer(models.BPE()))  # the default template needs no vocabulary
-    text = "\n".join(_rendered(renderer, pair) for pair in ordered)
-    tokenizer = train_tokenizer(text, vocab_size=dataset.vocab_size, special_tokens=worker_door.CHAT_SPECIAL_TOKENS)
-    chat = worker_door.chat_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=END_OF_TEXT))
-    encoded = worker_door.encode_pairs(chat, _rows(ordered), byte_lengths=token_byte_lengths(tokenizer))
-    bad = sorted([*records.bad, *(BadRow(line, reason) for line, reason in encoded.failed)],
-                 key=lambda row: row.line)[:BAD_ROWS_KEPT]
-    kept = set(encoded.lines)
-    train = [pair for pair in split.train if pair.line in kept]
-    validation = [pair for pair in split.validation if pair.line in kept]
+    own = own_tokenizer(dataset, Kind.PREFERENCE, _rendered)
+    records, tokenizer = own.records, own.tokenizer
+    encoded = worker_door.encode_pairs(own.chat, _rows(own.ordered), byte_lengths=token_byte_lengths(tokenizer))
+    bad, train, validation = kept_split(own, encoded)
     _check_split(len(train), len(validation), encoded)
 
     with Partials(dataset.directory) as partials:
