@@ -22,6 +22,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.browser.devstack import DevStack
+from tests.browser.pages import upload_dataset
 from tests.browser.test_end_to_end import _checked, _log_in, _reload_until
 from tests.browser.test_pretrained_journey import (
     FINISH_TIMEOUT_S,
@@ -70,13 +71,7 @@ def _conversations(path: Path) -> Path:
 
 
 def _upload_and_preview(page, data: Path) -> None:
-    page.click("nav.mainnav >> text=Datasets")
-    page.check("input[name=source][value=upload]")
-    page.set_input_files("input[name=file]", str(data))
-    page.fill("input[name=name]", "Python support chats")
-    page.click("#dataset-form button[type=submit]")
-    page.wait_for_url(re.compile(r"/datasets/\d+/$"), timeout=60_000)
-    page.wait_for_selector("#dataset-status[data-status=ready]", timeout=120_000)
+    upload_dataset(page, data, "Python support chats")
     assert page.inner_text("#dataset-kind") == "Chat messages"
     assert page.inner_text("#dataset-rows") == "60"
     assert page.inner_text("#dataset-examples").startswith("59:"), page.inner_text("#dataset-examples")

@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
 from tests.browser.devstack import DevStack
+from tests.browser.pages import upload_dataset
 from worker.engine.config import DataSpec
 
 pytestmark = [pytest.mark.browser, pytest.mark.processes]
@@ -112,15 +113,7 @@ def _log_in(page, stack: DevStack) -> None:
 
 def _upload_dataset(page, stack: DevStack, corpus: Path) -> int:
     """Upload `corpus`; returns the size of the vocabulary its tokenizer was trained to."""
-    page.click("nav.mainnav >> text=Datasets")
-    page.check("input[name=source][value=upload]")
-    page.set_input_files("input[name=file]", str(corpus))
-    page.fill("input[name=name]", "Python prose")
-    page.fill("input[name=vocab_size]", "384")
-    page.click("#dataset-form button[type=submit]")
-    page.wait_for_url(re.compile(r"/datasets/\d+/$"), timeout=60_000)
-    # The tokenizer is trained in the background; the page reloads itself until the dataset is ready.
-    page.wait_for_selector("#dataset-status[data-status=ready]", timeout=60_000)
+    upload_dataset(page, corpus, "Python prose", vocab_size=384, ready_s=60)
     facts = page.inner_text("dl.facts")
     assert f"({corpus.stat().st_size} bytes)" in facts, facts
     tokens = re.search(r"Tokens\s+(\d+)", facts)

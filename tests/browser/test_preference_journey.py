@@ -21,6 +21,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.browser.devstack import DevStack
+from tests.browser.pages import upload_dataset
 from tests.browser.test_chat_journey import QUESTION, _ask
 from tests.browser.test_end_to_end import _checked, _log_in, _reload_until, _trial_rows
 from tests.browser.test_pretrained_journey import (
@@ -71,13 +72,7 @@ def _pairs(path: Path) -> Path:
 
 def _upload_pairs(page, data: Path) -> None:
     """Upload the pairs through the dataset form; their page lists them, the chosen answer marked."""
-    page.click("nav.mainnav >> text=Datasets")
-    page.check("input[name=source][value=upload]")
-    page.set_input_files("input[name=file]", str(data))
-    page.fill("input[name=name]", "Sums, right or wrong")
-    page.click("#dataset-form button[type=submit]")
-    page.wait_for_url(re.compile(r"/datasets/\d+/$"), timeout=60_000)
-    page.wait_for_selector("#dataset-status[data-status=ready]", timeout=120_000)
+    upload_dataset(page, data, "Sums, right or wrong")
     assert page.inner_text("#dataset-kind") == "Preference pairs"
     assert page.inner_text("#dataset-rows") == str(PAIRS)
     assert page.inner_text("#dataset-examples").startswith(f"{PAIRS - 1}:"), page.inner_text("#dataset-examples")
