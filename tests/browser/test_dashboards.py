@@ -143,7 +143,8 @@ def test_a_dpo_trial_s_page_draws_its_rewards_as_they_come(page, live_server, al
     """Opened before its first step, the page of a running DPO trial draws the reward figure when the first
     rewards arrive, then extends it with each poll, held-out evaluations included, without a reload."""
     monkeypatch.setattr(views, "POLL_MS", 300)
-    experiment = make_experiment(alice_team, name="dpo live", trials=[{"dpo_beta": 0.1}], total_steps=STEPS)
+    experiment = make_experiment(alice_team, name="dpo live", trials=[{"dpo_beta": 0.1}], total_steps=STEPS,
+                                 objective="dpo")
     (trial,) = experiment.trials.all()
     page.goto(f"{live_server.url}/login/")
     page.fill("input[name=username]", "alice")

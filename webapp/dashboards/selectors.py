@@ -244,6 +244,9 @@ def reward_curves(*, trials: list[TrialInfo], until: Cursor, after: Cursor | Non
     that cursor (a live page's poll).
     """
     series: dict[int, RewardSeries] = defaultdict(RewardSeries)
+    trials = [t for t in trials if t.objective == "dpo"]
+    if not trials:  # no query for the other objectives' pages and polls
+        return {}
     current = _current_attempts(trials)
     if after is None:  # as in `curves`: rows newer than the cursor are skipped here, not by a range in SQL
         steps = StepMetric.objects.filter(_level_filter(trials))

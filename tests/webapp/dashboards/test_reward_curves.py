@@ -43,7 +43,8 @@ def write_dpo(client, host_id, trial, steps: range = range(STEPS)) -> None:
 
 @pytest.fixture
 def trials(alice_team, redis_client, host_id):
-    experiment = make_experiment(alice_team, trials=[{"dpo_beta": 0.1}, {"dpo_beta": 0.3}], total_steps=STEPS)
+    experiment = make_experiment(alice_team, trials=[{"dpo_beta": 0.1}, {"dpo_beta": 0.3}], total_steps=STEPS,
+                                 objective="dpo")
     dpo, plain = experiment.trials.order_by("number")
     write_dpo(redis_client, host_id, dpo)
     write_steps(redis_client, host_id, plain, range(STEPS))
@@ -83,7 +84,8 @@ def test_the_trial_page_and_the_curves_page_embed_the_rewards_of_a_dpo_trial(ali
 
 def test_a_poll_answers_only_the_rewards_stored_since_the_page_s_cursor(alice_client, alice_team, redis_client,
                                                                          host_id):
-    experiment = make_experiment(alice_team, trials=[{"dpo_beta": 0.1}, {"dpo_beta": 0.3}], total_steps=STEPS)
+    experiment = make_experiment(alice_team, trials=[{"dpo_beta": 0.1}, {"dpo_beta": 0.3}], total_steps=STEPS,
+                                 objective="dpo")
     dpo, plain = experiment.trials.order_by("number")
     write_dpo(redis_client, host_id, dpo, range(2))
     write_steps(redis_client, host_id, plain, range(2))

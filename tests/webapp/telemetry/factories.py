@@ -17,14 +17,15 @@ from worker.scheduling import telemetry
 
 
 def make_experiment(team: Team, *, name: str = "sweep", trials: Sequence[dict[str, Any]] = ({"lr": 1e-3},),
-                    total_steps: int = 100, status: str = "running", dataset=None) -> Experiment:
+                    total_steps: int = 100, status: str = "running", dataset=None,
+                    objective: str = "sft") -> Experiment:
     """An experiment launched now, with one trial per params dict, each on its first attempt."""
     dataset = dataset or make_dataset(team, name=f"{name}-data")
     experiment = Experiment.objects.create(
         team=team, name=name, dataset=dataset, model={"kind": "preset", "preset": "tiny"},
         search_space={"lr": {"kind": "categorical", "values": [p.get("lr") for p in trials]}},
         strategy=Experiment.Strategy.GRID, n_trials=len(trials), budget=total_steps, eval_every=10,
-        launched=timezone.now(),
+        launched=timezone.now(), objective=objective,
     )
     for number, params in enumerate(trials, start=1):
         trial = Trial.objects.create(experiment=experiment, number=number, params=dict(params), status=status,
