@@ -239,14 +239,21 @@ def _rows(examples: Sequence[Example]) -> Iterator[tuple[int, str | None, tuple[
 
 
 def _check_split(n_train: int, n_val: int, encoded: Encoded) -> None:
+    check_split(n_train, n_val, encoded, item="example", none_kept="The chat template refuses every example",
+                refused="the rows the chat template refuses")
+
+
+def check_split(n_train: int, n_val: int, encoded: Encoded, *, item: str, none_kept: str, refused: str) -> None:
+    """Raise InstructionDataError unless encoding kept an `item` of each split: `none_kept` with the first
+    refusal when it kept none at all, else which split is empty once `refused` are left out."""
     if n_train and n_val:
         return
-    if not len(encoded.examples) and encoded.failed:
+    if not encoded.lines and encoded.failed:
         line, reason = encoded.failed[0]
-        raise InstructionDataError(f"The chat template refuses every example; first: line {line}: {reason}")
+        raise InstructionDataError(f"{none_kept}; first: line {line}: {reason}")
     missing = "training" if not n_train else "validation"
-    raise InstructionDataError(f"No {missing} example is left once the rows the chat template refuses are left "
-                               f"out ({len(encoded.failed)} of them); upload more rows.")
+    raise InstructionDataError(f"No {missing} {item} is left once {refused} are left out ({len(encoded.failed)} "
+                               "of them); upload more rows.")
 
 
 def _write_records(path: Path, examples: Sequence[Example]) -> None:

@@ -28,8 +28,8 @@ from webapp import worker_door
 from webapp.datasets.instruction import (
     LENGTH_LIMITS,
     PREVIEW_EXAMPLES,
-    InstructionDataError,
     Partials,
+    check_split,
     kept_split,
     own_tokenizer,
     pretrained_chat,
@@ -135,14 +135,8 @@ def _rows(pairs: Sequence[Example]) -> Iterator[PairRow]:
 
 
 def _check_split(n_train: int, n_val: int, encoded: Encoded) -> None:
-    if n_train and n_val:
-        return
-    if not len(encoded.lines) and encoded.failed:
-        line, reason = encoded.failed[0]
-        raise InstructionDataError(f"No pair can be tokenized; first: line {line}: {reason}")
-    missing = "training" if not n_train else "validation"
-    raise InstructionDataError(f"No {missing} pair is left once the pairs that cannot be tokenized are left out "
-                               f"({len(encoded.failed)} of them); upload more rows.")
+    check_split(n_train, n_val, encoded, item="pair", none_kept="No pair can be tokenized",
+                refused="the pairs that cannot be tokenized")
 
 
 def _write_pairs(path: Path, pairs: Sequence[Example]) -> None:
