@@ -65,9 +65,12 @@ def dynamic_code() -> torch.Tensor:
 
 @functools.cache
 def _nf4_pairs(device: torch.device) -> torch.Tensor:
-    """(256, 2): the NF4 values of a packed byte's high and low nibble, by the byte."""
+    """(256,) int64: the NF4 values of a packed byte's high and low nibble, by the byte, as two fp32 in one
+    8-byte word, so that one gather of a scalar per byte fetches both (a row gather of two floats costs several
+    times more on a CPU)."""
     code, byte = torch.tensor(NF4_CODE), torch.arange(256)
-    return torch.stack([code[byte >> 4], code[byte & 0xF]], dim=-1).to(device)
+    pairs = torch.stack([code[byte >> 4], code[byte & 0xF]], dim=-1).contiguous()
+    return pairs.view(torch.int64).view(-1).to(device)
 
 
 def _blockwise(flat: torch.Tensor, code: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,11 +89,14 @@ def _blockwise(flat: torch.Tensor, code: torch.Tensor, block: int) -> tuple[torc
 
 
 def _scaled(values: torch.Tensor, absmax: torch.Tensor, block: int) -> torch.Tensor:
-    """``values`` (fp32, flat) times their block's maximum, as bitsandbytes' kernels multiply them."""
+    """``values`` (fp32, flat, contiguous, a fresh buffer: multiplied in place) times their block's maximum, as
+    bitsandbytes' kernels multiply them."""
     n = values.numel()
     full = n - n % block
-    out = (values[:full].view(-1, block) * absmax[:full // block].view(-1, 1)).reshape(-1)
-    return torch.cat([out, values[full:] * absmax[-1]]) if full < n else out
+    values[:full].view(-1, block).mul_(absmax[:full // block].view(-1, 1))
+    if full < n:
+        values[full:].mul_(absmax[-1])
+    return values
 
 
 def quantize(tensor: torch.Tensor, tensor_dtype: str, key: str) -> dict[str, torch.Tensor]:
@@ -141,12 +147,12 @@ def dequantize(parts: dict[str, torch.Tensor], key: str, shape: tuple[int, ...],
         return _dequantize_cuda(parts, key, shape, tensor_dtype, dtype)
     if tensor_dtype == "int8":
         rows = data.view(shape[0], -1)
-        return (rows * parts[f"{key}.absmax"].view(-1, 1) * INT8_SCALE).view(shape).to(dtype)
+        return rows.float().mul_(parts[f"{key}.absmax"].view(-1, 1)).mul_(INT8_SCALE).view(shape).to(dtype)
     absmax = _scaled(dynamic_code().to(data.device)[parts[f"{key}.absmax"].long()], parts[f"{key}.absmax2"],
                      ABSMAX_BLOCK)
     absmax += parts[f"{key}.offset"]
-    # both codes of a byte at once (an embedding lookup: the fastest gather on a CPU)
-    values = torch.nn.functional.embedding(data.long(), _nf4_pairs(data.device)).view(-1)[:math.prod(shape)]
+    # both codes of a byte at once, as one 8-byte word a byte
+    values = _nf4_pairs(data.device).index_select(0, data.int()).view(torch.float32)[:math.prod(shape)]
     return _scaled(values, absmax, NF4_BLOCK).view(shape).to(dtype)
 
 
