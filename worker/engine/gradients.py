@@ -7,8 +7,7 @@ sums them. All of it is elementwise, so it streams: the sum so far is read from 
 written back ``GRAD_CHUNK`` elements at a time, and a borrower's contribution is added in place in chunks;
 the device never holds a second gradient-sized buffer beside the fresh gradients. The global norm is the L2
 norm of the per-parameter L2 norms in model parameter order, as ``torch.nn.utils.clip_grad_norm_`` computes
-it, each parameter's norm taken over its whole accumulated gradient (read back from the store for a parameter
-of more than one chunk).
+it, each parameter's norm taken over its whole accumulated gradient as the last micro-batch leaves it in memory.
 """
 
 from __future__ import annotations
@@ -58,38 +57,29 @@ def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequen
     ``partial``, ``fresh`` itself), a chunk at a time; clear the parameters' ``.grad`` and empty ``fresh``
     as each is written, so that its memory goes as soon as it is in the store.
 
-    With ``norms`` (the step's last micro-batch) return the L2 norm of each parameter's accumulated gradient:
-    taken in memory when the parameter is one chunk, else over the parameter read back whole from the store.
+    The sum so far is added into the fresh gradient, chunk by chunk: IEEE addition commutes exactly, so
+    ``fresh + old`` has the bits of autograd's ``old + new``, and the parameter's whole accumulated gradient is
+    in memory once its last chunk is added. With ``norms`` (the step's last micro-batch) return the L2 norm of
+    each parameter's accumulated gradient, taken there before the memory goes.
     """
-    measured: dict[int, float] = {}
+    measured = []
     with store.writer(name) as append:
         for index, (slot, param) in enumerate(zip(slots, owned, strict=True)):
             grad = fresh[index].reshape(-1)
             fresh[index] = torch.empty(0)  # ``grad`` and ``param.grad`` are its last references
             for start in range(0, slot.ref.numel, GRAD_CHUNK):
                 stop = min(slot.ref.numel, start + GRAD_CHUNK)
+                piece = grad[start:stop]
                 if partial:  # old + new, as autograd accumulates .grad
                     # The buffer's committed version: the one being written is registered when it is complete.
-                    old = read_chunk(store, transfers, name, slot.offset + start, slot.offset + stop)
-                    piece = old.add_(grad[start:stop])
-                else:
-                    piece = grad[start:stop]
-                if norms and stop - start == slot.ref.numel:  # the whole parameter's gradient
-                    measured[index] = torch.linalg.vector_norm(piece, 2.0).item()
+                    piece.add_(read_chunk(store, transfers, name, slot.offset + start, slot.offset + stop))
                 append(piece)
                 del piece
+            if norms:
+                measured.append(torch.linalg.vector_norm(grad, 2.0).item())
             param.grad = None
             del grad
-    if not norms:
-        return None
-    out = []
-    for index, slot in enumerate(slots):
-        if index not in measured:
-            whole = read_chunk(store, transfers, name, slot.offset, slot.offset + slot.ref.numel)
-            measured[index] = torch.linalg.vector_norm(whole, 2.0).item()
-            del whole
-        out.append(measured[index])
-    return out
+    return measured if norms else None
 
 
 def global_norm(norms: Sequence[float]) -> float:
