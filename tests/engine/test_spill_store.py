@@ -20,6 +20,16 @@ def test_it_reads_back_what_was_committed(tmp_path: Path) -> None:
     assert reopened.read_new("p0", 2, torch.float32, offset=4 * 4).tolist() == [4, 5]
 
 
+def test_a_buffer_of_zeros_is_staged_unwritten_and_reads_back_as_zeros(tmp_path: Path) -> None:
+    store = SpillStore.create(tmp_path / "t", {"cursor": 0})
+    store.write_zeros("m0", 6 * 4)
+    assert store.bytes_written == 0 and "m0" in store.staged()
+    store.commit()
+    reopened = SpillStore.open(tmp_path / "t")
+    assert torch.equal(reopened.read_new("m0", 6, torch.float32), torch.zeros(6))
+    assert reopened.read_new("m0", 2, torch.float32, offset=4 * 4).tolist() == [0, 0]
+
+
 def test_it_forgets_an_uncommitted_unit(tmp_path: Path) -> None:
     store = SpillStore.create(tmp_path / "t", {"cursor": 0})
     store.write("p0", torch.zeros(4))

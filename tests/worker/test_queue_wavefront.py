@@ -46,6 +46,25 @@ def test_a_trial_takes_a_second_device_for_another_lane_only_when_nothing_else_c
     assert [c.trial_id for c in survey(shard_queue, "cpu2").candidates if not c.widening] == ["b"]
 
 
+def test_a_lane_that_frees_up_while_its_trial_s_holder_goes_on_wakes_an_idle_device(shard_queue: ShardQueue) -> None:
+    wide(shard_queue, "a")
+    survey(shard_queue, "cpu0")  # the holder's loop is current: it goes on with its lane
+    first = shard_queue.claim("a", "cpu0")
+    shard_queue.client.delete(shard_queue.key("wake"))  # what woke the devices for the runnable trial is taken
+    # The holder goes on with lane 0 (the trial never becomes runnable, the wake-up that makes): lane 1 is ready now.
+    _, _, second = shard_queue.complete_then_survey(first, "epoch-1", remaining_units=19, unit_s=0.5, hold_s=2.0,
+                                                    ready=[0, 1], ready_version=2)
+    assert second is not None and second.lane == 0
+    assert shard_queue.client.llen(shard_queue.key("wake")) == 1  # an idle device's wait ends at once
+    # The holder's next unit leaves lane 1 free still: the trial stays widening, and wakes no device again.
+    shard_queue.client.delete(shard_queue.key("wake"))
+    _, _, third = shard_queue.complete_then_survey(second, "epoch-1", remaining_units=18, unit_s=0.5, hold_s=2.0,
+                                                   ready=[0, 1], ready_version=3)
+    assert third is not None and shard_queue.client.llen(shard_queue.key("wake")) == 0
+    (candidate,) = survey(shard_queue, "cpu1").candidates
+    assert candidate.widening and shard_queue.claim("a", "cpu1").lane == 1
+
+
 def test_the_newest_commit_s_view_of_lanes_and_units_wins_whatever_order_completions_arrive_in(
         shard_queue: ShardQueue) -> None:
     wide(shard_queue, "a", ready=(0, 1))

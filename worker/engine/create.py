@@ -22,6 +22,7 @@ from worker.engine.layers import build_layer_stack
 from worker.engine.pairs import PairRows
 from worker.engine.partition import MemoryPlan
 from worker.engine.profile import plan_layers, profile_layers
+from worker.engine.sizes import FP32
 from worker.engine.spill_store import SpillStore
 from worker.engine.trial_state import TrialState
 from worker.engine.weights import PretrainedWeights, init_layer
@@ -71,14 +72,11 @@ def trial_create(*, spec: TrialSpec, spill_dir: Path, trial_id: str, device: tor
         for index in range(plan.shards[shard].first, plan.shards[shard].stop):
             yield from source.layer(stack, index) if source else init_layer(stack, index, spec.seed)
 
-    def zeros(shard: int) -> Iterator[torch.Tensor]:
-        for index in range(plan.shards[shard].first, plan.shards[shard].stop):
-            yield torch.zeros(stack.layer_numel(index))
-
     for shard in plan.shards:
         store.write_stream(f"p{shard.index}", layer_weights(shard.index))
-        if spec.optimizer.kind == "adamw":  # both moments start at zero, as in torch.optim.AdamW
-            store.write_stream(f"m{shard.index}", zeros(shard.index))
-            store.write_stream(f"v{shard.index}", zeros(shard.index))
+        if spec.optimizer.kind == "adamw":  # both moments start at zero (fp32), as in torch.optim.AdamW
+            zeros = sum(stack.layer_numel(index) for index in range(shard.first, shard.stop)) * FP32
+            store.write_zeros(f"m{shard.index}", zeros)
+            store.write_zeros(f"v{shard.index}", zeros)
     store.commit()
     return plan

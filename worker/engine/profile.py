@@ -17,6 +17,8 @@ from worker.engine.partition import LayerCost, MemoryPlan, choose_kept, plan_wit
 from worker.engine.sizes import FP32, chunked_head_transient_bytes, optimizer_slots, stored_bytes
 from worker.engine.weights import init_layer
 
+MEASURED_ALIKE = 2  # layers of one kind measured; the others of the kind take the last one's costs
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -52,6 +54,11 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device, *,
     parameter and its gradient count as the borrower's ``lent_bytes``: the borrowing shard holds a copy.
     The layer's weights are a throwaway init; the caller's RNG is untouched. The head adds the logits' tensors
     that exist only within its backward (:func:`head_transient_bytes`).
+
+    Layers alike (the same `_signature`: a model's decoder layers, as a rule) have the same bytes, and their times
+    differ by noise only: the first ``MEASURED_ALIKE`` of a kind are measured and the others take the last one's
+    costs (the first of a kind can pay the device's first-use costs, as the first matrix product on a GPU does).
+    Planning a model of many layers then runs a few of them, not all.
     """
     batch, seq = spec.micro_batch_size, spec.data.seq_len
     width = stack.width
@@ -59,9 +66,14 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device, *,
     slots = optimizer_slots(spec.optimizer.kind, spec.optimizer.momentum)
     base_dtype = spec.model.base_dtype
     costs = []
+    measured: dict[tuple[object, ...], list[LayerCost]] = {}  # a layer's signature -> its kind's costs measured
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         for index in range(len(stack)) if indices is None else indices:
             name = stack.names[index]
+            alike = measured.setdefault(_signature(stack, index), [])
+            if len(alike) == MEASURED_ALIKE:
+                costs.append(dataclasses.replace(alike[-1], name=name))
+                continue
             params = [t.to(device).requires_grad_() for t in init_layer(stack, index, spec.seed)]
             for ref, tensor in zip(stack.owned[index], params, strict=True):
                 stack.bind(index, ref.name, tensor)
@@ -111,7 +123,7 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device, *,
             if device.type == "cuda":  # the allocator saw the real peak, backward's transients included
                 parameter_grads = (owned + lent) * FP32
                 activations = max(activations, torch.cuda.max_memory_allocated(device) - before - parameter_grads)
-            costs.append(LayerCost(
+            alike.append(LayerCost(
                 name=name,
                 param_bytes=owned * FP32,
                 grad_bytes=owned * FP32,
@@ -123,8 +135,27 @@ def profile_layers(stack: LayerStack, spec: TrialSpec, device: torch.device, *,
                 forward_s=forward_s,
                 time_s=elapsed,
             ))
+            costs.append(alike[-1])
             stack.release(index, index + 1)
     return costs
+
+
+def _signature(stack: LayerStack, index: int) -> tuple[object, ...]:
+    """What layer ``index``'s costs depend on besides the trial's batch: its modules with their settings (every
+    plain attribute but a decoder layer's own index), its mask, and its parameters' names and shapes (owned,
+    borrowed and frozen). A model's decoder layers share one unless the model sets them apart (a sliding window
+    on some of them, another width)."""
+    layer = stack.layers[index]
+    settings = tuple(
+        (path, type(module).__qualname__,
+         tuple(sorted((key, value) for key, value in vars(module).items()
+                      if key != "layer_idx" and isinstance(value, bool | int | float | str | None))))
+        for path, module in layer.named_modules()
+    )
+    return (settings, getattr(layer, "mask", None),
+            tuple((ref.name, ref.shape) for ref in stack.owned[index]),
+            tuple((borrow.name, borrow.owner.shape) for borrow in stack.borrowed[index]),
+            tuple((ref.name, ref.shape, ref.vocabulary) for ref in stack.frozen[index]))
 
 
 def head_transient_bytes(head: CausalLMHead, tokens: int, vocab: int, *, bf16: bool) -> int:

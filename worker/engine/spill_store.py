@@ -36,7 +36,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -251,15 +251,19 @@ class SpillStore:
             for part in parts:
                 append(part)
 
+    def write_zeros(self, name: str, nbytes: int) -> None:
+        """Stage ``nbytes`` zero bytes as the next version of ``name`` without writing them: a file extended to
+        its size reads as zeros (a sparse file), so a buffer that starts at zero (a new trial's AdamW moments,
+        as many bytes as its weights) costs neither the writes nor, on tmpfs, host memory until a unit stages
+        its next version."""
+        with self._staging(name) as f:
+            f.truncate(nbytes)
+
     @contextlib.contextmanager
     def writer(self, name: str) -> Iterator[Callable[[torch.Tensor], None]]:
         """Stage a new version of ``name`` (this writer's stage) from tensors appended one by one; staged only
         on success."""
-        version = self._stage
-        assert version > 0, "a lane's writer takes its lane again before it stages another unit"
-        if self.before_stage is not None:
-            self.before_stage(len(self.staged()))
-        with open(_file(self.root, name, version), "wb") as f:
+        with self._staging(name) as f:
 
             def append(part: torch.Tensor) -> None:
                 start = time.perf_counter()
@@ -269,6 +273,16 @@ class SpillStore:
                 self.bytes_written += data.nbytes
 
             yield append
+
+    @contextlib.contextmanager
+    def _staging(self, name: str) -> Iterator[BinaryIO]:
+        """The file of a new version of ``name`` (this writer's stage), staged when the block ends without error."""
+        version = self._stage
+        assert version > 0, "a lane's writer takes its lane again before it stages another unit"
+        if self.before_stage is not None:
+            self.before_stage(len(self.staged()))
+        with open(_file(self.root, name, version), "wb") as f:
+            yield f
         self.manifest["files"][name] = version
 
     def staged(self) -> dict[str, int]:

@@ -140,9 +140,15 @@ local function runnable_remove(id)
   if by_base then redis.call('ZREM', by_base, id) end
   return redis.call('ZREM', set, id)
 end
+-- Wake a device waiting for work (ShardQueue.wait_for_work): something may have become claimable.
+local function wake()
+  if redis.call('LPUSH', key('wake'), '1') > 64 then redis.call('LTRIM', key('wake'), 0, 63) end
+end
 -- The widening sets: per team and priority, the running trials that may take another device now (a lane ready
 -- and free, fewer units in flight than its admitted width, no pause or cancel waiting), scored as the runnable
--- sets. A device takes one only when no trial without a unit in flight has one for it (policy.pick).
+-- sets. A device takes one only when no trial without a unit in flight has one for it (policy.pick). A trial
+-- entering them wakes an idle device: a lane of a running trial frees up while the idle devices wait, and a
+-- trial becoming runnable (the only other wake) happens when its lanes end, when no second lane is ready yet.
 local function widen_key(id)
   local t = redis.call('HMGET', tkey(id), 'team', 'priority')
   return key('widen:' .. (t[1] or '') .. ':' .. (t[2] or '1'))
@@ -151,7 +157,7 @@ local function widen_update(id)
   local t = redis.call('HMGET', tkey(id), 'state', 'control', 'width', 'remaining_units', 'unit_s')
   local _, n = lanes_in_flight(id)
   if t[1] == 'running' and not t[2] and n > 0 and n < tonumber(t[3] or '1') and free_lane(id, nil) then
-    redis.call('ZADD', widen_key(id), -(tonumber(t[4] or '0') * tonumber(t[5] or '0')), id)
+    if redis.call('ZADD', widen_key(id), -(tonumber(t[4] or '0') * tonumber(t[5] or '0')), id) == 1 then wake() end
   else
     redis.call('ZREM', widen_key(id), id)
   end
@@ -292,9 +298,6 @@ local function set_state(id, state, message, quiet, steps_done, rung)
   redis.call('XADD', key('events'), 'MAXLEN', '~', ${EVENTS_MAXLEN}, '*', unpack(fields))
   if state == 'running' then redis.call('HSET', tkey(id), 'active', '1')
   else redis.call('HDEL', tkey(id), 'active') end
-end
-local function wake()
-  if redis.call('LPUSH', key('wake'), '1') > 64 then redis.call('LTRIM', key('wake'), 0, 63) end
 end
 local function make_runnable(id, quiet, message)
   local remaining = redis.call('HMGET', tkey(id), 'remaining_units', 'unit_s')
