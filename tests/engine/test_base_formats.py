@@ -10,7 +10,7 @@ import itertools
 import pytest
 import torch
 
-from worker.engine.base_formats import NF4_CODE, dequantize, dynamic_code, quantize
+from worker.engine.base_formats import NF4_CODE, dequantize, dequantize_rows, dynamic_code, quantize
 from worker.engine.sizes import NF4_BLOCK, stored_bytes, tensor_format
 
 SHAPES = [(64, 128), (33, 70), (7, 5), (1000, 37)]  # whole blocks, a last short block, an odd count, many scales
@@ -128,3 +128,20 @@ def test_an_nf4_base_counts_its_vocabulary_matrices_as_int8_and_the_rest_as_nf4(
 def test_it_refuses_an_unknown_precision() -> None:
     with pytest.raises(ValueError, match="fp8"):
         quantize(torch.zeros(4, 4), "fp8", "w")
+
+
+@pytest.mark.parametrize("tensor_dtype", ["fp32", "bf16", "int8"])
+def test_an_embedding_lookup_reads_the_rows_a_whole_dequantization_gives(tensor_dtype: str) -> None:
+    weight = torch.randn(300, 24)
+    parts = quantize(weight, tensor_dtype, "w")
+    whole = dequantize(parts, "w", (300, 24), tensor_dtype)
+    ids = torch.tensor([[5, 299, 5], [0, 17, 120]])
+    looked_up = torch.nn.functional.embedding(ids, dequantize_rows(parts, "w", (300, 24), tensor_dtype, ids))
+    assert torch.equal(looked_up, torch.nn.functional.embedding(ids, whole))
+
+
+def test_nf4_blocks_across_rows_dequantize_whole_for_a_lookup() -> None:
+    weight = torch.randn(300, 24)  # 24 values a row: nf4's blocks of 64 span rows
+    parts = quantize(weight, "nf4", "w")
+    rows = dequantize_rows(parts, "w", (300, 24), "nf4", torch.tensor([3]))
+    assert torch.equal(rows, dequantize(parts, "w", (300, 24), "nf4"))

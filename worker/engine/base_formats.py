@@ -156,6 +156,26 @@ def dequantize(parts: dict[str, torch.Tensor], key: str, shape: tuple[int, ...],
     return _scaled(values, absmax, NF4_BLOCK).view(shape).to(dtype)
 
 
+def dequantize_rows(parts: dict[str, torch.Tensor], key: str, shape: tuple[int, ...], tensor_dtype: str,
+                    rows: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A tensor of ``shape`` as ``dtype`` whose rows ``rows`` (indices into the first dimension) hold what
+    :func:`dequantize` gives them, the others left unset: what an embedding lookup of ``rows`` reads, without
+    dequantizing a vocabulary of rows for a batch's few tokens (rows never written are never touched, so a CPU
+    does not even map their memory). Where rows are not stored apart (nf4's blocks run across them) or on CUDA,
+    the whole tensor, as :func:`dequantize` gives it."""
+    data = parts[key]
+    if data.device.type == "cuda" or (is_quantized(shape, tensor_dtype) and tensor_dtype != "int8"):
+        return dequantize(parts, key, shape, tensor_dtype, dtype)
+    rows = rows.reshape(-1).unique()
+    out = torch.empty(shape, dtype=dtype, device=data.device)
+    if is_quantized(shape, tensor_dtype):  # int8: each row with its own maximum, as dequantize computes it
+        picked = data.view(shape[0], -1)[rows].float().mul_(parts[f"{key}.absmax"][rows].view(-1, 1))
+        out[rows] = picked.mul_(INT8_SCALE).view(-1, *shape[1:]).to(dtype)
+    else:
+        out[rows] = data[rows].to(dtype)
+    return out
+
+
 def _dequantize_cuda(parts: dict[str, torch.Tensor], key: str, shape: tuple[int, ...], tensor_dtype: str,
                      dtype: torch.dtype) -> torch.Tensor:
     """bitsandbytes' CUDA kernels on the stored parts (its own quantization state, rebuilt around them)."""

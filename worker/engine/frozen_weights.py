@@ -11,8 +11,10 @@ one module's forward, or one module's backward, at a time.
 
 The full precision is the trial's compute dtype for a weight a matmul reads (bf16 under autocast, where the
 matmul would cast it anyway, else fp32) and fp32 for the rest (embeddings, norm weights, biases), as plain
-PyTorch with an fp32 copy of the same values computes. A module "reads" its own weights, but for a head whose
-loss runs in token chunks (:mod:`worker.engine.chunked_loss`), which reads its ``lm_head`` weight itself.
+PyTorch with an fp32 copy of the same values computes. An embedding dequantizes only the rows of the tokens it
+looks up (:func:`worker.engine.base_formats.dequantize_rows`): the rest of a vocabulary is never read. A module
+"reads" its own weights, but for a head whose loss runs in token chunks (:mod:`worker.engine.chunked_loss`),
+which reads its ``lm_head`` weight itself.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from worker.engine.base_formats import dequantize
+from worker.engine.base_formats import dequantize, dequantize_rows
 from worker.engine.head import CausalLMHead
 from worker.engine.layers import FrozenRef, LayerStack
 
@@ -87,9 +89,14 @@ def dequantized_on_use(stack: LayerStack, first: int, stop: int, stored: dict[in
         for index in range(first, stop):
             for module, plan in _readers(stack, index, compute_dtype):
 
-                def bind(_module: nn.Module, _args: Any, index: int = index, plan: list = plan) -> None:
+                def bind(module: nn.Module, args: Any, index: int = index, plan: list = plan) -> None:
                     for ref, dtype in plan:
-                        weight = full(index, ref, dtype)
+                        if isinstance(module, nn.Embedding) and args:
+                            # A lookup reads only its tokens' rows (and backward, the token ids alone).
+                            weight = dequantize_rows(stored[index], ref.key, ref.shape, formats[ref.key], args[0],
+                                                     dtype)
+                        else:
+                            weight = full(index, ref, dtype)
                         live[weight.untyped_storage().data_ptr()] = (index, ref, dtype)
                         stack.bind(index, ref.name, weight, trainable=False)
                     hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
