@@ -136,6 +136,18 @@ def test_lanes_become_ready_as_a_staircase(tokens_path: Path, tmp_path: Path) ->
     assert session.remaining_units() == len(timetable) - 15 == 3
 
 
+def test_ready_lanes_come_most_urgent_first(tokens_path: Path, tmp_path: Path) -> None:
+    """A lane that fell behind is reported before the lanes ahead of it: its chain of units left is the longest."""
+    spec = tiny_spec(tokens_path, batch_size=3, micro_batches=3, steps=1, eval_every=0)
+    trial_create(spec=spec, spill_dir=tmp_path, trial_id="t", device=CPU, cuts=[0, 2, 4])
+    session = TrialSession.open(spill_dir=tmp_path, trial_id="t", device=CPU)
+    for token, lane in enumerate([0, 0, 0], start=2):  # lane 0: F0, F1, FB2
+        session.run_unit(token=token, lane=lane)
+    assert session.ready_lanes() == [1, 0]  # lane 1 at its first unit (4 + 1 to follow) before lane 0's B1 (1 + 1)
+    session.run_unit(token=5, lane=1)
+    assert session.ready_lanes() == [1, 2, 0]  # lanes 1 and 2 tie (2 + 2 units to follow): the lower first
+
+
 def test_a_lane_writer_a_newer_one_took_over_is_refused_while_other_lanes_merge(tokens_path: Path,
                                                                                  tmp_path: Path) -> None:
     """Lane 1's first writer stalls before its commit; a newer writer re-runs lane 1's unit, and lane 0 goes on

@@ -255,10 +255,28 @@ def test_a_widened_trial_gives_the_device_back_when_another_trial_can_run() -> N
     assert lanes([WAVE, b], DEVICES) == [
         ("cpu0", "a", 0, 0, 0.0),
         ("cpu0", "a", 0, 1, 1.0), ("cpu1", "b", 0, 0, 1.0),  # a could widen, but b has no unit in flight
-        ("cpu0", "a", 0, 2, 2.0), ("cpu1", "b", 0, 1, 2.0),
-        ("cpu0", "a", 1, 3, 3.0), ("cpu1", "b", 0, 2, 3.0),
+        ("cpu0", "a", 1, 3, 2.0), ("cpu1", "b", 0, 1, 2.0),  # lane 1 has the longer chain left (3 units to 2)
+        ("cpu0", "a", 0, 2, 3.0), ("cpu1", "b", 0, 2, 3.0),
         ("cpu0", "a", 1, 4, 4.0),
         ("cpu0", "a", 1, 5, 5.0),
+    ]
+
+
+def test_the_lane_with_the_longest_chain_left_goes_first_so_that_no_lane_ends_the_step_alone() -> None:
+    """Three micro-batches of 5 units on 2 devices. Taking the most advanced lane would run lanes 0 and 1 to their
+    ends side by side and leave lane 2's five units to one device (the step ends at 10); in critical-path order
+    lane 2 starts as soon as it can and the step ends at 9, with both devices busy until 7."""
+    three = TrialLoad("a", 15, 1.0, segments=((3, 5),))
+    assert lanes([three], DEVICES) == [
+        ("cpu0", "a", 0, 0, 0.0),
+        ("cpu0", "a", 0, 1, 1.0), ("cpu1", "a", 1, 5, 1.0),
+        ("cpu0", "a", 0, 2, 2.0), ("cpu1", "a", 1, 6, 2.0),
+        ("cpu0", "a", 2, 10, 3.0), ("cpu1", "a", 0, 3, 3.0),  # lane 2 (5 units to follow) before lane 0 (2)
+        ("cpu0", "a", 1, 7, 4.0), ("cpu1", "a", 2, 11, 4.0),
+        ("cpu0", "a", 0, 4, 5.0), ("cpu1", "a", 1, 8, 5.0),
+        ("cpu0", "a", 2, 12, 6.0), ("cpu1", "a", 1, 9, 6.0),
+        ("cpu0", "a", 2, 13, 7.0),
+        ("cpu0", "a", 2, 14, 8.0),
     ]
 
 

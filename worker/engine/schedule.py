@@ -109,6 +109,16 @@ class Segment:
         lane, position = self.place(index)
         return ([index - 1] if position else []) + ([index - self.length] if lane else [])
 
+    def urgency(self, index: int) -> tuple[int, int]:
+        """Sort key among the segment's runnable units, most urgent first: the unit with the longest chain of
+        units still to follow it (the rest of its lane, then one per later lane), the lower lane on a tie.
+
+        Run in this order, the lanes of a wavefront advance together, so the segment ends with all of them
+        nearly done rather than with one lagging lane running alone while the other devices wait for the next
+        step (list scheduling by critical path, exact for units of equal length)."""
+        lane, position = self.place(index)
+        return lane + position, lane
+
 
 @dataclass(frozen=True, kw_only=True)
 class Timetable:

@@ -221,12 +221,14 @@ class TrialSession(ShardUnits):
 
     def ready_lanes(self) -> list[int]:
         """The lanes of the segment in flight whose next unit can run now, as of the last commit (units in flight
-        elsewhere included): a trial that has more than one may run them on several devices at once."""
+        elsewhere included), most urgent first (:meth:`~worker.engine.schedule.Segment.urgency`): a trial that
+        has more than one may run them on several devices at once, and a device takes the first free one."""
         self._sync()
         if self.state.cursor >= len(self.timetable):
             return []
         segment = self.timetable.segment(self.state.cursor)
-        return [lane for lane in range(segment.lanes) if self._lane_unit(lane) is not None]
+        ready = [(lane, unit) for lane in range(segment.lanes) if (unit := self._lane_unit(lane)) is not None]
+        return [lane for lane, unit in sorted(ready, key=lambda item: segment.urgency(item[1].index))]
 
     def _sync(self) -> None:
         """Pick up commits made by other processes since this session last looked (SHARP moves trials)."""

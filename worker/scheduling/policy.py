@@ -263,7 +263,9 @@ class _Progress:
         return self.load.units - len(self.committed) - len(self.flying)
 
     def ready(self) -> list[tuple[int, int]]:
-        """(lane, unit) of each lane whose next unit can run now and is not in flight (see Segment)."""
+        """(lane, unit) of each lane whose next unit can run now and is not in flight (see Segment), most urgent
+        first: the most units still to follow it in its lane and the later lanes, the lower lane on a tie
+        (``Segment.urgency``, the order in which the engine reports its ready lanes)."""
         cursor = next((u for u in range(self.load.units) if u not in self.committed), self.load.units)
         for start, lanes, length in self.load.lanes():
             if start <= cursor < start + lanes * length:
@@ -279,21 +281,21 @@ class _Progress:
             needs = ([unit - 1] if unit > first else []) + ([unit - length] if lane else [])
             if all(n in self.committed for n in needs):
                 out.append((lane, unit))
-        return out
+        return sorted(out, key=lambda item: (item[0] + item[1] - (start + item[0] * length), item[0]))
 
 
 def timetable(trials: Sequence[TrialLoad], devices: Sequence[str],
               weights: Mapping[str, float] | None = None) -> Iterator[Slot]:
     """Replay Sharded-LRTF on `devices` for `trials`, yielding slots in the order devices claim them.
 
-    A device frees up at the end of its unit; devices free at the same moment claim in `devices` order. A
-    trial runs one unit at a time, or, when no trial without a unit in flight can run on a device, one more
-    of a lane of its wavefront (up to its width; see `TrialLoad.segments`); a device that finds nothing runnable
-    waits for the next unit to end. A unit's lane is the first that can run. Remaining time is exact here (units
-    left * unit_s), as it becomes in a running system. A device holds the base layers its last unit read (none
-    after a unit that reads none). With `weights`, teams share the devices by fair share (`fair_share`, without
-    decay): a unit's time is charged to its team when it is leased; a team arrives when it has a trial runnable
-    or running again after having none.
+    A device frees up at the end of its unit; devices free at the same moment claim in `devices` order. A trial runs
+    one unit at a time, or, when no trial without a unit in flight can run on a device, one more of a lane of its
+    wavefront (up to its width; see `TrialLoad.segments`); a device that finds nothing runnable waits for the next
+    unit to end. A unit's lane is the most urgent that can run (see `_Progress.ready`). Remaining time is exact here
+    (units left * unit_s), as it becomes in a running system. A device holds the base layers its last unit read
+    (none after a unit that reads none). With `weights`, teams share the devices by fair share (`fair_share`,
+    without decay): a unit's time is charged to its team when it is leased; a team arrives when it has a trial
+    runnable or running again after having none.
     """
     if not devices:
         raise ValueError("timetable needs at least one device; got none.")
