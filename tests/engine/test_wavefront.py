@@ -97,6 +97,23 @@ def test_a_wavefront_trains_bit_for_bit_as_one_device(case: str, devices: int, t
     assert_bit_identical(weights_of(many[2], spec), weights_of(one[2], spec))
 
 
+def test_the_final_updates_run_on_every_device_at_once_bit_for_bit(tokens_path: Path, tmp_path: Path) -> None:
+    """A trial that ends without an evaluation applies its last step shard by shard (S units): no shard's update
+    reads another's, so they run side by side, merging their commits, and the weights are one device's."""
+    spec = tiny_spec(tokens_path, micro_batches=2, steps=3, eval_every=0)  # tied head, clipping, AdamW
+    cuts = [0, 1, 2, 3, 4, 5]
+    one = trained(spec, tmp_path / "one", cuts, devices=1)
+    trial_create(spec=spec, spill_dir=tmp_path / "many", trial_id="t", device=CPU, cuts=cuts)
+    run = run_wavefront(tmp_path / "many", "t", 2)
+    # Rounds of two, each committed in reverse order: both devices ran a final update in every round.
+    assert [r.unit.shard for r in run.results if r.unit.phase == "S"] == [1, 0, 3, 2, 5, 4]
+    session = TrialSession.open(spill_dir=tmp_path / "many", trial_id="t", device=CPU)
+    session.export(tmp_path / "many-final")
+    session.close()
+    assert figures(run.results) == (one[0], one[1])
+    assert_bit_identical(weights_of(tmp_path / "many-final", spec), weights_of(one[2], spec))
+
+
 def test_packed_chat_examples_train_as_a_wavefront_bit_for_bit(examples_dir: Path, tmp_path: Path) -> None:
     spec = example_spec(examples_dir, packing=True, micro_batches=4, steps=4)
     one = trained(spec, tmp_path / "one", [0, 2, 4], devices=1)
@@ -130,7 +147,7 @@ def test_lanes_become_ready_as_a_staircase(tokens_path: Path, tmp_path: Path) ->
     assert session.ready_lanes() == [1, 2]
     assert [step(1), step(1), step(1), step(2), step(2), step(2), step(2)] == ["FB2", "B1", "B0", "F1", "FB2",
                                                                                    "B1", "B0"]
-    assert session.ready_lanes() == [0]  # the final updates: one lane
+    assert session.ready_lanes() == [0, 1, 2]  # the final updates: a lane per shard, none waiting for another
     timetable = Timetable.of(spec, shards=3)
     assert session.state.units_committed == timetable.train_units_per_step == 15
     assert session.remaining_units() == len(timetable) - 15 == 3

@@ -1,11 +1,11 @@
 """Run a trial's units as wavefronts on several simulated devices in one process, the way device workers would.
 
 Each device is a session of its own (its own layer stack, caches and background reader) on a thread of its own.
-The run goes in rounds: every device takes a lane whose next unit can run (the lowest not taken this round), all
-of them take their lanes before any computes, they compute one at a time (a unit sets the process's global RNG,
-which real devices, each a process of its own, do not share), and they commit in reverse order, so that every
-commit of a round but the first finds another lane's commit landed since its writer read the store and merges
-onto it.
+The run goes in rounds: every device takes a lane whose next unit can run (the first not taken this round, in the
+order the session reports them: most urgent first), all of them take their lanes before any computes, they compute
+one at a time (a unit sets the process's global RNG, which real devices, each a process of its own, do not share),
+and they commit in reverse order, so that every commit of a round but the first finds another lane's commit landed
+since its writer read the store and merges onto it.
 """
 
 from __future__ import annotations

@@ -81,17 +81,20 @@ class UnitSpec:
 class Segment:
     """A run of the timetable whose units form ``lanes`` chains of ``length`` units each, lane after lane:
     the training of one step (a lane per micro-batch, ``2n - 1`` units each), an evaluation (a lane per
-    evaluation batch, ``n`` units each) or the final updates (one lane of ``n`` units). Unit ``start + lane *
-    length + position`` is position ``position`` of lane ``lane``.
+    evaluation batch, ``n`` units each) or the final updates (a lane per shard, of its one unit). Unit ``start +
+    lane * length + position`` is position ``position`` of lane ``lane``.
 
     The units of a segment may run as a *wavefront*: the unit at ``(lane, position)`` needs only the unit before
     it in its own lane and the unit at the same position of the lane before (the same phase on the same shard
     for the previous micro-batch): every shard then sees the same operations in the same order as when the
-    lanes run one after another. A segment's first unit needs the whole segment before it."""
+    lanes run one after another. The lanes of a ``parallel`` segment need nothing of each other (the final
+    updates: each applies its own shard's pending step, which no other unit of the segment reads). A segment's
+    first unit needs the whole segment before it."""
 
     start: int
     lanes: int
     length: int
+    parallel: bool = False
 
     @property
     def stop(self) -> int:
@@ -107,7 +110,7 @@ class Segment:
     def needs(self, index: int) -> list[int]:
         """The units unit ``index`` of this segment runs after (besides the segment before it)."""
         lane, position = self.place(index)
-        return ([index - 1] if position else []) + ([index - self.length] if lane else [])
+        return ([index - 1] if position else []) + ([index - self.length] if lane and not self.parallel else [])
 
     def urgency(self, index: int) -> tuple[int, int]:
         """Sort key among the segment's runnable units, most urgent first: the unit with the longest chain of
@@ -205,7 +208,7 @@ class Timetable:
             return Segment(start=start, lanes=self.micro_batches, length=2 * self.shards - 1)
         start += self.train_units_per_step
         if unit.phase == "S":
-            return Segment(start=start, lanes=1, length=self.shards)
+            return Segment(start=start, lanes=self.shards, length=1, parallel=True)
         batches = self.final_eval_batches if self.final_evaluation(unit.step) else self.eval_batches
         return Segment(start=start, lanes=batches, length=self.shards)
 
