@@ -394,21 +394,24 @@ class EngineRunner:
 
     def export(self, *, trial_id: str, job: EngineJob, export_dir: str) -> None:
         """Export the model directory, then delete the trial's spill store (host RAM on /dev/shm); with
-        checkpoints on, its last commit is checkpointed too, here rather than in the background, so that the
-        trial is reported finished with it on disk and its host memory freed (the store goes first: the
-        snapshot's links hold each file until it is copied)."""
+        checkpoints on, its last commit is checkpointed too, before this returns, so that the trial is reported
+        finished with it on disk and its host memory freed. The checkpoint is copied on the checkpoint writer's
+        thread while this one exports: both only read the committed store, and a trial's end then waits for the
+        longer of the two rather than their sum (the snapshot's links hold each file until it is copied, so the
+        store can go before the copy is done)."""
         session = self._open(trial_id)
-        session.export(Path(export_dir))
         end = len(session.timetable)
-        self._drop(trial_id)
-        held = None
+        written = None
         if self.checkpoint_dir is not None and job.checkpoint_minutes > 0:
             held = self._snapshot(trial_id, wait=True)  # after a periodic one still being written
+            written = self._writer.submit(self._write, held) if held is not None else None
+        session.export(Path(export_dir))
+        self._drop(trial_id)
         self._checkpointed.pop(trial_id, None)
         shutil.rmtree(self.spill_dir / trial_id)
         shared_base.release_trial(spill_dir=self.spill_dir, trial_id=trial_id)
-        if held is not None:
-            self._write(held)
+        if written is not None:
+            written.result()
         if job.continue_from is not None and self.checkpoint_dir is not None:
             newest = durable.latest(self.checkpoint_dir, trial_id)
             if newest is not None and newest.cursor >= end:  # the state it continued is superseded on disk
