@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -120,6 +121,9 @@ def main() -> None:
             overlaps.append(at_once(runs[2][1]))
             a, b = weights(runs[1][2]), weights(runs[2][2])
             identical &= a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+            for count in (1, 2):  # each run leaves gigabytes in host memory (its export and last checkpoint)
+                shutil.rmtree(runs[count][2])
+                shutil.rmtree(root / f"r{r}-{count}")
             ceilings.append(hardware_speedup(2, 192))
             print(f"round {r + 1}: ceiling {ceilings[-1]:.3f}", file=sys.stderr)
     speedup = statistics.median(one_s) / statistics.median(two_s)
