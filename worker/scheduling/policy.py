@@ -76,6 +76,7 @@ import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from worker.engine.schedule import Segment
 from worker.scheduling.fair_share import PRIORITIES, arrival_usage, team_turn
 
 # Weight of the newest measurement in a trial's unit-time estimate: units of one trial differ (forward,
@@ -220,11 +221,11 @@ class TrialLoad:
     def base(self, unit: int) -> BaseShard | None:
         return self.bases[unit % len(self.bases)] if self.bases and unit < self.units else None
 
-    def lanes(self) -> list[tuple[int, int, int]]:
-        """Its segments as (first unit, lanes, length)."""
+    def lanes(self) -> list[Segment]:
+        """Its segments, as the engine's timetable has them."""
         out, start = [], 0
         for lanes, length in self.segments or ((1, self.units),):
-            out.append((start, lanes, length))
+            out.append(Segment(start=start, lanes=lanes, length=length))
             start += lanes * length
         assert start == self.units, f"the segments of {self.trial_id} hold {start} units, not {self.units}"
         return out
@@ -263,26 +264,21 @@ class _Progress:
         return self.load.units - len(self.committed) - len(self.flying)
 
     def ready(self) -> list[tuple[int, int]]:
-        """(lane, unit) of each lane whose next unit can run now and is not in flight (see Segment), most urgent
-        first: the most units still to follow it in its lane and the later lanes, the lower lane on a tie
-        (``Segment.urgency``, the order in which the engine reports its ready lanes)."""
+        """(lane, unit) of each lane whose next unit can run now and is not in flight, most urgent first: the
+        engine's rules (``Segment.needs``, ``Segment.urgency``, the order in which it reports its ready lanes)."""
         cursor = next((u for u in range(self.load.units) if u not in self.committed), self.load.units)
-        for start, lanes, length in self.load.lanes():
-            if start <= cursor < start + lanes * length:
-                break
-        else:
+        segment = next((s for s in self.load.lanes() if s.start <= cursor < s.stop), None)
+        if segment is None:
             return []
         out = []
-        for lane in range(lanes):
-            first = start + lane * length
-            unit = next((u for u in range(first, first + length) if u not in self.committed), None)
+        for lane in range(segment.lanes):
+            first = segment.index(lane, 0)
+            unit = next((u for u in range(first, first + segment.length) if u not in self.committed), None)
             if unit is None or unit in self.flying:
                 continue
-            needs = ([unit - 1] if unit > first else []) + ([unit - length] if lane else [])
-            if all(n in self.committed for n in needs):
+            if all(n in self.committed for n in segment.needs(unit)):
                 out.append((lane, unit))
-        return sorted(out, key=lambda item: (item[0] + item[1] - (start + item[0] * length), item[0]))
-
+        return sorted(out, key=lambda item: segment.urgency(item[1]))
 
 def timetable(trials: Sequence[TrialLoad], devices: Sequence[str],
               weights: Mapping[str, float] | None = None) -> Iterator[Slot]:
@@ -317,7 +313,7 @@ def timetable(trials: Sequence[TrialLoad], devices: Sequence[str],
         for trial_id, p in progress.items():
             load = p.load
             ready = p.ready() if load.arrival <= now else []
-            width = load.width or max(lanes for _, lanes, _ in load.lanes())
+            width = load.width or max(segment.lanes for segment in load.lanes())
             if not ready or (p.flying and len(p.flying) >= width):
                 continue
             runnable.append(Candidate(trial_id, remaining_seconds(p.left, load.unit_s), last_device.get(trial_id),
