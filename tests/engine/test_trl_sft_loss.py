@@ -92,11 +92,13 @@ def trl_first_loss(checkpoint: Path, examples: Path, micro_batches: int, root: P
     return sum(trainer.losses)
 
 
-def transformers_loss(checkpoint: Path, examples: Path) -> float:
+@pytest.fixture(scope="module")
+def transformers_loss(smollm2_dir: Path, conversations: Path) -> float:
     """The mean loss of the first four conversations' answer tokens under transformers' fp32 forward of the model,
-    each conversation alone, every trained token counted once over the whole batch."""
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-    data = ExampleSet.load(examples)
+    each conversation alone, every trained token counted once over the whole batch (the same at any number of
+    micro-batches)."""
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    data = ExampleSet.load(conversations)
     total, tokens = 0.0, 0
     with torch.no_grad():
         for begin, end in zip(data.starts[:BATCH], data.starts[1:BATCH + 1], strict=True):
@@ -110,10 +112,11 @@ def transformers_loss(checkpoint: Path, examples: Path) -> float:
 
 @pytest.mark.parametrize("micro_batches", [1, 2])
 def test_the_first_step_loss_is_trls_sft_loss(micro_batches: int, smollm2_dir: Path, conversations: Path,
-                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+                                              transformers_loss: float, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     engine = engine_first_loss(smollm2_dir, conversations, micro_batches, tmp_path / "engine")
     trl = trl_first_loss(smollm2_dir, conversations, micro_batches, tmp_path / "trl")
-    assert engine == pytest.approx(transformers_loss(smollm2_dir, conversations), abs=5e-6)
+    assert engine == pytest.approx(transformers_loss, abs=5e-6)
     assert engine == pytest.approx(trl, abs=5e-5)
