@@ -3,9 +3,9 @@
 One spilled Llama-shaped trial (SmolLM2-135M's layers, width and heads, a 16,384-token vocabulary so that CPU
 steps stay short; ``--quick``: 8 layers, width 256) with ``--micro-batches`` (default 4) micro-batches a step
 trains to its end on real CPU device workers of one thread each (Celery processes under a throw-away host
-namespace of ``REDIS_URL``, spill stores on /dev/shm): first with one device worker, then with two, where the
-scheduler runs the step's micro-batches on both devices at once as a wavefront (no other trial waits, so the
-second device takes a second lane of the same trial). Rounds alternate one and two devices.
+namespace of ``REDIS_URL``, spill stores on /dev/shm or ``--spill-dir``): first with one device worker, then with
+two, where the scheduler runs the step's micro-batches on both devices at once as a wavefront (no other trial
+waits, so the second device takes a second lane of the same trial). Rounds alternate one and two devices.
 
 ``speedup`` = one device's wall time / two devices' (median over the rounds, from submission to the end of the
 export), ``ceiling`` = the machine's own speedup of the same single-threaded matmul work in two pinned processes
@@ -93,11 +93,15 @@ def main() -> None:
     parser.add_argument("--budget-mb", type=float, default=200,
                         help="device budget (default 200: several shards, room for the embedding with its gradient)")
     parser.add_argument("--quick", action="store_true", help="a small shape, 2 steps, 1 round")
+    parser.add_argument("--spill-dir", type=Path,
+                        help="where the spill stores live (default /dev/shm; docs/operations.md#the-spill-volume)")
     args = parser.parse_args()
+    if args.spill_dir is not None and not args.spill_dir.is_dir():
+        parser.error(f"--spill-dir {args.spill_dir} is not a directory")
     shape = QUICK if args.quick else SHAPE
     steps = args.steps if not args.quick else 2
     rounds = args.rounds or (1 if args.quick else 3)
-    host_tier = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    host_tier = args.spill_dir or ("/dev/shm" if Path("/dev/shm").is_dir() else None)
     one_s, two_s, ceilings, overlaps, identical = [], [], [], [], True
     with tempfile.TemporaryDirectory(prefix="hydra-trial-devices-", dir=host_tier) as tmp:
         root = Path(tmp)
