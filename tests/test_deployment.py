@@ -71,6 +71,8 @@ def test_a_further_lab_server_runs_workers_only_against_the_first_one_s_redis_an
     assert not any(service.get("ports") for service in spec["services"].values())
     assert spec["volumes"]["hydra-data"]["driver_opts"]["type"] == "nfs"
     assert spec["volumes"]["hydra-spill"]["driver_opts"]["type"] == "tmpfs"
+    # the spill files' whole 2 MiB extents in huge pages: a unit's new buffer versions cost less to write
+    assert "huge=within_size" in spec["volumes"]["hydra-spill"]["driver_opts"]["o"].split(",")
 
 
 def test_it_publishes_plain_http_to_this_host_only():
@@ -143,6 +145,8 @@ def test_it_runs_one_worker_per_gpu_with_a_shared_spill_volume():
         assert service["environment"]["HYDRA_WORKER_DEVICE"] == f"cuda:{index}"
         assert "hydra-spill:/spill" in service["volumes"]
     assert spec["volumes"]["hydra-spill"]["driver_opts"]["type"] == "tmpfs"
+    # the spill files' whole 2 MiB extents in huge pages: a unit's new buffer versions cost less to write
+    assert "huge=within_size" in spec["volumes"]["hydra-spill"]["driver_opts"]["o"].split(",")
     assert "migrate" in services["web"]["command"] and "gunicorn" in services["web"]["command"]
 
 
