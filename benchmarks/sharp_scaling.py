@@ -5,7 +5,7 @@ one after another by the engine in this process on one CPU thread pinned to one 
 device worker is pinned to (the one-trial-at-a-time baseline, planning and export included). Then
 `--devices` G CPU device workers of one thread each, each pinned to its own core (real Celery processes
 under a throw-away host namespace of ``REDIS_URL``), train the same trials with SHARP, from submission to
-the last export. Spill stores live on /dev/shm, the workers' default host tier. Two cases run:
+the last export. Spill stores live on /dev/shm, the workers' default host tier (or ``--spill-dir``). Two cases run:
 ``identical`` (M trials of a 4-block width-192 model, 6 steps each; ``--quick``: 3) and ``heterogeneous``
 (M trials of 2 to 6 blocks, widths 128 to 256 and 3 to 9 steps; ``--quick``: 2 to 5 steps), where
 trials end at different times and the scheduler must keep every device busy as they do.
@@ -192,7 +192,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="rounds of (sequential, SHARP) per case (default 5; quick 1)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--quick", action="store_true", help="3 steps per (shortest) trial, 1 round")
+    parser.add_argument("--spill-dir", type=Path,
+                        help="where the spill stores live (default /dev/shm; docs/operations.md#the-spill-volume)")
     args = parser.parse_args()
+    if args.spill_dir is not None and not args.spill_dir.is_dir():
+        parser.error(f"--spill-dir {args.spill_dir} is not a directory")
     steps = 3 if args.quick else args.steps
     rounds = args.rounds or (1 if args.quick else 5)
     cases = [c for c in args.cases.split(",") if c]
@@ -202,7 +206,7 @@ def main() -> None:
     baseline_cores = cpu_cores(0, 1, available)  # where device worker 0 runs
 
     # Spill stores on the host tier, /dev/shm, as a deployed worker keeps them (HYDRA_SPILL_DIR's default).
-    host_tier = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    host_tier = args.spill_dir or ("/dev/shm" if Path("/dev/shm").is_dir() else None)
     runs: dict[str, list[tuple[float, float, list[dict]]]] = {case: [] for case in cases}
     ceilings: list[float] = []
     with tempfile.TemporaryDirectory(prefix="hydra-sharp-scaling-", dir=host_tier) as tmp:

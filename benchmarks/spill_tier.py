@@ -1,18 +1,19 @@
 """What one buffer's trip through the spill store costs on this host's tier, against an in-memory copy.
 
 A unit reads its shard's buffers from the spill store into new tensors and stages new versions of what it
-changed as new files; the commit then deletes the versions they replace (see worker/engine/spill_store.py).
-This script does exactly that with the store's own code, for one buffer of ``--mb`` MB (default 64, about half a
-SmolLM2-135M shard's weights under a 200 MB budget), under ``--spill-dir`` (default /dev/shm), on one thread,
-and times, best of ``--reps`` (default 9):
+changed; the commit then retires the versions they replace, and the next version of a buffer is written over a
+retired file of its size (the store's pool, see worker/engine/spill_store.py). This script does exactly that with
+the store's own code, for one buffer of ``--mb`` MB (default 64, about half a SmolLM2-135M shard's weights under
+a 200 MB budget), under ``--spill-dir`` (default /dev/shm), on one thread, and times, best of ``--reps``
+(default 9):
 
-- ``write_s``: staging a new version of the buffer and committing it (which deletes the old one);
+- ``write_s``: staging a new version of the buffer and committing it;
 - ``read_s``: reading the committed version into a new tensor;
 - ``copy_s``: the baseline, copying the same tensor into a new one in memory (``clone``).
 
-On a tmpfs the kernel builds each new file from 4 KiB pages unless the filesystem is mounted with
-``huge=within_size`` (or ``always``), as the compose files mount the spill volume (docs/operations.md); run it
-on both to see what the option changes on a host.
+On a tmpfs the kernel keeps files in 4 KiB pages unless the filesystem is mounted with ``huge=within_size`` (or
+``always``), as the compose files mount the spill volume (docs/operations.md); run it on both to see what the
+option changes on a host.
 
 The last line is one JSON object: ``{"spill_dir", "fs", "mount_options", "mb", "write_s", "read_s", "copy_s",
 "write_ratio", "read_ratio"}``; the ratios are seconds over ``copy_s`` in the same run (1.0: as cheap as copying

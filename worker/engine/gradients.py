@@ -63,7 +63,7 @@ def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequen
     each parameter's accumulated gradient, taken there before the memory goes.
     """
     measured = []
-    with store.writer(name) as append:
+    with store.writer(name, nbytes=sum(slot.ref.numel for slot in slots) * FP32) as append:
         for index, (slot, param) in enumerate(zip(slots, owned, strict=True)):
             grad = fresh[index].reshape(-1)
             fresh[index] = torch.empty(0)  # ``grad`` and ``param.grad`` are its last references

@@ -41,7 +41,7 @@ def step_shard(*, store: SpillStore, transfers: Transfers, spec: TrialSpec, shar
     has_state = optim.kind == "adamw" or optim_steps > 0  # SGD's momentum appears at step 1
     numel = params.numel()
     with contextlib.ExitStack() as stack:
-        writers = {slot: stack.enter_context(store.writer(f"{slot}{shard}")) for slot in slots}
+        writers = {slot: stack.enter_context(store.writer(f"{slot}{shard}", nbytes=numel * FP32)) for slot in slots}
         for start in range(0, numel, STEP_CHUNK):
             stop = min(numel, start + STEP_CHUNK)
             chunk = params[start:stop]

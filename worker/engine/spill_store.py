@@ -7,6 +7,20 @@ commit intact; files of an uncommitted unit are orphans, removed by the next wri
 Safe against process death (what the scheduler's lease recovers from), not against power loss: nothing
 is fsynced, and the host tier (``/dev/shm``) does not survive a reboot anyway.
 
+A commit does not delete the large files it supersedes: it keeps them in the trial's *pool*
+(``pool-<writer>-<bytes>-<name>@<version>.free``, where ``<writer>`` is ``l<lane>`` for a lane's writer and
+``w`` for the whole trial's), and the next buffer of the same size, of any writer, is written over one of them
+instead of into a new file. On a tmpfs of 4 KiB pages a new file costs the kernel an allocation of each of its
+pages and a free of each at the commit that supersedes it: a new 64 MB buffer costs about three times what
+writing over an old one does (``benchmarks/spill_tier.py``), and two devices of one trial contend for the page
+allocator. A writer's share of the pool never holds more than its last commit superseded (each commit deletes
+what is left of its writer's share first), and a writer that finds no file of its buffer's size deletes its share
+before it creates a new file. So the store never holds more than the committed buffers, and for each writer
+either the new versions of the unit it is writing or, between its units, the files its last unit replaced: what
+it holds without a pool while every writer is in the middle of a unit. A superseded file that a checkpoint's
+snapshot links (:meth:`SpillStore.link_committed`) is deleted, never reused: its bytes are the snapshot's. Files
+of a writer that dies while writing over a pooled file are orphans like any other.
+
 One writer per *lane* at a time, enforced by the store itself (fencing): the scheduler's lease makes one
 device the writer of a trial's unit, but a device that was only slow past its lease may still be running the
 unit that another device has re-run since. So a writer first takes the store (:meth:`SpillStore.take`) with
@@ -47,6 +61,8 @@ LOCK = "manifest.lock"
 FORMAT = "hydra-spill/1"
 # The manifest keys the store itself reads and writes; every other key is its caller's (the trial state).
 STORE_KEYS = frozenset({"format", "version", "files", "fence", "lanes"})
+POOL = "pool-"  # a superseded buffer file kept to be written over (see the module docstring)
+POOL_MIN_BYTES = 1 << 20  # smaller files cost little to create, and are not pooled
 
 
 def _file(root: Path, name: str, version: int) -> Path:
@@ -243,11 +259,12 @@ class SpillStore:
 
     def write(self, name: str, *parts: torch.Tensor) -> None:
         """Stage the concatenated raw bytes of ``parts`` (any device) as the next version of ``name``."""
-        self.write_stream(name, parts)
+        self.write_stream(name, parts, nbytes=sum(part.nbytes for part in parts))
 
-    def write_stream(self, name: str, parts: Iterable[torch.Tensor]) -> None:
-        """Like :meth:`write`, consuming ``parts`` one at a time (so only one part need exist at once)."""
-        with self.writer(name) as append:
+    def write_stream(self, name: str, parts: Iterable[torch.Tensor], *, nbytes: int | None = None) -> None:
+        """Like :meth:`write`, consuming ``parts`` one at a time (so only one part need exist at once); ``nbytes``
+        as in :meth:`writer`."""
+        with self.writer(name, nbytes=nbytes) as append:
             for part in parts:
                 append(part)
 
@@ -260,10 +277,11 @@ class SpillStore:
             f.truncate(nbytes)
 
     @contextlib.contextmanager
-    def writer(self, name: str) -> Iterator[Callable[[torch.Tensor], None]]:
+    def writer(self, name: str, *, nbytes: int | None = None) -> Iterator[Callable[[torch.Tensor], None]]:
         """Stage a new version of ``name`` (this writer's stage) from tensors appended one by one; staged only
-        on success."""
-        with self._staging(name) as f:
+        on success. ``nbytes``: how many bytes will be appended, when known, so that a pooled file of that size
+        is written over (see the module docstring); the file holds what was appended either way."""
+        with self._staging(name, nbytes=nbytes, reuse=True) as f:
 
             def append(part: torch.Tensor) -> None:
                 start = time.perf_counter()
@@ -275,15 +293,40 @@ class SpillStore:
             yield append
 
     @contextlib.contextmanager
-    def _staging(self, name: str) -> Iterator[BinaryIO]:
-        """The file of a new version of ``name`` (this writer's stage), staged when the block ends without error."""
+    def _staging(self, name: str, *, nbytes: int | None = None, reuse: bool = False) -> Iterator[BinaryIO]:
+        """The file of a new version of ``name`` (this writer's stage), staged when the block ends without error.
+        With ``reuse``, a pooled file of ``nbytes`` bytes is written over if there is one, and otherwise this
+        writer's share of the pool is deleted before a file of ``POOL_MIN_BYTES`` or more (or of unknown size) is
+        created; the file is cut to what was written."""
         version = self._stage
         assert version > 0, "a lane's writer takes its lane again before it stages another unit"
         if self.before_stage is not None:
             self.before_stage(len(self.staged()))
-        with open(_file(self.root, name, version), "wb") as f:
+        path = _file(self.root, name, version)
+        pooled = reuse and nbytes is not None and nbytes >= POOL_MIN_BYTES and self._take_pooled(nbytes, path)
+        if reuse and not pooled and (nbytes is None or nbytes >= POOL_MIN_BYTES):
+            _unlink_all(_pooled(self.root, writer=self._pool_tag))  # a new file takes new memory: the share goes first
+        with open(path, "r+b" if pooled else "wb") as f:
             yield f
+            if pooled:
+                f.truncate(f.tell())
         self.manifest["files"][name] = version
+
+    def _take_pooled(self, nbytes: int, path: Path) -> bool:
+        """Move a pooled file of exactly ``nbytes`` bytes to ``path``; False if there is none (another writer may
+        take one at the same time: the rename is atomic, and the loser tries the next)."""
+        for pooled in _pooled(self.root, nbytes=nbytes):
+            try:
+                os.rename(pooled, path)
+            except FileNotFoundError:
+                continue
+            return True
+        return False
+
+    @property
+    def _pool_tag(self) -> str:
+        """Whose share of the pool this writer's superseded files join (see the module docstring)."""
+        return "w" if self.lane is None else f"l{self.lane}"
 
     def staged(self) -> dict[str, int]:
         """Buffer name -> version of every buffer staged since the last commit (written, not yet published)."""
@@ -380,9 +423,12 @@ class SpillStore:
             st = os.fstat(f.fileno())
         os.replace(tmp, self.root / MANIFEST)
         self._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        for name, version in self._committed_files.items():
-            if self.manifest["files"].get(name) != version:
-                _file(self.root, name, version).unlink(missing_ok=True)
+        superseded = [_file(self.root, name, version) for name, version in self._committed_files.items()
+                      if self.manifest["files"].get(name) != version]
+        if superseded:  # this writer's share of the pool holds what its last commit superseded, no more
+            _unlink_all(_pooled(self.root, writer=self._pool_tag))
+        for path in superseded:
+            _retire(path, self._pool_tag)
         self._committed_files = dict(self.manifest["files"])
         self._base_version = self.manifest["version"]
         # A whole trial's writer stages its next unit after this commit; a lane's writer takes its lane again
@@ -395,6 +441,30 @@ def _unlink_all(paths: list[str]) -> None:
     and the new writer removing orphans (:meth:`SpillStore.take`) can list the same file at once, and the
     second unlink must not fail the unit that only cleans up."""
     for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _pooled(root: Path, *, writer: str | None = None, nbytes: int | None = None) -> list[str]:
+    """The pooled files of the store at ``root``: those of ``writer``'s share, or those of exactly ``nbytes``
+    bytes (of any writer's share)."""
+    with os.scandir(root) as entries:
+        names = [(e.path, e.name.split("-", 3)) for e in entries if e.name.startswith(POOL)]
+    return [path for path, parts in names if len(parts) == 4
+            and (writer is None or parts[1] == writer) and (nbytes is None or parts[2] == str(nbytes))]
+
+
+def _retire(path: Path, writer: str) -> None:
+    """A file a commit superseded: pool it in ``writer``'s share if it is large and no snapshot links it, else
+    delete it. The caller holds the manifest lock, under which snapshots link files too."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    if st.st_nlink == 1 and st.st_size >= POOL_MIN_BYTES:
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(path, path.with_name(f"{POOL}{writer}-{st.st_size}-{path.stem}.free"))
+    else:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 

@@ -103,7 +103,7 @@ class ShardUnits(PreferenceUnits):
         if len(lent) == 1 and lent[0] is head.lm_head.weight and head.token_chunk is not None and head.chunkable:
             # The tied LM head weight's gradient goes to the store in chunks of rows as the chunked loss makes
             # them: its owner's shard adds it from there (gradients.with_tied), and it never exists whole here.
-            with self.store.writer(f"t{unit.micro_batch}.{unit.shard}") as append:
+            with self.store.writer(f"t{unit.micro_batch}.{unit.shard}", nbytes=lent[0].numel() * FP32) as append:
                 head.weight_grad_sink.target = append
                 try:
                     loss.backward()
