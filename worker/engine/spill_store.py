@@ -19,7 +19,12 @@ before it creates a new file. So the store never holds more than the committed b
 either the new versions of the unit it is writing or, between its units, the files its last unit replaced: what
 it holds without a pool while every writer is in the middle of a unit. A superseded file that a checkpoint's
 snapshot links (:meth:`SpillStore.link_committed`) is deleted, never reused: its bytes are the snapshot's. Files
-of a writer that dies while writing over a pooled file are orphans like any other.
+of a writer that dies while writing over a pooled file are orphans like any other. A committed file is never
+written to, but a reader that opened a version before a commit superseded it may see that file written over. Only
+two readers can: a background prefetch, whose read is keyed by the version it read and then never used
+(:class:`worker.engine.transfer.Transfers`), and a stale writer (one whose lease a newer writer took), whose
+commit is refused. The order of a wavefront's units keeps any unit from reading a buffer that another unit
+running at the same time supersedes.
 
 One writer per *lane* at a time, enforced by the store itself (fencing): the scheduler's lease makes one
 device the writer of a trial's unit, but a device that was only slow past its lease may still be running the
