@@ -5,7 +5,7 @@ changed; the commit then retires the versions they replace, and the next version
 retired file of its size (the store's pool, see worker/engine/spill_store.py). This script does exactly that with
 the store's own code, for one buffer of ``--mb`` MB (default 64, about half a SmolLM2-135M shard's weights under
 a 200 MB budget), under ``--spill-dir`` (default /dev/shm), on one thread, and times, best of ``--reps``
-(default 9):
+(default 9; ``--quick``, as ``make benchmarks`` runs every script: 16 MB, 3):
 
 - ``write_s``: staging a new version of the buffer and committing it;
 - ``read_s``: reading the committed version into a new tensor;
@@ -61,9 +61,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spill-dir", type=Path, default=Path("/dev/shm"),
                         help="the tier to measure (default /dev/shm)")
-    parser.add_argument("--mb", type=int, default=64, help="the buffer's size in MB (default 64)")
-    parser.add_argument("--reps", type=int, default=9, help="timed repetitions, best kept (default 9)")
+    parser.add_argument("--mb", type=int, help="the buffer's size in MB (default 64; quick 16)")
+    parser.add_argument("--reps", type=int, help="timed repetitions, best kept (default 9; quick 3)")
+    parser.add_argument("--quick", action="store_true", help="a 16 MB buffer, 3 repetitions")
     args = parser.parse_args()
+    args.mb = args.mb if args.mb is not None else 16 if args.quick else 64
+    args.reps = args.reps if args.reps is not None else 3 if args.quick else 9
     if args.mb < 1 or args.reps < 1:
         parser.error("--mb and --reps must be at least 1")
     if not args.spill_dir.is_dir():
