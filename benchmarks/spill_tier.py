@@ -2,7 +2,7 @@
 
 A unit reads its shard's buffers from the spill store into new tensors and stages new versions of what it
 changed; the commit then retires the versions they replace, and the next version of a buffer is written over a
-retired file of its size (the store's pool, see worker/engine/spill_store.py). This script does exactly that with
+retired file of its size (the store's pool, see worker/engine/spill_pool.py). This script does exactly that with
 the store's own code, for one buffer of ``--mb`` MB (default 64, about half a SmolLM2-135M shard's weights under
 a 200 MB budget), under ``--spill-dir`` (default /dev/shm), on one thread, and times, best of ``--reps``
 (default 9; ``--quick``, as ``make benchmarks`` runs every script: 16 MB, 3):

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from worker.engine.errors import SpillStoreError
-from worker.engine.spill_store import POOL, SpillStore
+from worker.engine.spill_pool import POOL
+from worker.engine.spill_store import SpillStore
 
 
 def test_it_reads_back_what_was_committed(tmp_path: Path) -> None:

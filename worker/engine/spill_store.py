@@ -7,24 +7,8 @@ commit intact; files of an uncommitted unit are orphans, removed by the next wri
 Safe against process death (what the scheduler's lease recovers from), not against power loss: nothing
 is fsynced, and the host tier (``/dev/shm``) does not survive a reboot anyway.
 
-A commit does not delete the large files it supersedes: it keeps them in the trial's *pool*
-(``pool-<writer>-<bytes>-<name>@<version>.free``, where ``<writer>`` is ``l<lane>`` for a lane's writer and
-``w`` for the whole trial's), and the next buffer of the same size, of any writer, is written over one of them
-instead of into a new file. On a tmpfs of 4 KiB pages a new file costs the kernel an allocation of each of its
-pages and a free of each at the commit that supersedes it: a new 64 MB buffer costs about three times what
-writing over an old one does (``benchmarks/spill_tier.py``), and two devices of one trial contend for the page
-allocator. A writer's share of the pool never holds more than its last commit superseded (each commit deletes
-what is left of its writer's share first), and a writer that finds no file of its buffer's size deletes its share
-before it creates a new file. So the store never holds more than the committed buffers, and for each writer
-either the new versions of the unit it is writing or, between its units, the files its last unit replaced: what
-it holds without a pool while every writer is in the middle of a unit. A superseded file that a checkpoint's
-snapshot links (:meth:`SpillStore.link_committed`) is deleted, never reused: its bytes are the snapshot's. Files
-of a writer that dies while writing over a pooled file are orphans like any other. A committed file is never
-written to, but a reader that opened a version before a commit superseded it may see that file written over. Only
-two readers can: a background prefetch, whose read is keyed by the version it read and then never used
-(:class:`worker.engine.transfer.Transfers`), and a stale writer (one whose lease a newer writer took), whose
-commit is refused. The order of a wavefront's units keeps any unit from reading a buffer that another unit
-running at the same time supersedes.
+A commit keeps the large files it supersedes for the next buffers of their size to be written over, rather than
+deleting them (:mod:`worker.engine.spill_pool`).
 
 One writer per *lane* at a time, enforced by the store itself (fencing): the scheduler's lease makes one
 device the writer of a trial's unit, but a device that was only slow past its lease may still be running the
@@ -59,6 +43,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from worker.engine import spill_pool
 from worker.engine.errors import SpillStoreError, StaleWriterError
 
 MANIFEST = "manifest.json"
@@ -66,8 +51,6 @@ LOCK = "manifest.lock"
 FORMAT = "hydra-spill/1"
 # The manifest keys the store itself reads and writes; every other key is its caller's (the trial state).
 STORE_KEYS = frozenset({"format", "version", "files", "fence", "lanes"})
-POOL = "pool-"  # a superseded buffer file kept to be written over (see the module docstring)
-POOL_MIN_BYTES = 1 << 20  # smaller files cost little to create, and are not pooled
 
 
 def _file(root: Path, name: str, version: int) -> Path:
@@ -219,7 +202,7 @@ class SpillStore:
         with os.scandir(self.root) as entries:  # every unit calls this: no pathlib objects per file
             orphans = [e.path for e in entries if e.name.endswith(".bin") and e.name not in live
                        and not any(e.name.endswith(suffix) for suffix in staging)]
-        _unlink_all(orphans)
+        spill_pool.unlink_all(orphans)
 
 
     def path(self, name: str) -> Path:
@@ -285,7 +268,7 @@ class SpillStore:
     def writer(self, name: str, *, nbytes: int | None = None) -> Iterator[Callable[[torch.Tensor], None]]:
         """Stage a new version of ``name`` (this writer's stage) from tensors appended one by one; staged only
         on success. ``nbytes``: how many bytes will be appended, when known, so that a pooled file of that size
-        is written over (see the module docstring); the file holds what was appended either way."""
+        is written over (:mod:`worker.engine.spill_pool`); the file holds what was appended either way."""
         with self._staging(name, nbytes=nbytes, reuse=True) as f:
 
             def append(part: torch.Tensor) -> None:
@@ -300,38 +283,19 @@ class SpillStore:
     @contextlib.contextmanager
     def _staging(self, name: str, *, nbytes: int | None = None, reuse: bool = False) -> Iterator[BinaryIO]:
         """The file of a new version of ``name`` (this writer's stage), staged when the block ends without error.
-        With ``reuse``, a pooled file of ``nbytes`` bytes is written over if there is one, and otherwise this
-        writer's share of the pool is deleted before a file of ``POOL_MIN_BYTES`` or more (or of unknown size) is
-        created; the file is cut to what was written."""
+        With ``reuse``, a file of ``nbytes`` bytes (None: not known) from the pool, if it has one
+        (:func:`worker.engine.spill_pool.claim`), written over and cut to what was written."""
         version = self._stage
         assert version > 0, "a lane's writer takes its lane again before it stages another unit"
         if self.before_stage is not None:
             self.before_stage(len(self.staged()))
         path = _file(self.root, name, version)
-        pooled = reuse and nbytes is not None and nbytes >= POOL_MIN_BYTES and self._take_pooled(nbytes, path)
-        if reuse and not pooled and (nbytes is None or nbytes >= POOL_MIN_BYTES):
-            _unlink_all(_pooled(self.root, writer=self._pool_tag))  # a new file takes new memory: the share goes first
-        with open(path, "r+b" if pooled else "wb") as f:
+        claimed = reuse and spill_pool.claim(self.root, path, nbytes, spill_pool.writer_tag(self.lane))
+        with open(path, "r+b" if claimed else "wb") as f:
             yield f
-            if pooled:
+            if claimed:
                 f.truncate(f.tell())
         self.manifest["files"][name] = version
-
-    def _take_pooled(self, nbytes: int, path: Path) -> bool:
-        """Move a pooled file of exactly ``nbytes`` bytes to ``path``; False if there is none (another writer may
-        take one at the same time: the rename is atomic, and the loser tries the next)."""
-        for pooled in _pooled(self.root, nbytes=nbytes):
-            try:
-                os.rename(pooled, path)
-            except FileNotFoundError:
-                continue
-            return True
-        return False
-
-    @property
-    def _pool_tag(self) -> str:
-        """Whose share of the pool this writer's superseded files join (see the module docstring)."""
-        return "w" if self.lane is None else f"l{self.lane}"
 
     def staged(self) -> dict[str, int]:
         """Buffer name -> version of every buffer staged since the last commit (written, not yet published)."""
@@ -347,7 +311,7 @@ class SpillStore:
         live = {f"{name}@{version}.bin" for name, version in _read_manifest(self.root)["files"].items()}
         with os.scandir(self.root) as entries:
             mine = [e.path for e in entries if e.name.endswith(suffix) and e.name not in live]
-        _unlink_all(mine)
+        spill_pool.unlink_all(mine)
 
     def commit(self, merge: Callable[[dict[str, Any], dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None,
                *, unit: int | None = None) -> None:
@@ -428,50 +392,15 @@ class SpillStore:
             st = os.fstat(f.fileno())
         os.replace(tmp, self.root / MANIFEST)
         self._stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        superseded = [_file(self.root, name, version) for name, version in self._committed_files.items()
-                      if self.manifest["files"].get(name) != version]
-        if superseded:  # this writer's share of the pool holds what its last commit superseded, no more
-            _unlink_all(_pooled(self.root, writer=self._pool_tag))
-        for path in superseded:
-            _retire(path, self._pool_tag)
+        spill_pool.retire_all(self.root, [_file(self.root, name, version)
+                                          for name, version in self._committed_files.items()
+                                          if self.manifest["files"].get(name) != version],
+                              spill_pool.writer_tag(self.lane))
         self._committed_files = dict(self.manifest["files"])
         self._base_version = self.manifest["version"]
         # A whole trial's writer stages its next unit after this commit; a lane's writer takes its lane again
         # first (its stage is the one the other lanes' writers leave alone).
         self._stage = self._base_version + 1 if self.lane is None else -1
-
-
-def _unlink_all(paths: list[str]) -> None:
-    """Delete files that no commit refers to. One may already be gone: a stale writer dropping its own files
-    and the new writer removing orphans (:meth:`SpillStore.take`) can list the same file at once, and the
-    second unlink must not fail the unit that only cleans up."""
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-
-
-def _pooled(root: Path, *, writer: str | None = None, nbytes: int | None = None) -> list[str]:
-    """The pooled files of the store at ``root``: those of ``writer``'s share, or those of exactly ``nbytes``
-    bytes (of any writer's share)."""
-    with os.scandir(root) as entries:
-        names = [(e.path, e.name.split("-", 3)) for e in entries if e.name.startswith(POOL)]
-    return [path for path, parts in names if len(parts) == 4
-            and (writer is None or parts[1] == writer) and (nbytes is None or parts[2] == str(nbytes))]
-
-
-def _retire(path: Path, writer: str) -> None:
-    """A file a commit superseded: pool it in ``writer``'s share if it is large and no snapshot links it, else
-    delete it. The caller holds the manifest lock, under which snapshots link files too."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return
-    if st.st_nlink == 1 and st.st_size >= POOL_MIN_BYTES:
-        with contextlib.suppress(FileNotFoundError):
-            os.rename(path, path.with_name(f"{POOL}{writer}-{st.st_size}-{path.stem}.free"))
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
 
 
 def _read_manifest(root: Path) -> dict[str, Any]:
