@@ -93,8 +93,8 @@ def export_pretrained(out_dir: Path, *, store: SpillStore, stack: LayerStack, la
         filename = "model.safetensors" if n == 1 else f"model-{shard + 1:05d}-of-{n:05d}.safetensors"
         flat = store.read_new(f"p{shard}", layout.numel[shard], torch.float32)
         tensors = {}
-        for slot in layout.slots[shard]:
-            name = stack.hf_name(slot.ref)
+        names = stack.hf_names([slot.ref for slot in layout.slots[shard]])
+        for slot, name in zip(layout.slots[shard], names, strict=True):
             tensors[name] = slot.view(flat).clone()
             weight_map[name] = filename
         total += flat.numel() * FP32
@@ -116,8 +116,9 @@ def export_lora(out_dir: Path, *, store: SpillStore, stack: LayerStack, layout: 
     adapters: dict[str, torch.Tensor] = {}
     for shard in range(len(layout.slots)):
         flat = store.read_new(f"p{shard}", layout.numel[shard], torch.float32)
-        for slot in layout.slots[shard]:
-            adapters[stack.hf_name(slot.ref)] = slot.view(flat).clone()
+        names = stack.hf_names([slot.ref for slot in layout.slots[shard]])
+        for slot, name in zip(layout.slots[shard], names, strict=True):
+            adapters[name] = slot.view(flat).clone()
     family = stack.config.model_type
     lora.write_adapter(out_dir / lora.ADAPTER_DIR, spec=spec, family=family, base_dir=base_dir, adapters=adapters)
     after_file()

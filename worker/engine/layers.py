@@ -17,6 +17,7 @@ parameters are stored, clipped and stepped once; a borrower's gradient is summed
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,11 +180,19 @@ class LayerStack:
 
     def hf_name(self, ref: ParamRef) -> str:
         """The parameter's name in the full transformers model's state dict."""
-        target = self.layers[ref.layer].get_parameter(ref.name)
-        for name, param in self.model.named_parameters():
-            if param is target:
-                return name
-        raise AssertionError(f"{ref} is not a parameter of the model")
+        return self.hf_names([ref])[0]
+
+    def hf_names(self, refs: Sequence[ParamRef]) -> list[str]:
+        """`hf_name` of each of `refs`, in one walk of the model's parameters (a walk per name would make
+        an export or a checkpoint load quadratic in the number of parameters)."""
+        names = {id(param): name for name, param in self.model.named_parameters()}
+        found = []
+        for ref in refs:
+            name = names.get(id(self.layers[ref.layer].get_parameter(ref.name)))
+            if name is None:
+                raise AssertionError(f"{ref} is not a parameter of the model")
+            found.append(name)
+        return found
 
     def frozen_numel(self, index: int) -> int:
         return sum(ref.numel for ref in self.frozen[index])

@@ -91,9 +91,9 @@ class PretrainedWeights:
     def layer(self, stack: LayerStack, index: int) -> list[torch.Tensor]:
         """Layer ``index``'s owned parameters from the checkpoint."""
         tensors = []
-        for ref in stack.owned[index]:
-            tensor = self.get(stack.hf_name(ref))
+        for ref, name in zip(stack.owned[index], stack.hf_names(stack.owned[index]), strict=True):
+            tensor = self.get(name)
             if tuple(tensor.shape) != ref.shape:
-                raise SpecError(f"{stack.hf_name(ref)} has shape {tuple(tensor.shape)}, the config says {ref.shape}")
+                raise SpecError(f"{name} has shape {tuple(tensor.shape)}, the config says {ref.shape}")
             tensors.append(tensor)
         return tensors
