@@ -52,8 +52,10 @@ def device_loop(epoch: str) -> None:
     if bound is None:
         raise RuntimeError("device_loop ran on a worker bound to no device (HYDRA_WORKER_DEVICE is unset).")
     kind, index = bound
+    host_cores = None
     if kind == "cpu" and hasattr(os, "sched_setaffinity"):  # Linux; elsewhere the thread budget alone binds
-        os.sched_setaffinity(0, cpu_cores(index, torch.get_num_threads(), sorted(os.sched_getaffinity(0))))
+        host_cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, cpu_cores(index, torch.get_num_threads(), host_cores))
     queue = host_queue(config.current())
     settings = config.current()
     settings.spill_dir.mkdir(parents=True, exist_ok=True)
@@ -63,7 +65,7 @@ def device_loop(epoch: str) -> None:
                                prefetch=kind == "cuda" or torch.get_num_threads() > 1,
                                checkpoint_dir=settings.data_dir / "checkpoints",
                                fault_oom_above_bytes=settings.fault_oom_above_bytes, fault=settings.fault,
-                               studies=queue.client),
+                               studies=queue.client, host_cores=host_cores),
         "synthetic": SyntheticRunner(),
     }
     name = f"{kind}{index}"

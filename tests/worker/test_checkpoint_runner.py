@@ -94,3 +94,24 @@ def test_a_trial_whose_store_is_gone_goes_on_from_its_checkpoint_or_fails_saying
     runner.discard(trial_id="kept")
     assert not (tmp_path / "checkpoints" / "kept").exists()  # a trial that ended otherwise keeps none
     assert not left_behind.exists() and not (tmp_path / "spill" / "kept").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and two cores")
+def test_checkpoint_copies_run_on_the_host_cores_not_only_the_devices(tokens: str, tmp_path: Path) -> None:
+    """A CPU device's worker is pinned to its core; its checkpoint copies (host work) may use every core of the
+    host, so that a copy does not take the device's core while another idles."""
+    host = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(host)})  # as the device worker pins itself
+        runner = EngineRunner(spill_dir=tmp_path / "spill", device=CPU, checkpoint_dir=tmp_path / "checkpoints",
+                              host_cores=sorted(host))
+        job = EngineJob(trial=tiny_trial(tokens, seed=0, lr=1e-3, steps=1), checkpoint_minutes=1e-6)
+        units = runner.plan(trial_id="t", job=job).remaining_units
+        run(runner, "t", job, units)
+        runner.export(trial_id="t", job=job, export_dir=str(tmp_path / "export"))
+        assert runner._writer.submit(os.sched_getaffinity, 0).result() == host
+        assert os.sched_getaffinity(0) == {min(host)}  # the device's own thread stays on its core
+        assert durable.latest(tmp_path / "checkpoints", "t") is not None
+    finally:
+        os.sched_setaffinity(0, host)

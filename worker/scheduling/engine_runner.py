@@ -41,7 +41,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -89,12 +89,17 @@ class EngineRunner:
 
     def __init__(self, *, spill_dir: Path, device: torch.device, prefetch: bool = True,
                  checkpoint_dir: Path | None = None, fault_oom_above_bytes: int | None = None,
-                 fault: Fault | None = None, studies: redis.Redis | None = None) -> None:
+                 fault: Fault | None = None, studies: redis.Redis | None = None,
+                 host_cores: Collection[int] | None = None) -> None:
         """`prefetch`: load the next unit's shard in the background (the double buffer); off where there is
         nothing to overlap with, as on a CPU device of one core. `checkpoint_dir`: where durable checkpoints
-        go (None: none are taken or restored). `fault_oom_above_bytes` and `fault` are fault injection for
-        tests (see `TrialSession.fault_oom_above_bytes` and `TrialSession.fault`). `studies`: the Redis holding
-        the pruners' studies (`worker.scheduling.pruning`); a job with pruning needs it."""
+        go (None: none are taken or restored). `host_cores`: the cores the checkpoint copies may run on, where
+        this process is pinned to its CPU device's cores: a copy is host work, and confined to the device's
+        core it would take that core from the device's units (and the export at a trial's end, which waits for
+        it, would wait twice as long) while another core may idle. `fault_oom_above_bytes` and `fault` are
+        fault injection for tests (see `TrialSession.fault_oom_above_bytes` and `TrialSession.fault`).
+        `studies`: the Redis holding the pruners' studies (`worker.scheduling.pruning`); a job with pruning
+        needs it."""
         self.spill_dir = spill_dir
         self.device = device
         self.prefetch = prefetch
@@ -104,7 +109,10 @@ class EngineRunner:
         self.studies = studies
         self._sessions: OrderedDict[str, TrialSession] = OrderedDict()
         self._checkpointed: dict[str, float] = {}  # trial -> time of its last checkpoint known here (or start)
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hydra-checkpoint")
+        self._writer = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="hydra-checkpoint",
+            initializer=(lambda: os.sched_setaffinity(0, host_cores)) if host_cores else None,
+        )
         self._written: list[CheckpointMetrics] = []  # checkpoints written, not yet taken by `checkpoints`
         self._written_lock = threading.Lock()
         if checkpoint_dir is not None:  # a worker killed while writing a checkpoint left its links in host RAM
