@@ -11,16 +11,21 @@ waits, so the second device takes a second lane of the same trial). Rounds alter
 export), ``ceiling`` = the machine's own speedup of the same single-threaded matmul work in two pinned processes
 against one (as `sharp_scaling.py` measures it, in every round), ``of_ceiling`` = speedup / ceiling;
 ``identical``: the final weights of the one-device and the two-device runs compared with ``torch.equal`` (every
-tensor). Targets: speedup >= 1.7 and >= 0.9 x ceiling. ``devices_at_once``: the most units of the trial that
-overlapped in time in the median two-device run (2 when the wavefront ran).
+tensor). Targets: speedup >= 1.7 and >= 0.9 x ceiling. ``step_s``: the median wall seconds of a step in the
+steady state (neither the first nor the last step, so only with 3 steps or more) on one device and on two, and
+``step_speedup`` their ratio: what a wavefront gains a step once a trial's costs paid once (planning, the first
+step's warm-up, the final updates, export and last checkpoint) are left aside, as they are in a long trial.
+``devices_at_once``: the most units of the trial that overlapped in time in the median two-device run (2 when the
+wavefront ran).
 
 The last line is one JSON object: ``{"shape", "micro_batches", "rounds", "one_device_s", "two_devices_s",
-"speedup", "ceiling", "of_ceiling", "identical", "devices_at_once", "target_met"}``.
+"speedup", "ceiling", "of_ceiling", "step_s", "step_speedup", "identical", "devices_at_once", "target_met"}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import statistics
@@ -81,6 +86,17 @@ def at_once(spans: list[dict]) -> int:
     return most
 
 
+def step_seconds(spans: list[dict]) -> list[float]:
+    """Wall seconds of each step that has a step after it and one before it (from its first unit's start to the
+    next step's): the steady state, without the first step's warm-up or the last's final updates and export."""
+    starts = {}
+    for span in spans:
+        step = int(span["step"])
+        starts[step] = min(starts.get(step, float("inf")), float(span["start"]))
+    steps = sorted(starts)
+    return [starts[b] - starts[a] for a, b in itertools.pairwise(steps[1:])]
+
+
 def weights(export: Path) -> dict[str, torch.Tensor]:
     return {name: tensor for path in sorted(export.glob("*.safetensors")) for name, tensor in load_file(path).items()}
 
@@ -103,6 +119,7 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     host_tier = args.spill_dir or ("/dev/shm" if Path("/dev/shm").is_dir() else None)
     one_s, two_s, ceilings, overlaps, identical = [], [], [], [], True
+    one_step_s, two_step_s = [], []
     with tempfile.TemporaryDirectory(prefix="hydra-trial-devices-", dir=host_tier) as tmp:
         root = Path(tmp)
         tokens = root / "tokens.npy"
@@ -123,6 +140,8 @@ def main() -> None:
             one_s.append(runs[1][0])
             two_s.append(runs[2][0])
             overlaps.append(at_once(runs[2][1]))
+            one_step_s += step_seconds(runs[1][1])
+            two_step_s += step_seconds(runs[2][1])
             a, b = weights(runs[1][2]), weights(runs[2][2])
             identical &= a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
             for count in (1, 2):  # each run leaves gigabytes in host memory (its export and last checkpoint)
@@ -136,7 +155,11 @@ def main() -> None:
         "shape": "quick" if args.quick else "smollm2-135m-layers", "micro_batches": args.micro_batches,
         "rounds": rounds, "one_device_s": round(statistics.median(one_s), 3),
         "two_devices_s": round(statistics.median(two_s), 3), "speedup": round(speedup, 3),
-        "ceiling": round(ceiling, 3), "of_ceiling": round(speedup / ceiling, 3), "identical": identical,
+        "ceiling": round(ceiling, 3), "of_ceiling": round(speedup / ceiling, 3),
+        **({"step_s": [round(statistics.median(one_step_s), 3), round(statistics.median(two_step_s), 3)],
+            "step_speedup": round(statistics.median(one_step_s) / statistics.median(two_step_s), 3)}
+           if one_step_s and two_step_s else {}),
+        "identical": identical,
         "devices_at_once": max(overlaps),
         "target_met": identical and speedup >= TARGET_SPEEDUP and speedup >= TARGET_OF_CEILING * ceiling,
     }))
