@@ -12,9 +12,9 @@ export), ``ceiling`` = the machine's own speedup of the same single-threaded mat
 against one (as `sharp_scaling.py` measures it, in every round), ``of_ceiling`` = speedup / ceiling;
 ``identical``: the final weights of the one-device and the two-device runs compared with ``torch.equal`` (every
 tensor). Targets: speedup >= 1.7 and >= 0.9 x ceiling. ``step_s``: the median wall seconds of a step in the
-steady state (neither the first nor the last step, so only with 3 steps or more) on one device and on two, and
-``step_speedup`` their ratio: what a wavefront gains a step once a trial's costs paid once (planning, the first
-step's warm-up, the final updates, export and last checkpoint) are left aside, as they are in a long trial.
+steady state (neither the first two steps nor the last, so only with ``--steps`` 4 or more) on one device and
+on two, and ``step_speedup`` their ratio: what a wavefront gains a step once a trial's costs paid once (planning,
+the first steps' warm-up, the final updates, export and last checkpoint) are left aside, as in a long trial.
 ``devices_at_once``: the most units of the trial that overlapped in time in the median two-device run (2 when the
 wavefront ran).
 
@@ -87,14 +87,15 @@ def at_once(spans: list[dict]) -> int:
 
 
 def step_seconds(spans: list[dict]) -> list[float]:
-    """Wall seconds of each step that has a step after it and one before it (from its first unit's start to the
-    next step's): the steady state, without the first step's warm-up or the last's final updates and export."""
+    """Wall seconds of each step of the steady state (from its first unit's start to the next step's): neither
+    of the first two steps (the first warms up; the second's units apply the first optimizer updates and write
+    the AdamW moments for the first time) nor the last (the final updates and the export)."""
     starts = {}
     for span in spans:
         step = int(span["step"])
         starts[step] = min(starts.get(step, float("inf")), float(span["start"]))
     steps = sorted(starts)
-    return [starts[b] - starts[a] for a, b in itertools.pairwise(steps[1:])]
+    return [starts[b] - starts[a] for a, b in itertools.pairwise(steps[2:])]
 
 
 def weights(export: Path) -> dict[str, torch.Tensor]:
