@@ -178,13 +178,10 @@ class LayerStack:
     def layer_numel(self, index: int) -> int:
         return sum(ref.numel for ref in self.owned[index])
 
-    def hf_name(self, ref: ParamRef) -> str:
-        """The parameter's name in the full transformers model's state dict."""
-        return self.hf_names([ref])[0]
-
     def hf_names(self, refs: Sequence[ParamRef]) -> list[str]:
-        """`hf_name` of each of `refs`, in one walk of the model's parameters (a walk per name would make
-        an export or a checkpoint load quadratic in the number of parameters)."""
+        """Each of `refs`' name in the full transformers model's state dict (a tied parameter's first name), in
+        one walk of the model's parameters (a walk per name would make an export or a checkpoint load quadratic
+        in the number of parameters)."""
         names = {id(param): name for name, param in self.model.named_parameters()}
         found = []
         for ref in refs:

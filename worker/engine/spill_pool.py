@@ -45,14 +45,15 @@ def claim(root: Path, path: Path, nbytes: int | None, writer: str) -> bool:
     tries the next."""
     if nbytes is not None and nbytes < POOL_MIN_BYTES:
         return False
+    pooled = _pooled(root)
     if nbytes is not None:
-        for pooled in _pooled(root, nbytes=nbytes):
+        for file in (path for path, _, size in pooled if size == str(nbytes)):
             try:
-                os.rename(pooled, path)
+                os.rename(file, path)
             except FileNotFoundError:
                 continue
             return True
-    unlink_all(_pooled(root, writer=writer))
+    unlink_all([path for path, owner, _ in pooled if owner == writer])
     return False
 
 
@@ -62,7 +63,7 @@ def retire_all(root: Path, superseded: list[Path], writer: str) -> None:
     which snapshots link files too."""
     if not superseded:
         return
-    unlink_all(_pooled(root, writer=writer))
+    unlink_all([path for path, owner, _ in _pooled(root) if owner == writer])
     for path in superseded:
         try:
             st = os.stat(path)
@@ -84,10 +85,9 @@ def unlink_all(paths: list[str]) -> None:
             os.unlink(path)
 
 
-def _pooled(root: Path, *, writer: str | None = None, nbytes: int | None = None) -> list[str]:
-    """The pooled files of the store at ``root``: those of ``writer``'s share, or those of exactly ``nbytes``
-    bytes (of any writer's share)."""
+def _pooled(root: Path) -> list[tuple[str, str, str]]:
+    """The pooled files of the store at ``root``, each as (path, its writer's share, its size in bytes), read
+    from their names in one scan of the directory."""
     with os.scandir(root) as entries:
         names = [(e.path, e.name.split("-", 3)) for e in entries if e.name.startswith(POOL)]
-    return [path for path, parts in names if len(parts) == 4
-            and (writer is None or parts[1] == writer) and (nbytes is None or parts[2] == str(nbytes))]
+    return [(path, parts[1], parts[2]) for path, parts in names if len(parts) == 4]

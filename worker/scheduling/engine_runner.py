@@ -95,8 +95,8 @@ class EngineRunner:
         nothing to overlap with, as on a CPU device of one core. `checkpoint_dir`: where durable checkpoints
         go (None: none are taken or restored). `host_cores`: the cores the checkpoint copies may run on, where
         this process is pinned to its CPU device's cores: a copy is host work, and confined to the device's
-        core it would take that core from the device's units (and the export at a trial's end, which waits for
-        it, would wait twice as long) while another core may idle. `fault_oom_above_bytes` and `fault` are
+        core it would take that core from the device's units (and from the export at a trial's end, which waits
+        for it) while another core may idle. `fault_oom_above_bytes` and `fault` are
         fault injection for tests (see `TrialSession.fault_oom_above_bytes` and `TrialSession.fault`).
         `studies`: the Redis holding the pruners' studies (`worker.scheduling.pruning`); a job with pruning
         needs it."""
