@@ -208,12 +208,13 @@ class Stack:
         return any(e["event"] == "restarted" and e["service"] == service for e in self.events())
 
     def units_done(self) -> dict[str, int]:
-        """Each trial of the stack's queue (in its Redis) with the units it has done."""
+        """Each trial of the stack's queue (in its Redis) with the units it has done. Only the trials' own hashes:
+        a trial's `trial:<id>:leases` exists only while a unit of it is in flight."""
         client = redis.Redis.from_url(self.redis_url, decode_responses=True, socket_timeout=5)
         try:
             prefix = f"hydra:{self.host_id}:trial:"
             return {key.removeprefix(prefix): int(client.hget(key, "units_done") or 0)
-                    for key in client.scan_iter(match=f"{prefix}*")}
+                    for key in client.scan_iter(match=f"{prefix}*") if ":" not in key.removeprefix(prefix)}
         finally:
             client.close()
 
