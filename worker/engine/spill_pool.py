@@ -47,13 +47,13 @@ def claim(root: Path, path: Path, nbytes: int | None, writer: str) -> bool:
         return False
     pooled = _pooled(root)
     if nbytes is not None:
-        for file in (path for path, _, size in pooled if size == str(nbytes)):
+        for file in (file for file, _, size in pooled if size == str(nbytes)):
             try:
                 os.rename(file, path)
             except FileNotFoundError:
                 continue
             return True
-    unlink_all([path for path, owner, _ in pooled if owner == writer])
+    unlink_all([file for file, owner, _ in pooled if owner == writer])
     return False
 
 
@@ -63,7 +63,7 @@ def retire_all(root: Path, superseded: list[Path], writer: str) -> None:
     which snapshots link files too."""
     if not superseded:
         return
-    unlink_all([path for path, owner, _ in _pooled(root) if owner == writer])
+    unlink_all([file for file, owner, _ in _pooled(root) if owner == writer])
     for path in superseded:
         try:
             st = os.stat(path)
