@@ -31,7 +31,6 @@ import math
 import random
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -85,13 +84,12 @@ def run(specs: dict[str, TrialSpec], devices: list[Device], root: Path, pruner: 
     study = f"asha-bench-{uuid.uuid4().hex[:8]}"
     with LocalWorkers(devices=devices, redis_url=config.current().redis_url, root=root) as workers:
         try:
+            start = workers.clock()
             for n, (trial_id, spec) in enumerate(specs.items(), start=1):
                 job = EngineJob(trial=spec, max_devices=max_devices, pruning=None if pruner is None else PruningJob(
                     study=study, trial_number=n, pruner=pruner))
                 workers.queue.submit(trial_id=trial_id, job=job, export_dir=str(root / "exports" / trial_id))
-            start = time.monotonic()
-            workers.wait_until_ended(list(specs), timeout_s=3600)
-            wall = time.monotonic() - start
+            wall = workers.wait_until_ended(list(specs), timeout_s=3600) - start
             spans = workers.entries("spans")
             evals = workers.entries("evals")
             states = {trial_id: workers.queue.trial(trial_id).state for trial_id in specs}

@@ -112,33 +112,45 @@ class LocalWorkers:
     def run_trials(self, specs: Mapping[str, TrialSpec], *, export_root: Path,
                    timeout_s: float) -> tuple[float, dict[str, TrialRecord]]:
         """Submit every trial of `specs` (trial id -> spec) to this host, each exported into ``export_root /
-        <trial id>``, and wait until all ended: the seconds from the first submission to the last end, and each
-        trial's record. RuntimeError, with each failed trial's message, if one did not finish."""
-        start = time.monotonic()
+        <trial id>``, and wait until all ended: the seconds from the first submission to the last end (both read on
+        `clock`, see `wait_for_states`), and each trial's record. RuntimeError, with each failed trial's message,
+        if one did not finish."""
+        start = self.clock()
         for trial_id, spec in specs.items():
             self.queue.submit(trial_id=trial_id, job=EngineJob(trial=spec), export_dir=str(export_root / trial_id))
-        self.wait_until_ended(list(specs), timeout_s=timeout_s)
-        seconds = time.monotonic() - start
+        seconds = self.wait_until_ended(list(specs), timeout_s=timeout_s) - start
         records = {r.trial_id: r for r in self.queue.trials() if r.trial_id in specs}
         failed = {t: r.message for t, r in records.items() if r.state != "finished"}
         if failed:
             raise RuntimeError(f"trials failed: {failed}")
         return seconds, records
 
-    def wait_until_ended(self, trial_ids: Sequence[str], *, timeout_s: float) -> None:
-        """Block until every trial ended (finished, pruned, failed or cancelled); raise RuntimeError on a timeout."""
-        self.wait_for_states(trial_ids, ENDED, timeout_s=timeout_s)
+    def clock(self) -> float:
+        """The Redis server's clock, in seconds: the clock of the events stream's entries (see `wait_for_states`)."""
+        seconds, microseconds = self.client.time()
+        return seconds + microseconds / 1e6
 
-    def wait_for_states(self, trial_ids: Sequence[str], wanted: Collection[str], *, timeout_s: float) -> None:
+    def wait_until_ended(self, trial_ids: Sequence[str], *, timeout_s: float) -> float:
+        """Block until every trial ended (finished, pruned, failed or cancelled); raise RuntimeError on a timeout.
+        Returns when the last of them ended, on `clock` (see `wait_for_states`)."""
+        return LocalWorkers.wait_for_states(self, trial_ids, ENDED, timeout_s=timeout_s)  # not a subclass's own
+
+    def wait_for_states(self, trial_ids: Sequence[str], wanted: Collection[str], *, timeout_s: float) -> float:
         """Block until every trial is in one of the `wanted` states; raise RuntimeError on a timeout.
 
         Follows the host's events stream, which says each trial's state as it changes: the states are read
         once, then only events, at most ten times a second. Re-reading every trial at each event, or waking
         at each of a thousand trials' events, would take the CPU and Redis from the devices being measured.
+
+        Returns when the last of the trials got there, on `clock`: the time in its event's id, which Redis
+        stamps with its own clock, to the millisecond, as it adds the event (or `clock` at the call, when every
+        trial was there already). A run timed with it is not late by this wait's reading period, up to a tenth
+        of a second of runs that may take one or two.
         """
         deadline = time.monotonic() + timeout_s
         last = self.client.xrevrange(self.queue.key("events"), count=1)
         cursor = last[0][0] if last else "0-0"
+        arrived = self.clock()
         states = self.queue.states()
         if missing := set(trial_ids) - states.keys():
             raise RuntimeError(f"no such trials on this host: {sorted(missing)}")
@@ -149,8 +161,13 @@ class LocalWorkers:
                 raise RuntimeError(f"{len(waiting)} trials not done after {timeout_s} s: {sorted(waiting)[:10]}")
             for _, entries in self.client.xread({self.queue.key("events"): cursor}, block=int(min(left, 1.0) * 1000)):
                 cursor = entries[-1][0]
-                waiting.difference_update(fields["trial"] for _, fields in entries if fields["state"] in wanted)
-            time.sleep(min(READ_PERIOD_S, max(0.0, deadline - time.monotonic())))
+                for entry_id, fields in entries:
+                    if fields["trial"] in waiting and fields["state"] in wanted:
+                        waiting.discard(fields["trial"])
+                        arrived = int(entry_id.partition("-")[0]) / 1000
+            if waiting:
+                time.sleep(min(READ_PERIOD_S, max(0.0, deadline - time.monotonic())))
+        return arrived
 
     def entries(self, stream: str) -> list[dict[str, object]]:
         """Every entry of one of the namespace's telemetry streams."""

@@ -90,10 +90,9 @@ def measure(devices: list[Device], trials: int, units: int) -> dict[str, float]:
         for trial_id in trial_ids:
             workers.queue.submit(trial_id=trial_id, job=SyntheticJob(units=per_trial), export_dir="", paused=True)
         workers.wait_for_states(trial_ids, {"paused"}, timeout_s=900)
-        start = time.monotonic()
+        start = workers.clock()
         workers.queue.resume_all(trial_ids)
-        workers.wait_until_ended(trial_ids, timeout_s=900)
-        elapsed = time.monotonic() - start
+        elapsed = workers.wait_until_ended(trial_ids, timeout_s=900) - start
         spans = workers.entries("spans")
     cycles, beside, plans = unit_cycles_ms(spans)
     done = sum(s["phase"] != "plan" for s in spans)

@@ -72,3 +72,20 @@ def test_it_fails_one_trial_and_finishes_the_others(shared_device_workers) -> No
     assert "unit 3 failed on cpu" in records["bad"].message
     assert "SyntheticUnitError: synthetic unit 3 of trial 'bad' failed on purpose" in records["bad"].message
     assert records["good1"].state == records["good2"].state == "finished"
+
+
+def test_a_wait_for_trials_to_end_returns_when_the_last_ended_by_its_event_not_by_when_it_read_it(
+        shared_device_workers) -> None:
+    workers = shared_device_workers
+    submitted = workers.clock()
+    for name in ("early", "late"):
+        workers.queue.submit(trial_id=name, job=SyntheticJob(units=3 if name == "early" else 6, unit_ms=30),
+                             export_dir="")
+    ended = workers.wait_until_ended(["early", "late"], timeout_s=60)
+
+    finished = {e["trial"]: e["id"] for e in workers.entries("events")
+                if e["trial"] in {"early", "late"} and e["state"] == "finished"}
+    last = max(finished.values(), key=lambda entry_id: tuple(map(int, entry_id.split("-"))))
+    assert ended == int(last.split("-")[0]) / 1000  # the millisecond Redis stamped on the last one's event
+    assert submitted < ended <= workers.clock()
+    assert workers.wait_until_ended(["early", "late"], timeout_s=1) >= ended  # both ended already: now
