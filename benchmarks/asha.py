@@ -172,5 +172,6 @@ def wavefronts(devices: list[Device], steps: int, asha: PrunerSpec, rounds: int)
                       "survivors": survivors, "same_best": same_best, "device": f"{len(devices)} x cpu",
                       "target_met": ratio <= TARGET_MAKESPAN_RATIO and same_best}))
 
+
 if __name__ == "__main__":
     main()
