@@ -133,7 +133,7 @@ class LocalWorkers:
     def wait_until_ended(self, trial_ids: Sequence[str], *, timeout_s: float) -> float:
         """Block until every trial ended (finished, pruned, failed or cancelled); raise RuntimeError on a timeout.
         Returns when the last of them ended, on `clock` (see `wait_for_states`)."""
-        return LocalWorkers.wait_for_states(self, trial_ids, ENDED, timeout_s=timeout_s)  # not a subclass's own
+        return self.wait_for_states(trial_ids, ENDED, timeout_s=timeout_s)
 
     def wait_for_states(self, trial_ids: Sequence[str], wanted: Collection[str], *, timeout_s: float) -> float:
         """Block until every trial is in one of the `wanted` states; raise RuntimeError on a timeout.

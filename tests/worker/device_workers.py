@@ -49,7 +49,7 @@ class DeviceWorkers(LocalWorkers):
                 raise AssertionError(f"timed out after {timeout_s} s waiting for {what}\n{self.logs()}")
             time.sleep(0.05)
 
-    def wait_for_states(self, trial_ids: Iterable[str], states: set[str], timeout_s: float) -> dict[str, TrialRecord]:
+    def wait_for_records(self, trial_ids: Iterable[str], states: set[str], timeout_s: float) -> dict[str, TrialRecord]:
         """Wait until every trial is in one of `states`; return their records."""
         ids = list(trial_ids)
         self.wait(lambda: all(self.queue.trial(t).state in states for t in ids), timeout_s,

@@ -34,13 +34,13 @@ def test_a_finished_trial_continued_on_workers_equals_one_trained_with_both_segm
     submit("ended", EngineJob(trial=first, checkpoint_minutes=HOUR))
     submit("bare", EngineJob(trial=first, checkpoint_minutes=0))
     submit("whole", EngineJob(trial=spec, checkpoint_minutes=HOUR))
-    workers.wait_for_states(["ended", "bare", "whole"], {"finished"}, 120)
+    workers.wait_for_records(["ended", "bare", "whole"], {"finished"}, 120)
     checkpoints = workers.root / "data" / "checkpoints"
     assert (checkpoints / "ended").is_dir()
 
     submit("ended-c1", EngineJob(trial=spec, continue_from="ended", checkpoint_minutes=HOUR))
     submit("bare-c1", EngineJob(trial=spec, continue_from="bare", checkpoint_minutes=HOUR))
-    records = workers.wait_for_states(["ended-c1", "bare-c1"], {"finished", "failed"}, 120)
+    records = workers.wait_for_records(["ended-c1", "bare-c1"], {"finished", "failed"}, 120)
     assert records["ended-c1"].state == "finished", records["ended-c1"].message
     assert records["bare-c1"].state == "failed"
     assert "cannot continue trial bare: trial bare has no checkpoint to continue from" in records["bare-c1"].message

@@ -17,7 +17,7 @@ def test_it_runs_trials_on_two_devices_units_interleaved(shared_device_workers) 
     workers = shared_device_workers
     for name in "abc":
         workers.queue.submit(trial_id=name, job=SyntheticJob(units=8, unit_ms=20), export_dir="")
-    records = workers.wait_for_states("abc", {"finished"}, 60)
+    records = workers.wait_for_records("abc", {"finished"}, 60)
     assert all(r.units_done == 8 for r in records.values())
 
     spans = [s for s in workers.entries("spans") if s["phase"] != "plan" and s["trial"] in {"a", "b", "c"}]
@@ -49,14 +49,14 @@ def test_it_pauses_resumes_and_cancels_at_unit_boundaries(shared_device_workers)
 
     queue.pause("paused")
     queue.cancel("cancelled")
-    records = workers.wait_for_states(["paused", "cancelled"], {"paused", "cancelled"}, 10)
+    records = workers.wait_for_records(["paused", "cancelled"], {"paused", "cancelled"}, 10)
     assert (records["paused"].state, records["cancelled"].state) == ("paused", "cancelled")
     frozen = queue.trial("paused").units_done
     workers.wait(lambda: queue.trial("other").units_done >= frozen + 4, 30, "the other trial to go on")
     assert queue.trial("paused").units_done == frozen
 
     assert queue.resume("paused") == "runnable"
-    records = workers.wait_for_states(["paused", "other"], {"finished"}, 60)
+    records = workers.wait_for_records(["paused", "other"], {"finished"}, 60)
     assert records["paused"].units_done == 40
     assert queue.trial("cancelled").state == "cancelled"
     assert queue.trial("cancelled").units_done < 40
@@ -67,7 +67,7 @@ def test_it_fails_one_trial_and_finishes_the_others(shared_device_workers) -> No
     workers.queue.submit(trial_id="bad", job=SyntheticJob(units=6, unit_ms=10, fail_at_unit=3), export_dir="")
     for name in ("good1", "good2"):
         workers.queue.submit(trial_id=name, job=SyntheticJob(units=10, unit_ms=10), export_dir="")
-    records = workers.wait_for_states(["bad", "good1", "good2"], {"finished", "failed"}, 60)
+    records = workers.wait_for_records(["bad", "good1", "good2"], {"finished", "failed"}, 60)
     assert records["bad"].state == "failed"
     assert "unit 3 failed on cpu" in records["bad"].message
     assert "SyntheticUnitError: synthetic unit 3 of trial 'bad' failed on purpose" in records["bad"].message
@@ -88,4 +88,5 @@ def test_a_wait_for_trials_to_end_returns_when_the_last_ended_by_its_event_not_b
     last = max(finished.values(), key=lambda entry_id: tuple(map(int, entry_id.split("-"))))
     assert ended == int(last.split("-")[0]) / 1000  # the millisecond Redis stamped on the last one's event
     assert submitted < ended <= workers.clock()
-    assert workers.wait_until_ended(["early", "late"], timeout_s=1) >= ended  # both ended already: now
+    called = workers.clock()
+    assert workers.wait_until_ended(["early", "late"], timeout_s=1) >= called  # both ended already: the call's time

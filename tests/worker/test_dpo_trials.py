@@ -90,7 +90,7 @@ def test_a_beta_sweep_on_a_shared_base_and_a_full_fine_tune_train_exactly_on_two
                              export_dir=str(tmp_path / "exports" / trial_id))
     workers.wait(lambda: any(len(b["trials"]) == 2 for b in bases(workers.spill_dir)), 60,
                  "the two LoRA trials to be planned on one shared base")
-    records = workers.wait_for_states(trials, {"finished", "failed"}, 240)
+    records = workers.wait_for_records(trials, {"finished", "failed"}, 240)
     assert {r.state for r in records.values()} == {"finished"}, [r.message for r in records.values()]
     assert len(records["dpo-full"].plan["shards"]) >= 2 and len(records["dpo-b1"].plan["shards"]) >= 2
     phases = {s["phase"] for s in workers.entries("spans") if s["trial"] == "dpo-full"}
@@ -115,7 +115,7 @@ def test_a_worker_killed_before_committing_reference_log_probabilities_is_recove
     workers.queue.submit(trial_id="k", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "k"))
     victim, _ = blocked(workers, tmp_path)
     workers.kill(victim)
-    record = workers.wait_for_states(["k"], {"finished", "failed"}, 180)["k"]
+    record = workers.wait_for_records(["k"], {"finished", "failed"}, 180)["k"]
     assert (record.state, record.requeues) == ("finished", 1), record.message
     done = completed(workers, "k")
     assert_each_once_in_wavefront_order(done, timetable)

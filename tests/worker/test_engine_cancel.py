@@ -33,7 +33,7 @@ def test_a_cancel_during_a_unit_stops_the_trial_at_that_units_end_and_frees_its_
 
     assert queue.cancel("c") == "running"  # it takes effect when the unit in flight ends
     (signals / "release").touch()
-    record = workers.wait_for_states(["c"], {"cancelled", "finished", "failed"}, 60)["c"]
+    record = workers.wait_for_records(["c"], {"cancelled", "finished", "failed"}, 60)["c"]
 
     assert (record.state, record.units_done) == ("cancelled", UNIT + 1), record.message
     spans = [s for s in workers.entries("spans") if s["trial"] == "c" and s["phase"] != "plan"]

@@ -60,7 +60,7 @@ def test_it_trains_three_trials_on_two_devices_exactly(device_workers, tokens: s
     for trial_id, trial in trials.items():
         workers.queue.submit(trial_id=trial_id, job=EngineJob(trial=trial),
                              export_dir=str(tmp_path / "exports" / trial_id))
-    records = workers.wait_for_states(trials, {"finished", "failed"}, 120)
+    records = workers.wait_for_records(trials, {"finished", "failed"}, 120)
     assert {r.state for r in records.values()} == {"finished"}, [r.message for r in records.values()]
     assert all(len(r.plan["shards"]) >= 2 for r in records.values()), [r.plan for r in records.values()]
 
@@ -96,15 +96,15 @@ def test_a_pause_stops_a_trial_its_device_holds_at_the_unit_boundary_and_resume_
                          export_dir=str(tmp_path / "exports" / "t"))
     workers.wait(lambda: workers.queue.trial("t").units_done >= 1, 60, "a first unit")
     workers.queue.pause("t")
-    paused = workers.wait_for_states(["t"], {"paused"}, 30)["t"]
+    paused = workers.wait_for_records(["t"], {"paused"}, 30)["t"]
     assert len(paused.plan["shards"]) >= 2 and paused.units_done >= 1 and paused.remaining_units > 0
     # The device is free and takes other work meanwhile; once that trial has finished, the paused one has
     # had every chance to run: it did not.
     workers.queue.submit(trial_id="other", job=SyntheticJob(units=3), export_dir="")
-    assert workers.wait_for_states(["other"], {"finished", "failed"}, 60)["other"].state == "finished"
+    assert workers.wait_for_records(["other"], {"finished", "failed"}, 60)["other"].state == "finished"
     assert workers.queue.trial("t").units_done == paused.units_done  # nothing ran while paused
     assert workers.queue.resume("t") == "runnable"
-    assert workers.wait_for_states(["t"], {"finished", "failed"}, 120)["t"].state == "finished"
+    assert workers.wait_for_records(["t"], {"finished", "failed"}, 120)["t"].state == "finished"
     assert_trained_like_plain_pytorch(workers, "t", trial, tmp_path)
 
 
@@ -118,7 +118,7 @@ def test_trials_that_end_cancelled_or_failed_free_their_spill_stores(
                  export_dir=str(tmp_path / "export-c"))
     workers.wait(lambda: queue.trial("c").units_done >= 2, 60, "the first units")
     queue.pause("c")
-    workers.wait_for_states(["c"], {"paused"}, 30)
+    workers.wait_for_records(["c"], {"paused"}, 30)
     assert (workers.spill_dir / "c").is_dir()
     assert queue.cancel("c") == "cancelled"  # not running: no unit will end to clean up after it
 
@@ -127,10 +127,10 @@ def test_trials_that_end_cancelled_or_failed_free_their_spill_stores(
                  export_dir=str(tmp_path / "export-f"))
     workers.wait(lambda: queue.trial("f").units_done >= 1, 60, "a unit of the second trial")
     queue.pause("f")
-    workers.wait_for_states(["f"], {"paused"}, 30)
+    workers.wait_for_records(["f"], {"paused"}, 30)
     (workers.spill_dir / "f" / "manifest.json").unlink()  # its next unit cannot open its store
     queue.resume("f")
-    record = workers.wait_for_states(["f"], {"failed"}, 60)["f"]
+    record = workers.wait_for_records(["f"], {"failed"}, 60)["f"]
     assert "failed on cpu0: WorkloadError: the spill store of trial f is gone" in record.message
 
     workers.wait(lambda: not list(workers.spill_dir.iterdir()), 30, "the spill stores to be freed")
@@ -145,7 +145,7 @@ def test_a_lone_trial_runs_its_micro_batches_on_both_devices_and_trains_exactly(
     trial = TrialSpec.from_dict({**trial.to_dict(), "batch_size": 8, "micro_batches": 4})
     workers = device_workers("cpu0", "cpu1")
     workers.queue.submit(trial_id="w", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "w"))
-    record = workers.wait_for_states(["w"], {"finished", "failed"}, 180)["w"]
+    record = workers.wait_for_records(["w"], {"finished", "failed"}, 180)["w"]
     assert record.state == "finished", record.message
     assert (record.width_cap, record.width) == (4, 4)
     spans = sorted((s for s in workers.entries("spans") if s["trial"] == "w" and s["phase"] != "plan"),

@@ -35,7 +35,7 @@ def test_a_late_team_is_served_at_the_next_unit_boundary_and_then_shares_the_dev
     arrived = max(float(s["end"]) for s in spans_of(workers, {f"a{i}" for i in range(4)}))
     for i in range(2):
         workers.queue.submit(trial_id=f"b{i}", job=SyntheticJob(units=6, unit_ms=50), export_dir="", team="beta")
-    records = workers.wait_for_states([f"b{i}" for i in range(2)], {"finished", "failed"}, 120)
+    records = workers.wait_for_records([f"b{i}" for i in range(2)], {"finished", "failed"}, 120)
     assert {r.state for r in records.values()} == {"finished"}
     beta = spans_of(workers, {"b0", "b1"})
     # Planning the two trials takes the devices first; then beta runs within a unit or two of alpha's.
@@ -58,7 +58,7 @@ def test_trials_of_two_teams_sharing_the_devices_each_train_as_alone(device_work
     for trial_id, (team, trial) in trials.items():
         workers.queue.submit(trial_id=trial_id, job=EngineJob(trial=trial), team=team,
                              export_dir=str(tmp_path / "exports" / trial_id))
-    records = workers.wait_for_states(trials, {"finished", "failed"}, 180)
+    records = workers.wait_for_records(trials, {"finished", "failed"}, 180)
     assert {r.state for r in records.values()} == {"finished"}, [r.message for r in records.values()]
     for trial_id, (_, trial) in trials.items():
         assert_trained_like_plain_pytorch(workers, trial_id, trial, tmp_path)

@@ -105,7 +105,7 @@ def test_a_worker_killed_at_a_point_of_a_unit_is_recovered_from_exactly(
     assert (report["point"], report["unit"]) == (point, target)
     workers.kill(victim)
 
-    record = workers.wait_for_states(["k"], {"finished", "failed"}, 120)["k"]
+    record = workers.wait_for_records(["k"], {"finished", "failed"}, 120)["k"]
     assert (record.state, record.requeues) == ("finished", 1), record.message
     done = completed(workers, "k")
     assert_each_once_in_wavefront_order(done, Timetable.of(trial, shards=len({u[3] for u in units})))
@@ -135,7 +135,7 @@ def test_a_worker_frozen_mid_unit_past_its_lease_cannot_commit(device_workers, t
     assert "StaleWriterError" not in "".join(line for line in log.read_text().splitlines(True)
                                              if "failed in" in line)  # dropped, never a failed trial
 
-    record = workers.wait_for_states(["s"], {"finished", "failed"}, 120)["s"]
+    record = workers.wait_for_records(["s"], {"finished", "failed"}, 120)["s"]
     assert (record.state, record.requeues) == ("finished", 1), record.message
     done = completed(workers, "s")
     # the frozen unit completed once, by the other device
@@ -156,7 +156,7 @@ def test_a_unit_out_of_memory_mid_backward_is_replanned_and_stays_exact(
     # The default lease: here no worker dies, and on a busy machine re-planning can outlast a short one.
     workers = start(device_workers, tmp_path, f"mid-backward:oom@{target}", lease_s=10.0)
     workers.queue.submit(trial_id="o", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "o"))
-    record = workers.wait_for_states(["o"], {"finished", "failed"}, 180)["o"]
+    record = workers.wait_for_records(["o"], {"finished", "failed"}, 180)["o"]
     assert (record.state, record.replans) == ("finished", 1), record.message
     assert len(record.plan["shards"]) > 1 and record.plan["budget_bytes"] <= int(trial.budget_bytes * 0.75)
     report = json.loads((tmp_path / "fault" / REACHED).read_text())

@@ -64,7 +64,7 @@ def test_three_lora_trials_share_one_base_on_two_devices_and_train_exactly(
                              export_dir=str(tmp_path / "exports" / trial_id))
     workers.wait(lambda: len(bases(workers.spill_dir)) == 1 and len(bases(workers.spill_dir)[0]["trials"]) == 3,
                  60, "the three trials to be planned on one shared base")
-    records = workers.wait_for_states(trials, {"finished", "failed"}, 180)
+    records = workers.wait_for_records(trials, {"finished", "failed"}, 180)
     assert {r.state for r in records.values()} == {"finished"}, [r.message for r in records.values()]
     assert all(len(r.plan["shards"]) >= 2 for r in records.values()), [r.plan for r in records.values()]
     # The last trial to end let the base go: nothing of any trial is left on the host.
@@ -87,7 +87,7 @@ def test_a_lora_trial_whose_worker_is_killed_mid_unit_trains_on_exactly_from_the
     workers.queue.submit(trial_id="k", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "k"))
     victim, _ = blocked(workers, tmp_path)
     workers.kill(victim)
-    record = workers.wait_for_states(["k"], {"finished", "failed"}, 120)["k"]
+    record = workers.wait_for_records(["k"], {"finished", "failed"}, 120)["k"]
     assert (record.state, record.requeues) == ("finished", 1), record.message
     done = completed(workers, "k")
     assert_each_once_in_wavefront_order(done, Timetable.of(trial, shards=len({u[3] for u in units})))
@@ -107,7 +107,7 @@ def test_a_lora_trial_out_of_memory_mid_backward_is_replanned_and_stays_exact(
     target = units.index((1, 0, "FB", last))
     workers = start(device_workers, tmp_path, f"mid-backward:oom@{target}", lease_s=10.0)
     workers.queue.submit(trial_id="o", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "o"))
-    record = workers.wait_for_states(["o"], {"finished", "failed"}, 180)["o"]
+    record = workers.wait_for_records(["o"], {"finished", "failed"}, 180)["o"]
     assert (record.state, record.replans) == ("finished", 1), record.message
     assert record.plan["budget_bytes"] <= int(trial.budget_bytes * 0.75)
     assert_trained_like_peft(workers, "o", trial, tmp_path)

@@ -34,7 +34,7 @@ def test_a_trial_that_runs_out_of_memory_is_replanned_and_stays_exact(
     for trial_id, trial in {"big": big, "small": small}.items():
         workers.queue.submit(trial_id=trial_id, job=EngineJob(trial=trial),
                              export_dir=str(tmp_path / "exports" / trial_id))
-    records = workers.wait_for_states(["big", "small"], {"finished", "failed"}, 180)
+    records = workers.wait_for_records(["big", "small"], {"finished", "failed"}, 180)
     assert {t: r.state for t, r in records.items()} == {"big": "finished", "small": "finished"}, \
         [r.message for r in records.values()]
 

@@ -46,7 +46,7 @@ def test_a_sweep_arriving_at_once_is_planned_by_one_device_while_the_other_train
     sweep = [f"s{i}" for i in range(8)]
     for trial_id in sweep:
         workers.queue.submit(trial_id=trial_id, job=SyntheticJob(units=1, plan_ms=100), export_dir="")
-    records = workers.wait_for_states(sweep, {"finished", "failed"}, 60)
+    records = workers.wait_for_records(sweep, {"finished", "failed"}, 60)
     assert {r.state for r in records.values()} == {"finished"}
 
     spans = workers.entries("spans")

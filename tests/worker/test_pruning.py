@@ -62,7 +62,7 @@ def test_asha_keeps_the_best_trial_and_stops_the_others_at_rungs_with_their_weig
         for n, (trial_id, trial) in enumerate(trials.items(), start=1):
             job = EngineJob(trial=trial, pruning=PruningJob(study=study, trial_number=n, pruner=ASHA))
             workers.queue.submit(trial_id=trial_id, export_dir=str(tmp_path / "exports" / trial_id), job=job)
-        records = workers.wait_for_states(trials, {"finished", "pruned", "failed"}, 240)
+        records = workers.wait_for_records(trials, {"finished", "pruned", "failed"}, 240)
         steps = {trial_id: max(s["step"] for s in workers.entries("steps") if s["trial"] == trial_id) + 1
                  for trial_id in trials}
         events = [e for e in workers.queue.client.xrange(workers.queue.key("events")) if e[1].get("state") == "pruned"]

@@ -45,7 +45,7 @@ def test_trials_resume_from_their_checkpoints_after_the_spill_directory_is_wiped
     os.rename(workers.spill_dir, tmp_path / "gone")
     shutil.rmtree(tmp_path / "gone")
 
-    records = workers.wait_for_states(["kept", "lost"], {"finished", "failed"}, 180)
+    records = workers.wait_for_records(["kept", "lost"], {"finished", "failed"}, 180)
     assert records["kept"].state == "finished", records["kept"].message
     assert records["lost"].state == "failed"
     assert "the spill store of trial lost is gone (host restarted?) and it has no checkpoint" in records["lost"].message
