@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -56,7 +56,9 @@ WORKER_NICENESS = 10
 
 
 def say(message: str) -> None:
-    print(f"hydra: {message}", flush=True)
+    """Print a line of `make run`'s own; a terminal that closed (the stack is then stopping) gets none."""
+    with suppress(OSError):
+        print(f"hydra: {message}", flush=True)
 
 
 def data_dir() -> Path:

@@ -76,7 +76,11 @@ def descendants(pid: int) -> set[int]:
         return set()
 
 
-def test_it_serves_login_and_a_worker_then_stops_everything_on_ctrl_c(tmp_path):
+# Ctrl-C in the terminal, and the terminal closed (or the SSH session dropped): the process group in the
+# foreground, make and the stack's supervisor, gets SIGINT or SIGHUP; the services run in sessions of their own.
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "terminal-closed"])
+def test_it_serves_login_and_a_worker_then_stops_everything_on_ctrl_c_or_when_its_terminal_closes(
+        tmp_path, stop_signal):
     port = free_port()
     env = {key: value for key, value in os.environ.items() if key not in {"REDIS_URL", "DATABASE_URL"}}
     # A fresh data folder: new SQLite database, demo user, and a private Redis that make run must start.
@@ -112,13 +116,19 @@ def test_it_serves_login_and_a_worker_then_stops_everything_on_ctrl_c(tmp_path):
         commands = [" ".join(psutil.Process(pid).cmdline()) for pid in seen if psutil.pid_exists(pid)]
         assert any("hydra_web_worker" in command for command in commands), commands  # the pages' background work
     finally:
-        os.killpg(make.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
+        os.killpg(make.pid, stop_signal)
         make.wait(timeout=60)
         log.close()
     assert len(seen) >= 4  # devstack, redis-server, the web server, the launcher and its workers
-    time.sleep(0.5)
-    left = [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-    assert left == [], f"still running after Ctrl-C: {[psutil.Process(p).cmdline() for p in left]}"
+
+    def left() -> list[int]:
+        return [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+    deadline = time.monotonic() + 60  # the supervisor stops them in order, each with its grace period
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left() == [], (f"still running after {stop_signal.name}: {[psutil.Process(p).cmdline() for p in left()]}\n"
+                          + (tmp_path / "make-run.log").read_text())
 
 
 def _the_terminal_ends_with_the_url_and_the_login(terminal: Path, data_dir: Path, base: str) -> None:

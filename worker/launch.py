@@ -2,7 +2,7 @@
 
 Each worker has concurrency 1, is named ``<device>@<host>`` and is pinned to its device through its
 environment (`Device.worker_env`). ``--device cpu:0`` starts that one worker in the foreground (``exec``), as
-a lab's process manager (systemd, docker compose) would. SIGINT/SIGTERM stop every worker this command
+a lab's process manager (systemd, docker compose) would. SIGINT, SIGTERM and SIGHUP stop every worker this command
 started; it waits for them, so nothing is left running.
 """
 

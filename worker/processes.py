@@ -28,14 +28,19 @@ FAILING_AFTER = 5
 
 
 class StopSignals:
-    """From construction on (in the main thread), SIGINT and SIGTERM set `requested` instead of ending the
-    process: a launcher's loop sees it, ends, and stops its children in order (`stop_processes`), rather than
-    dying at once and leaving them running."""
+    """From construction on (in the main thread), SIGINT, SIGTERM and SIGHUP set `requested` instead of ending
+    the process: a launcher's loop sees it, ends, and stops its children in order (`stop_processes`), rather
+    than dying at once and leaving them running. SIGHUP is what a launcher gets when its terminal closes (or
+    its SSH session drops); its children run in sessions of their own and get nothing, so dying of it would
+    leave them all running, holding their devices and ports. A launcher started with SIGHUP ignored (under
+    ``nohup``) keeps ignoring it."""
 
     def __init__(self) -> None:
         self.requested = False
         signal.signal(signal.SIGINT, self._request)
         signal.signal(signal.SIGTERM, self._request)
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+            signal.signal(signal.SIGHUP, self._request)
 
     def _request(self, signum: int, frame: object) -> None:
         self.requested = True
