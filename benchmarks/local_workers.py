@@ -2,13 +2,18 @@
 
 Each worker is the same process `python -m worker.launch` starts (`worker.launch.worker_command`), bound
 to its device through its environment, under a fresh ``HYDRA_HOST_ID`` so that its keys and queues never
-meet a real host's. Leaving the ``with`` block stops every worker and deletes the namespace's keys.
+meet a real host's. Leaving the ``with`` block stops every worker and deletes the namespace's keys. A script
+killed before it leaves the block (SIGTERM, SIGKILL) takes its workers with it: each gets SIGTERM when the
+process that started it dies (Linux), rather than going on beside the next benchmark's.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Collection, Mapping, Sequence
@@ -32,6 +37,14 @@ if TYPE_CHECKING:
 STOP_GRACE_S = 15.0
 START_TIMEOUT_S = 120.0
 READ_PERIOD_S = 0.1  # how often a wait reads the events stream
+PR_SET_PDEATHSIG = 1  # prctl(2)
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _stop_with_parent() -> None:
+    """In a worker, before it runs: SIGTERM when the thread that started it exits (a warm shutdown)."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class LocalWorkers:
@@ -84,7 +97,7 @@ class LocalWorkers:
             with open(self.root / f"{device.name}.log", "ab") as log:
                 self.processes[device.name] = subprocess.Popen(
                     worker_command(device, self.host_id, loglevel=self.loglevel), env=self.worker_env(device),
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_stop_with_parent,
                 )
         self._wait_ready([d.name for d in devices])
 

@@ -1,14 +1,23 @@
-"""Real Celery device workers running synthetic trials: interleaving, control and failures."""
+"""Real Celery device workers running synthetic trials: interleaving, control and failures; and the benchmarks'
+workers, which end with the script that started them."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import subprocess
+import sys
+from pathlib import Path
 
+import psutil
 import pytest
 
 from worker.contract import SyntheticJob
 from worker.devices import cpu_cores
+from worker.scheduling.keys import HOSTS_KEY
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -90,3 +99,39 @@ def test_a_wait_for_trials_to_end_returns_when_the_last_ended_by_its_event_not_b
     assert submitted < ended <= workers.clock()
     called = workers.clock()
     assert workers.wait_until_ended(["early", "late"], timeout_s=1) >= called  # both ended already: the call's time
+
+
+_STARTS_WORKERS = """
+import sys, time
+from pathlib import Path
+from benchmarks.local_workers import LocalWorkers
+from worker.devices import Device
+workers = LocalWorkers(devices=[Device("cpu", 0, 1)], redis_url=sys.argv[1], root=Path(sys.argv[2]))
+workers.__enter__()
+print(workers.host_id, *(p.pid for p in workers.processes.values()), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.processes
+def test_a_benchmark_killed_before_it_stops_its_workers_takes_them_with_it(redis_url, redis_client, tmp_path) -> None:
+    script = subprocess.Popen([sys.executable, "-c", _STARTS_WORKERS, redis_url, str(tmp_path)], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    assert script.stdout is not None
+    host_id, *pids = script.stdout.readline().split()
+    workers = [psutil.Process(int(pid)) for pid in pids]
+    pool = [child for worker in workers for child in worker.children(recursive=True)]
+    try:
+        assert workers and pool  # a Celery parent per device, and its pool process running the device loop
+        script.kill()  # no `with` block left, no signal handler: SIGKILL
+        script.wait()
+        _, alive = psutil.wait_procs([*workers, *pool], timeout=60)
+        assert alive == [], f"still running after the script that started them was killed: {alive}"
+    finally:
+        for process in [*workers, *pool]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        keys = list(redis_client.scan_iter(match=f"*{host_id}*", count=1000))
+        if keys:
+            redis_client.delete(*keys)
+        redis_client.zrem(HOSTS_KEY, host_id)
