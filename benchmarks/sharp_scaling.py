@@ -130,28 +130,31 @@ print(time.perf_counter() - start, flush=True)
 """
 
 
+def pinned_runs(count: int, script: str, *args: str) -> list[float]:
+    """Run `script` (``python -c``) in `count` processes at once, process i pinned to the core of one-thread
+    device worker i; each prints ``ready`` once set up, waits for a line, does its timed work and prints its
+    seconds. They all start the timed work together: the seconds of each."""
+    available = sorted(os.sched_getaffinity(0))
+    procs = [subprocess.Popen([sys.executable, "-c", script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True,
+                              preexec_fn=functools.partial(os.sched_setaffinity, 0, cpu_cores(i, 1, available)))
+             for i in range(count)]
+    for proc in procs:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    return [float(proc.communicate()[0]) for proc in procs]
+
+
 def hardware_speedup(devices: int, width: int) -> float:
     """G x (seconds of a fixed single-thread matmul loop alone) / (seconds of the slowest of G such loops
     started together, once every process has loaded torch); each process pinned like device worker i."""
-    available = sorted(os.sched_getaffinity(0))
-
-    def loops(count: int, iterations: int) -> list[float]:
-        procs = [subprocess.Popen([sys.executable, "-c", _MATMULS, str(width), str(iterations)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                  preexec_fn=functools.partial(os.sched_setaffinity, 0, cpu_cores(i, 1, available)))
-                 for i in range(count)]
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        return [float(proc.communicate()[0]) for proc in procs]
-
-    (probe,) = loops(1, 50)
+    (probe,) = pinned_runs(1, _MATMULS, str(width), "50")
     iterations = max(50, int(50 * 3.0 / max(probe, 1e-3)))  # about 3 s of work per process
-    (alone,) = loops(1, iterations)
-    return devices * alone / max(loops(devices, iterations))
+    (alone,) = pinned_runs(1, _MATMULS, str(width), str(iterations))
+    return devices * alone / max(pinned_runs(devices, _MATMULS, str(width), str(iterations)))
 
 
 def sharp(workers: LocalWorkers, specs: dict[str, TrialSpec], export_root: Path) -> tuple[float, list[dict]]:

@@ -11,15 +11,25 @@ waits, so the second device takes a second lane of the same trial). Rounds alter
 export), ``ceiling`` = the machine's own speedup of the same single-threaded matmul work in two pinned processes
 against one (as `sharp_scaling.py` measures it, in every round), ``of_ceiling`` = speedup / ceiling;
 ``identical``: the final weights of the one-device and the two-device runs compared with ``torch.equal`` (every
-tensor). Targets: speedup >= 1.7 and >= 0.9 x ceiling. ``step_s``: the median wall seconds of a step in the
-steady state (neither the first two steps nor the last, so only with ``--steps`` 4 or more) on one device and
-on two, and ``step_speedup`` their ratio: what a wavefront gains a step once a trial's costs paid once (planning,
-the first steps' warm-up, the final updates, export and last checkpoint) are left aside, as in a long trial.
-``devices_at_once``: the most units of the trial that overlapped in time in the median two-device run (2 when the
-wavefront ran).
+tensor). Targets: speedup >= 1.7 and >= 0.9 x ceiling.
+
+``training_ceiling``: the same comparison for the trial's model trained resident in plain PyTorch
+(transformers' Llama, AdamW, the same micro-batches; one step after a warm-up), in two pinned processes at
+once against one, in every round. The matmul ceiling leaves out what two cores share besides their own work
+(caches, memory bandwidth); this one shows what they leave of this model's training, without spilling.
+
+``step_s``: the median wall seconds of a step in the steady state (neither the first two steps nor the last, so
+only with ``--steps`` 4 or more) on one device and on two, and ``step_speedup`` their ratio: what a wavefront
+gains a step once a trial's costs paid once (planning, the first steps' warm-up, the final updates, export and
+last checkpoint) are left aside, as in a long trial. ``step_units_s``: the seconds such a step's units took on
+all devices together, less their I/O (``compute``) and their I/O with the store (``io``), on one device and on
+two (medians): where two devices at once make the same units slower. ``step_busy``: the two devices' unit
+seconds over twice the step's wall time (what the scheduler left idle is the rest). ``devices_at_once``: the most
+units of the trial that overlapped in time in the median two-device run (2 when the wavefront ran).
 
 The last line is one JSON object: ``{"shape", "micro_batches", "rounds", "one_device_s", "two_devices_s",
-"speedup", "ceiling", "of_ceiling", "step_s", "step_speedup", "identical", "devices_at_once", "target_met"}``.
+"speedup", "ceiling", "of_ceiling", "training_ceiling", "step_s", "step_speedup", "step_units_s" {"one", "two":
+{"compute", "io"}}, "step_busy", "identical", "devices_at_once", "target_met"}``.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ import torch
 from safetensors.torch import load_file
 
 from benchmarks.local_workers import LocalWorkers
-from benchmarks.sharp_scaling import hardware_speedup
+from benchmarks.sharp_scaling import hardware_speedup, pinned_runs
 from worker import config
 from worker.contract import EngineJob
 from worker.devices import Device
@@ -61,6 +71,46 @@ def trial(tokens: Path, shape: dict[str, int], *, micro_batches: int, steps: int
         batch_size=2 * micro_batches, micro_batches=micro_batches, steps=steps, eval_every=0, seed=3,
         budget_bytes=budget_bytes,
     )
+
+
+# One process's plain PyTorch training of the trial's model, everything resident: transformers' Llama (tied
+# head), AdamW, clipping, the step's micro-batches accumulated; one warm-up step (AdamW's moments) untimed.
+_TRAINING = """
+import json, sys, time, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.set_num_threads(1)
+torch.manual_seed(0)
+shape, micro_batches, steps = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+model = LlamaForCausalLM(LlamaConfig(
+    vocab_size=shape["vocab"], hidden_size=shape["width"], intermediate_size=shape["inner"],
+    num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+    max_position_embeddings=shape["seq_len"], tie_word_embeddings=True))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+ids = torch.randint(0, shape["vocab"], (2 * micro_batches, shape["seq_len"]))
+def step():
+    for chunk in ids.chunk(micro_batches):
+        (model(input_ids=chunk, labels=chunk).loss / micro_batches).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+step()
+print("ready", flush=True)
+sys.stdin.readline()
+start = time.perf_counter()
+for _ in range(steps):
+    step()
+print(time.perf_counter() - start, flush=True)
+"""
+
+
+def training_speedup(shape: dict[str, int], micro_batches: int, steps: int = 1) -> float:
+    """2 x (seconds of `steps` steps of the trial's model trained resident in plain PyTorch, one process alone) /
+    (seconds of the slower of two such processes at once); each on one thread, pinned like device worker i. What
+    two cores give this model's own training on this machine, where the matmul `ceiling` leaves aside what the
+    two share besides the cores (memory bandwidth, caches)."""
+    args = (json.dumps(shape), str(micro_batches), str(steps))
+    (alone,) = pinned_runs(1, _TRAINING, *args)
+    return 2 * alone / max(pinned_runs(2, _TRAINING, *args))
 
 
 def train(workers: LocalWorkers, trial_id: str, spec: TrialSpec, export: Path) -> tuple[float, list[dict]]:
@@ -96,6 +146,21 @@ def step_seconds(spans: list[dict]) -> list[float]:
     return [starts[b] - starts[a] for a, b in itertools.pairwise(steps[2:])]
 
 
+def steady_units(spans: list[dict]) -> list[tuple[float, float]]:
+    """Per step of the steady state (those `step_seconds` times), the seconds its units took on all devices
+    together, less their I/O, and their I/O (reads, waits for them, writes, commits)."""
+    steps = sorted({int(span["step"]) for span in spans})[2:-1]
+    return [(sum(float(s["end"]) - float(s["start"]) - float(s.get("io_s") or 0) for s in mine),
+             sum(float(s.get("io_s") or 0) for s in mine))
+            for mine in ([s for s in spans if int(s["step"]) == step] for step in steps)]
+
+
+def units_summary(units: list[tuple[float, float]]) -> dict[str, float]:
+    """The medians of `steady_units`' compute and I/O seconds."""
+    return {"compute": round(statistics.median(c for c, _ in units), 3),
+            "io": round(statistics.median(i for _, i in units), 3)}
+
+
 def weights(export: Path) -> dict[str, torch.Tensor]:
     return {name: tensor for path in sorted(export.glob("*.safetensors")) for name, tensor in load_file(path).items()}
 
@@ -117,8 +182,8 @@ def main() -> None:
     steps = args.steps if not args.quick else 2
     rounds = args.rounds or (1 if args.quick else 3)
     host_tier = args.spill_dir or ("/dev/shm" if Path("/dev/shm").is_dir() else None)
-    one_s, two_s, ceilings, overlaps, identical = [], [], [], [], True
-    one_step_s, two_step_s = [], []
+    one_s, two_s, ceilings, trainings, overlaps, identical = [], [], [], [], [], True
+    one_step_s, two_step_s, one_units, two_units = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="hydra-trial-devices-", dir=host_tier) as tmp:
         root = Path(tmp)
         tokens = root / "tokens.npy"
@@ -141,13 +206,16 @@ def main() -> None:
             overlaps.append(at_once(runs[2][1]))
             one_step_s += step_seconds(runs[1][1])
             two_step_s += step_seconds(runs[2][1])
+            one_units += steady_units(runs[1][1])
+            two_units += steady_units(runs[2][1])
             a, b = weights(runs[1][2]), weights(runs[2][2])
             identical &= a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
             for count in (1, 2):  # each run leaves gigabytes in host memory (its export and last checkpoint)
                 shutil.rmtree(runs[count][2])
                 shutil.rmtree(root / f"r{r}-{count}")
             ceilings.append(hardware_speedup(2, 192))
-            print(f"round {r + 1}: ceiling {ceilings[-1]:.3f}", file=sys.stderr)
+            trainings.append(training_speedup(shape, args.micro_batches))
+            print(f"round {r + 1}: ceiling {ceilings[-1]:.3f}, training_ceiling {trainings[-1]:.3f}", file=sys.stderr)
     speedup = statistics.median(one_s) / statistics.median(two_s)
     ceiling = statistics.median(ceilings)
     print(json.dumps({
@@ -155,8 +223,11 @@ def main() -> None:
         "rounds": rounds, "one_device_s": round(statistics.median(one_s), 3),
         "two_devices_s": round(statistics.median(two_s), 3), "speedup": round(speedup, 3),
         "ceiling": round(ceiling, 3), "of_ceiling": round(speedup / ceiling, 3),
+        "training_ceiling": round(statistics.median(trainings), 3),
         **({"step_s": [round(statistics.median(one_step_s), 3), round(statistics.median(two_step_s), 3)],
-            "step_speedup": round(statistics.median(one_step_s) / statistics.median(two_step_s), 3)}
+            "step_speedup": round(statistics.median(one_step_s) / statistics.median(two_step_s), 3),
+            "step_units_s": {"one": units_summary(one_units), "two": units_summary(two_units)},
+            "step_busy": round(sum(units_summary(two_units).values()) / (2 * statistics.median(two_step_s)), 3)}
            if one_step_s and two_step_s else {}),
         "identical": identical,
         "devices_at_once": max(overlaps),
