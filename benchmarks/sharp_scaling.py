@@ -20,16 +20,27 @@ time). Cores that are hyper-threads or share a memory bus give less than G, and 
 other load on a shared machine lowers it as it lowers SHARP. Target with M >= G: the median speedup >=
 0.95 x the median hardware_speedup (``target_met``).
 
+``split_speedup`` (when G divides M), also in every round: the identical case's trials one after another in one
+pinned process against the same trials dealt out to G pinned processes at once, each training its share one
+after another, with no scheduler and no queue. It is what G cores give the engine's own work on this machine
+(matrix products, and the copies to and from the spill store that the two cores' caches and memory bandwidth
+carry): the bound of SHARP's speedup on the identical case here, which the matmul ceiling overstates when the
+engine's copies share the memory system less well than matrix products do. The identical case's
+``speedup_of_split``: each round's SHARP speedup over that round's split_speedup (what the scheduler keeps of it).
+
 Device time (G x SHARP wall time) is split into ``compute`` (units' time less their I/O), ``io`` (units
 moving trial state between the device and the spill store: reads, waits for prefetched reads, writes,
 commits), ``planning`` (profiling and planning trials) and ``idle`` (the rest: no unit running, the
 scheduler's round trips, process overhead). A trial's export runs inside its last unit and counts as
-compute there. Figures: benchmarks/RESULTS.md.
+compute there. ``unit_ms``: the median unit's milliseconds in that round (what a unit's fixed costs, a round trip
+to Redis and the store taken and committed, are paid against). Figures: benchmarks/RESULTS.md.
 
-The last line is one JSON object: ``{"devices", "trials", "hardware_speedup" {"median", "best"}, "cases":
+The last line is one JSON object: ``{"devices", "trials", "hardware_speedup" {"median", "best"}, "split_speedup"
+{"median", "best"}, "cases":
 {case: {"rounds",
 "sequential_s" {"median", "best"}, "sharp_s" {...}, "speedup" {...}, "speedup_of_hardware" {...},
-"device_time" {"compute", "io", "planning", "idle"} (shares of the median SHARP round), "target_met"}}}``.
+"speedup_of_split" {...} (identical),
+"device_time" {"compute", "io", "planning", "idle"} (shares of the median SHARP round), "unit_ms", "target_met"}}}``.
 """
 
 from __future__ import annotations
@@ -131,12 +142,12 @@ print(time.perf_counter() - start, flush=True)
 
 
 def pinned_runs(count: int, script: str, *args: str) -> list[float]:
-    """Run `script` (``python -c``) in `count` processes at once, process i pinned to the core of one-thread
-    device worker i; each prints ``ready`` once set up, waits for a line, does its timed work and prints its
-    seconds. They all start the timed work together: the seconds of each."""
+    """Run `script` (``python -c``, with `args` and then its own index i) in `count` processes at once, process
+    i pinned to the core of one-thread device worker i; each prints ``ready`` once set up, waits for a line,
+    does its timed work and prints its seconds. They all start the timed work together: the seconds of each."""
     available = sorted(os.sched_getaffinity(0))
-    procs = [subprocess.Popen([sys.executable, "-c", script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True,
+    procs = [subprocess.Popen([sys.executable, "-c", script, *args, str(i)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent,
                               preexec_fn=functools.partial(os.sched_setaffinity, 0, cpu_cores(i, 1, available)))
              for i in range(count)]
     for proc in procs:
@@ -155,6 +166,30 @@ def hardware_speedup(devices: int, width: int) -> float:
     iterations = max(50, int(50 * 3.0 / max(probe, 1e-3)))  # about 3 s of work per process
     (alone,) = pinned_runs(1, _MATMULS, str(width), str(iterations))
     return devices * alone / max(pinned_runs(devices, _MATMULS, str(width), str(iterations)))
+
+
+# The sequential baseline's work for the identical case, cut into `parts` equal parts, one per process: this
+# process's part (its index is the last argument), trained one trial after another on one thread.
+_SPLIT = """
+import sys
+from pathlib import Path
+from benchmarks.sharp_scaling import identical, sequential
+tokens, count, steps, budget, root, parts, part = sys.argv[1:]
+specs = identical(Path(tokens), count=int(count), steps=int(steps), budget_bytes=int(budget))
+mine = dict(list(specs.items())[int(part)::int(parts)])
+print("ready", flush=True)
+sys.stdin.readline()
+print(sequential(mine, Path(root) / f"part{part}-of-{parts}"), flush=True)
+"""
+
+
+def split_speedup(devices: int, tokens: Path, *, count: int, steps: int, budget_bytes: int, root: Path) -> float:
+    """The identical case's trials one after another in one pinned process, against the same trials dealt out
+    to G pinned processes at once (G x each's share, no scheduler, no queue): what G cores give the engine's
+    own work on this machine, the bound of SHARP's speedup there (count a multiple of G)."""
+    args = (str(tokens), str(count), str(steps), str(budget_bytes), str(root))
+    (alone,) = pinned_runs(1, _SPLIT, *args, "1")
+    return alone / max(pinned_runs(devices, _SPLIT, *args, str(devices)))
 
 
 def sharp(workers: LocalWorkers, specs: dict[str, TrialSpec], export_root: Path) -> tuple[float, list[dict]]:
@@ -211,6 +246,7 @@ def main() -> None:
     host_tier = args.spill_dir or ("/dev/shm" if Path("/dev/shm").is_dir() else None)
     runs: dict[str, list[tuple[float, float, list[dict]]]] = {case: [] for case in cases}
     ceilings: list[float] = []
+    splits: list[float] = []
     with tempfile.TemporaryDirectory(prefix="hydra-sharp-scaling-", dir=host_tier) as tmp:
         root = Path(tmp)
         tokens = root / "tokens.npy"
@@ -230,6 +266,10 @@ def main() -> None:
                           f"speedup {sequential_s / sharp_s:.3f}", file=sys.stderr)
                 ceilings.append(hardware_speedup(args.devices, 192))
                 print(f"round {r + 1}: hardware_speedup {ceilings[-1]:.3f}", file=sys.stderr)
+                if args.trials % args.devices == 0:
+                    splits.append(split_speedup(args.devices, tokens, count=args.trials, steps=steps,
+                                                budget_bytes=int(args.budget_mb * 1e6), root=root / f"split-{r}"))
+                    print(f"round {r + 1}: split_speedup {splits[-1]:.3f}", file=sys.stderr)
 
     ceiling = statistics.median(ceilings)
     results = {}
@@ -244,11 +284,15 @@ def main() -> None:
                         "best": round(min(r[1] for r in case_runs), 3)},
             "speedup": summary(speedups),
             "speedup_of_hardware": summary([x / ceiling for x in speedups]),
+            **({"speedup_of_split": summary([x / split for x, split in zip(speedups, splits, strict=True)])}
+               if case == "identical" and splits else {}),
             "device_time": device_time(median_run[2], args.devices, median_run[1]),
+            "unit_ms": round(1000 * statistics.median(float(s["end"]) - float(s["start"]) for s in median_run[2]
+                                                      if s["phase"] not in ("plan", "replan")), 1),
             "target_met": statistics.median(speedups) >= 0.95 * ceiling,
         }
     print(json.dumps({"devices": args.devices, "trials": args.trials, "hardware_speedup": summary(ceilings),
-                      "cases": results}))
+                      **({"split_speedup": summary(splits)} if splits else {}), "cases": results}))
 
 
 if __name__ == "__main__":
