@@ -255,6 +255,9 @@ def spread(record: TrialRecord, *, others_wait: bool) -> str:
         if trial.get("micro_batches", 1) <= 1:
             return "on one device: one micro-batch a step (with more, a trial may spread over idle devices)"
         return "on one device: its experiment allows one device per trial"
+    if record.plan is not None and len(record.plan.get("shards", ())) == 1:
+        # a micro-batch's unit on a shard waits for the micro-batch before it on that shard
+        return "on one device: its model is one shard, so its micro-batches run one after another"
     if record.width <= 1:
         return "on one device: the host's memory holds its state for one micro-batch at a time"
     if others_wait:

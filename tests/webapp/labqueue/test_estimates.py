@@ -89,10 +89,12 @@ def test_a_thousand_trials_are_replayed_no_further_than_the_limit() -> None:
 def test_a_trial_on_two_devices_shows_on_both_and_says_why_and_a_narrow_one_says_why_not() -> None:
     devices = {name: {"epoch": "1", "stop": "0", "seen": str(NOW)} for name in ("cpu0", "cpu1", "cpu2")}
 
-    def running(trial_id: str, on: list[str], *, micro_batches: int = 4, width: int = 4, cap: int = 4) -> TrialRecord:
+    def running(trial_id: str, on: list[str], *, micro_batches: int = 4, width: int = 4, cap: int = 4,
+                shards: int = 3) -> TrialRecord:
         r = record(trial_id, state="running", device=on[0])
         return dataclasses.replace(r, devices=on, width=width, width_cap=cap,
-                                   job={"trial": {"micro_batches": micro_batches}})
+                                   job={"trial": {"micro_batches": micro_batches}},
+                                   plan={"shards": [{"index": n} for n in range(shards)]})
 
     found = estimate([running("a", ["cpu0", "cpu1"])], devices, {}, NOW)
     assert [(d.name, d.trial.trial_id if d.trial else None, d.spread) for d in found.devices] == [
@@ -101,6 +103,7 @@ def test_a_trial_on_two_devices_shows_on_both_and_says_why_and_a_narrow_one_says
     reasons = {
         "one micro-batch a step": running("b", ["cpu0"], micro_batches=1, width=1, cap=1),
         "its experiment allows one device": running("b", ["cpu0"], width=1, cap=1),
+        "its model is one shard, so its micro-batches run one after another": running("b", ["cpu0"], shards=1),
         "memory holds its state for one micro-batch at a time": running("b", ["cpu0"], width=1),
         "next micro-batch cannot start yet": running("b", ["cpu0"]),
     }
