@@ -4,6 +4,7 @@ and the ingest are killed in turn, each started again, finishes its experiment."
 
 from __future__ import annotations
 
+import contextlib
 import http.cookiejar
 import json
 import os
@@ -69,6 +70,12 @@ def web_worker_answers(redis_url: str, host_id: str) -> bool:
         app.close()
 
 
+def _as_in_a_terminal() -> None:
+    """In `make run`'s process, before it starts: SIGHUP as a terminal session has it. A test run under nohup
+    (a CI runner's) ignores SIGHUP, and `make run` keeps ignoring a SIGHUP that its starter ignored."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def descendants(pid: int) -> set[int]:
     try:
         return {child.pid for child in psutil.Process(pid).children(recursive=True)}
@@ -90,7 +97,7 @@ def test_it_serves_login_and_a_worker_then_stops_everything_on_ctrl_c_or_when_it
     log = (tmp_path / "make-run.log").open("w")
     make = subprocess.Popen(
         ["make", "run", f"PORT={port}"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=_as_in_a_terminal,
     )
     seen: set[int] = set()
     try:
@@ -117,8 +124,15 @@ def test_it_serves_login_and_a_worker_then_stops_everything_on_ctrl_c_or_when_it
         assert any("hydra_web_worker" in command for command in commands), commands  # the pages' background work
     finally:
         os.killpg(make.pid, stop_signal)
-        make.wait(timeout=60)
-        log.close()
+        try:
+            make.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # leave nothing running for the tests after this one
+            for pid in seen | descendants(make.pid) | {make.pid}:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            raise
+        finally:
+            log.close()
     assert len(seen) >= 4  # devstack, redis-server, the web server, the launcher and its workers
 
     def left() -> list[int]:

@@ -53,7 +53,9 @@ def _add_smollm2(page, stack: DevStack) -> None:
     assert page.inner_text("#checkpoint-params").startswith("134.5M (")
     assert page.inner_text("#checkpoint-vocab") == "49152"
     page.click("section.card a.button:text-is('Catalog')")
+    page.wait_for_url(f"{stack.url}/catalog/")  # count() does not wait: it would count the page being left
     row = page.locator("#catalog tbody tr[data-checkpoint]")
+    row.first.wait_for()
     assert row.count() == 1
     assert row.locator("a").inner_text() == "SmolLM2-135M-Instruct"
     assert row.locator(".badge").count() == 0  # only a checkpoint not ready has a status badge
