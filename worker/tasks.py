@@ -8,10 +8,12 @@ trials needs no task: it is a Redis script (`worker.api`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
 
+import psutil
 import redis
 from celery import signals
 
@@ -95,6 +97,18 @@ def start_device_loop(**kwargs: object) -> None:
 
 @signals.worker_shutting_down.connect
 def stop_device_loop(**kwargs: object) -> None:
+    """Ask the device loop to end at its next unit boundary, through Redis, where it looks between units. When
+    Redis cannot be reached the loop would never hear of it (it surveys on, waiting for Redis), and the warm
+    shutdown would wait for it for ever: the pool process running it is ended instead. Without Redis it can
+    report nothing anyway; a unit it was running is run again, from its last commit, once Redis is back."""
     bound = _device()
-    if bound is not None:
+    if bound is None:
+        return
+    try:
         host_queue(config.current()).device_stop(f"{bound[0]}{bound[1]}")
+    except redis.RedisError as error:
+        log.warning("device %s%s: Redis unreachable while shutting down (%s); ending the device loop's process",
+                    bound[0], bound[1], error)
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.terminate()

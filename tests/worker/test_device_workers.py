@@ -1,20 +1,24 @@
-"""Real Celery device workers running synthetic trials: interleaving, control and failures; and the benchmarks'
-workers, which end with the script that started them."""
+"""Real Celery device workers running synthetic trials: interleaving, control and failures; stopping with their
+Redis gone; and the benchmarks' workers, which end with the script that started them."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from benchmarks.local_workers import LocalWorkers
+from tests.private_redis import PrivateRedis
 from worker.contract import SyntheticJob
-from worker.devices import cpu_cores
+from worker.devices import Device, cpu_cores
 from worker.scheduling.keys import HOSTS_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,3 +139,27 @@ def test_a_benchmark_killed_before_it_stops_its_workers_takes_them_with_it(redis
         if keys:
             redis_client.delete(*keys)
         redis_client.zrem(HOSTS_KEY, host_id)
+
+
+@pytest.mark.processes
+def test_a_worker_told_to_stop_while_its_redis_is_gone_stops(tmp_path) -> None:
+    """Its loop hears of a stop through Redis; with Redis gone (killed, or unreachable) the warm shutdown ends the
+    loop's process instead of waiting for it for ever."""
+    server = PrivateRedis(tmp_path / "redis")
+    server.start()
+    workers = LocalWorkers(devices=[Device("cpu", 0, 1)], redis_url=server.url, root=tmp_path / "workers")
+    workers.start(workers.devices)
+    (worker,) = workers.processes.values()
+    family = [psutil.Process(worker.pid), *psutil.Process(worker.pid).children(recursive=True)]
+    try:
+        assert len(family) >= 2  # the Celery parent, and the pool process running the device loop
+        server.kill()
+        time.sleep(1)  # the loop finds Redis gone, and keeps surveying for it
+        worker.send_signal(signal.SIGTERM)
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert alive == [], f"still running 30 s after SIGTERM with Redis gone: {alive}\n{workers.logs()}"
+    finally:
+        for process in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        server.kill()
