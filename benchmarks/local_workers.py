@@ -9,11 +9,8 @@ process that started it dies (Linux), rather than going on beside the next bench
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Collection, Mapping, Sequence
@@ -26,7 +23,7 @@ import redis
 from worker.contract import ENDED, EngineJob, TrialRecord
 from worker.devices import Device
 from worker.launch import worker_command
-from worker.processes import stop_processes
+from worker.processes import stop_processes, stop_with_parent
 from worker.scheduling import telemetry
 from worker.scheduling.keys import HOSTS_KEY
 from worker.scheduling.queue import ShardQueue
@@ -37,14 +34,6 @@ if TYPE_CHECKING:
 STOP_GRACE_S = 15.0
 START_TIMEOUT_S = 120.0
 READ_PERIOD_S = 0.1  # how often a wait reads the events stream
-PR_SET_PDEATHSIG = 1  # prctl(2)
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-
-
-def _stop_with_parent() -> None:
-    """In a worker, before it runs: SIGTERM when the thread that started it exits (a warm shutdown)."""
-    if _LIBC is not None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class LocalWorkers:
@@ -97,7 +86,7 @@ class LocalWorkers:
             with open(self.root / f"{device.name}.log", "ab") as log:
                 self.processes[device.name] = subprocess.Popen(
                     worker_command(device, self.host_id, loglevel=self.loglevel), env=self.worker_env(device),
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_stop_with_parent,
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=stop_with_parent,
                 )
         self._wait_ready([d.name for d in devices])
 

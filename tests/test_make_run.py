@@ -1,6 +1,7 @@
 """`make run` on this machine: a login page, a worker online, the URL and the login printed last with the
-services' output in their log files, and nothing left running after Ctrl-C; and a stack whose Redis, a worker
-and the ingest are killed in turn, each started again, finishes its experiment."""
+services' output in their log files, and nothing left running after Ctrl-C, a closed terminal or its supervisor
+killed; and a stack whose Redis, a worker and the ingest are killed in turn, each started again, finishes its
+experiment."""
 
 from __future__ import annotations
 
@@ -83,9 +84,11 @@ def descendants(pid: int) -> set[int]:
         return set()
 
 
-# Ctrl-C in the terminal, and the terminal closed (or the SSH session dropped): the process group in the
-# foreground, make and the stack's supervisor, gets SIGINT or SIGHUP; the services run in sessions of their own.
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "terminal-closed"])
+# Ctrl-C in the terminal, the terminal closed (or the SSH session dropped), and make and the stack's supervisor
+# killed outright (SIGKILL: an IDE's stop button, the out-of-memory killer): the process group in the foreground
+# gets the signal; the services run in sessions of their own.
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGHUP, signal.SIGKILL],
+                         ids=["ctrl-c", "terminal-closed", "supervisor-killed"])
 def test_it_serves_login_and_a_worker_then_stops_everything_on_ctrl_c_or_when_its_terminal_closes(
         tmp_path, stop_signal):
     port = free_port()

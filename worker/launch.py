@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from worker import config as worker_config
 from worker.devices import Device, device_queue, host_devices, host_queue_name, worker_node
-from worker.processes import StopSignals, stop_processes
+from worker.processes import StopSignals, stop_processes, stop_with_parent
 
 STOP_GRACE_S = 20.0
 
@@ -51,7 +51,8 @@ def run_all(devices: Sequence[Device], host_id: str, *, loglevel: str) -> int:
             # A new session: Ctrl-C in the terminal reaches this launcher only, which then stops the
             # workers in order (Celery's warm shutdown), instead of every process at once.
             processes.append(
-                subprocess.Popen(worker_command(device, host_id, loglevel=loglevel), env=env, start_new_session=True)
+                subprocess.Popen(worker_command(device, host_id, loglevel=loglevel), env=env, start_new_session=True,
+                                 preexec_fn=stop_with_parent)
             )
             print(f"hydra: worker {device.name}@{host_id} started (pid {processes[-1].pid})", flush=True)
         while not stop.requested:

@@ -12,9 +12,12 @@ of starting (a bad configuration, a port taken) is reported as failing at each e
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +28,16 @@ BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 60.0
 FAILING_AFTER = 5
+PR_SET_PDEATHSIG = 1  # prctl(2)
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def stop_with_parent() -> None:
+    """In a child, between fork and exec (``preexec_fn``): SIGTERM when the thread that started it exits, on Linux.
+    A launcher killed outright (SIGKILL, the out-of-memory killer) then takes its children with it, each through
+    its own SIGTERM handling (a worker's warm shutdown), instead of leaving them running in their own sessions."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class StopSignals:
@@ -63,6 +76,12 @@ def stop_processes(processes: Iterable[subprocess.Popen[bytes]], *, grace_s: flo
             process.wait(timeout=max(0.1, deadline - time.monotonic()))
         kill_group(process)
         process.wait()
+
+
+def _prepare_child(niceness: int) -> None:
+    stop_with_parent()
+    if niceness:
+        os.nice(niceness)
 
 
 def kill_group(process: subprocess.Popen[bytes]) -> None:
@@ -149,7 +168,7 @@ class Supervisor:
             running.process = subprocess.Popen(
                 list(service.command), env=None if service.env is None else dict(service.env), cwd=service.cwd,
                 start_new_session=True, stdout=log, stderr=None if log is None else subprocess.STDOUT,
-                preexec_fn=(lambda: os.nice(service.niceness)) if service.niceness else None,
+                preexec_fn=functools.partial(_prepare_child, service.niceness),
             )
         finally:
             if log is not None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
+import time
 import uuid
 
 import psutil
@@ -23,6 +25,7 @@ from worker.celery_app import app
 from worker.devices import device_queue
 
 log = logging.getLogger(__name__)
+STOP_WATCH_S = 1.0  # while shutting down, how often the worker checks that Redis still answers
 
 
 def _device() -> tuple[str, int] | None:
@@ -97,18 +100,51 @@ def start_device_loop(**kwargs: object) -> None:
 
 @signals.worker_shutting_down.connect
 def stop_device_loop(**kwargs: object) -> None:
-    """Ask the device loop to end at its next unit boundary, through Redis, where it looks between units. When
-    Redis cannot be reached the loop would never hear of it (it surveys on, waiting for Redis), and the warm
-    shutdown would wait for it for ever: the pool process running it is ended instead. Without Redis it can
-    report nothing anyway; a unit it was running is run again, from its last commit, once Redis is back."""
+    """Ask the device loop to end at its next unit boundary, through Redis, where it looks between units.
+
+    The loop hears of the stop only through Redis: while Redis cannot be reached it surveys on, waiting for it,
+    and the warm shutdown would wait for the loop for ever (Redis killed, or stopped together with the worker when
+    their launcher died). So when the stop cannot be written, or Redis stops answering before the loop has ended,
+    the pool process running the loop is ended instead. Without Redis it could report nothing anyway; a unit it
+    was running runs again, from its last commit, once Redis is back."""
     bound = _device()
     if bound is None:
         return
+    name = f"{bound[0]}{bound[1]}"
+    queue = host_queue(config.current())
     try:
-        host_queue(config.current()).device_stop(f"{bound[0]}{bound[1]}")
+        queue.device_stop(name)
     except redis.RedisError as error:
-        log.warning("device %s%s: Redis unreachable while shutting down (%s); ending the device loop's process",
-                    bound[0], bound[1], error)
-        for child in psutil.Process().children():
-            with contextlib.suppress(psutil.NoSuchProcess):
-                child.terminate()
+        _end_loop_process(name, error)
+        return
+    threading.Thread(target=_end_loop_if_redis_goes, args=(queue.client, name), daemon=True,
+                     name="hydra-stop-watch").start()
+
+
+def _end_loop_if_redis_goes(client: redis.Redis, device: str) -> None:
+    """Until this worker's pool process has ended: end it as soon as Redis stops answering."""
+    while _pool_processes():
+        try:
+            client.ping()
+        except redis.RedisError as error:
+            _end_loop_process(device, error)
+            return
+        time.sleep(STOP_WATCH_S)
+
+
+def _pool_processes() -> list[psutil.Process]:
+    """This worker's live pool processes (the one running the device loop; not those already exited)."""
+    alive = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child)
+    return alive
+
+
+def _end_loop_process(device: str, error: Exception) -> None:
+    log.warning("device %s: Redis unreachable while shutting down (%s); ending the device loop's process",
+                device, error)
+    for child in _pool_processes():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.terminate()
