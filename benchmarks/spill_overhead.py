@@ -50,6 +50,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -81,19 +82,19 @@ SHAPES = {"gpt2": (FULL, QUICK), "llama": (LLAMA, LLAMA_QUICK), "llama-1b": (LLA
 TARGET_CPU, TARGET_GPU = 0.9, 0.8  # spilled / resident throughput
 
 
-def resident_tokens_per_s(spec: TrialSpec, device: torch.device) -> float:
-    """Plain PyTorch training throughput: tokens per step over the median step time, step 0 untimed."""
+def resident_trainer(spec: TrialSpec, device: torch.device) -> Callable[[int], None]:
+    """`spec`'s model trained in plain PyTorch, everything resident: the transformers causal LM of the engine's
+    config, AdamW, the step's micro-batches accumulated, the gradient clipped; returns the function that trains
+    step n (on the batch the engine trains at step n)."""
     torch.manual_seed(spec.seed)
     model = AutoModelForCausalLM.from_config(model_config(spec.model)).to(device).train()
     opt = spec.optimizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps,
                                   weight_decay=opt.weight_decay)
     data = TokenBlocks(spec.data, vocab_size=spec.model.vocab_size)
-    seconds = []
-    for step in range(spec.steps):
-        _sync(device)
-        start = time.perf_counter()
-        batch = data.train_batch(seed=spec.seed, step=step, batch_size=spec.batch_size).to(device)
+
+    def step(n: int) -> None:
+        batch = data.train_batch(seed=spec.seed, step=n, batch_size=spec.batch_size).to(device)
         for micro_batch in batch.chunk(spec.micro_batches):
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.bf16):
                 loss = model(micro_batch, labels=micro_batch).loss
@@ -101,6 +102,18 @@ def resident_tokens_per_s(spec: TrialSpec, device: torch.device) -> float:
         torch.nn.utils.clip_grad_norm_(model.parameters(), opt.clip_norm)
         optimizer.step()
         optimizer.zero_grad()
+
+    return step
+
+
+def resident_tokens_per_s(spec: TrialSpec, device: torch.device) -> float:
+    """Plain PyTorch training throughput: tokens per step over the median step time, step 0 untimed."""
+    step = resident_trainer(spec, device)
+    seconds = []
+    for n in range(spec.steps):
+        _sync(device)
+        start = time.perf_counter()
+        step(n)
         _sync(device)
         seconds.append(time.perf_counter() - start)
     return spec.batch_size * spec.data.seq_len / statistics.median(seconds[1:])

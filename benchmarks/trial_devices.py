@@ -14,7 +14,8 @@ against one (as `sharp_scaling.py` measures it, in every round), ``of_ceiling`` 
 tensor). Targets: speedup >= 1.7 and >= 0.9 x ceiling.
 
 ``training_ceiling``: the same comparison for the trial's model trained resident in plain PyTorch
-(transformers' Llama, AdamW, the same micro-batches; one step after a warm-up), in two pinned processes at
+(transformers' Llama of the engine's config, AdamW, the trial's batches and micro-batches, as
+`spill_overhead.py`'s resident run; one step after a warm-up), in two pinned processes at
 once against one, in every round. The matmul ceiling leaves out what two cores share besides their own work
 (caches, memory bandwidth); this one shows what they leave of this model's training, without spilling.
 
@@ -73,42 +74,31 @@ def trial(tokens: Path, shape: dict[str, int], *, micro_batches: int, steps: int
     )
 
 
-# One process's plain PyTorch training of the trial's model, everything resident: transformers' Llama (tied
-# head), AdamW, clipping, the step's micro-batches accumulated; one warm-up step (AdamW's moments) untimed.
+# One process's plain PyTorch training of a trial's model, everything resident (`spill_overhead.resident_trainer`):
+# step 0 untimed (it allocates AdamW's moments), then the steps asked for.
 _TRAINING = """
 import json, sys, time, torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from benchmarks.spill_overhead import resident_trainer
+from worker.engine.config import TrialSpec
 torch.set_num_threads(1)
-torch.manual_seed(0)
-shape, micro_batches, steps = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-model = LlamaForCausalLM(LlamaConfig(
-    vocab_size=shape["vocab"], hidden_size=shape["width"], intermediate_size=shape["inner"],
-    num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-    max_position_embeddings=shape["seq_len"], tie_word_embeddings=True))
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-ids = torch.randint(0, shape["vocab"], (2 * micro_batches, shape["seq_len"]))
-def step():
-    for chunk in ids.chunk(micro_batches):
-        (model(input_ids=chunk, labels=chunk).loss / micro_batches).backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-step()
+spec, steps = TrialSpec.from_dict(json.loads(sys.argv[1])), int(sys.argv[2])
+step = resident_trainer(spec, torch.device("cpu"))
+step(0)
 print("ready", flush=True)
 sys.stdin.readline()
 start = time.perf_counter()
-for _ in range(steps):
-    step()
+for n in range(1, 1 + steps):
+    step(n)
 print(time.perf_counter() - start, flush=True)
 """
 
 
-def training_speedup(shape: dict[str, int], micro_batches: int, steps: int = 1) -> float:
-    """2 x (seconds of `steps` steps of the trial's model trained resident in plain PyTorch, one process alone) /
+def training_speedup(spec: TrialSpec, steps: int = 1) -> float:
+    """2 x (seconds of `steps` steps of `spec`'s model trained resident in plain PyTorch, one process alone) /
     (seconds of the slower of two such processes at once); each on one thread, pinned like device worker i. What
     two cores give this model's own training on this machine, where the matmul `ceiling` leaves aside what the
     two share besides the cores (memory bandwidth, caches)."""
-    args = (json.dumps(shape), str(micro_batches), str(steps))
+    args = (json.dumps(spec.to_dict()), str(steps))
     (alone,) = pinned_runs(1, _TRAINING, *args)
     return 2 * alone / max(pinned_runs(2, _TRAINING, *args))
 
@@ -214,7 +204,7 @@ def main() -> None:
                 shutil.rmtree(runs[count][2])
                 shutil.rmtree(root / f"r{r}-{count}")
             ceilings.append(hardware_speedup(2, 192))
-            trainings.append(training_speedup(shape, args.micro_batches))
+            trainings.append(training_speedup(spec))
             print(f"round {r + 1}: ceiling {ceilings[-1]:.3f}, training_ceiling {trainings[-1]:.3f}", file=sys.stderr)
     speedup = statistics.median(one_s) / statistics.median(two_s)
     ceiling = statistics.median(ceilings)
