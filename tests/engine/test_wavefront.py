@@ -122,6 +122,84 @@ def test_packed_chat_examples_train_as_a_wavefront_bit_for_bit(examples_dir: Pat
     assert_bit_identical(weights_of(many[2], spec), weights_of(one[2], spec))
 
 
+def one_shard(case: str, tokens_path: Path, examples_dir: Path, root: Path) -> TrialSpec:
+    """The trials of the cases above with 6 micro-batches of 1 row: 4 of them run side by side."""
+    if case == "packed-chat":
+        return example_spec(examples_dir, packing=True, batch_size=6, micro_batches=6, steps=3)
+    return dataclasses.replace(CASES[case][0](tokens_path, root), batch_size=6, micro_batches=6)
+
+
+@pytest.mark.parametrize("devices", [2, 3])
+@pytest.mark.parametrize("case", [*CASES, "packed-chat"])
+def test_a_model_of_one_shard_spreads_its_micro_batches_bit_for_bit(case: str, devices: int, tokens_path: Path,
+                                                                    examples_dir: Path, tmp_path: Path) -> None:
+    """A model planned as one shard: the micro-batches between a step's first and last run side by side, those
+    that end before the ones ahead of them park their gradients, and the sums come out as on one device."""
+    spec = one_shard(case, tokens_path, examples_dir, tmp_path)
+    one = trained(spec, tmp_path / "one", [0], devices=1)
+    many = trained(spec, tmp_path / "many", [0], devices=devices)
+
+    assert many[3] == devices
+    assert many[0] == one[0] and many[1] == one[1]
+    assert_bit_identical(weights_of(many[2], spec), weights_of(one[2], spec))
+
+
+def test_a_step_of_one_shard_parks_and_adds_its_gradients_in_micro_batch_order(tokens_path: Path,
+                                                                               tmp_path: Path) -> None:
+    """Micro-batch 0 runs first and micro-batch 3 (the last) after all; 1 and 2 in between in any order. Run 2
+    before 1: it parks its gradient; 1 then adds its own to the sum and leaves 2's parked; 3 adds 2's, then its
+    own. The step ends as one device's."""
+    spec = tiny_spec(tokens_path, micro_batches=4, steps=2, eval_every=0)
+    one = trained(spec, tmp_path / "one", [0], devices=1)
+    root = tmp_path / "many"
+    trial_create(spec=spec, spill_dir=root, trial_id="t", device=CPU, cuts=[0])
+    session = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
+    tokens = itertools.count(1)
+    assert session.ready_lanes() == [0]
+    session.run_unit(token=next(tokens), lane=0)
+    assert session.ready_lanes() == [1, 2]  # the last micro-batch waits for every other
+    with pytest.raises(LaneNotReady):
+        session.run_unit(token=next(tokens), lane=3)
+    session.run_unit(token=next(tokens), lane=2)
+    assert "h2.0" in session.store.buffers and list(session.state.step_state.parked) == [2]
+    session.run_unit(token=next(tokens), lane=1)
+    assert "h2.0" in session.store.buffers and session.ready_lanes() == [3]
+    result = session.run_unit(token=next(tokens), lane=3)
+    assert "h2.0" not in session.store.buffers and not session.state.step_state.parked
+    assert (result.unit.step, result.loss) == one[0][0]
+    session.close()
+    session = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
+    results = run_all(session)
+    session.export(root / "final")
+    assert figures(results)[0] == one[0][1:]
+    assert_bit_identical(exported_weights(root / "final"), exported_weights(one[2]))
+
+
+def test_a_checkpoint_with_a_parked_gradient_resumes_bit_for_bit(tokens_path: Path, tmp_path: Path) -> None:
+    """A checkpoint taken while a micro-batch's gradient is parked, restored after the host lost its store,
+    trains on to the weights of an uninterrupted run."""
+    spec = tiny_spec(tokens_path, micro_batches=4, steps=2, eval_every=0)
+    one = trained(spec, tmp_path / "one", [0], devices=1)
+    spill, disk = tmp_path / "spill", tmp_path / "checkpoints"
+    trial_create(spec=spec, spill_dir=spill, trial_id="t", device=CPU, cuts=[0])
+    session = TrialSession.open(spill_dir=spill, trial_id="t", device=CPU)
+    for token, lane in enumerate([0, 2], start=1):
+        session.run_unit(token=token, lane=lane)
+    assert session.state.step_state.parked
+    assert checkpoint(spill_dir=spill, checkpoint_dir=disk, trial_id="t") is not None
+    session.close()
+    for path in (spill / "t").iterdir():
+        path.unlink()
+    (spill / "t").rmdir()
+    assert restore_from_checkpoint(checkpoint_dir=disk, spill_dir=spill, trial_id="t") is not None
+    restored = TrialSession.open(spill_dir=spill, trial_id="t", device=CPU)
+    run = run_wavefront(spill, "t", 2, first_token=10)
+    restored.close()
+    TrialSession.open(spill_dir=spill, trial_id="t", device=CPU).export(tmp_path / "final")
+    assert figures(run.results)[0] == one[0]
+    assert_bit_identical(exported_weights(tmp_path / "final"), exported_weights(one[2]))
+
+
 def test_lanes_become_ready_as_a_staircase(tokens_path: Path, tmp_path: Path) -> None:
     """3 shards, 3 micro-batches: a lane's unit needs the one before it and the previous lane's at its place."""
     spec = tiny_spec(tokens_path, batch_size=3, micro_batches=3, steps=1, eval_every=0)

@@ -8,6 +8,10 @@ written back ``GRAD_CHUNK`` elements at a time, and a borrower's contribution is
 the device never holds a second gradient-sized buffer beside the fresh gradients. The global norm is the L2
 norm of the per-parameter L2 norms in model parameter order, as ``torch.nn.utils.clip_grad_norm_`` computes
 it, each parameter's norm taken over its whole accumulated gradient as the last micro-batch leaves it in memory.
+
+A micro-batch of a gathered step (a model of one shard, see :class:`~worker.engine.schedule.Segment`) that ends
+before the ones ahead of it are in the sum *parks* its gradient in a buffer of its own; the next micro-batch to
+find every one ahead of it committed adds the parked ones, in micro-batch order, before its own.
 """
 
 from __future__ import annotations
@@ -52,16 +56,19 @@ def with_tied(store: SpillStore, layout: Layout, shard: int, owned: Sequence[nn.
 
 
 def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequence[Slot], fresh: list[torch.Tensor],
-               owned: Sequence[nn.Parameter], *, partial: bool, norms: bool = False) -> list[float] | None:
+               owned: Sequence[nn.Parameter], *, partial: bool, norms: bool = False,
+               parked: Sequence[str] = ()) -> list[float] | None:
     """Stage the shard's flat gradient buffer ``name``: ``fresh`` added to the sum so far (or, unless
     ``partial``, ``fresh`` itself), a chunk at a time; clear the parameters' ``.grad`` and empty ``fresh``
-    as each is written, so that its memory goes as soon as it is in the store.
+    as each is written, so that its memory goes as soon as it is in the store. ``parked``: buffers of the
+    micro-batches between the sum so far and this one (see :func:`park`), added to the sum in their order first.
 
     The sum so far is added into the fresh gradient, chunk by chunk: IEEE addition commutes exactly, so
     ``fresh + old`` has the bits of autograd's ``old + new``, and the parameter's whole accumulated gradient is
     in memory once its last chunk is added. With ``norms`` (the step's last micro-batch) return the L2 norm of
     each parameter's accumulated gradient, taken there before the memory goes.
     """
+    assert partial or not parked, "a parked gradient follows a micro-batch already in the sum"
     measured = []
     with store.writer(name, nbytes=sum(slot.ref.numel for slot in slots) * FP32) as append:
         for index, (slot, param) in enumerate(zip(slots, owned, strict=True)):
@@ -72,7 +79,11 @@ def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequen
                 piece = grad[start:stop]
                 if partial:  # old + new, as autograd accumulates .grad
                     # The buffer's committed version: the one being written is registered when it is complete.
-                    piece.add_(read_chunk(store, transfers, name, slot.offset + start, slot.offset + stop))
+                    old = read_chunk(store, transfers, name, slot.offset + start, slot.offset + stop)
+                    for waiting in parked:  # ((old + h1) + h2) ..., as the micro-batches would have added them
+                        old.add_(read_chunk(store, transfers, waiting, slot.offset + start, slot.offset + stop))
+                    piece.add_(old)
+                    del old
                 append(piece)
                 del piece
             if norms:
@@ -80,6 +91,20 @@ def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequen
             param.grad = None
             del grad
     return measured if norms else None
+
+
+def park(store: SpillStore, name: str, slots: Sequence[Slot], fresh: list[torch.Tensor],
+         owned: Sequence[nn.Parameter]) -> None:
+    """Stage ``fresh``, a micro-batch's gradient of the shard, as flat buffer ``name`` (laid out as the shard's
+    sum), for :func:`accumulate` to add in its turn; clear the parameters' ``.grad`` as each is written."""
+    with store.writer(name, nbytes=sum(slot.ref.numel for slot in slots) * FP32) as append:
+        for index, (slot, param) in enumerate(zip(slots, owned, strict=True)):
+            grad = fresh[index].reshape(-1)
+            fresh[index] = torch.empty(0)
+            for start in range(0, slot.ref.numel, GRAD_CHUNK):
+                append(grad[start:min(slot.ref.numel, start + GRAD_CHUNK)])
+            param.grad = None
+            del grad
 
 
 def global_norm(norms: Sequence[float]) -> float:

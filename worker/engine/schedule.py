@@ -89,12 +89,20 @@ class Segment:
     for the previous micro-batch): every shard then sees the same operations in the same order as when the
     lanes run one after another. The lanes of a ``parallel`` segment need nothing of each other (the final
     updates: each applies its own shard's pending step, which no other unit of the segment reads). A segment's
-    first unit needs the whole segment before it."""
+    first unit needs the whole segment before it.
+
+    The lanes of a ``gathered`` segment are of one unit each (a step of a model planned as one shard): the first
+    lane runs first (it applies the step before's pending update), the last after every other, and the lanes
+    between need only the first, so they run side by side. Their gradients still add up in lane order: a lane that
+    finishes before every lane before it has committed parks its gradient, and the next lane that finds every lane
+    before it committed adds the parked ones in order before its own (see ``ShardUnits._gather``); the last lane
+    always does."""
 
     start: int
     lanes: int
     length: int
     parallel: bool = False
+    gathered: bool = False
 
     @property
     def stop(self) -> int:
@@ -110,6 +118,10 @@ class Segment:
     def needs(self, index: int) -> list[int]:
         """The units unit ``index`` of this segment runs after (besides the segment before it)."""
         lane, position = self.place(index)
+        if self.gathered:
+            if not lane:
+                return []
+            return [self.start] if lane < self.lanes - 1 else list(range(self.start, index))
         return ([index - 1] if position else []) + ([index - self.length] if lane and not self.parallel else [])
 
     def urgency(self, index: int) -> tuple[int, int]:
@@ -141,6 +153,7 @@ class Timetable:
     ends: tuple[int, ...] = ()
     final_eval_batches: int = 0
     reference_batches: int = 0
+    gathers: bool = False  # a step of one shard is a gathered segment (see Segment); not a DPO trial's
 
     @classmethod
     def of(cls, spec: TrialSpec, *, shards: int, reference_batches: int = 0) -> Timetable:
@@ -149,7 +162,8 @@ class Timetable:
         return cls(shards=shards, steps=spec.total_steps, micro_batches=spec.micro_batches,
                    eval_every=spec.eval_every, eval_batches=spec.eval_batches,
                    ends=tuple(added.after for added in spec.continuations),
-                   final_eval_batches=spec.final_eval_batches, reference_batches=reference_batches)
+                   final_eval_batches=spec.final_eval_batches, reference_batches=reference_batches,
+                   gathers=spec.dpo is None)
 
     @property
     def train_units_per_step(self) -> int:
@@ -205,7 +219,8 @@ class Timetable:
             return Segment(start=0, lanes=self.reference_batches, length=self.shards)
         start = self.step_offset(unit.step)
         if unit.phase in ("F", "FB", "B"):
-            return Segment(start=start, lanes=self.micro_batches, length=2 * self.shards - 1)
+            return Segment(start=start, lanes=self.micro_batches, length=2 * self.shards - 1,
+                           gathered=self.gathers and self.shards == 1)
         start += self.train_units_per_step
         if unit.phase == "S":
             return Segment(start=start, lanes=self.shards, length=1, parallel=True)

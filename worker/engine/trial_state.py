@@ -51,10 +51,13 @@ class StepState:
     loss), and per shard the norms of its
     parameters' accumulated gradients (set when the shard's backward of the last micro-batch ran). A DPO step
     also sums its micro-batches' parts of the mean implicit rewards of the chosen and rejected answers and of
-    the share of pairs whose chosen reward is the higher."""
+    the share of pairs whose chosen reward is the higher. ``parked``: the losses of the micro-batches of a gathered
+    step (see :class:`~worker.engine.schedule.Segment`) whose gradients wait in their ``h`` buffers to be added to
+    the sum in micro-batch order, by micro-batch."""
 
     loss_sum: float = 0.0
     norms: dict[int, list[float]] = field(default_factory=dict)
+    parked: dict[int, float] = field(default_factory=dict)
     chosen_reward: float = 0.0
     rejected_reward: float = 0.0
     reward_accuracy: float = 0.0
@@ -197,6 +200,7 @@ class TrialState:
                                                           "total_norm": self.pending.total_norm},
             "step_state": {"loss_sum": self.step_state.loss_sum,
                            "norms": {str(shard): norms for shard, norms in self.step_state.norms.items()},
+                           "parked": {str(lane): loss for lane, loss in self.step_state.parked.items()},
                            **{name: getattr(self.step_state, name) for name in StepState.REWARDS}},
             "eval_state": dataclasses.asdict(self.eval_state),
             "early_stop": {"best": self.early_stop.best, "since": self.early_stop.since,
@@ -226,7 +230,7 @@ class TrialState:
         """
         raw = _keys(manifest, "manifest", required=_REQUIRED, optional=_OPTIONAL, ignored=STORE_KEYS)
         step_state = _keys(raw["step_state"], "step_state", required={"loss_sum", "norms"},
-                           optional=frozenset(StepState.REWARDS))
+                           optional=frozenset({*StepState.REWARDS, "parked"}))
         early_stop = raw.get("early_stop")
         pending = raw["pending"]
         same = known is not None and known.trial_id == raw["trial_id"] and known.replans == raw.get("replans", 0)
@@ -242,6 +246,7 @@ class TrialState:
                 **_keys(pending, "pending", required={"step", "total_norm"})),
             step_state=StepState(loss_sum=step_state["loss_sum"],
                                  norms={int(shard): norms for shard, norms in step_state["norms"].items()},
+                                 parked={int(lane): loss for lane, loss in step_state.get("parked", {}).items()},
                                  **{name: step_state[name] for name in StepState.REWARDS if name in step_state}),
             # A store written before evaluations averaged per token also summed the batches' mean losses.
             eval_state=EvalState(**_keys(raw["eval_state"], "eval_state", required=set(),

@@ -112,8 +112,34 @@ class ShardUnits(PreferenceUnits):
             lent = []
         else:
             loss.backward()
+        if self.timetable.segment(unit.index).gathered:
+            return self._gather(unit, loss.item(), x, owned)
         self.state.step_state.loss_sum += loss.item()
         return self._finish_backward(unit, x, owned, lent)
+
+    def _gather(self, unit: UnitSpec, loss: float, x: torch.Tensor, owned: list[nn.Parameter]) -> dict[str, Any]:
+        """The end of an FB unit of a gathered step (a model of one shard, see
+        :class:`~worker.engine.schedule.Segment`), whose micro-batches may end in any order: with every micro-batch
+        before it committed, add the parked ones (their losses and gradients, in micro-batch order), then its own,
+        as :meth:`_finish_backward` does; else park its gradient in ``h{m}.0`` and its loss in the step state for
+        a later micro-batch to add. The numbers are those of the micro-batches run in order."""
+        segment = self.timetable.segment(unit.index)
+        state = self.state.step_state
+        lane = unit.micro_batch
+        if not all(self.state.committed(segment.index(before, 0)) for before in range(lane)):
+            gradients.park(self.store, f"h{lane}.{unit.shard}", self.layout.slots[unit.shard],
+                           gradients.with_tied(self.store, self.layout, unit.shard, owned, self.device,
+                                               micro_batch=lane), owned)
+            state.parked[lane] = loss
+            return {}
+        parked = sorted(before for before in state.parked if before < lane)
+        for before in parked:  # every micro-batch before them is in the sum: none parks again before this one
+            state.loss_sum += state.parked.pop(before)
+        state.loss_sum += loss
+        metrics = self._finish_backward(unit, x, owned, [], parked=[f"h{before}.{unit.shard}" for before in parked])
+        for before in parked:
+            self.store.drop(f"h{before}.{unit.shard}")
+        return metrics
 
     def _backward(self, unit: UnitSpec) -> dict[str, Any]:
         """B: backpropagate through the kept graph, or else recompute the shard's forward from its saved
@@ -343,9 +369,10 @@ class ShardUnits(PreferenceUnits):
         return x, owned, lent
 
     def _finish_backward(self, unit: UnitSpec, x: torch.Tensor, owned: list[nn.Parameter],
-                         lent: list[nn.Parameter]) -> dict[str, Any]:
-        """Accumulate the shard's gradients (plus tied contributions), pass the input gradient on, and
-        when the step's backward is complete, record the global gradient norm and mark the step pending."""
+                         lent: list[nn.Parameter], *, parked: Sequence[str] = ()) -> dict[str, Any]:
+        """Accumulate the shard's gradients (plus tied contributions; after the ``parked`` gradients of the
+        micro-batches before it, see :meth:`_gather`), pass the input gradient on, and when the step's backward is
+        complete, record the global gradient norm and mark the step pending."""
         shard, store = unit.shard, self.store
         meta = self.state.shards[shard]
         if unit.shard > 0:
@@ -355,7 +382,7 @@ class ShardUnits(PreferenceUnits):
         fresh = gradients.with_tied(store, self.layout, shard, owned, self.device, micro_batch=unit.micro_batch)
         last = unit.micro_batch == self.spec.micro_batches - 1
         norms = gradients.accumulate(store, self._transfers, f"g{shard}", self.layout.slots[shard], fresh, owned,
-                                     partial=meta.grad == "partial", norms=last)
+                                     partial=meta.grad == "partial", norms=last, parked=parked)
         meta.grad = "partial"
         if not last:
             return {}

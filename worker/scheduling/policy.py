@@ -204,8 +204,9 @@ def unit_time_estimate(previous_s: float, measured_s: float) -> float:
 class TrialLoad:
     """A trial for `timetable`: `units` units of `unit_s` seconds each; unit i reads the shared base layers
     ``bases[i % len(bases)]`` (none when `bases` is empty). `segments`: its units as runs of ``(lanes, length)``
-    lanes of chains (the micro-batches of a step, see `worker.engine.schedule.Segment`), whose lanes may run on
-    several devices at once; none: one lane of `units`. `width`: the most devices it may run on at once (0: as
+    lanes of chains (the micro-batches of a step, see `worker.engine.schedule.Segment`), or ``(lanes, 1, True)``
+    for a gathered step (a model of one shard), whose lanes may run on several devices at once; none: one lane
+    of `units`. `width`: the most devices it may run on at once (0: as
     many as a segment has lanes)."""
 
     trial_id: str
@@ -215,7 +216,7 @@ class TrialLoad:
     team: str = ""
     priority: int = PRIORITIES["normal"]
     arrival: float = 0.0  # when the trial is submitted
-    segments: tuple[tuple[int, int], ...] = ()
+    segments: tuple[tuple[int, int] | tuple[int, int, bool], ...] = ()
     width: int = 0
 
     def base(self, unit: int) -> BaseShard | None:
@@ -224,8 +225,8 @@ class TrialLoad:
     def lanes(self) -> list[Segment]:
         """Its segments, as the engine's timetable has them."""
         out, start = [], 0
-        for lanes, length in self.segments or ((1, self.units),):
-            out.append(Segment(start=start, lanes=lanes, length=length))
+        for lanes, length, *gathered in self.segments or ((1, self.units),):
+            out.append(Segment(start=start, lanes=lanes, length=length, gathered=bool(gathered and gathered[0])))
             start += lanes * length
         assert start == self.units, f"the segments of {self.trial_id} hold {start} units, not {self.units}"
         return out
