@@ -136,18 +136,22 @@ def test_trials_that_end_cancelled_or_failed_free_their_spill_stores(
     workers.wait(lambda: not list(workers.spill_dir.iterdir()), 30, "the spill stores to be freed")
 
 
+@pytest.mark.parametrize(("budget_bytes", "shards"), [(140_000, 4), (4_000_000, 1)],
+                         ids=["several-shards", "one-shard"])
 def test_a_lone_trial_runs_its_micro_batches_on_both_devices_and_trains_exactly(
-    device_workers, tokens: str, tmp_path: Path
+    budget_bytes: int, shards: int, device_workers, tokens: str, tmp_path: Path
 ) -> None:
     """No other trial waits, so the second device takes the other micro-batches of the lone trial's steps: units
-    of it overlap in time on the two devices, and its numbers are plain PyTorch's (one device's)."""
-    trial = tiny_trial(tokens, seed=9, lr=2e-3, steps=4)
+    of it overlap in time on the two devices, and its numbers are plain PyTorch's (one device's). A model of one
+    shard spreads the micro-batches between a step's first and last."""
+    trial = tiny_trial(tokens, seed=9, lr=2e-3, steps=4, budget_bytes=budget_bytes)
     trial = TrialSpec.from_dict({**trial.to_dict(), "batch_size": 8, "micro_batches": 4})
     workers = device_workers("cpu0", "cpu1")
     workers.queue.submit(trial_id="w", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "w"))
     record = workers.wait_for_records(["w"], {"finished", "failed"}, 180)["w"]
     assert record.state == "finished", record.message
     assert (record.width_cap, record.width) == (4, 4)
+    assert record.plan is not None and len(record.plan["shards"]) == shards
     spans = sorted((s for s in workers.entries("spans") if s["trial"] == "w" and s["phase"] != "plan"),
                    key=lambda s: s["start"])
     overlapping = [(a, b) for a, b in itertools.combinations(spans, 2)

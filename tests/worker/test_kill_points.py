@@ -165,3 +165,29 @@ def test_a_unit_out_of_memory_mid_backward_is_replanned_and_stays_exact(
     replanned = [f["message"] for _, f in events if f["trial"] == "o" and f["message"].startswith("re-planned")]
     assert len(replanned) == 1 and f"out of memory at mid-backward of unit {target}" in replanned[0], replanned
     assert_trained_like_plain_pytorch(workers, "o", trial, tmp_path)
+
+
+@pytest.mark.parametrize("point", ["before-write", "after-commit"])
+def test_a_worker_killed_in_a_micro_batch_between_a_one_shard_step_s_first_and_last_is_recovered_from_exactly(
+    point: str, device_workers, tokens: str, tmp_path: Path
+) -> None:
+    """A model of one shard runs the micro-batches between a step's first and last side by side, each adding its
+    gradient to the sum or parking it (its one buffer): a worker killed as it starts to write it, or after its commit
+    before anyone heard of it, leaves the other device to finish the trial with plain PyTorch's numbers."""
+    trial = tiny_trial(tokens, seed=5, lr=2e-3, steps=3, budget_bytes=4_000_000)
+    trial = TrialSpec.from_dict({**trial.to_dict(), "batch_size": 8, "micro_batches": 4})
+    units = timetable(trial, tmp_path / "probe")
+    assert {shard for *_, shard in units} == {0}
+    target = units.index((1, 2, "FB", 0))
+    workers = start(device_workers, tmp_path, f"{point}@{target}")
+    workers.queue.submit(trial_id="k", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "k"))
+    victim, report = blocked(workers, tmp_path)
+    assert (report["point"], report["unit"]) == (point, target)
+    workers.kill(victim)
+
+    record = workers.wait_for_records(["k"], {"finished", "failed"}, 120)["k"]
+    assert (record.state, record.requeues) == ("finished", 1), record.message
+    done = completed(workers, "k")
+    assert_each_once_in_wavefront_order(done, Timetable.of(trial, shards=1))
+    assert completed_on(done, units[target]) != victim
+    assert_trained_like_plain_pytorch(workers, "k", trial, tmp_path)

@@ -250,6 +250,20 @@ def test_a_lone_trial_widens_onto_the_idle_device_as_its_docstring_draws() -> No
     ]
 
 
+def test_a_step_of_one_shard_runs_its_first_micro_batch_alone_its_last_after_all_and_the_rest_side_by_side() -> None:
+    gathered = TrialLoad("a", 12, 1.0, segments=((6, 1, True), (6, 1, True)))  # two steps of 6 micro-batches
+    assert lanes([gathered], DEVICES) == [
+        ("cpu0", "a", 0, 0, 0.0),
+        ("cpu0", "a", 1, 1, 1.0), ("cpu1", "a", 2, 2, 1.0),
+        ("cpu0", "a", 3, 3, 2.0), ("cpu1", "a", 4, 4, 2.0),
+        ("cpu0", "a", 5, 5, 3.0),  # the last micro-batch, after every other; cpu1 waits for the next step
+        ("cpu0", "a", 0, 6, 4.0),
+        ("cpu0", "a", 1, 7, 5.0), ("cpu1", "a", 2, 8, 5.0),
+        ("cpu0", "a", 3, 9, 6.0), ("cpu1", "a", 4, 10, 6.0),
+        ("cpu0", "a", 5, 11, 7.0),
+    ]
+
+
 def test_a_widened_trial_gives_the_device_back_when_another_trial_can_run() -> None:
     b = TrialLoad("b", 3, 1.0, arrival=1.0)
     assert lanes([WAVE, b], DEVICES) == [

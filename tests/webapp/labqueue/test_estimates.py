@@ -90,24 +90,29 @@ def test_a_trial_on_two_devices_shows_on_both_and_says_why_and_a_narrow_one_says
     devices = {name: {"epoch": "1", "stop": "0", "seen": str(NOW)} for name in ("cpu0", "cpu1", "cpu2")}
 
     def running(trial_id: str, on: list[str], *, micro_batches: int = 4, width: int = 4, cap: int = 4,
-                shards: int = 3) -> TrialRecord:
+                shards: int = 3, dpo: bool = False) -> TrialRecord:
         r = record(trial_id, state="running", device=on[0])
         return dataclasses.replace(r, devices=on, width=width, width_cap=cap,
-                                   job={"trial": {"micro_batches": micro_batches}},
+                                   job={"trial": {"micro_batches": micro_batches,
+                                                  "dpo": {"beta": 0.1} if dpo else None}},
                                    plan={"shards": [{"index": n} for n in range(shards)]})
 
     found = estimate([running("a", ["cpu0", "cpu1"])], devices, {}, NOW)
     assert [(d.name, d.trial.trial_id if d.trial else None, d.spread) for d in found.devices] == [
         ("cpu0", "a", "on 2 devices: no other trial is waiting"),
         ("cpu1", "a", "on 2 devices: no other trial is waiting"), ("cpu2", None, "")]
-    reasons = {
-        "one micro-batch a step": running("b", ["cpu0"], micro_batches=1, width=1, cap=1),
-        "its experiment allows one device": running("b", ["cpu0"], width=1, cap=1),
-        "its model is one shard, so its micro-batches run one after another": running("b", ["cpu0"], shards=1),
-        "memory holds its state for one micro-batch at a time": running("b", ["cpu0"], width=1),
-        "next micro-batch cannot start yet": running("b", ["cpu0"]),
-    }
-    for why, trial in reasons.items():
+    reasons = [
+        ("one micro-batch a step", running("b", ["cpu0"], micro_batches=1, width=1, cap=1)),
+        ("its experiment allows one device", running("b", ["cpu0"], width=1, cap=1)),
+        ("a preference trial's model is one shard, so its micro-batches run one after another",
+         running("b", ["cpu0"], shards=1, dpo=True)),
+        ("its model is one shard, whose first and last micro-batches of a step run alone",
+         running("b", ["cpu0"], shards=1, micro_batches=2, width=2, cap=2)),
+        ("next micro-batch cannot start yet", running("b", ["cpu0"], shards=1)),  # one shard spreads its middle ones
+        ("memory holds its state for one micro-batch at a time", running("b", ["cpu0"], width=1)),
+        ("next micro-batch cannot start yet", running("b", ["cpu0"])),
+    ]
+    for why, trial in reasons:
         assert why in estimate([trial], devices, {}, NOW).devices[0].spread
     assert estimate([running("b", ["cpu0"]), record("c")], devices, {}, NOW).devices[0].spread == (
         "on one device: other trials are waiting")
