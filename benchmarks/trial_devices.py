@@ -28,7 +28,13 @@ two (medians): where two devices at once make the same units slower. ``step_busy
 seconds over twice the step's wall time (what the scheduler left idle is the rest). ``devices_at_once``: the most
 units of the trial that overlapped in time in the median two-device run (2 when the wavefront ran).
 
-The last line is one JSON object: ``{"shape", "micro_batches", "rounds", "one_device_s", "two_devices_s",
+With a budget that holds the whole model (``--budget-mb 4000``: one shard), the micro-batches between a step's
+first and last run side by side and the first and last alone, so a step of ``M`` micro-batches takes at best
+``2 + ceil((M - 2) / 2)`` unit times on two devices where one device takes ``M``: ``one_shard_bound`` is that ratio
+(absent for several shards, whose wavefront has no such bound). ``shards``: the shards the trial was planned in.
+
+The last line is one JSON object: ``{"shape", "micro_batches", "shards", "one_shard_bound", "rounds",
+"one_device_s", "two_devices_s",
 "speedup", "ceiling", "of_ceiling", "training_ceiling", "step_s", "step_speedup", "step_units_s" {"one", "two":
 {"compute", "io"}}, "step_busy", "identical", "devices_at_once", "target_met"}``.
 """
@@ -38,6 +44,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -161,7 +168,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps (default 3; quick 2)")
     parser.add_argument("--rounds", type=int, help="rounds of (one device, two devices) (default 3; quick 1)")
     parser.add_argument("--budget-mb", type=float, default=200,
-                        help="device budget (default 200: several shards, room for the embedding with its gradient)")
+                        help="device budget (default 200: several shards, room for the embedding with its gradient; "
+                             "4000: one shard)")
     parser.add_argument("--quick", action="store_true", help="a small shape, 2 steps, 1 round")
     parser.add_argument("--spill-dir", type=Path,
                         help="where the spill stores live (default /dev/shm; docs/operations.md#the-spill-volume)")
@@ -172,7 +180,7 @@ def main() -> None:
     steps = args.steps if not args.quick else 2
     rounds = args.rounds or (1 if args.quick else 3)
     host_tier = args.spill_dir or ("/dev/shm" if Path("/dev/shm").is_dir() else None)
-    one_s, two_s, ceilings, trainings, overlaps, identical = [], [], [], [], [], True
+    one_s, two_s, ceilings, trainings, overlaps, identical, shards = [], [], [], [], [], True, 0
     one_step_s, two_step_s, one_units, two_units = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="hydra-trial-devices-", dir=host_tier) as tmp:
         root = Path(tmp)
@@ -191,6 +199,7 @@ def main() -> None:
                 runs[count] = (seconds, spans, export)
                 print(f"round {r + 1}: {count} device(s) {seconds:.2f} s, {at_once(spans)} units at once at most",
                       file=sys.stderr)
+            shards = 1 + max(int(span["shard"]) for span in runs[1][1])
             one_s.append(runs[1][0])
             two_s.append(runs[2][0])
             overlaps.append(at_once(runs[2][1]))
@@ -210,6 +219,9 @@ def main() -> None:
     ceiling = statistics.median(ceilings)
     print(json.dumps({
         "shape": "quick" if args.quick else "smollm2-135m-layers", "micro_batches": args.micro_batches,
+        "shards": shards,
+        **({"one_shard_bound": round(args.micro_batches / (2 + math.ceil((args.micro_batches - 2) / 2)), 3)}
+           if shards == 1 and args.micro_batches > 2 else {}),
         "rounds": rounds, "one_device_s": round(statistics.median(one_s), 3),
         "two_devices_s": round(statistics.median(two_s), 3), "speedup": round(speedup, 3),
         "ceiling": round(ceiling, 3), "of_ceiling": round(speedup / ceiling, 3),

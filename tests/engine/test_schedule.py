@@ -65,7 +65,7 @@ def test_a_step_of_one_shard_is_gathered_and_a_step_of_several_shards_is_a_stair
     step = one.segment(1)
     assert (step.gathered, step.start, step.lanes, step.length) == (True, 0, 4, 1)
     assert [step.needs(i) for i in range(4)] == [[], [0], [0], [0, 1, 2]]
-    assert not one.segment(4).gathered  # the evaluation's lanes still add their losses one after another
+    assert one.segment(4).gathered and [one.segment(4).needs(i) for i in range(4, 7)] == [[], [4], [4, 5]]
     assert not Timetable(shards=1, steps=2, micro_batches=4, eval_every=1, eval_batches=3).segment(1).gathered
     several = Timetable(shards=2, steps=2, micro_batches=2, eval_every=1, eval_batches=1, gathers=True).segment(3)
     assert (several.gathered, [several.needs(i) for i in range(3, 6)]) == (False, [[0], [3, 1], [4, 2]])

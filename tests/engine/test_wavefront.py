@@ -123,10 +123,13 @@ def test_packed_chat_examples_train_as_a_wavefront_bit_for_bit(examples_dir: Pat
 
 
 def one_shard(case: str, tokens_path: Path, examples_dir: Path, root: Path) -> TrialSpec:
-    """The trials of the cases above with 6 micro-batches of 1 row: 4 of them run side by side."""
+    """The trials of the cases above with 6 micro-batches of 1 row and evaluations of 5 batches: 4 micro-batches of
+    a step, 3 batches of an evaluation run side by side."""
     if case == "packed-chat":
-        return example_spec(examples_dir, packing=True, batch_size=6, micro_batches=6, steps=3)
-    return dataclasses.replace(CASES[case][0](tokens_path, root), batch_size=6, micro_batches=6)
+        return example_spec(examples_dir, packing=True, batch_size=6, micro_batches=6, steps=3, eval_every=1,
+                            eval_batches=5)
+    return dataclasses.replace(CASES[case][0](tokens_path, root), batch_size=6, micro_batches=6, eval_every=1,
+                               eval_batches=5)
 
 
 @pytest.mark.parametrize("devices", [2, 3])

@@ -91,12 +91,12 @@ class Segment:
     updates: each applies its own shard's pending step, which no other unit of the segment reads). A segment's
     first unit needs the whole segment before it.
 
-    The lanes of a ``gathered`` segment are of one unit each (a step of a model planned as one shard): the first
-    lane runs first (it applies the step before's pending update), the last after every other, and the lanes
-    between need only the first, so they run side by side. Their gradients still add up in lane order: a lane that
-    finishes before every lane before it has committed parks its gradient, and the next lane that finds every lane
-    before it committed adds the parked ones in order before its own (see ``ShardUnits._gather``); the last lane
-    always does."""
+    The lanes of a ``gathered`` segment are of one unit each (a step or an evaluation of a model planned as one
+    shard): the first lane runs first (it applies the step before's pending update), the last after every other,
+    and the lanes between need only the first, so they run side by side. Their sums still add up in lane order: a
+    lane that finishes before every lane before it has committed parks its gradient (its evaluation sums), and the
+    next lane that finds every lane before it committed adds the parked ones in order before its own (see
+    ``ShardUnits._gather``); the last lane always does."""
 
     start: int
     lanes: int
@@ -153,7 +153,7 @@ class Timetable:
     ends: tuple[int, ...] = ()
     final_eval_batches: int = 0
     reference_batches: int = 0
-    gathers: bool = False  # a step of one shard is a gathered segment (see Segment); not a DPO trial's
+    gathers: bool = False  # a step or evaluation of one shard is a gathered segment (see Segment); not a DPO trial's
 
     @classmethod
     def of(cls, spec: TrialSpec, *, shards: int, reference_batches: int = 0) -> Timetable:
@@ -225,7 +225,7 @@ class Timetable:
         if unit.phase == "S":
             return Segment(start=start, lanes=self.shards, length=1, parallel=True)
         batches = self.final_eval_batches if self.final_evaluation(unit.step) else self.eval_batches
-        return Segment(start=start, lanes=batches, length=self.shards)
+        return Segment(start=start, lanes=batches, length=self.shards, gathered=self.gathers and self.shards == 1)
 
     def __iter__(self) -> Iterator[UnitSpec]:
         return (self[index] for index in range(len(self)))

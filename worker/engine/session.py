@@ -12,6 +12,8 @@ Spill buffer names (per trial directory)::
     m{s} v{s}        shard s: optimizer state (AdamW exp_avg and exp_avg_sq; SGD momentum in m)
     t{m}.{s}         shard s, micro-batch m: gradients of parameters it borrows from another shard (tied weights)
     a{m}.{s} d{m}.{s} output of shard s for micro-batch m, and the loss gradient w.r.t. it
+    h{m}.0           a model of one shard, micro-batch m: its gradient, parked until the micro-batches before it
+                     are in g0 (worker.engine.gradients)
     r{m}.{s}         RNG state shard s starts its forward on micro-batch m from (the state shard s - 1 left;
                      shard 0 starts from the micro-batch's seed, see worker.engine.rng)
     e{b}.{s}         output of shard s for evaluation batch b

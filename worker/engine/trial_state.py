@@ -70,7 +70,9 @@ class EvalState:
     """Running sums of the evaluation in flight, over the validation batches done so far: their summed token
     losses (nats), the tokens they predicted and those tokens' UTF-8 bytes (a DPO evaluation's: its chosen
     answers'); and a DPO evaluation's pairs, their summed losses, chosen and rejected rewards, and how many had
-    the chosen reward above the rejected one."""
+    the chosen reward above the rejected one. ``parked``: the token loss sum, tokens and bytes of each batch of a
+    gathered evaluation (see :class:`~worker.engine.schedule.Segment`) that ended before the batches ahead of it
+    were summed, by batch."""
 
     token_loss_sum: float = 0.0
     tokens: int = 0
@@ -80,6 +82,7 @@ class EvalState:
     chosen_reward_sum: float = 0.0
     rejected_reward_sum: float = 0.0
     accurate: int = 0
+    parked: dict[int, list[float]] = field(default_factory=dict)  # batch -> [token loss sum, tokens, bytes]
 
 
 @dataclass
@@ -202,7 +205,8 @@ class TrialState:
                            "norms": {str(shard): norms for shard, norms in self.step_state.norms.items()},
                            "parked": {str(lane): loss for lane, loss in self.step_state.parked.items()},
                            **{name: getattr(self.step_state, name) for name in StepState.REWARDS}},
-            "eval_state": dataclasses.asdict(self.eval_state),
+            "eval_state": {**dataclasses.asdict(self.eval_state),
+                           "parked": {str(batch): list(sums) for batch, sums in self.eval_state.parked.items()}},
             "early_stop": {"best": self.early_stop.best, "since": self.early_stop.since,
                            **({"pruned": self.early_stop.pruned} if self.early_stop.pruned is not None else {})},
             "replans": self.replans,
@@ -248,10 +252,7 @@ class TrialState:
                                  norms={int(shard): norms for shard, norms in step_state["norms"].items()},
                                  parked={int(lane): loss for lane, loss in step_state.get("parked", {}).items()},
                                  **{name: step_state[name] for name in StepState.REWARDS if name in step_state}),
-            # A store written before evaluations averaged per token also summed the batches' mean losses.
-            eval_state=EvalState(**_keys(raw["eval_state"], "eval_state", required=set(),
-                                         optional=frozenset(f.name for f in dataclasses.fields(EvalState)),
-                                         ignored=frozenset({"loss_sum"}))),
+            eval_state=_eval_state(raw["eval_state"]),
             early_stop=EarlyStop() if early_stop is None else EarlyStop(
                 **_keys(early_stop, "early_stop", required={"best", "since"}, optional=frozenset({"pruned"}))),
             replans=raw.get("replans", 0),
@@ -271,6 +272,13 @@ class TrialState:
     def stage_in(self, store: SpillStore) -> None:
         """Put this state into ``store``'s working manifest, for its next commit to publish."""
         store.manifest.update(self.to_manifest())
+
+
+def _eval_state(raw: dict[str, Any]) -> EvalState:
+    # A store written before evaluations averaged per token also summed the batches' mean losses.
+    sums = _keys(raw, "eval_state", required=set(), optional=frozenset(f.name for f in dataclasses.fields(EvalState)),
+                 ignored=frozenset({"loss_sum"}))
+    return EvalState(**{**sums, "parked": {int(batch): list(s) for batch, s in sums.get("parked", {}).items()}})
 
 
 _REQUIRED = frozenset({"trial_id", "spec", "plan", "cursor", "shards", "pending", "step_state", "eval_state"})

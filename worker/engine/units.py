@@ -208,9 +208,16 @@ class ShardUnits(PreferenceUnits):
         if isinstance(batch, PairBatch):
             self._add_pair_evaluation(out, reference, batch, n_bytes)
         else:
-            state.token_loss_sum += out.item()
-            state.tokens += int((batch.labels[:, 1:] != IGNORE).sum())
-            state.bytes += n_bytes or 0
+            sums = [out.item(), int((batch.labels[:, 1:] != IGNORE).sum()), n_bytes or 0]
+            if self.timetable.segment(unit.index).gathered:  # a model of one shard: batches end in any order
+                lane = unit.micro_batch
+                segment = self.timetable.segment(unit.index)
+                if not all(self.state.committed(segment.index(before, 0)) for before in range(lane)):
+                    state.parked[lane] = sums  # a later batch adds them in batch order
+                    return {}
+                for before in sorted(before for before in state.parked if before < lane):
+                    self._add_eval_sums(state.parked.pop(before))
+            self._add_eval_sums(sums)
         if unit.micro_batch < (self.spec.final_eval_batches if final else self.spec.eval_batches) - 1:
             return {}
         metrics: dict[str, Any]
@@ -228,6 +235,13 @@ class ShardUnits(PreferenceUnits):
             metrics["stopped_early"] = self._no_longer_improving(unit.step, metrics["eval_loss"])
         self.state.reset_eval()
         return metrics
+
+    def _add_eval_sums(self, sums: Sequence[float]) -> None:
+        """Add an evaluation batch's summed token loss, tokens and their bytes to the evaluation's sums."""
+        state = self.state.eval_state
+        state.token_loss_sum += sums[0]
+        state.tokens += int(sums[1])
+        state.bytes += int(sums[2])
 
     def _no_longer_improving(self, step: int, eval_loss: float) -> bool:
         """Count evaluations without a new best loss; True when the trial should stop early after ``step``."""
