@@ -27,7 +27,8 @@ def mid_trial() -> TrialState:
     state.cursor = 7
     state.shards[0] = ShardState(pending=True, grad="partial", optim_steps=3)
     state.pending = PendingStep(2, 0.1 + 0.2)
-    state.step_state = StepState(loss_sum=1 / 3, norms={1: [0.5, 1e-30]})
+    state.step_state = StepState(loss_sum=1 / 3, norms={1: [0.5, 1e-30]}, parked={2: 0.75})
+    state.eval_state.parked = {3: [1.5, 7, 20]}
     state.eval_state.loss_sum = 2.25
     state.early_stop = EarlyStop(best=3.5, since=1)
     state.replans = 2
@@ -72,6 +73,13 @@ def test_it_reads_a_trial_never_evaluated_nor_replanned_without_those_keys() -> 
     del manifest["early_stop"], manifest["replans"]
     state = TrialState.from_manifest(manifest)
     assert (state.early_stop, state.replans) == (EarlyStop(), 0)
+
+
+def test_it_reads_a_store_written_before_sums_were_parked() -> None:
+    manifest = json.loads(json.dumps(mid_trial().to_manifest()))
+    del manifest["step_state"]["parked"], manifest["eval_state"]["parked"]
+    state = TrialState.from_manifest(manifest)
+    assert (state.step_state.parked, state.eval_state.parked) == ({}, {})
 
 
 @pytest.mark.parametrize(("edit", "message"), [
