@@ -253,12 +253,13 @@ def _watch_curves_grow(page) -> None:
 
 
 def _pause_a_trial(page, screenshots_dir: Path) -> tuple[int, Row]:
-    """From the experiment page: pause the trial that has done the fewest steps, once it trains. It stops
-    while the others train on. Returns the trial and its row as it stopped."""
+    """From the experiment page: pause the trial that has done the fewest steps, once every trial trains (until
+    then, two trials on two devices may each keep their own, and the third one's turn is what shows SHARP's turns
+    on a device). It stops while the others train on. Returns the trial and its row as it stopped."""
     def under_way(rows: dict[int, Row]) -> list[int]:
         return [t for t, row in rows.items() if row.status in ("runnable", "running") and row.step > 0]
 
-    rows = _reload_until(page, "trial under way", lambda now: bool(under_way(now)))
+    rows = _reload_until(page, "every trial under way", lambda now: len(under_way(now)) == len(now))
     trial = min(under_way(rows), key=lambda t: rows[t].step)
     _click_control(page, trial, "Pause")
     _reload_until(page, f"pause of trial {trial}", lambda now: now[trial].status == "paused")
