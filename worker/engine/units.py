@@ -123,10 +123,9 @@ class ShardUnits(PreferenceUnits):
         before it committed, add the parked ones (their losses and gradients, in micro-batch order), then its own,
         as :meth:`_finish_backward` does; else park its gradient in ``h{m}.0`` and its loss in the step state for
         a later micro-batch to add. The numbers are those of the micro-batches run in order."""
-        segment = self.timetable.segment(unit.index)
         state = self.state.step_state
         lane = unit.micro_batch
-        if not all(self.state.committed(segment.index(before, 0)) for before in range(lane)):
+        if not self._in_turn(unit):
             gradients.park(self.store, f"h{lane}.{unit.shard}", self.layout.slots[unit.shard],
                            gradients.with_tied(self.store, self.layout, unit.shard, owned, self.device,
                                                micro_batch=lane), owned)
@@ -210,12 +209,10 @@ class ShardUnits(PreferenceUnits):
         else:
             sums = [out.item(), int((batch.labels[:, 1:] != IGNORE).sum()), n_bytes or 0]
             if self.timetable.segment(unit.index).gathered:  # a model of one shard: batches end in any order
-                lane = unit.micro_batch
-                segment = self.timetable.segment(unit.index)
-                if not all(self.state.committed(segment.index(before, 0)) for before in range(lane)):
-                    state.parked[lane] = sums  # a later batch adds them in batch order
+                if not self._in_turn(unit):
+                    state.parked[unit.micro_batch] = sums  # a later batch adds them in batch order
                     return {}
-                for before in sorted(before for before in state.parked if before < lane):
+                for before in sorted(before for before in state.parked if before < unit.micro_batch):
                     self._add_eval_sums(state.parked.pop(before))
             self._add_eval_sums(sums)
         if unit.micro_batch < (self.spec.final_eval_batches if final else self.spec.eval_batches) - 1:
@@ -235,6 +232,12 @@ class ShardUnits(PreferenceUnits):
             metrics["stopped_early"] = self._no_longer_improving(unit.step, metrics["eval_loss"])
         self.state.reset_eval()
         return metrics
+
+    def _in_turn(self, unit: UnitSpec) -> bool:
+        """Whether every lane before ``unit``'s of its gathered segment has committed, as this unit's writer read
+        the store: then the sums hold exactly the lanes before it but those parked, which it adds first."""
+        segment = self.timetable.segment(unit.index)
+        return all(self.state.committed(segment.index(before, 0)) for before in range(unit.micro_batch))
 
     def _add_eval_sums(self, sums: Sequence[float]) -> None:
         """Add an evaluation batch's summed token loss, tokens and their bytes to the evaluation's sums."""
