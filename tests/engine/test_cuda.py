@@ -147,3 +147,22 @@ def test_a_lora_trial_on_a_low_bit_base_tracks_plain_peft_on_cuda(base_dtype: st
     losses = [r.loss for r in run_all(TrialSession.open(spill_dir=tmp_path / "spill", trial_id="t", device=CUDA))
               if r.loss is not None]
     assert losses == pytest.approx(reference.losses, rel=1e-5, abs=1e-5)
+
+
+def test_a_one_shard_step_run_out_of_order_parks_and_sums_on_cuda(tokens_path: Path, tmp_path: Path) -> None:
+    """A model of one shard: micro-batch 2 runs before 1 and parks its gradient on the way through the device;
+    micro-batch 3 adds it to the sum. The losses are those of the micro-batches run in order."""
+    spec = tiny_spec(tokens_path, micro_batches=4, steps=3, eval_every=0)
+    trial_create(spec=spec, spill_dir=tmp_path / "in-order", trial_id="t", device=CUDA, cuts=[0])
+    in_order = TrialSession.open(spill_dir=tmp_path / "in-order", trial_id="t", device=CUDA)
+    expected = [r.loss for r in run_all(in_order) if r.loss is not None]
+    trial_create(spec=spec, spill_dir=tmp_path / "parked", trial_id="t", device=CUDA, cuts=[0])
+    session = TrialSession.open(spill_dir=tmp_path / "parked", trial_id="t", device=CUDA)
+    losses, token = [], 1
+    for _ in range(spec.steps):
+        for lane in (0, 2, 1, 3):
+            result = session.run_unit(token=token, lane=lane)
+            token += 1
+            if result.loss is not None:
+                losses.append(result.loss)
+    assert losses == pytest.approx(expected, rel=1e-5)
