@@ -81,6 +81,20 @@ def completed(workers: DeviceWorkers, trial_id: str) -> list[tuple[Unit, str]]:
     return [((s["step"], s["micro_batch"], s["phase"], s["shard"]), s["device"]) for s in spans]
 
 
+def killed_at(device_workers, tmp_path: Path, trial: TrialSpec, point: str,
+              target: int) -> tuple[DeviceWorkers, str, list[tuple[Unit, str]]]:
+    """Train `trial` as "k" on two workers armed to block at `point` of unit `target`, kill the one that reaches it,
+    and wait for the trial to finish after one requeue: the workers, the victim's device, the units done."""
+    workers = start(device_workers, tmp_path, f"{point}@{target}")
+    workers.queue.submit(trial_id="k", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "k"))
+    victim, report = blocked(workers, tmp_path)
+    assert (report["point"], report["unit"]) == (point, target)
+    workers.kill(victim)
+    record = workers.wait_for_records(["k"], {"finished", "failed"}, 120)["k"]
+    assert (record.state, record.requeues) == ("finished", 1), record.message
+    return workers, victim, completed(workers, "k")
+
+
 @pytest.mark.parametrize("point", ["mid-write", "after-commit", "mid-export"])
 def test_a_worker_killed_at_a_point_of_a_unit_is_recovered_from_exactly(
     point: str, device_workers, tokens: str, tmp_path: Path
@@ -99,15 +113,7 @@ def test_a_worker_killed_at_a_point_of_a_unit_is_recovered_from_exactly(
         target = max(i for i, (step, _, phase, _) in enumerate(units) if step == 1 and phase in ("B", "FB"))
     else:
         target = len(units)  # the export comes after the last unit
-    workers = start(device_workers, tmp_path, f"{point}@{target}")
-    workers.queue.submit(trial_id="k", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "k"))
-    victim, report = blocked(workers, tmp_path)
-    assert (report["point"], report["unit"]) == (point, target)
-    workers.kill(victim)
-
-    record = workers.wait_for_records(["k"], {"finished", "failed"}, 120)["k"]
-    assert (record.state, record.requeues) == ("finished", 1), record.message
-    done = completed(workers, "k")
+    workers, victim, done = killed_at(device_workers, tmp_path, trial, point, target)
     assert_each_once_in_wavefront_order(done, Timetable.of(trial, shards=len({u[3] for u in units})))
     last = len(units) - 1 if point == "mid-export" else target
     assert completed_on(done, units[last]) != victim  # the unit the victim started completed on the other device
@@ -179,15 +185,7 @@ def test_a_worker_killed_in_a_micro_batch_between_a_one_shard_step_s_first_and_l
     units = timetable(trial, tmp_path / "probe")
     assert {shard for *_, shard in units} == {0}
     target = units.index((1, 2, "FB", 0))
-    workers = start(device_workers, tmp_path, f"{point}@{target}")
-    workers.queue.submit(trial_id="k", job=EngineJob(trial=trial), export_dir=str(tmp_path / "exports" / "k"))
-    victim, report = blocked(workers, tmp_path)
-    assert (report["point"], report["unit"]) == (point, target)
-    workers.kill(victim)
-
-    record = workers.wait_for_records(["k"], {"finished", "failed"}, 120)["k"]
-    assert (record.state, record.requeues) == ("finished", 1), record.message
-    done = completed(workers, "k")
+    workers, victim, done = killed_at(device_workers, tmp_path, trial, point, target)
     assert_each_once_in_wavefront_order(done, Timetable.of(trial, shards=1))
     assert completed_on(done, units[target]) != victim
     assert_trained_like_plain_pytorch(workers, "k", trial, tmp_path)
