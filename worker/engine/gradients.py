@@ -61,7 +61,8 @@ def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequen
     """Stage the shard's flat gradient buffer ``name``: ``fresh`` added to the sum so far (or, unless
     ``partial``, ``fresh`` itself), a chunk at a time; clear the parameters' ``.grad`` and empty ``fresh``
     as each is written, so that its memory goes as soon as it is in the store. ``parked``: buffers of the
-    micro-batches between the sum so far and this one (see :func:`park`), added to the sum in their order first.
+    micro-batches between the sum so far and this one (each staged here by its own micro-batch, without
+    ``partial``), added to the sum in their order first.
 
     The sum so far is added into the fresh gradient, chunk by chunk: IEEE addition commutes exactly, so
     ``fresh + old`` has the bits of autograd's ``old + new``, and the parameter's whole accumulated gradient is
@@ -91,20 +92,6 @@ def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequen
             param.grad = None
             del grad
     return measured if norms else None
-
-
-def park(store: SpillStore, name: str, slots: Sequence[Slot], fresh: list[torch.Tensor],
-         owned: Sequence[nn.Parameter]) -> None:
-    """Stage ``fresh``, a micro-batch's gradient of the shard, as flat buffer ``name`` (laid out as the shard's
-    sum), for :func:`accumulate` to add in its turn; clear the parameters' ``.grad`` as each is written."""
-    with store.writer(name, nbytes=sum(slot.ref.numel for slot in slots) * FP32) as append:
-        for index, (slot, param) in enumerate(zip(slots, owned, strict=True)):
-            grad = fresh[index].reshape(-1)
-            fresh[index] = torch.empty(0)
-            for start in range(0, slot.ref.numel, GRAD_CHUNK):
-                append(grad[start:min(slot.ref.numel, start + GRAD_CHUNK)])
-            param.grad = None
-            del grad
 
 
 def global_norm(norms: Sequence[float]) -> float:

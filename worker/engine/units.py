@@ -32,7 +32,7 @@ from worker.engine.pairs import PairBatch, PairRows
 from worker.engine.partition import MemoryPlan
 from worker.engine.preference_units import PreferenceUnits, answers_head
 from worker.engine.rng import rng_state, seed_micro_batch, set_rng_state
-from worker.engine.schedule import Timetable, UnitSpec, step_lr
+from worker.engine.schedule import Segment, Timetable, UnitSpec, step_lr
 from worker.engine.shared_base import BaseCache
 from worker.engine.sizes import FP32
 from worker.engine.spill_store import SpillStore
@@ -112,32 +112,27 @@ class ShardUnits(PreferenceUnits):
             lent = []
         else:
             loss.backward()
-        if self.timetable.segment(unit.index).gathered:
-            return self._gather(unit, loss.item(), x, owned)
-        self.state.step_state.loss_sum += loss.item()
-        return self._finish_backward(unit, x, owned, lent)
-
-    def _gather(self, unit: UnitSpec, loss: float, x: torch.Tensor, owned: list[nn.Parameter]) -> dict[str, Any]:
-        """The end of an FB unit of a gathered step (a model of one shard, see
-        :class:`~worker.engine.schedule.Segment`), whose micro-batches may end in any order: with every micro-batch
-        before it committed, add the parked ones (their losses and gradients, in micro-batch order), then its own,
-        as :meth:`_finish_backward` does; else park its gradient in ``h{m}.0`` and its loss in the step state for
-        a later micro-batch to add. The numbers are those of the micro-batches run in order."""
+        segment = self.timetable.segment(unit.index)
+        if not segment.gathered:
+            self.state.step_state.loss_sum += loss.item()
+            return self._finish_backward(unit, x, owned, lent)
+        # A step of one shard, whose micro-batches end in any order: the gradient and loss of one that ends ahead of
+        # its turn wait (its gradient staged whole as h{m}.0) for a later one to add them, in micro-batch order.
         state = self.state.step_state
-        lane = unit.micro_batch
-        if not self._in_turn(unit):
-            gradients.park(self.store, f"h{lane}.{unit.shard}", self.layout.slots[unit.shard],
-                           gradients.with_tied(self.store, self.layout, unit.shard, owned, self.device,
-                                               micro_batch=lane), owned)
-            state.parked[lane] = loss
+        parked = self._take_turn(segment, unit, state.parked, loss.item())
+        if parked is None:
+            fresh = gradients.with_tied(self.store, self.layout, unit.shard, owned, self.device,
+                                        micro_batch=unit.micro_batch)
+            gradients.accumulate(self.store, self._transfers, f"h{unit.micro_batch}.{unit.shard}",
+                                 self.layout.slots[unit.shard], fresh, owned, partial=False)
             return {}
-        parked = sorted(before for before in state.parked if before < lane)
-        for before in parked:  # every micro-batch before them is in the sum: none parks again before this one
-            state.loss_sum += state.parked.pop(before)
-        state.loss_sum += loss
-        metrics = self._finish_backward(unit, x, owned, [], parked=[f"h{before}.{unit.shard}" for before in parked])
-        for before in parked:
-            self.store.drop(f"h{before}.{unit.shard}")
+        for _, parked_loss in parked:
+            state.loss_sum += parked_loss
+        state.loss_sum += loss.item()
+        names = [f"h{before}.{unit.shard}" for before, _ in parked]
+        metrics = self._finish_backward(unit, x, owned, [], parked=names)
+        for name in names:
+            self.store.drop(name)
         return metrics
 
     def _backward(self, unit: UnitSpec) -> dict[str, Any]:
@@ -208,13 +203,16 @@ class ShardUnits(PreferenceUnits):
             self._add_pair_evaluation(out, reference, batch, n_bytes)
         else:
             sums = [out.item(), int((batch.labels[:, 1:] != IGNORE).sum()), n_bytes or 0]
-            if self.timetable.segment(unit.index).gathered:  # a model of one shard: batches end in any order
-                if not self._in_turn(unit):
-                    state.parked[unit.micro_batch] = sums  # a later batch adds them in batch order
+            parked: list[tuple[int, Any]] | None = []
+            segment = self.timetable.segment(unit.index)
+            if segment.gathered:  # a model of one shard, whose batches end in any order
+                parked = self._take_turn(segment, unit, state.parked, sums)
+                if parked is None:  # a later batch adds them
                     return {}
-                for before in sorted(before for before in state.parked if before < unit.micro_batch):
-                    self._add_eval_sums(state.parked.pop(before))
-            self._add_eval_sums(sums)
+            for _, row in [*parked, (unit.micro_batch, sums)]:
+                state.token_loss_sum += row[0]
+                state.tokens += int(row[1])
+                state.bytes += int(row[2])
         if unit.micro_batch < (self.spec.final_eval_batches if final else self.spec.eval_batches) - 1:
             return {}
         metrics: dict[str, Any]
@@ -233,18 +231,17 @@ class ShardUnits(PreferenceUnits):
         self.state.reset_eval()
         return metrics
 
-    def _in_turn(self, unit: UnitSpec) -> bool:
-        """Whether every lane before ``unit``'s of its gathered segment has committed, as this unit's writer read
-        the store: then the sums hold exactly the lanes before it but those parked, which it adds first."""
-        segment = self.timetable.segment(unit.index)
-        return all(self.state.committed(segment.index(before, 0)) for before in range(unit.micro_batch))
-
-    def _add_eval_sums(self, sums: Sequence[float]) -> None:
-        """Add an evaluation batch's summed token loss, tokens and their bytes to the evaluation's sums."""
-        state = self.state.eval_state
-        state.token_loss_sum += sums[0]
-        state.tokens += int(sums[1])
-        state.bytes += int(sums[2])
+    def _take_turn(self, segment: Segment, unit: UnitSpec, parked: dict[int, Any],
+                   mine: Any) -> list[tuple[int, Any]] | None:
+        """For a unit of gathered ``segment`` (see :class:`~worker.engine.schedule.Segment`): when every lane before
+        ``unit``'s has committed (as this unit's writer read the store), the sums hold exactly those lanes but the
+        ones in ``parked``: take those out, in lane order, for the unit to add before its own. Otherwise park
+        ``mine`` under its lane, for a later lane to add, and return None."""
+        lane = unit.micro_batch
+        if not all(self.state.committed(segment.index(before, 0)) for before in range(lane)):
+            parked[lane] = mine
+            return None
+        return [(before, parked.pop(before)) for before in sorted(before for before in parked if before < lane)]
 
     def _no_longer_improving(self, step: int, eval_loss: float) -> bool:
         """Count evaluations without a new best loss; True when the trial should stop early after ``step``."""
