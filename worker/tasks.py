@@ -26,6 +26,7 @@ from worker.devices import device_queue
 
 log = logging.getLogger(__name__)
 STOP_WATCH_S = 1.0  # while shutting down, how often the worker checks that Redis still answers
+STOP_KILL_S = 10.0  # with Redis gone, how long the device loop's process has to end on SIGTERM before SIGKILL
 
 
 def _device() -> tuple[str, int] | None:
@@ -119,13 +120,26 @@ def stop_device_loop(**kwargs: object) -> None:
 
 
 def _end_loop_if_redis_goes(client: redis.Redis, device: str) -> None:
-    """Until this worker's pool process has ended: end it as soon as Redis stops answering."""
-    while _pool_processes():
-        try:
-            client.ping()
-        except redis.RedisError as error:
-            _end_loop_process(device, error)
-            return
+    """Until this worker's pool process has ended: end it once Redis stops answering. SIGTERM again every
+    ``STOP_WATCH_S``, since one can land where Python drops the exit it raises (in a finalizer, as the pool
+    process starts the loop's task), then SIGKILL after ``STOP_KILL_S``."""
+    gone_since: float | None = None
+    while children := _pool_processes():
+        if gone_since is None:
+            try:
+                client.ping()
+            except redis.RedisError as error:
+                gone_since = time.monotonic()
+                log.warning("device %s: Redis unreachable while shutting down (%s); ending the device loop's "
+                            "process", device, error)
+        if gone_since is not None:
+            kill = time.monotonic() - gone_since >= STOP_KILL_S
+            for child in children:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    if kill:
+                        child.kill()
+                    else:
+                        child.terminate()
         time.sleep(STOP_WATCH_S)
 
 
@@ -139,9 +153,3 @@ def _pool_processes() -> list[psutil.Process]:
     return alive
 
 
-def _end_loop_process(device: str, error: Exception) -> None:
-    log.warning("device %s: Redis unreachable while shutting down (%s); ending the device loop's process",
-                device, error)
-    for child in _pool_processes():
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.terminate()
