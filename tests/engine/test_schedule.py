@@ -61,11 +61,15 @@ def test_it_matches_the_transformers_schedules(decay: str, make: object) -> None
 
 
 def test_a_step_of_one_shard_is_gathered_and_a_step_of_several_shards_is_a_staircase() -> None:
-    one = Timetable(shards=1, steps=2, micro_batches=4, eval_every=1, eval_batches=3, gathers=True)
+    one = Timetable(shards=1, steps=2, micro_batches=4, eval_every=1, eval_batches=3)
     step = one.segment(1)
     assert (step.gathered, step.start, step.lanes, step.length) == (True, 0, 4, 1)
     assert [step.needs(i) for i in range(4)] == [[], [0], [0], [0, 1, 2]]
     assert one.segment(4).gathered and [one.segment(4).needs(i) for i in range(4, 7)] == [[], [4], [4, 5]]
-    assert not Timetable(shards=1, steps=2, micro_batches=4, eval_every=1, eval_batches=3).segment(1).gathered
-    several = Timetable(shards=2, steps=2, micro_batches=2, eval_every=1, eval_batches=1, gathers=True).segment(3)
+    # a DPO trial's reference pass stays a chain (each batch appends to the log-probabilities before it)
+    preference = Timetable(shards=1, steps=2, micro_batches=4, eval_every=1, eval_batches=3, reference_batches=2)
+    reference = preference.segment(1)
+    assert (reference.gathered, reference.needs(1)) == (False, [0])
+    assert preference.segment(2).gathered and preference.segment(2).needs(5) == [2, 3, 4]
+    several = Timetable(shards=2, steps=2, micro_batches=2, eval_every=1, eval_batches=1).segment(3)
     assert (several.gathered, [several.needs(i) for i in range(3, 6)]) == (False, [[0], [3, 1], [4, 2]])

@@ -14,7 +14,7 @@ from worker.engine import DataSpec, OptimizerSpec, TrialSpec
 from worker.engine.errors import SpillStoreError
 from worker.engine.partition import LayerCost, plan_with_shards
 from worker.engine.spill_store import SpillStore
-from worker.engine.trial_state import EarlyStop, PendingStep, ShardState, StepState, TrialState
+from worker.engine.trial_state import EarlyStop, EvalState, PendingStep, ShardState, StepState, TrialState
 
 
 def mid_trial() -> TrialState:
@@ -27,8 +27,9 @@ def mid_trial() -> TrialState:
     state.cursor = 7
     state.shards[0] = ShardState(pending=True, grad="partial", optim_steps=3)
     state.pending = PendingStep(2, 0.1 + 0.2)
-    state.step_state = StepState(loss_sum=1 / 3, norms={1: [0.5, 1e-30]}, parked={2: 0.75})
-    state.eval_state.parked = {3: [1.5, 7, 20]}
+    state.step_state = StepState(loss_sum=1 / 3, norms={1: [0.5, 1e-30]},
+                                 parked={2: [0.75], 4: [0.5, -0.25, -1.0, 0.5]})
+    state.eval_state.parked = {3: [1.5, 7, 20], 4: [2, 1.25, 0.5, -0.5, 1, 9.5, 14, 40]}
     state.eval_state.loss_sum = 2.25
     state.early_stop = EarlyStop(best=3.5, since=1)
     state.replans = 2
@@ -80,6 +81,27 @@ def test_it_reads_a_store_written_before_sums_were_parked() -> None:
     del manifest["step_state"]["parked"], manifest["eval_state"]["parked"]
     state = TrialState.from_manifest(manifest)
     assert (state.step_state.parked, state.eval_state.parked) == ({}, {})
+
+
+def test_it_reads_a_parked_loss_stored_alone_as_a_number() -> None:
+    """A store written before a parked micro-batch kept its DPO reward parts beside its loss."""
+    manifest = json.loads(json.dumps(mid_trial().to_manifest()))
+    manifest["step_state"]["parked"] = {"2": 0.75}
+    assert TrialState.from_manifest(manifest).step_state.parked == {2: [0.75]}
+
+
+def test_parked_sums_add_up_by_name() -> None:
+    step = StepState(loss_sum=1.0)
+    step.add([0.5])
+    step.add([0.25, 0.5, -0.5, 1.0])
+    assert (step.loss_sum, step.chosen_reward, step.rejected_reward, step.reward_accuracy) == (1.75, 0.5, -0.5, 1.0)
+    evaluation = EvalState()
+    evaluation.add([1.5, 7.0, 20.0])
+    evaluation.add([2, 1.25, 0.5, -0.5, 1, 9.5, 14, 40])
+    assert (evaluation.token_loss_sum, evaluation.tokens, evaluation.bytes) == (11.0, 21, 60)
+    assert (evaluation.pairs, evaluation.pair_loss_sum, evaluation.chosen_reward_sum, evaluation.rejected_reward_sum,
+            evaluation.accurate) == (2, 1.25, 0.5, -0.5, 1)
+    assert isinstance(evaluation.tokens, int) and isinstance(evaluation.accurate, int)
 
 
 @pytest.mark.parametrize(("edit", "message"), [

@@ -20,12 +20,15 @@ import torch
 from safetensors.torch import load_file
 
 from tests.engine.conftest import CPU, run_all, tiny_spec
+from tests.engine.test_dpo import dpo_spec
+from tests.engine.test_dpo import pairs_dir as pairs_dir
 from tests.engine.test_examples_training import example_spec
 from tests.engine.test_examples_training import examples_dir as examples_dir
 from tests.engine.test_lora import lora_spec, save_base
 from tests.engine.wavefront import run_wavefront
-from tests.plain_pytorch import assert_bit_identical, exported_weights
-from worker.engine import TrialSession, TrialSpec, UnitResult, trial_create
+from tests.plain_pytorch import assert_bit_identical, exported_weights, initial_weights, plain_dpo_training
+from worker.engine import ModelSpec, TrialSession, TrialSpec, UnitResult, trial_create
+from worker.engine.config import LoraSpec
 from worker.engine.durable import checkpoint, restore_from_checkpoint
 from worker.engine.errors import LaneNotReady, StaleWriterError
 from worker.engine.lora import ADAPTER_DIR
@@ -145,6 +148,53 @@ def test_a_model_of_one_shard_spreads_its_micro_batches_bit_for_bit(case: str, d
     assert many[3] == devices
     assert many[0] == one[0] and many[1] == one[1]
     assert_bit_identical(weights_of(many[2], spec), weights_of(one[2], spec))
+
+
+def preference_figures(results: list[UnitResult]) -> tuple[list, list]:
+    """A DPO trial's step and evaluation figures, by step."""
+    return (sorted((r.unit.step, r.loss, r.rewards_chosen, r.rewards_rejected, r.reward_accuracy)
+                   for r in results if r.loss is not None),
+            sorted((r.unit.step, r.eval_loss, r.eval_ppl, r.eval_rewards_chosen, r.eval_rewards_rejected,
+                    r.eval_reward_accuracy) for r in results if r.eval_loss is not None))
+
+
+@pytest.mark.parametrize("devices", [2, 3])
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_preference_trial_of_one_shard_spreads_its_micro_batches_bit_for_bit(lora: bool, devices: int,
+                                                                              pairs_dir: Path, tmp_path: Path) -> None:
+    """DPO on pairs, one shard, 6 micro-batches of one pair and evaluations of 5: a micro-batch that ends ahead of
+    its turn parks its loss and reward parts with its gradient (an evaluation batch its pairs' sums), and the steps'
+    losses, rewards and accuracies, the evaluations and the weights come out as on one device, and as a plain
+    PyTorch DPO loop's."""
+    overrides: dict[str, object] = {}
+    if lora:
+        overrides = {"model": ModelSpec(pretrained_dir=str(save_base(tmp_path / "base", "llama"))),
+                     "lora": LoraSpec(r=4, alpha=8.0, dropout=0.1, target_modules=("q_proj", "v_proj"))}
+    spec = dpo_spec(pairs_dir, batch_size=12, micro_batches=6, steps=3, eval_every=1, eval_batches=5, **overrides)
+    plain = plain_dpo_training(initial_weights(spec, tmp_path / "reference"), spec)
+    runs = {}
+    for width in (1, devices):
+        root = tmp_path / f"on-{width}"
+        trial_create(spec=spec, spill_dir=root, trial_id="t", device=CPU, cuts=[0])
+        if width == 1:
+            results, widest = run_all(TrialSession.open(spill_dir=root, trial_id="t", device=CPU)), 1
+        else:
+            run = run_wavefront(root, "t", width)
+            results, widest = run.results, run.widest
+        session = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
+        assert not [name for name in session.store.buffers if name.startswith("h")]
+        session.export(root / "final")
+        session.close()
+        runs[width] = (preference_figures(results), weights_of(root / "final", spec), widest)
+
+    (steps, evals), weights, widest = runs[devices]
+    assert widest == devices
+    assert (steps, evals) == runs[1][0]
+    assert_bit_identical(weights, runs[1][1])
+    assert [loss for _, loss, *_ in steps] == plain.losses
+    assert [tuple(rewards) for _, _, *rewards in steps] == plain.rewards
+    assert [loss for _, loss, *_ in evals] == plain.eval_losses
+    assert_bit_identical(weights, plain.weights)
 
 
 def test_a_step_of_one_shard_parks_and_adds_its_gradients_in_micro_batch_order(tokens_path: Path,

@@ -228,7 +228,7 @@ class Trial(models.Model):
         if not isinstance(spilled, dict):
             return 0
         spec = self.spec or {}
-        if len(plan.get("shards") or ()) == 1 and spec.get("dpo") is None:
+        if len(plan.get("shards") or ()) == 1:
             return max(0, int(spec.get("micro_batches", 1)) - 2) * int(spilled.get("parameters", 0))
         return int(spilled.get("boundary_activations", 0))
 

@@ -132,36 +132,31 @@ class PreferenceUnits:
             out[inside] = values[keys[inside] - chunk * per_chunk]
         return out.reshape(-1).to(self.device)
 
-    def _pair_loss(self, policy: torch.Tensor, reference: torch.Tensor | None, batch: PairBatch) -> torch.Tensor:
-        """The micro-batch's part of the step's loss (its summed pair losses over the batch's pairs); its parts of
-        the step's mean rewards and accuracy go to the step's running sums."""
+    def _pair_loss(self, policy: torch.Tensor, reference: torch.Tensor | None,
+                   batch: PairBatch) -> tuple[torch.Tensor, list[float]]:
+        """The micro-batch's part of the step's loss (its summed pair losses over the batch's pairs), and its parts
+        of the step's mean rewards and accuracy (``StepState.REWARDS``' order), for the step's running sums."""
         assert self.spec.dpo is not None and reference is not None
         terms = dpo.pair_terms(policy, reference, spec=self.spec.dpo,
                                answer_tokens=batch.answer_tokens().to(policy.device))
-        state = self.state.step_state
-        state.chosen_reward += terms.chosen_rewards.sum().item() / batch.pairs
-        state.rejected_reward += terms.rejected_rewards.sum().item() / batch.pairs
-        state.reward_accuracy += terms.accurate.sum().item() / batch.pairs
-        return terms.losses.sum() / batch.pairs
+        rewards = [terms.chosen_rewards.sum().item() / batch.pairs, terms.rejected_rewards.sum().item() / batch.pairs,
+                   terms.accurate.sum().item() / batch.pairs]
+        return terms.losses.sum() / batch.pairs, rewards
 
-    def _add_pair_evaluation(self, policy: torch.Tensor, reference: torch.Tensor | None, batch: PairBatch,
-                             n_bytes: int | None) -> None:
-        """Add an evaluation batch's pairs to the evaluation's running sums."""
+    def _pair_evaluation_sums(self, policy: torch.Tensor, reference: torch.Tensor | None, batch: PairBatch,
+                              n_bytes: int | None) -> list[float]:
+        """An evaluation batch's sums over its pairs, for the evaluation's running sums (``EvalState.PAIR_SUMS``'
+        order): pairs, their losses, chosen and rejected rewards, how many ranked the chosen answer higher, and the
+        chosen answers' summed token loss, tokens and bytes."""
         assert self.spec.dpo is not None and reference is not None
         answer_tokens = batch.answer_tokens()
         terms = dpo.pair_terms(policy, reference, spec=self.spec.dpo, answer_tokens=answer_tokens.to(policy.device))
-        state = self.state.eval_state
-        state.pairs += batch.count
-        state.pair_loss_sum += terms.losses.sum().item()
-        state.chosen_reward_sum += terms.chosen_rewards.sum().item()
-        state.rejected_reward_sum += terms.rejected_rewards.sum().item()
-        state.accurate += int(terms.accurate.sum())
-        state.token_loss_sum -= policy[0::2].sum().item()  # the chosen answers' summed token loss
-        state.tokens += int(answer_tokens[0::2].sum())
-        state.bytes += n_bytes or 0
+        return [batch.count, terms.losses.sum().item(), terms.chosen_rewards.sum().item(),
+                terms.rejected_rewards.sum().item(), int(terms.accurate.sum()), -policy[0::2].sum().item(),
+                int(answer_tokens[0::2].sum()), n_bytes or 0]
 
     def _pair_evaluation(self) -> dict[str, Any]:
-        """The metrics of the evaluation whose pairs :meth:`_add_pair_evaluation` summed."""
+        """The metrics of the evaluation whose pairs' sums (:meth:`_pair_evaluation_sums`) were added up."""
         state = self.state.eval_state
         chosen_loss = state.token_loss_sum / state.tokens
         return {

@@ -153,7 +153,6 @@ class Timetable:
     ends: tuple[int, ...] = ()
     final_eval_batches: int = 0
     reference_batches: int = 0
-    gathers: bool = False  # a step or evaluation of one shard is a gathered segment (see Segment); not a DPO trial's
 
     @classmethod
     def of(cls, spec: TrialSpec, *, shards: int, reference_batches: int = 0) -> Timetable:
@@ -162,8 +161,7 @@ class Timetable:
         return cls(shards=shards, steps=spec.total_steps, micro_batches=spec.micro_batches,
                    eval_every=spec.eval_every, eval_batches=spec.eval_batches,
                    ends=tuple(added.after for added in spec.continuations),
-                   final_eval_batches=spec.final_eval_batches, reference_batches=reference_batches,
-                   gathers=spec.dpo is None)
+                   final_eval_batches=spec.final_eval_batches, reference_batches=reference_batches)
 
     @property
     def train_units_per_step(self) -> int:
@@ -220,12 +218,12 @@ class Timetable:
         start = self.step_offset(unit.step)
         if unit.phase in ("F", "FB", "B"):
             return Segment(start=start, lanes=self.micro_batches, length=2 * self.shards - 1,
-                           gathered=self.gathers and self.shards == 1)
+                           gathered=self.shards == 1)
         start += self.train_units_per_step
         if unit.phase == "S":
             return Segment(start=start, lanes=self.shards, length=1, parallel=True)
         batches = self.final_eval_batches if self.final_evaluation(unit.step) else self.eval_batches
-        return Segment(start=start, lanes=batches, length=self.shards, gathered=self.gathers and self.shards == 1)
+        return Segment(start=start, lanes=batches, length=self.shards, gathered=self.shards == 1)
 
     def __iter__(self) -> Iterator[UnitSpec]:
         return (self[index] for index in range(len(self)))

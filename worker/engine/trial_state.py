@@ -10,6 +10,7 @@ refused with a ``SpillStoreError`` naming the key, rather than read as something
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,18 +52,25 @@ class StepState:
     loss), and per shard the norms of its
     parameters' accumulated gradients (set when the shard's backward of the last micro-batch ran). A DPO step
     also sums its micro-batches' parts of the mean implicit rewards of the chosen and rejected answers and of
-    the share of pairs whose chosen reward is the higher. ``parked``: the losses of the micro-batches of a gathered
-    step (see :class:`~worker.engine.schedule.Segment`) whose gradients wait in their ``h`` buffers to be added to
-    the sum in micro-batch order, by micro-batch."""
+    the share of pairs whose chosen reward is the higher. ``parked``: by micro-batch, the loss (and a DPO step's
+    reward parts, in ``REWARDS`` order) of the micro-batches of a gathered step (see
+    :class:`~worker.engine.schedule.Segment`) whose gradients wait in their ``h`` buffers to be added to the sum in
+    micro-batch order."""
 
     loss_sum: float = 0.0
     norms: dict[int, list[float]] = field(default_factory=dict)
-    parked: dict[int, float] = field(default_factory=dict)
+    parked: dict[int, list[float]] = field(default_factory=dict)
     chosen_reward: float = 0.0
     rejected_reward: float = 0.0
     reward_accuracy: float = 0.0
 
     REWARDS = ("chosen_reward", "rejected_reward", "reward_accuracy")
+
+    def add(self, row: Sequence[float]) -> None:
+        """Add one micro-batch's loss, then its reward parts (a DPO step's, in ``REWARDS`` order), to the sums."""
+        self.loss_sum += row[0]
+        for name, value in zip(self.REWARDS, row[1:], strict=False):
+            setattr(self, name, getattr(self, name) + value)
 
 
 @dataclass
@@ -70,9 +78,9 @@ class EvalState:
     """Running sums of the evaluation in flight, over the validation batches done so far: their summed token
     losses (nats), the tokens they predicted and those tokens' UTF-8 bytes (a DPO evaluation's: its chosen
     answers'); and a DPO evaluation's pairs, their summed losses, chosen and rejected rewards, and how many had
-    the chosen reward above the rejected one. ``parked``: the token loss sum, tokens and bytes of each batch of a
-    gathered evaluation (see :class:`~worker.engine.schedule.Segment`) that ended before the batches ahead of it
-    were summed, by batch."""
+    the chosen reward above the rejected one. ``parked``: by batch, the sums (``SUMS``, a DPO evaluation's
+    ``PAIR_SUMS``) of each batch of a gathered evaluation (see :class:`~worker.engine.schedule.Segment`) that ended
+    before the batches ahead of it were summed."""
 
     token_loss_sum: float = 0.0
     tokens: int = 0
@@ -82,7 +90,18 @@ class EvalState:
     chosen_reward_sum: float = 0.0
     rejected_reward_sum: float = 0.0
     accurate: int = 0
-    parked: dict[int, list[float]] = field(default_factory=dict)  # batch -> [token loss sum, tokens, bytes]
+    parked: dict[int, list[float]] = field(default_factory=dict)
+
+    SUMS = ("token_loss_sum", "tokens", "bytes")
+    PAIR_SUMS = ("pairs", "pair_loss_sum", "chosen_reward_sum", "rejected_reward_sum", "accurate", *SUMS)
+    COUNTS = frozenset({"tokens", "bytes", "pairs", "accurate"})
+
+    def add(self, row: Sequence[float]) -> None:
+        """Add one batch's sums to the evaluation's: a row of ``SUMS``, or of ``PAIR_SUMS`` (a DPO evaluation's)."""
+        names = self.SUMS if len(row) == len(self.SUMS) else self.PAIR_SUMS
+        assert len(row) == len(names), row
+        for name, value in zip(names, row, strict=True):
+            setattr(self, name, getattr(self, name) + (int(value) if name in self.COUNTS else value))
 
 
 @dataclass
@@ -203,7 +222,7 @@ class TrialState:
                                                           "total_norm": self.pending.total_norm},
             "step_state": {"loss_sum": self.step_state.loss_sum,
                            "norms": {str(shard): norms for shard, norms in self.step_state.norms.items()},
-                           "parked": {str(lane): loss for lane, loss in self.step_state.parked.items()},
+                           "parked": {str(lane): list(row) for lane, row in self.step_state.parked.items()},
                            **{name: getattr(self.step_state, name) for name in StepState.REWARDS}},
             "eval_state": {**dataclasses.asdict(self.eval_state),
                            "parked": {str(batch): list(sums) for batch, sums in self.eval_state.parked.items()}},
@@ -250,7 +269,8 @@ class TrialState:
                 **_keys(pending, "pending", required={"step", "total_norm"})),
             step_state=StepState(loss_sum=step_state["loss_sum"],
                                  norms={int(shard): norms for shard, norms in step_state["norms"].items()},
-                                 parked={int(lane): loss for lane, loss in step_state.get("parked", {}).items()},
+                                 parked={int(lane): _parked_row(row)
+                                         for lane, row in step_state.get("parked", {}).items()},
                                  **{name: step_state[name] for name in StepState.REWARDS if name in step_state}),
             eval_state=_eval_state(raw["eval_state"]),
             early_stop=EarlyStop() if early_stop is None else EarlyStop(
@@ -272,6 +292,11 @@ class TrialState:
     def stage_in(self, store: SpillStore) -> None:
         """Put this state into ``store``'s working manifest, for its next commit to publish."""
         store.manifest.update(self.to_manifest())
+
+
+def _parked_row(row: float | list[float]) -> list[float]:
+    # A store written before DPO steps parked too holds a parked loss alone, as a number.
+    return [row] if isinstance(row, int | float) else list(row)
 
 
 def _eval_state(raw: dict[str, Any]) -> EvalState:

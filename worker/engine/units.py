@@ -95,10 +95,11 @@ class ShardUnits(PreferenceUnits):
         if isinstance(batch, PairBatch):
             reference = self._pair_reference(unit.shard, params, batch, f"q{unit.micro_batch}.")
             policy, owned, lent = self._run_shard(unit.shard, params, x, answers_head(batch), train=True)
-            loss = self._pair_loss(policy, reference, batch)
+            loss, rewards = self._pair_loss(policy, reference, batch)
         else:
             loss, owned, lent = self._run_shard(unit.shard, params, x, lm_head(batch.labels, batch.loss_tokens),
                                                 train=True)
+            rewards = []
         head = self.stack.layers[-1]
         if len(lent) == 1 and lent[0] is head.lm_head.weight and head.token_chunk is not None and head.chunkable:
             # The tied LM head weight's gradient goes to the store in chunks of rows as the chunked loss makes
@@ -113,22 +114,22 @@ class ShardUnits(PreferenceUnits):
         else:
             loss.backward()
         segment = self.timetable.segment(unit.index)
-        if not segment.gathered:
-            self.state.step_state.loss_sum += loss.item()
-            return self._finish_backward(unit, x, owned, lent)
-        # A step of one shard, whose micro-batches end in any order: the gradient and loss of one that ends ahead of
-        # its turn wait (its gradient staged whole as h{m}.0) for a later one to add them, in micro-batch order.
         state = self.state.step_state
-        parked = self._take_turn(segment, unit, state.parked, loss.item())
+        sums = [loss.item(), *rewards]
+        if not segment.gathered:
+            state.add(sums)
+            return self._finish_backward(unit, x, owned, lent)
+        # A step of one shard, whose micro-batches end in any order: the gradient and sums of one that ends ahead of
+        # its turn wait (its gradient staged whole as h{m}.0) for a later one to add them, in micro-batch order.
+        parked = self._take_turn(segment, unit, state.parked, sums)
         if parked is None:
             fresh = gradients.with_tied(self.store, self.layout, unit.shard, owned, self.device,
                                         micro_batch=unit.micro_batch)
             gradients.accumulate(self.store, self._transfers, f"h{unit.micro_batch}.{unit.shard}",
                                  self.layout.slots[unit.shard], fresh, owned, partial=False)
             return {}
-        for _, parked_loss in parked:
-            state.loss_sum += parked_loss
-        state.loss_sum += loss.item()
+        for _, row in [*parked, (unit.micro_batch, sums)]:
+            state.add(row)
         names = [f"h{before}.{unit.shard}" for before, _ in parked]
         metrics = self._finish_backward(unit, x, owned, [], parked=names)
         for name in names:
@@ -200,19 +201,17 @@ class ShardUnits(PreferenceUnits):
             return {}
         state = self.state.eval_state
         if isinstance(batch, PairBatch):
-            self._add_pair_evaluation(out, reference, batch, n_bytes)
+            sums = self._pair_evaluation_sums(out, reference, batch, n_bytes)
         else:
             sums = [out.item(), int((batch.labels[:, 1:] != IGNORE).sum()), n_bytes or 0]
-            parked: list[tuple[int, Any]] | None = []
-            segment = self.timetable.segment(unit.index)
-            if segment.gathered:  # a model of one shard, whose batches end in any order
-                parked = self._take_turn(segment, unit, state.parked, sums)
-                if parked is None:  # a later batch adds them
-                    return {}
-            for _, row in [*parked, (unit.micro_batch, sums)]:
-                state.token_loss_sum += row[0]
-                state.tokens += int(row[1])
-                state.bytes += int(row[2])
+        parked: list[tuple[int, Any]] | None = []
+        segment = self.timetable.segment(unit.index)
+        if segment.gathered:  # a model of one shard, whose batches end in any order
+            parked = self._take_turn(segment, unit, state.parked, sums)
+            if parked is None:  # a later batch adds them
+                return {}
+        for _, row in [*parked, (unit.micro_batch, sums)]:
+            state.add(row)
         if unit.micro_batch < (self.spec.final_eval_batches if final else self.spec.eval_batches) - 1:
             return {}
         metrics: dict[str, Any]

@@ -104,8 +104,7 @@ def test_a_trial_on_two_devices_shows_on_both_and_says_why_and_a_narrow_one_says
     reasons = [
         ("one micro-batch a step", running("b", ["cpu0"], micro_batches=1, width=1, cap=1)),
         ("its experiment allows one device", running("b", ["cpu0"], width=1, cap=1)),
-        ("a preference trial's model is one shard, so its micro-batches run one after another",
-         running("b", ["cpu0"], shards=1, dpo=True)),
+        ("next micro-batch cannot start yet", running("b", ["cpu0"], shards=1, dpo=True)),  # spreads as any other
         ("its model is one shard, whose first and last micro-batches of a step run alone",
          running("b", ["cpu0"], shards=1, micro_batches=2, width=2, cap=2)),
         ("next micro-batch cannot start yet", running("b", ["cpu0"], shards=1)),  # one shard spreads its middle ones
