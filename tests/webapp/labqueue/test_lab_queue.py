@@ -72,6 +72,7 @@ def lab(scheduler: ShardQueue, alice_team: Team, bob_team: Team) -> Lab:
     scheduler.pause(trials["O3"].queue_id)
     assert scheduler.claim(trials["L1"].queue_id, "cpu0") is not None
     _submit(scheduler, lab, "L3")  # its team holds 2 places, its quota
+    time.sleep(0.002)  # a later millisecond (the queue's clock): waiting behind L3, not tied with it
     _submit(scheduler, lab, "O2", host_bytes=950)  # 400 of the 1000 bytes are taken
     assert scheduler.claim_plan("cpu0") is None
     return lab
