@@ -28,12 +28,11 @@ two (medians): where two devices at once make the same units slower. ``step_busy
 seconds over twice the step's wall time (what the scheduler left idle is the rest). ``devices_at_once``: the most
 units of the trial that overlapped in time in the median two-device run (2 when the wavefront ran).
 
-With a budget that holds the whole model (``--budget-mb 4000``: one shard), the micro-batches between a step's
-first and last run side by side and the first and last alone, so a step of ``M`` micro-batches takes at best
-``2 + ceil((M - 2) / 2)`` unit times on two devices where one device takes ``M``: ``one_shard_bound`` is that ratio
-(absent for several shards, whose wavefront has no such bound). ``shards``: the shards the trial was planned in.
+With a budget that holds the whole model (``--budget-mb 4000``: one shard), a step is one unit per micro-batch, all
+of them side by side, then one ``S`` unit that applies the step's update alone. ``shards``: the shards the trial
+was planned in.
 
-The last line is one JSON object: ``{"shape", "micro_batches", "shards", "one_shard_bound", "rounds",
+The last line is one JSON object: ``{"shape", "micro_batches", "shards", "rounds",
 "one_device_s", "two_devices_s",
 "speedup", "ceiling", "of_ceiling", "training_ceiling", "step_s", "step_speedup", "step_units_s" {"one", "two":
 {"compute", "io"}}, "step_busy", "identical", "devices_at_once", "target_met"}``.
@@ -44,7 +43,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import shutil
 import statistics
 import sys
@@ -220,8 +218,6 @@ def main() -> None:
     print(json.dumps({
         "shape": "quick" if args.quick else "smollm2-135m-layers", "micro_batches": args.micro_batches,
         "shards": shards,
-        **({"one_shard_bound": round(args.micro_batches / (2 + math.ceil((args.micro_batches - 2) / 2)), 3)}
-           if shards == 1 and args.micro_batches > 2 else {}),
         "rounds": rounds, "one_device_s": round(statistics.median(one_s), 3),
         "two_devices_s": round(statistics.median(two_s), 3), "speedup": round(speedup, 3),
         "ceiling": round(ceiling, 3), "of_ceiling": round(speedup / ceiling, 3),

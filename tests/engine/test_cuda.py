@@ -150,8 +150,8 @@ def test_a_lora_trial_on_a_low_bit_base_tracks_plain_peft_on_cuda(base_dtype: st
 
 
 def test_a_one_shard_step_run_out_of_order_parks_and_sums_on_cuda(tokens_path: Path, tmp_path: Path) -> None:
-    """A model of one shard: micro-batch 2 runs before 1 and parks its gradient on the way through the device;
-    micro-batch 3 adds it to the sum. The losses are those of the micro-batches run in order."""
+    """A model of one shard: micro-batches 3 and 2 run before 0 and 1 and park their gradients on the way through
+    the device; the step's S unit adds them to the sum. The losses are those of the micro-batches run in order."""
     spec = tiny_spec(tokens_path, micro_batches=4, steps=3, eval_every=0)
     trial_create(spec=spec, spill_dir=tmp_path / "in-order", trial_id="t", device=CUDA, cuts=[0])
     in_order = TrialSession.open(spill_dir=tmp_path / "in-order", trial_id="t", device=CUDA)
@@ -160,7 +160,7 @@ def test_a_one_shard_step_run_out_of_order_parks_and_sums_on_cuda(tokens_path: P
     session = TrialSession.open(spill_dir=tmp_path / "parked", trial_id="t", device=CUDA)
     losses, token = [], 1
     for _ in range(spec.steps):
-        for lane in (0, 2, 1, 3):
+        for lane in (3, 2, 0, 1, 0):  # the last: the step's S unit, its segment's one lane
             result = session.run_unit(token=token, lane=lane)
             token += 1
             if result.loss is not None:

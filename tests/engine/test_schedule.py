@@ -43,6 +43,29 @@ def test_it_ends_with_step_units_without_a_final_eval() -> None:
         table[len(table)]
 
 
+def test_a_step_of_one_shard_ends_with_its_own_step_unit() -> None:
+    """With step units, each step of one shard ends with an S unit (finishing the sum and applying the update):
+    its micro-batches and its evaluation's batches need nothing of each other but the evaluation's last batch, and
+    the trial needs no final updates of its own."""
+    table = Timetable(shards=1, steps=3, micro_batches=2, eval_every=2, eval_batches=2, step_units=True)
+    assert codes(table) == ["0FB0/0", "0FB0/1", "0S0/0", "1FB0/0", "1FB0/1", "1S0/0", "1E0/0", "1E0/1",
+                            "2FB0/0", "2FB0/1", "2S0/0", "2E0/0", "2E0/1"]
+    assert [table[i] for i in range(len(table))] == list(table)
+    assert [table.step_offset(step) for step in range(4)] == [0, 3, 8, 13]
+    step, update, evaluation = table.segment(4), table.segment(5), table.segment(7)
+    assert (step.start, step.lanes, step.gathered, [step.needs(i) for i in (3, 4)]) == (3, 2, True, [[], []])
+    assert (update.start, update.lanes, update.needs(5)) == (5, 1, [])
+    assert (evaluation.start, [evaluation.needs(i) for i in (6, 7)]) == (6, [[], [6]])
+    bare = Timetable(shards=1, steps=2, micro_batches=3, eval_every=0, eval_batches=1, step_units=True)
+    assert codes(bare) == ["0FB0/0", "0FB0/1", "0FB0/2", "0S0/0", "1FB0/0", "1FB0/1", "1FB0/2", "1S0/0"]
+    # A continued trial's timetable starts with the one it ended with; several shards have no step units.
+    ended = Timetable(shards=1, steps=2, micro_batches=2, eval_every=0, eval_batches=1, step_units=True)
+    continued = Timetable(shards=1, steps=3, micro_batches=2, eval_every=0, eval_batches=1, ends=(2,), step_units=True)
+    assert codes(continued)[:len(ended)] == codes(ended) and continued.step_offset(2) == len(ended)
+    assert codes(Timetable(shards=2, steps=1, micro_batches=1, eval_every=0, eval_batches=1, step_units=True)) == [
+        "0F0/0", "0FB1/0", "0B0/0", "0S0/0", "0S1/0"]
+
+
 @pytest.mark.parametrize(("decay", "make"), [
     ("constant", lambda opt, warmup, total: get_constant_schedule_with_warmup(opt, warmup)),
     ("linear", get_linear_schedule_with_warmup),

@@ -28,7 +28,7 @@ def test_it_gives_the_same_numbers_with_and_without_the_double_buffer(tokens_pat
 def test_it_resumes_an_existing_trial_instead_of_restarting(tokens_path: Path, tmp_path: Path) -> None:
     spec = tiny_spec(tokens_path, steps=2, eval_every=0)
     first = train_trial(spec=spec, spill_dir=tmp_path, trial_id="t", device=CPU, cuts=[0])
-    assert [r.unit.phase for r in first] == ["FB", "FB", "FB", "FB", "S"]
+    assert [r.unit.phase for r in first] == ["FB", "FB", "S", "FB", "FB", "S"]  # one shard: each step its S unit
     assert train_trial(spec=spec, spill_dir=tmp_path, trial_id="t", device=CPU) == []
     with pytest.raises(SpecError, match="created with another spec"):
         train_trial(spec=tiny_spec(tokens_path, steps=3), spill_dir=tmp_path, trial_id="t", device=CPU)

@@ -34,6 +34,7 @@ from worker.engine.errors import LaneNotReady, StaleWriterError
 from worker.engine.lora import ADAPTER_DIR
 from worker.engine.repartition import repartition
 from worker.engine.schedule import Timetable
+from worker.engine.spill_store import SpillStore
 
 
 def figures(results: list[UnitResult]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
@@ -199,32 +200,55 @@ def test_a_preference_trial_of_one_shard_spreads_its_micro_batches_bit_for_bit(l
 
 def test_a_step_of_one_shard_parks_and_adds_its_gradients_in_micro_batch_order(tokens_path: Path,
                                                                                tmp_path: Path) -> None:
-    """Micro-batch 0 runs first and micro-batch 3 (the last) after all; 1 and 2 in between in any order. Run 2
-    before 1: it parks its gradient; 1 then adds its own to the sum and leaves 2's parked; 3 adds 2's, then its
-    own. The step ends as one device's."""
+    """The 4 micro-batches of a step of one shard may start in any order, and its S unit runs after them. Run 2,
+    then 3, then 0, then 1: 2 and 3 park their gradients; 0 starts the sum and 1 adds its own; the S unit adds
+    2's and 3's, takes the norm, reports the step and applies its update. The step ends as one device's."""
     spec = tiny_spec(tokens_path, micro_batches=4, steps=2, eval_every=0)
     one = trained(spec, tmp_path / "one", [0], devices=1)
     root = tmp_path / "many"
     trial_create(spec=spec, spill_dir=root, trial_id="t", device=CPU, cuts=[0])
     session = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
     tokens = itertools.count(1)
-    assert session.ready_lanes() == [0]
-    session.run_unit(token=next(tokens), lane=0)
-    assert session.ready_lanes() == [1, 2]  # the last micro-batch waits for every other
-    with pytest.raises(LaneNotReady):
-        session.run_unit(token=next(tokens), lane=3)
-    session.run_unit(token=next(tokens), lane=2)
-    assert "h2.0" in session.store.buffers and list(session.state.step_state.parked) == [2]
-    session.run_unit(token=next(tokens), lane=1)
-    assert "h2.0" in session.store.buffers and session.ready_lanes() == [3]
-    result = session.run_unit(token=next(tokens), lane=3)
-    assert "h2.0" not in session.store.buffers and not session.state.step_state.parked
+    assert session.ready_lanes() == [0, 1, 2, 3]
+    for lane in (2, 3):
+        assert session.run_unit(token=next(tokens), lane=lane).loss is None
+    assert {"h2.0", "h3.0"} <= set(session.store.buffers) and sorted(session.state.step_state.parked) == [2, 3]
+    for lane in (0, 1):
+        assert session.run_unit(token=next(tokens), lane=lane).loss is None
+    assert sorted(session.state.step_state.parked) == [2, 3] and session.ready_lanes() == [0]
+    result = session.run_unit(token=next(tokens), lane=0)
+    assert result.unit.phase == "S"
+    assert not {"h2.0", "h3.0"} & set(session.store.buffers) and not session.state.step_state.parked
     assert (result.unit.step, result.loss) == one[0][0]
+    assert session.ready_lanes() == [0, 1, 2, 3]  # the next step's micro-batches need nothing of each other
     session.close()
     session = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
     results = run_all(session)
     session.export(root / "final")
     assert figures(results)[0] == one[0][1:]
+    assert_bit_identical(exported_weights(root / "final"), exported_weights(one[2]))
+
+
+def test_a_trial_of_one_shard_stored_before_step_units_keeps_its_timetable(tokens_path: Path, tmp_path: Path) -> None:
+    """A store written before a step of one shard ended with an S unit: its first micro-batch applies the update
+    and runs first, its last after every other, and on 2 devices it trains as on one."""
+    spec = tiny_spec(tokens_path, micro_batches=4, steps=3, eval_every=2, eval_batches=3)
+    one = trained(spec, tmp_path / "one", [0], devices=1)
+    root = tmp_path / "before"
+    trial_create(spec=spec, spill_dir=root, trial_id="t", device=CPU, cuts=[0])
+    store = SpillStore.take(root / "t", 1)
+    store.manifest["step_units"] = False
+    store.commit()
+    session = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
+    assert session.ready_lanes() == [0] and "S" not in {unit.phase for unit in session.timetable}
+    session.run_unit(token=2, lane=0)
+    assert session.ready_lanes() == [1, 2]
+    session.close()
+    run = run_wavefront(root, "t", 2, first_token=3)
+    session = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
+    session.export(root / "final")
+    assert run.widest == 2
+    assert figures(run.results) == (one[0], one[1])
     assert_bit_identical(exported_weights(root / "final"), exported_weights(one[2]))
 
 
@@ -398,4 +422,32 @@ def test_a_replan_mid_wavefront_rolls_every_lane_back_and_stays_exact(tokens_pat
     run = run_wavefront(root, "t", 2, first_token=11)
     TrialSession.open(spill_dir=root, trial_id="t", device=CPU).export(root / "final")
     assert figures(run.results)[0] == one[0]
+    assert_bit_identical(exported_weights(root / "final"), exported_weights(one[2]))
+
+
+@pytest.mark.parametrize("order", [(2, 3, 0, 1), (0, 1, 2, 3)], ids=["parked", "in-order"])
+def test_a_replan_before_a_one_shard_step_s_update_stays_exact(order: tuple[int, ...], tokens_path: Path,
+                                                              tmp_path: Path) -> None:
+    """Every micro-batch of a step of one shard committed, its S unit not run, the trial re-planned into 3 shards:
+    with gradients still parked the step runs again whole; with the step summed, its update is applied and the
+    next step starts. Either way the trial ends as one device trains it."""
+    spec = tiny_spec(tokens_path, micro_batches=4, steps=2, eval_every=0)
+    one = trained(spec, tmp_path / "one", [0], devices=1)
+    root = tmp_path / "many"
+    trial_create(spec=spec, spill_dir=root, trial_id="t", device=CPU, cuts=[0])
+    session = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
+    for token, lane in enumerate(order, start=1):
+        session.run_unit(token=token, lane=lane)
+    assert session.timetable[session.state.cursor].phase == "S"
+    parked = bool(session.state.step_state.parked)
+    assert parked == (order[0] != 0)
+    session.close()
+    repartition(spill_dir=root, trial_id="t", device=CPU, cuts=[0, 2, 4], token=10)
+    replanned = TrialSession.open(spill_dir=root, trial_id="t", device=CPU)
+    assert replanned.state.cursor == replanned.timetable.step_offset(0 if parked else 1)
+    assert not [name for name in replanned.store.buffers if name.startswith("h")]
+    replanned.close()
+    run = run_wavefront(root, "t", 2, first_token=11)
+    TrialSession.open(spill_dir=root, trial_id="t", device=CPU).export(root / "final")
+    assert figures(run.results)[0] == (one[0] if parked else one[0][1:])
     assert_bit_identical(exported_weights(root / "final"), exported_weights(one[2]))

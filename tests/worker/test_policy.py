@@ -264,6 +264,21 @@ def test_a_step_of_one_shard_runs_its_first_micro_batch_alone_its_last_after_all
     ]
 
 
+def test_a_step_of_one_shard_with_its_own_step_unit_runs_every_micro_batch_side_by_side() -> None:
+    """A step of 4 micro-batches, then its S unit (which finishes the sum and applies the update), twice: the
+    micro-batches need nothing of each other, so both devices run two each, and the S unit runs alone."""
+    stepped = TrialLoad("a", 10, 1.0, segments=((4, 1, True, False, False), (1, 1), (4, 1, True, False, False),
+                                                (1, 1)))
+    assert lanes([stepped], DEVICES) == [
+        ("cpu0", "a", 0, 0, 0.0), ("cpu1", "a", 1, 1, 0.0),
+        ("cpu0", "a", 2, 2, 1.0), ("cpu1", "a", 3, 3, 1.0),
+        ("cpu0", "a", 0, 4, 2.0),  # the S unit
+        ("cpu0", "a", 0, 5, 3.0), ("cpu1", "a", 1, 6, 3.0),
+        ("cpu0", "a", 2, 7, 4.0), ("cpu1", "a", 3, 8, 4.0),
+        ("cpu0", "a", 0, 9, 5.0),
+    ]
+
+
 def test_a_widened_trial_gives_the_device_back_when_another_trial_can_run() -> None:
     b = TrialLoad("b", 3, 1.0, arrival=1.0)
     assert lanes([WAVE, b], DEVICES) == [

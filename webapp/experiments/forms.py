@@ -158,8 +158,7 @@ class ExperimentForm(forms.Form):
         min_value=1, max_value=MAX_DEVICES_PER_TRIAL, required=False, label="Devices per trial at most",
         help_text="When devices would otherwise idle (the last trials of a sweep, a lone fine-tune), a trial runs "
                   "the micro-batches of a step on several devices at once, with the same numbers as on one: more "
-                  "micro_batches let it spread wider (a model of one shard runs the first and last micro-batch of a "
-                  "step alone, those between at once). Empty: as many devices as it has micro-batches.",
+                  "micro_batches let it spread wider. Empty: as many devices as it has micro-batches.",
     )
 
     pruner = forms.ChoiceField(

@@ -142,8 +142,7 @@ PARAMETERS: dict[str, ParameterDef] = {
         ParameterDef("loss_on", "loss on (instruction data: the assistant turns, the last one, or all tokens)", str,
                      ("categorical",), "assistant", choices=("assistant", "last", "all")),
         ParameterDef("micro_batches", "micro-batches per step (gradient accumulation; each must divide the batch; "
-                     "when devices would idle, a trial runs its micro-batches on as many at once; a one-shard "
-                     "model the first and last of a step alone)",
+                     "when devices would idle, a trial runs its micro-batches on as many at once)",
                      int, ("categorical", "int"), 1, 1, 4096),
         ParameterDef("precision", "precision: fp32, or bf16 autocast (GPU devices only)", str, ("categorical",),
                      "fp32", choices=("fp32", "bf16")),

@@ -221,15 +221,15 @@ class Trial(models.Model):
     def lane_bytes(self) -> int:
         """What the trial's spill store takes more for each micro-batch beyond the first that runs at once (on
         another device), from its memory plan (0 without one): its boundary activations and their gradients; for a
-        model of one shard, whose micro-batches between a step's first and last may each park a gradient until
-        the ones ahead of them are summed, that many gradients (an upper bound at any width)."""
+        model of one shard, whose micro-batches but a step's first may each park a gradient until the ones ahead of
+        them are summed, that many gradients (an upper bound at any width)."""
         plan = self.plan or {}
         spilled = plan.get("spilled_bytes")
         if not isinstance(spilled, dict):
             return 0
         spec = self.spec or {}
         if len(plan.get("shards") or ()) == 1:
-            return max(0, int(spec.get("micro_batches", 1)) - 2) * int(spilled.get("parameters", 0))
+            return max(0, int(spec.get("micro_batches", 1)) - 1) * int(spilled.get("parameters", 0))
         return int(spilled.get("boundary_activations", 0))
 
     @property

@@ -9,9 +9,8 @@ unit times are measured and trials arrive, pause or end. The replay runs every t
 trial that spreads over idle devices (the micro-batches of its steps as a wavefront) ends sooner than estimated.
 
 A running trial says on how many devices it runs and why (`spread`): on several only when no other trial waits
-for a device; on one because it has one micro-batch a step, because its experiment allows one device, because its
-model is one shard and its micro-batches cannot spread (two a step), because the host's
-memory admitted it narrow, because other trials wait, or because its next micro-batch cannot start yet.
+for a device; on one because it has one micro-batch a step, because its experiment allows one device, because the
+host's memory admitted it narrow, because other trials wait, or because its next micro-batch cannot start yet.
 
 A waiting trial is labelled with the reason it waits, the first that applies:
 
@@ -256,10 +255,6 @@ def spread(record: TrialRecord, *, others_wait: bool) -> str:
         if trial.get("micro_batches", 1) <= 1:
             return "on one device: one micro-batch a step (with more, a trial may spread over idle devices)"
         return "on one device: its experiment allows one device per trial"
-    # a step of one shard: its first micro-batch runs alone, its last after every other, those between spread
-    if record.plan is not None and len(record.plan.get("shards", ())) == 1 and trial.get("micro_batches", 1) <= 2:
-        return ("on one device: its model is one shard, whose first and last micro-batches of a step run alone "
-                "(with 3 or more, those between spread)")
     if record.width <= 1:
         return "on one device: the host's memory holds its state for one micro-batch at a time"
     if others_wait:

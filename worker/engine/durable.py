@@ -41,7 +41,6 @@ from typing import IO, Any
 
 from worker.engine.config import TrialSpec
 from worker.engine.errors import SpecError, SpillStoreError
-from worker.engine.schedule import Timetable
 from worker.engine.spill_store import MANIFEST, SpillStore
 from worker.engine.trial_state import TrialState
 
@@ -275,7 +274,7 @@ def _continued(manifest: dict[str, Any], *, source_id: str, trial_id: str, spec:
     if dataclasses.replace(spec, continuations=spec.continuations[:-1], budget_bytes=ended.budget_bytes) != ended:
         raise SpecError(f"trial {trial_id} is not trial {source_id} with steps added: their specs differ beyond the "
                         "added segment")
-    before = Timetable.of(ended, shards=len(state.plan.shards), reference_batches=state.reference_batches)
+    before = state.timetable(spec=ended)
     updates = {shard.optim_steps for shard in state.shards}
     if state.cursor < len(before) or len(updates) != 1 or any(shard.pending for shard in state.shards):
         raise SpillStoreError(f"the last checkpoint of trial {source_id} is of unit {state.cursor} of its "

@@ -9,9 +9,10 @@ the device never holds a second gradient-sized buffer beside the fresh gradients
 norm of the per-parameter L2 norms in model parameter order, as ``torch.nn.utils.clip_grad_norm_`` computes
 it, each parameter's norm taken over its whole accumulated gradient as the last micro-batch leaves it in memory.
 
-A micro-batch of a gathered step (a model of one shard, see :class:`~worker.engine.schedule.Segment`) that ends
+A micro-batch of a gathered step (a model of one shard, see :class:`~worker.engine.schedule.Segment`) that starts
 before the ones ahead of it are in the sum *parks* its gradient in a buffer of its own; the next micro-batch to
-find every one ahead of it committed adds the parked ones, in micro-batch order, before its own.
+find every one ahead of it committed adds the parked ones, in micro-batch order, before its own, and the step's
+``S`` unit adds those still parked at its end (the last of them read back as the fresh gradient).
 """
 
 from __future__ import annotations
@@ -56,10 +57,11 @@ def with_tied(store: SpillStore, layout: Layout, shard: int, owned: Sequence[nn.
 
 
 def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequence[Slot], fresh: list[torch.Tensor],
-               owned: Sequence[nn.Parameter], *, partial: bool, norms: bool = False,
+               owned: Sequence[nn.Parameter] | None, *, partial: bool, norms: bool = False,
                parked: Sequence[str] = ()) -> list[float] | None:
     """Stage the shard's flat gradient buffer ``name``: ``fresh`` added to the sum so far (or, unless
-    ``partial``, ``fresh`` itself), a chunk at a time; clear the parameters' ``.grad`` and empty ``fresh``
+    ``partial``, ``fresh`` itself), a chunk at a time; clear the parameters' ``.grad`` (``owned``; None: ``fresh``
+    was read back from the store, not left by a backward) and empty ``fresh``
     as each is written, so that its memory goes as soon as it is in the store. ``parked``: buffers of the
     micro-batches between the sum so far and this one (each staged here by its own micro-batch, without
     ``partial``), added to the sum in their order first.
@@ -72,7 +74,8 @@ def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequen
     assert partial or not parked, "a parked gradient follows a micro-batch already in the sum"
     measured = []
     with store.writer(name, nbytes=sum(slot.ref.numel for slot in slots) * FP32) as append:
-        for index, (slot, param) in enumerate(zip(slots, owned, strict=True)):
+        for index, (slot, param) in enumerate(zip(slots, owned if owned is not None else [None] * len(slots),
+                                                  strict=True)):
             grad = fresh[index].reshape(-1)
             fresh[index] = torch.empty(0)  # ``grad`` and ``param.grad`` are its last references
             for start in range(0, slot.ref.numel, GRAD_CHUNK):
@@ -89,7 +92,8 @@ def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequen
                 del piece
             if norms:
                 measured.append(torch.linalg.vector_norm(grad, 2.0).item())
-            param.grad = None
+            if param is not None:
+                param.grad = None
             del grad
     return measured if norms else None
 

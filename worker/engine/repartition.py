@@ -41,13 +41,14 @@ from worker.engine.spill_store import SpillStore, read_file
 SHARD_STATE = ("p", "m", "v")  # per shard, what survives a step boundary
 
 
-def segment_start(timetable: Timetable, unit: UnitSpec) -> int:
-    """The index of the first unit of ``unit``'s segment: its step's training, that step's evaluation,
-    the final updates, or its batch of the reference pass."""
+def segment_start(timetable: Timetable, unit: UnitSpec, *, restart_step: bool = False) -> int:
+    """The index of the first unit of ``unit``'s segment: its step's training (with ``restart_step``, also for a
+    step's own ``S`` unit), what follows that step's training (its evaluation, the final updates or the next
+    step: a step's own ``S`` unit is not in every timetable), or its batch of the reference pass."""
     if unit.phase == "R":
         return unit.micro_batch * timetable.shards
     start = timetable.step_offset(unit.step)
-    return start + timetable.train_units_per_step if unit.phase in ("E", "S") else start
+    return start + timetable.train_units_per_step if unit.phase in ("E", "S") and not restart_step else start
 
 
 def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_bytes: int | None = None,
@@ -76,7 +77,10 @@ def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_
     plan = plan_layers(session.stack, session.spec, device, old.layers, budget, cuts=cuts,
                        head_token_chunk=old.head_token_chunk)
     unit = session.timetable[state.cursor]
-    _roll_back(session, unit)
+    # A step's own S unit (a plan of one shard) finishes the step when its last micro-batches parked their
+    # gradients: until it ran, the step is rolled back whole, as one in flight.
+    restart_step = unit.phase in ("F", "FB", "B") or (unit.phase == "S" and bool(state.step_state.parked))
+    _roll_back(session, restart_step=restart_step, evaluating=unit.phase == "E")
     session.apply_pending_steps()  # writes p, m, v of shards with a pending step
     session.commit()  # the rollback and steps on their own: the re-pack below reads these buffers
     layer_numel = [session.stack.layer_numel(i) for i in range(len(session.stack))]
@@ -93,18 +97,18 @@ def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_
         for kind, paths in old_buffers.items():
             store.write_stream(f"{kind}{shard.index}", _slices(paths, old_starts, session.layout.numel,
                                                                  start, stop))
-    timetable = Timetable.of(session.spec, shards=len(plan.shards), reference_batches=state.reference_batches)
-    state.replan(plan, cursor=segment_start(timetable, unit))
+    state.replan(plan, cursor=segment_start(state.timetable(plan=plan), unit, restart_step=restart_step))
     session.commit()
     return plan
 
 
-def _roll_back(session: TrialSession, unit: UnitSpec) -> None:
-    """Undo, in the session's working state, the units of ``unit``'s segment that already ran (see module doc)."""
+def _roll_back(session: TrialSession, *, restart_step: bool, evaluating: bool) -> None:
+    """Undo, in the session's working state, the units of the segment in flight that already ran (see module doc):
+    of the step's training, or of an evaluation."""
     state = session.state
-    if unit.phase in ("F", "FB", "B"):
+    if restart_step:
         state.reset_step()
-    elif unit.phase == "E":
+    elif evaluating:
         state.reset_eval()
 
 

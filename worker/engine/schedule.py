@@ -10,6 +10,15 @@ and backpropagates. The optimizer step of a shard is applied lazily, the next ti
 (its first unit of the next step, or an eval unit), because global-norm clipping needs every shard's
 gradient norm first. If the trial ends without a final evaluation, ``S`` units apply the last step.
 
+A model planned as one shard runs a step as one ``FB`` unit per micro-batch, then one ``S`` unit that finishes the
+step (adds the gradients of micro-batches that ended ahead of their turn, takes the norm) and applies its update:
+the micro-batches of the next step then need nothing of each other and run side by side (see :class:`Segment`)::
+
+    FB FB FB FB S | [eval: E per eval batch]
+
+(A trial whose store was written before these step units, ``step_units`` false, keeps the timetable it started
+with: its first micro-batch applies the update before its forward.)
+
 A DPO trial of full fine-tuning computes its reference log-probabilities once, under its starting weights, before
 step 0: ``reference_batches`` batches of ``R`` units (``R0 .. R(n-1)`` each, forward only) open its timetable.
 
@@ -92,17 +101,21 @@ class Segment:
     first unit needs the whole segment before it.
 
     The lanes of a ``gathered`` segment are of one unit each (a step or an evaluation of a model planned as one
-    shard): the first lane runs first (it applies the step before's pending update), the last after every other,
-    and the lanes between need only the first, so they run side by side. Their sums still add up in lane order: a
-    lane that finishes before every lane before it has committed parks its gradient (its evaluation sums), and the
-    next lane that finds every lane before it committed adds the parked ones in order before its own (see
-    ``ShardUnits._gather``); the last lane always does."""
+    shard) and run side by side. With ``lead``, the first lane runs first (it applies the step before's pending
+    update) and the others need it; with ``tail``, the last lane runs after every other (it reports the sums). Their
+    sums still add up in lane order: a lane that starts before every lane before it has committed parks its gradient
+    (its evaluation sums), and the next lane that finds every lane before it committed adds the parked ones in order
+    before its own (see ``ShardUnits._take_turn``); a last lane that runs after every other always does. A step of
+    one shard is gathered without either (its ``S`` unit after it adds what is still parked and applies the update),
+    its evaluation with ``tail`` alone; a trial without step units (see the module docstring) has both."""
 
     start: int
     lanes: int
     length: int
     parallel: bool = False
     gathered: bool = False
+    lead: bool = True
+    tail: bool = True
 
     @property
     def stop(self) -> int:
@@ -121,7 +134,9 @@ class Segment:
         if self.gathered:
             if not lane:
                 return []
-            return [self.start] if lane < self.lanes - 1 else list(range(self.start, index))
+            if self.tail and lane == self.lanes - 1:
+                return list(range(self.start, index))
+            return [self.start] if self.lead else []
         return ([index - 1] if position else []) + ([index - self.length] if lane and not self.parallel else [])
 
     def urgency(self, index: int) -> tuple[int, int]:
@@ -141,9 +156,11 @@ class Timetable:
 
     ``ends``: the steps at which segments before the last one end (a continued trial's ``after`` values);
     the last segment ends at ``steps``. A segment's last step evaluates (with ``eval_every`` > 0) or is
-    followed by one ``S`` unit per shard. With ``final_eval_batches`` > 0 every segment ends with the final
-    evaluation instead, on that many batches (the whole held-out set), whatever ``eval_every``.
-    ``reference_batches``: batches of ``R`` units, one per shard each, before step 0."""
+    followed by one ``S`` unit per shard (a stepped timetable's last step has its own). With
+    ``final_eval_batches`` > 0 every segment ends with the final evaluation instead, on that many batches (the
+    whole held-out set), whatever ``eval_every``.
+    ``reference_batches``: batches of ``R`` units, one per shard each, before step 0. ``step_units``: a plan of
+    one shard ends every step with an ``S`` unit (see the module docstring; false for a store written before)."""
 
     shards: int
     steps: int
@@ -153,19 +170,27 @@ class Timetable:
     ends: tuple[int, ...] = ()
     final_eval_batches: int = 0
     reference_batches: int = 0
+    step_units: bool = False
 
     @classmethod
-    def of(cls, spec: TrialSpec, *, shards: int, reference_batches: int = 0) -> Timetable:
+    def of(cls, spec: TrialSpec, *, shards: int, reference_batches: int = 0, step_units: bool = False) -> Timetable:
         """The timetable of ``spec`` (added segments included) under a plan of ``shards`` shards, opened by
-        ``reference_batches`` batches of reference units (a trial's count: ``TrialState.reference_batches``)."""
+        ``reference_batches`` batches of reference units (a trial's count: ``TrialState.reference_batches``);
+        ``step_units``: see the class docstring (``TrialState.step_units``)."""
         return cls(shards=shards, steps=spec.total_steps, micro_batches=spec.micro_batches,
                    eval_every=spec.eval_every, eval_batches=spec.eval_batches,
                    ends=tuple(added.after for added in spec.continuations),
-                   final_eval_batches=spec.final_eval_batches, reference_batches=reference_batches)
+                   final_eval_batches=spec.final_eval_batches, reference_batches=reference_batches,
+                   step_units=step_units)
+
+    @property
+    def stepped(self) -> bool:
+        """Whether every step ends with its own ``S`` unit (a plan of one shard, with ``step_units``)."""
+        return self.step_units and self.shards == 1
 
     @property
     def train_units_per_step(self) -> int:
-        return self.micro_batches * (2 * self.shards - 1)
+        return self.micro_batches * (2 * self.shards - 1) + int(self.stepped)
 
     @property
     def eval_units(self) -> int:
@@ -205,7 +230,7 @@ class Timetable:
         if self.eval_every > 0:
             unaligned = sum(1 for end in (*self.ends, self.steps) if end <= step and end % self.eval_every)
             return offset + (step // self.eval_every + unaligned) * self.eval_units
-        return offset + ends * self.shards
+        return offset if self.stepped else offset + ends * self.shards  # the final updates (a step's own S)
 
     def __len__(self) -> int:
         return self.step_offset(self.steps)
@@ -216,14 +241,17 @@ class Timetable:
         if unit.phase == "R":  # one lane per reference batch, before step 0
             return Segment(start=0, lanes=self.reference_batches, length=self.shards)
         start = self.step_offset(unit.step)
+        one = self.shards == 1
         if unit.phase in ("F", "FB", "B"):
-            return Segment(start=start, lanes=self.micro_batches, length=2 * self.shards - 1,
-                           gathered=self.shards == 1)
+            return Segment(start=start, lanes=self.micro_batches, length=2 * self.shards - 1, gathered=one,
+                           lead=not self.stepped, tail=not self.stepped)
+        if unit.phase == "S" and self.stepped:
+            return Segment(start=start + self.micro_batches, lanes=1, length=1, parallel=True)
         start += self.train_units_per_step
         if unit.phase == "S":
             return Segment(start=start, lanes=self.shards, length=1, parallel=True)
         batches = self.final_eval_batches if self.final_evaluation(unit.step) else self.eval_batches
-        return Segment(start=start, lanes=batches, length=self.shards, gathered=self.shards == 1)
+        return Segment(start=start, lanes=batches, length=self.shards, gathered=one, lead=not self.stepped)
 
     def __iter__(self) -> Iterator[UnitSpec]:
         return (self[index] for index in range(len(self)))
@@ -242,6 +270,8 @@ class Timetable:
             else:
                 high = mid - 1
         step, local = low, index - self.step_offset(low)
+        if self.stepped and local == self.micro_batches:
+            return UnitSpec(index=index, step=step, micro_batch=0, phase="S", shard=0)
         if local >= self.train_units_per_step:
             batch, shard = divmod(local - self.train_units_per_step, self.shards)
             if self.eval_every > 0 or self.final_eval_batches:

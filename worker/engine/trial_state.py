@@ -141,6 +141,8 @@ class TrialState:
     base: str | None = None
     # Batches of reference units that open the timetable (a DPO trial of full fine-tuning; see schedule.py).
     reference_batches: int = 0
+    # A plan of one shard ends each step with an S unit (Timetable.step_units); false in a store written before.
+    step_units: bool = False
     # The JSON form of ``spec`` and ``plan`` (key -> (object, its JSON)): both are frozen, and converting
     # them at every commit would cost more than the rest of the manifest.
     _json: dict[str, tuple[Any, Any]] = field(init=False, default_factory=dict, compare=False, repr=False)
@@ -150,11 +152,13 @@ class TrialState:
               reference_batches: int = 0) -> TrialState:
         """A trial before its first unit."""
         return cls(trial_id=trial_id, spec=spec, plan=plan, shards=[ShardState() for _ in plan.shards], base=base,
-                   reference_batches=reference_batches)
+                   reference_batches=reference_batches, step_units=True)
 
-    def timetable(self) -> Timetable:
-        """The trial's timetable under its plan."""
-        return Timetable.of(self.spec, shards=len(self.plan.shards), reference_batches=self.reference_batches)
+    def timetable(self, *, spec: TrialSpec | None = None, plan: MemoryPlan | None = None) -> Timetable:
+        """The trial's timetable under its plan (or of ``spec``, under ``plan``, with this trial's reference pass and
+        step units)."""
+        return Timetable.of(spec or self.spec, shards=len((plan or self.plan).shards),
+                            reference_batches=self.reference_batches, step_units=self.step_units)
 
     # -- progress --------------------------------------------------------------------------------------
 
@@ -233,6 +237,7 @@ class TrialState:
             "last_metrics": self.last_metrics,
             "base": self.base,
             "reference_batches": self.reference_batches,
+            "step_units": self.step_units,
         }
 
     def _json_of(self, key: str, value: TrialSpec | MemoryPlan) -> Any:
@@ -280,6 +285,7 @@ class TrialState:
             last_metrics=raw.get("last_metrics", {}),
             base=raw.get("base"),
             reference_batches=raw.get("reference_batches", 0),
+            step_units=raw.get("step_units", False),
         )
         state._json.update(spec=(state.spec, raw["spec"]), plan=(state.plan, raw["plan"]))
         return state
@@ -307,7 +313,8 @@ def _eval_state(raw: dict[str, Any]) -> EvalState:
 
 
 _REQUIRED = frozenset({"trial_id", "spec", "plan", "cursor", "shards", "pending", "step_state", "eval_state"})
-_OPTIONAL = frozenset({"early_stop", "replans", "last_unit", "last_metrics", "base", "ahead", "reference_batches"})
+_OPTIONAL = frozenset({"early_stop", "replans", "last_unit", "last_metrics", "base", "ahead", "reference_batches",
+                       "step_units"})
 
 
 def _normalize(state: TrialState) -> None:

@@ -255,9 +255,31 @@ class ShardUnits(PreferenceUnits):
         return record.since >= patience and step < self.spec.total_steps - 1
 
     def _final_step(self, unit: UnitSpec) -> dict[str, Any]:
-        """S: apply the last step's pending update (only when the trial ends without an evaluation)."""
+        """S: apply the step's pending update: the last step's, shard by shard, when the trial ends without an
+        evaluation; or, for a model of one shard, each step's, after adding the gradients its last micro-batches
+        parked (those that started before every one ahead of them committed) and taking the norm."""
+        metrics: dict[str, Any] = {}
+        state = self.state.step_state
+        if state.parked:
+            lanes = sorted(state.parked)
+            assert lanes[-1] == self.spec.micro_batches - 1 and self.state.shards[unit.shard].grad == "partial"
+            for lane in lanes:
+                state.add(state.parked.pop(lane))
+            # The last parked gradient in memory, as its backward would have left it: the sum so far and the
+            # parked ones before it are added into it chunk by chunk, as the micro-batches would have added them.
+            names = [f"h{lane}.{unit.shard}" for lane in lanes]
+            slots = self.layout.slots[unit.shard]
+            last = self.store.read_new(names[-1], sum(slot.ref.numel for slot in slots), torch.float32)
+            fresh = [last[slot.offset:slot.offset + slot.ref.numel].to(self.device) for slot in slots]
+            del last
+            norms = gradients.accumulate(self.store, self._transfers, f"g{unit.shard}", slots, fresh, None,
+                                         partial=True, norms=True, parked=names[:-1])
+            assert norms is not None
+            for name in names:
+                self.store.drop(name)
+            metrics = self._end_step(unit.step, unit.shard, norms)
         self._load_shard(unit.shard)
-        return {}
+        return metrics
 
     # -- pieces --------------------------------------------------------------------------------------
 
@@ -384,7 +406,7 @@ class ShardUnits(PreferenceUnits):
     def _finish_backward(self, unit: UnitSpec, x: torch.Tensor, owned: list[nn.Parameter],
                          lent: list[nn.Parameter], *, parked: Sequence[str] = ()) -> dict[str, Any]:
         """Accumulate the shard's gradients (plus tied contributions; after the ``parked`` gradients of the
-        micro-batches before it, see :meth:`_gather`), pass the input gradient on, and when the step's backward is
+        micro-batches before it, see :meth:`_take_turn`), pass the input gradient on, and when the step's backward is
         complete, record the global gradient norm and mark the step pending."""
         shard, store = unit.shard, self.store
         meta = self.state.shards[shard]
@@ -399,22 +421,26 @@ class ShardUnits(PreferenceUnits):
         meta.grad = "partial"
         if not last:
             return {}
-        state = self.state.step_state
         assert norms is not None
+        return self._end_step(unit.step, shard, norms)
+
+    def _end_step(self, step: int, shard: int, norms: list[float]) -> dict[str, Any]:
+        """``shard``'s gradients of ``step`` are summed, with ``norms`` their parameters' norms: when it is the
+        first shard (the last whose backward runs), the step is complete: mark it pending and report it."""
+        state = self.state.step_state
         state.norms[shard] = norms
         if shard > 0:
             return {}
-        norms = [n for s in range(len(self.plan.shards)) for n in state.norms[s]]
-        total_norm = gradients.global_norm(norms)
+        total_norm = gradients.global_norm([n for s in range(len(self.plan.shards)) for n in state.norms[s]])
         metrics = {
             "loss": state.loss_sum,  # each micro-batch's loss is its part of the step's mean token (or pair) loss
-            "lr": step_lr(self.spec, unit.step),
+            "lr": step_lr(self.spec, step),
             "grad_norm": total_norm,
-            "tokens": (unit.step + 1) * self.spec.batch_size * self.spec.data.seq_len,
+            "tokens": (step + 1) * self.spec.batch_size * self.spec.data.seq_len,
         }
         if self.spec.dpo is not None:
             metrics |= {"rewards_chosen": state.chosen_reward, "rewards_rejected": state.rejected_reward,
                         "reward_accuracy": state.reward_accuracy}
-        self.state.mark_step_pending(unit.step, total_norm)
+        self.state.mark_step_pending(step, total_norm)
         return metrics
 

@@ -205,9 +205,9 @@ class TrialLoad:
     """A trial for `timetable`: `units` units of `unit_s` seconds each; unit i reads the shared base layers
     ``bases[i % len(bases)]`` (none when `bases` is empty). `segments`: its units as runs of ``(lanes, length)``
     lanes of chains (the micro-batches of a step, see `worker.engine.schedule.Segment`), or ``(lanes, 1, True)``
-    for a gathered step (a model of one shard), whose lanes may run on several devices at once; none: one lane
-    of `units`. `width`: the most devices it may run on at once (0: as
-    many as a segment has lanes)."""
+    for a gathered step (a model of one shard), whose lanes may run on several devices at once (``(lanes, 1, True,
+    lead, tail)``: with the segment's ``lead`` and ``tail``, else both); none: one lane of `units`. `width`: the
+    most devices it may run on at once (0: as many as a segment has lanes)."""
 
     trial_id: str
     units: int
@@ -216,7 +216,7 @@ class TrialLoad:
     team: str = ""
     priority: int = PRIORITIES["normal"]
     arrival: float = 0.0  # when the trial is submitted
-    segments: tuple[tuple[int, int] | tuple[int, int, bool], ...] = ()
+    segments: tuple[tuple[int, int] | tuple[int, int, bool] | tuple[int, int, bool, bool, bool], ...] = ()
     width: int = 0
 
     def base(self, unit: int) -> BaseShard | None:
@@ -226,7 +226,9 @@ class TrialLoad:
         """Its segments, as the engine's timetable has them."""
         out, start = [], 0
         for lanes, length, *gathered in self.segments or ((1, self.units),):
-            out.append(Segment(start=start, lanes=lanes, length=length, gathered=bool(gathered and gathered[0])))
+            gathered_, lead, tail = (*gathered, True, True)[:3] if gathered else (False, True, True)
+            out.append(Segment(start=start, lanes=lanes, length=length, gathered=bool(gathered_), lead=lead,
+                               tail=tail))
             start += lanes * length
         assert start == self.units, f"the segments of {self.trial_id} hold {start} units, not {self.units}"
         return out

@@ -370,14 +370,15 @@ def test_an_experiment_s_priority_goes_with_its_trials_to_the_queue(
 
 
 def test_the_host_memory_a_trial_takes_per_device_beyond_the_first_follows_its_shards() -> None:
-    """Several shards: a micro-batch in flight keeps its boundaries. One shard: the micro-batches between a step's
-    first and last may each park a gradient until those ahead of them are summed (a DPO trial's as any other)."""
+    """Several shards: a micro-batch in flight keeps its boundaries. One shard: every micro-batch of a step but the
+    first may park a gradient until those ahead of them are summed (a DPO trial's as any other)."""
     one = {"shards": [{"index": 0}], "spilled_bytes": {"parameters": 1000, "optimizer": 2000,
                                                        "boundary_activations": 0}}
     several = {"shards": [{"index": 0}, {"index": 1}], "spilled_bytes": {"parameters": 1000, "optimizer": 2000,
                                                                          "boundary_activations": 512}}
-    assert Trial(plan=one, spec={"micro_batches": 6, "dpo": None}).lane_bytes() == 4 * 1000
-    assert Trial(plan=one, spec={"micro_batches": 2, "dpo": None}).lane_bytes() == 0
-    assert Trial(plan=one, spec={"micro_batches": 6, "dpo": {"beta": 0.1}}).lane_bytes() == 4 * 1000
+    assert Trial(plan=one, spec={"micro_batches": 6, "dpo": None}).lane_bytes() == 5 * 1000
+    assert Trial(plan=one, spec={"micro_batches": 2, "dpo": None}).lane_bytes() == 1000
+    assert Trial(plan=one, spec={"micro_batches": 1, "dpo": None}).lane_bytes() == 0
+    assert Trial(plan=one, spec={"micro_batches": 6, "dpo": {"beta": 0.1}}).lane_bytes() == 5 * 1000
     assert Trial(plan=several, spec={"micro_batches": 6, "dpo": None}).lane_bytes() == 512
     assert Trial(plan=None, spec={"micro_batches": 6}).lane_bytes() == 0
