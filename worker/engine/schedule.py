@@ -11,8 +11,9 @@ and backpropagates. The optimizer step of a shard is applied lazily, the next ti
 gradient norm first. If the trial ends without a final evaluation, ``S`` units apply the last step.
 
 A model planned as one shard runs a step as one ``FB`` unit per micro-batch, then one ``S`` unit that finishes the
-step (adds the gradients of micro-batches that ended ahead of their turn, takes the norm) and applies its update:
-the micro-batches of the next step then need nothing of each other and run side by side (see :class:`Segment`)::
+step (adds the gradients that micro-batches parked, having started before those ahead of them committed, and
+takes the norm) and applies its update: the micro-batches of the next step then need nothing of each other and run
+side by side (see :class:`Segment`)::
 
     FB FB FB FB S | [eval: E per eval batch]
 
