@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from tests.engine.conftest import CPU, tiny_spec
 from worker.engine import BudgetError, EngineError, TrialSession, TrialSpec, trial_create
+from worker.engine.errors import StaleWriterError
 from worker.engine.repartition import repartition
 
 PLAN = [0, 2, 4]  # 3 shards of the 6-layer stack: 5 units per micro-batch, 10 per step, 6 per evaluation
@@ -147,3 +148,15 @@ def test_it_refuses_a_budget_a_layer_cannot_fit_and_leaves_the_trial_as_it_was(
     metrics(session)
     with pytest.raises(EngineError, match="finished"):
         repartition(spill_dir=tmp_path, trial_id="t", device=CPU, cuts=NEW_PLAN, token=2)
+
+
+def test_a_second_device_s_replan_for_the_same_out_of_memory_is_refused(tokens_path: Path, tmp_path: Path) -> None:
+    """Two devices ran micro-batches of one trial and both ran out of memory: the first re-plans it; the second,
+    whose unit saw the trial before that re-plan, is refused and changes nothing, so the plan is not shrunk twice."""
+    trial_create(spec=tiny_spec(tokens_path, micro_batches=2, steps=2), spill_dir=tmp_path, trial_id="t",
+                 device=CPU, cuts=[0])
+    first = repartition(spill_dir=tmp_path, trial_id="t", device=CPU, cuts=[0, 2, 4], token=5, replans=0)
+    with pytest.raises(StaleWriterError, match="re-planned since"):
+        repartition(spill_dir=tmp_path, trial_id="t", device=CPU, cuts=[0, 3], token=6, replans=0)
+    session = TrialSession.open(spill_dir=tmp_path, trial_id="t", device=CPU)
+    assert (session.state.replans, session.plan) == (1, first)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from worker.engine.errors import EngineError
+from worker.engine.errors import EngineError, StaleWriterError
 from worker.engine.partition import MemoryPlan
 from worker.engine.profile import plan_layers
 from worker.engine.schedule import Timetable, UnitSpec
@@ -52,15 +52,17 @@ def segment_start(timetable: Timetable, unit: UnitSpec, *, restart_step: bool = 
 
 
 def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_bytes: int | None = None,
-                cuts: Sequence[int] | None = None, token: int | None = None) -> MemoryPlan:
+                cuts: Sequence[int] | None = None, token: int | None = None,
+                replans: int | None = None) -> MemoryPlan:
     """Re-plan trial ``trial_id`` under ``budget_bytes`` (solved from its profiled layer costs) or with
     explicit shard starts ``cuts``, roll back the segment in flight, re-pack its store and commit; return
     the new plan.
 
     ``token`` fences the re-pack like a unit (see ``TrialSession.run_unit``); ``StaleWriterError`` if
-    refused. Training then continues with exactly the numbers it would have had under the old plan. Raises
-    ``BudgetError`` (before changing anything) when a layer cannot fit ``budget_bytes``, ``EngineError``
-    when the trial is finished.
+    refused, and also, given ``replans`` (the re-plans the caller's failed unit saw), if the trial was re-planned
+    since (another device re-planned it for a unit of another lane that failed alike). Training then continues
+    with exactly the numbers it would have had under the old plan. Raises ``BudgetError`` (before changing
+    anything) when a layer cannot fit ``budget_bytes``, ``EngineError`` when the trial is finished.
     """
     root = Path(spill_dir) / trial_id
     if token is None:
@@ -70,6 +72,9 @@ def repartition(*, spill_dir: Path, trial_id: str, device: torch.device, budget_
         store = SpillStore.take(root, token)
     session = TrialSession(store, device)
     state = session.state
+    if replans is not None and state.replans != replans:
+        raise StaleWriterError(f"trial {trial_id!r} was re-planned since the unit that asked for it started "
+                               f"({replans} -> {state.replans} re-plans)")
     if state.cursor >= len(session.timetable):
         raise EngineError(f"trial {trial_id!r} is finished: nothing to re-plan")
     old = session.plan

@@ -379,7 +379,9 @@ class EngineRunner:
     def _replan(self, trial_id: str, reason: str, token: int) -> Replanned:
         dropped = self._drop(trial_id)  # the session's caches belong to the old plan
         assert dropped is not None, "run_unit opened it"
-        old = dropped.plan
+        # Two devices running micro-batches of one trial may both run out of memory: the first to re-plan does it
+        # for both (and ends the other's lease); the other's re-plan, from the old plan, is refused.
+        old, seen = dropped.plan, dropped.state.replans
         del dropped
         gc.collect()
         if self.device.type == "cuda":
@@ -388,7 +390,7 @@ class EngineRunner:
         log.warning("trial %s ran out of memory (%s); re-planning under %d bytes", trial_id, reason, budget)
         try:
             plan = repartition(spill_dir=self.spill_dir, trial_id=trial_id, device=self.device,
-                               budget_bytes=budget, token=token)
+                               budget_bytes=budget, token=token, replans=seen)
         except StaleWriterError as error:
             raise LeaseLost(f"trial {trial_id!r}: {error}") from error
         except BudgetError as error:
