@@ -12,11 +12,13 @@ it, each parameter's norm taken over its whole accumulated gradient as the last 
 A micro-batch of a gathered step (a model of one shard, see :class:`~worker.engine.schedule.Segment`) that starts
 before the ones ahead of it are in the sum *parks* its gradient in a buffer of its own; the next micro-batch to
 find every one ahead of it committed adds the parked ones, in micro-batch order, before its own, and the step's
-``S`` unit adds those still parked at its end (the last of them read back as the fresh gradient).
+``S`` unit adds those still parked at its end (the last of them read back as the fresh gradient) and applies
+the update from that sum in memory, without staging it.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import cast
 
@@ -58,13 +60,14 @@ def with_tied(store: SpillStore, layout: Layout, shard: int, owned: Sequence[nn.
 
 def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequence[Slot], fresh: list[torch.Tensor],
                owned: Sequence[nn.Parameter] | None, *, partial: bool, norms: bool = False,
-               parked: Sequence[str] = ()) -> list[float] | None:
+               parked: Sequence[str] = (), stage: bool = True) -> list[float] | None:
     """Stage the shard's flat gradient buffer ``name``: ``fresh`` added to the sum so far (or, unless
     ``partial``, ``fresh`` itself), a chunk at a time; clear the parameters' ``.grad`` (``owned``; None: ``fresh``
     was read back from the store, not left by a backward) and empty ``fresh``
     as each is written, so that its memory goes as soon as it is in the store. ``parked``: buffers of the
     micro-batches between the sum so far and this one (each staged here by its own micro-batch, without
-    ``partial``), added to the sum in their order first.
+    ``partial``), added to the sum in their order first. Without ``stage`` the sum is only made, in ``fresh``'s
+    memory, for a caller that holds another reference to it and uses it at once (the step's update).
 
     The sum so far is added into the fresh gradient, chunk by chunk: IEEE addition commutes exactly, so
     ``fresh + old`` has the bits of autograd's ``old + new``, and the parameter's whole accumulated gradient is
@@ -73,7 +76,8 @@ def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequen
     """
     assert partial or not parked, "a parked gradient follows a micro-batch already in the sum"
     measured = []
-    with store.writer(name, nbytes=sum(slot.ref.numel for slot in slots) * FP32) as append:
+    writer = store.writer(name, nbytes=sum(slot.ref.numel for slot in slots) * FP32) if stage else None
+    with contextlib.nullcontext() if writer is None else writer as append:
         for index, (slot, param) in enumerate(zip(slots, owned if owned is not None else [None] * len(slots),
                                                   strict=True)):
             grad = fresh[index].reshape(-1)
@@ -88,7 +92,8 @@ def accumulate(store: SpillStore, transfers: Transfers, name: str, slots: Sequen
                         old.add_(read_chunk(store, transfers, waiting, slot.offset + start, slot.offset + stop))
                     piece.add_(old)
                     del old
-                append(piece)
+                if append is not None:
+                    append(piece)
                 del piece
             if norms:
                 measured.append(torch.linalg.vector_norm(grad, 2.0).item())

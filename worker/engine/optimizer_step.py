@@ -26,9 +26,10 @@ STEP_CHUNK = 1 << 20  # elements of gradient and optimizer state on the device a
 
 def step_shard(*, store: SpillStore, transfers: Transfers, spec: TrialSpec, shard: int, params: torch.Tensor,
                step: int, total_norm: float, optim_steps: int, device: torch.device,
-               after_chunk: Callable[[], None] = lambda: None) -> None:
+               grad: torch.Tensor | None = None, after_chunk: Callable[[], None] = lambda: None) -> None:
     """Update shard ``shard``'s flat parameters ``params`` (on the device, in place) for step ``step``
-    from its gradients ``g{shard}`` and optimizer state ``m{shard}``/``v{shard}`` (``optim_steps`` updates
+    from its gradients (``grad``, flat and on the device, when the caller has them in memory, consumed here;
+    else the store's ``g{shard}``) and optimizer state ``m{shard}``/``v{shard}`` (``optim_steps`` updates
     taken before this one); stage the new parameters and optimizer state in ``store``. ``after_chunk`` is
     called after each chunk's update, before its state is written (a fault point)."""
     optim = spec.optimizer
@@ -45,7 +46,7 @@ def step_shard(*, store: SpillStore, transfers: Transfers, spec: TrialSpec, shar
         for start in range(0, numel, STEP_CHUNK):
             stop = min(numel, start + STEP_CHUNK)
             chunk = params[start:stop]
-            chunk.grad = read_chunk(store, transfers, f"g{shard}", start, stop)
+            chunk.grad = read_chunk(store, transfers, f"g{shard}", start, stop) if grad is None else grad[start:stop]
             if clip is not None:
                 chunk.grad.mul_(clip)
             state = {slot: read_chunk(store, transfers, f"{slot}{shard}", start, stop) for slot in slots if has_state}

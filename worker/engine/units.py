@@ -267,18 +267,20 @@ class ShardUnits(PreferenceUnits):
                 state.add(state.parked.pop(lane))
             # The last parked gradient in memory, as its backward would have left it: the sum so far and the
             # parked ones before it are added into it chunk by chunk, as the micro-batches would have added them.
+            # The sum stays in memory for the update, which this unit applies: no unit reads it from the store.
             names = [f"h{lane}.{unit.shard}" for lane in lanes]
             slots = self.layout.slots[unit.shard]
-            last = self.store.read_new(names[-1], sum(slot.ref.numel for slot in slots), torch.float32)
-            fresh = [last[slot.offset:slot.offset + slot.ref.numel].to(self.device) for slot in slots]
-            del last
-            norms = gradients.accumulate(self.store, self._transfers, f"g{unit.shard}", slots, fresh, None,
-                                         partial=True, norms=True, parked=names[:-1])
+            summed = optimizer_step.read_chunk(self.store, self._transfers, names[-1], 0, self.layout.numel[unit.shard])
+            norms = gradients.accumulate(self.store, self._transfers, f"g{unit.shard}", slots,
+                                         [slot.view(summed) for slot in slots], None, partial=True, norms=True,
+                                         parked=names[:-1], stage=False)
             assert norms is not None
             for name in names:
                 self.store.drop(name)
             metrics = self._end_step(unit.step, unit.shard, norms)
-        self._load_shard(unit.shard)
+            self._load_shard(unit.shard, grad=summed)
+        else:
+            self._load_shard(unit.shard)
         return metrics
 
     # -- pieces --------------------------------------------------------------------------------------
@@ -331,8 +333,9 @@ class ShardUnits(PreferenceUnits):
         self.store.bytes_read += tensor.nbytes
         return tensor
 
-    def _load_shard(self, shard: int) -> torch.Tensor:
-        """The shard's flat parameters (P,) on the device, after applying its pending optimizer step."""
+    def _load_shard(self, shard: int, grad: torch.Tensor | None = None) -> torch.Tensor:
+        """The shard's flat parameters (P,) on the device, after applying its pending optimizer step (from the
+        step's summed gradient ``grad`` when the caller holds it, else from the store)."""
         params = self._read_state(f"p{shard}")
         meta = self.state.shards[shard]
         if meta.pending:
@@ -340,7 +343,7 @@ class ShardUnits(PreferenceUnits):
             assert pending is not None, "a shard is pending only after a step completed"
             optimizer_step.step_shard(store=self.store, transfers=self._transfers, spec=self.spec, shard=shard,
                                       params=params, step=pending.step, total_norm=pending.total_norm,
-                                      optim_steps=meta.optim_steps, device=self.device,
+                                      optim_steps=meta.optim_steps, device=self.device, grad=grad,
                                       after_chunk=lambda: self.reach("mid-step"))
             meta.optim_steps += 1
             meta.pending, meta.grad = False, "empty"
