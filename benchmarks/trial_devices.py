@@ -29,13 +29,15 @@ seconds over twice the step's wall time (what the scheduler left idle is the res
 units of the trial that overlapped in time in the median two-device run (2 when the wavefront ran).
 
 With a budget that holds the whole model (``--budget-mb 4000``: one shard), a step is one unit per micro-batch, all
-of them side by side, then one ``S`` unit that applies the step's update alone. ``shards``: the shards the trial
-was planned in.
+of them side by side, then one ``S`` unit that applies the step's update alone (the step's serial part):
+``step_update_s`` gives its seconds in the steady state, with its I/O, on one device and on two (medians; only
+for such a trial). ``shards``: the shards the trial was planned in.
 
 The last line is one JSON object: ``{"shape", "micro_batches", "shards", "rounds",
 "one_device_s", "two_devices_s",
 "speedup", "ceiling", "of_ceiling", "training_ceiling", "step_s", "step_speedup", "step_units_s" {"one", "two":
-{"compute", "io"}}, "step_busy", "identical", "devices_at_once", "target_met"}``.
+{"compute", "io"}}, "step_busy", "step_update_s" {"one", "two": {"unit", "io"}}, "identical", "devices_at_once",
+"target_met"}``.
 """
 
 from __future__ import annotations
@@ -150,10 +152,24 @@ def steady_units(spans: list[dict]) -> list[tuple[float, float]]:
             for mine in ([s for s in spans if int(s["step"]) == step] for step in steps)]
 
 
+def steady_updates(spans: list[dict]) -> list[tuple[float, float]]:
+    """The seconds and the I/O seconds of the ``S`` units of the steps `step_seconds` times (a one-shard trial's
+    updates)."""
+    steps = sorted({int(span["step"]) for span in spans})[2:-1]
+    return [(float(s["end"]) - float(s["start"]), float(s.get("io_s") or 0))
+            for s in spans if s["phase"] == "S" and int(s["step"]) in steps]
+
+
 def units_summary(units: list[tuple[float, float]]) -> dict[str, float]:
     """The medians of `steady_units`' compute and I/O seconds."""
     return {"compute": round(statistics.median(c for c, _ in units), 3),
             "io": round(statistics.median(i for _, i in units), 3)}
+
+
+def update_summary(updates: list[tuple[float, float]]) -> dict[str, float]:
+    """The medians of `steady_updates`' unit and I/O seconds."""
+    return {"unit": round(statistics.median(u for u, _ in updates), 3),
+            "io": round(statistics.median(i for _, i in updates), 3)}
 
 
 def weights(export: Path) -> dict[str, torch.Tensor]:
@@ -179,7 +195,7 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     host_tier = args.spill_dir or ("/dev/shm" if Path("/dev/shm").is_dir() else None)
     one_s, two_s, ceilings, trainings, overlaps, identical, shards = [], [], [], [], [], True, 0
-    one_step_s, two_step_s, one_units, two_units = [], [], [], []
+    one_step_s, two_step_s, one_units, two_units, one_updates, two_updates = [], [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="hydra-trial-devices-", dir=host_tier) as tmp:
         root = Path(tmp)
         tokens = root / "tokens.npy"
@@ -205,6 +221,8 @@ def main() -> None:
             two_step_s += step_seconds(runs[2][1])
             one_units += steady_units(runs[1][1])
             two_units += steady_units(runs[2][1])
+            one_updates += steady_updates(runs[1][1])
+            two_updates += steady_updates(runs[2][1])
             a, b = weights(runs[1][2]), weights(runs[2][2])
             identical &= a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
             for count in (1, 2):  # each run leaves gigabytes in host memory (its export and last checkpoint)
@@ -227,6 +245,8 @@ def main() -> None:
             "step_units_s": {"one": units_summary(one_units), "two": units_summary(two_units)},
             "step_busy": round(sum(units_summary(two_units).values()) / (2 * statistics.median(two_step_s)), 3)}
            if one_step_s and two_step_s else {}),
+        **({"step_update_s": {"one": update_summary(one_updates), "two": update_summary(two_updates)}}
+           if one_updates and two_updates else {}),
         "identical": identical,
         "devices_at_once": max(overlaps),
         "target_met": identical and speedup >= TARGET_SPEEDUP and speedup >= TARGET_OF_CEILING * ceiling,
