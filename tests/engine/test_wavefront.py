@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.engine.conftest import CPU, run_all, tiny_spec
+from tests.engine.conftest import CPU, SEQ, VOCAB, run_all, tiny_spec
 from tests.engine.test_dpo import dpo_spec
 from tests.engine.test_dpo import pairs_dir as pairs_dir
 from tests.engine.test_examples_training import example_spec
@@ -27,13 +27,14 @@ from tests.engine.test_examples_training import examples_dir as examples_dir
 from tests.engine.test_lora import lora_spec, save_base
 from tests.engine.wavefront import run_wavefront
 from tests.plain_pytorch import assert_bit_identical, exported_weights, initial_weights, plain_dpo_training
-from worker.engine import ModelSpec, TrialSession, TrialSpec, UnitResult, trial_create
+from worker.engine import ModelSpec, TrialSession, TrialSpec, UnitResult, spill_pool, trial_create
 from worker.engine.config import LoraSpec
 from worker.engine.durable import checkpoint, restore_from_checkpoint
 from worker.engine.errors import LaneNotReady, StaleWriterError
 from worker.engine.lora import ADAPTER_DIR
 from worker.engine.repartition import repartition
 from worker.engine.schedule import Timetable
+from worker.engine.spill_pool import POOL_MIN_BYTES
 from worker.engine.spill_store import SpillStore
 
 
@@ -227,6 +228,39 @@ def test_a_step_of_one_shard_parks_and_adds_its_gradients_in_micro_batch_order(t
     session.export(root / "final")
     assert figures(results)[0] == one[0][1:]
     assert_bit_identical(exported_weights(root / "final"), exported_weights(one[2]))
+
+
+def test_a_step_update_of_one_shard_writes_over_files_the_store_keeps(tokens_path: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-shard step's S unit writes the weights and both moments while the step's parked gradients are still
+    committed. From the second step on it writes them over files the store's pool kept from the step before (a new
+    file costs the kernel every page of it), though the next micro-batches take pooled files for theirs first."""
+    model = ModelSpec(n_layer=2, n_embd=128, n_head=4, vocab_size=VOCAB, n_positions=SEQ, dropout=0.1)
+    spec = tiny_spec(tokens_path, model=model, batch_size=3, micro_batches=3, steps=4, eval_every=0)
+    trial_create(spec=spec, spill_dir=tmp_path, trial_id="t", device=CPU, cuts=[0])
+    session = TrialSession.open(spill_dir=tmp_path, trial_id="t", device=CPU)
+    assert 4 * session.layout.numel[0] > POOL_MIN_BYTES  # the model's buffers are large enough to be pooled
+    claims: list[tuple[str, bool]] = []
+    claim = spill_pool.claim
+
+    def recorded(root: Path, path: Path, nbytes: int | None, writer: str) -> bool:
+        hit = claim(root, path, nbytes, writer)
+        if nbytes is not None and nbytes >= POOL_MIN_BYTES:
+            claims.append((path.name.split("@")[0], hit))
+        return hit
+
+    monkeypatch.setattr(spill_pool, "claim", recorded)
+    tokens = itertools.count(1)
+    updates = []
+    for step in range(spec.steps):
+        for lane in (2, 1, 0):  # 2 and 1 park their gradients; the S unit adds them
+            session.run_unit(token=next(tokens), lane=lane)
+        claims.clear()
+        result = session.run_unit(token=next(tokens), lane=0)
+        assert (result.unit.phase, result.unit.step) == ("S", step)
+        updates.append(sorted(claims))
+    assert updates[0] == [("m0", False), ("p0", False), ("v0", False)]  # the moments were empty (sparse) files
+    assert updates[1:] == [[("m0", True), ("p0", True), ("v0", True)]] * (spec.steps - 1)
 
 
 def test_a_trial_of_one_shard_stored_before_step_units_keeps_its_timetable(tokens_path: Path, tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from worker.engine import optimizer_step, shared_base
+from worker.engine import optimizer_step, shared_base, spill_pool
 from worker.engine.activations import KeptGraph
 from worker.engine.create import trial_create
 from worker.engine.data import trial_data
@@ -311,6 +311,7 @@ class TrialSession(ShardUnits):
             raise EngineError(f"trial {self.trial_id} is finished: no unit left to run")
         if token is None:
             self.store.remove_orphans()  # we are the trial's one writer now
+        self.store.pool_share = spill_pool.writer_tag(lane, update=unit.phase == "S")
         self._unit_index = unit.index
         self.reach("before-compute")
         read0, written0 = self.store.bytes_read, self.store.bytes_written

@@ -2,7 +2,8 @@
 
 A commit does not delete the large files it supersedes: it keeps them in the trial's pool
 (``pool-<writer>-<bytes>-<name>@<version>.free`` in the store's directory, where ``<writer>`` is ``l<lane>`` for a
-lane's writer and ``w`` for the whole trial's), and the next buffer of the same size, of any writer, is written
+lane's writer, ``w`` for the whole trial's and ``s`` for a unit that applies a step's update alone, see
+:func:`writer_tag`), and the next buffer of the same size, of any writer, is written
 over one of them instead of into a new file. On a tmpfs of 4 KiB pages a new file costs the kernel an allocation
 of each of its pages and a free of each at the commit that supersedes it: a new 64 MB buffer costs about three
 times what writing over an old one does (``benchmarks/spill_tier.py``).
@@ -32,8 +33,17 @@ POOL = "pool-"  # the name of every pooled file starts so; store files end in .b
 POOL_MIN_BYTES = 1 << 20  # smaller files cost little to create, and are not pooled
 
 
-def writer_tag(lane: int | None) -> str:
-    """The share of the pool that a writer of ``lane`` (None: the whole trial) keeps."""
+def writer_tag(lane: int | None, *, update: bool = False) -> str:
+    """The share of the pool that a writer of ``lane`` (None: the whole trial) keeps; with ``update``, the share
+    of the units that apply a step's update alone (``S``), whatever their lane.
+
+    A one-shard step's ``S`` unit writes the weights and both optimizer moments anew while the step's parked
+    gradients are still committed, so it needs three files of the model's size that the step's other units do not
+    hold; its commit then supersedes the parked gradients and the old weights and moments, which the next step's
+    micro-batches claim for their gradients. Were it lane 0's, lane 0's first commit of the next step would delete
+    what is left of them, and every ``S`` unit would write three new files."""
+    if update:
+        return "s"
     return "w" if lane is None else f"l{lane}"
 
 

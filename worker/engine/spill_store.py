@@ -95,6 +95,7 @@ class SpillStore:
         self._base: dict[str, Any] = {}
         # The lane this writer took (None: the whole trial, or no take), and the stage its files carry.
         self.lane = lane
+        self.pool_share = spill_pool.writer_tag(lane)  # the share of the pool it claims into and retires to
         lanes = manifest.get("lanes", {})
         self._stage: int = lanes[str(lane)]["stage"] if lane is not None else int(manifest["version"]) + 1
         self.bytes_read = 0
@@ -290,7 +291,7 @@ class SpillStore:
         if self.before_stage is not None:
             self.before_stage(len(self.staged()))
         path = _file(self.root, name, version)
-        claimed = reuse and spill_pool.claim(self.root, path, nbytes, spill_pool.writer_tag(self.lane))
+        claimed = reuse and spill_pool.claim(self.root, path, nbytes, self.pool_share)
         with open(path, "r+b" if claimed else "wb") as f:
             yield f
             if claimed:
@@ -395,7 +396,7 @@ class SpillStore:
         spill_pool.retire_all(self.root, [_file(self.root, name, version)
                                           for name, version in self._committed_files.items()
                                           if self.manifest["files"].get(name) != version],
-                              spill_pool.writer_tag(self.lane))
+                              self.pool_share)
         self._committed_files = dict(self.manifest["files"])
         self._base_version = self.manifest["version"]
         # A whole trial's writer stages its next unit after this commit; a lane's writer takes its lane again
