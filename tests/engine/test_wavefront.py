@@ -259,7 +259,7 @@ def test_a_step_update_of_one_shard_writes_over_files_the_store_keeps(tokens_pat
         result = session.run_unit(token=next(tokens), lane=0)
         assert (result.unit.phase, result.unit.step) == ("S", step)
         updates.append(sorted(claims))
-    assert updates[0] == [("m0", False), ("p0", False), ("v0", False)]  # the moments were empty (sparse) files
+    assert updates[0] == [("m0", False), ("p0", False), ("v0", False)]  # the first step superseded none it could take
     assert updates[1:] == [[("m0", True), ("p0", True), ("v0", True)]] * (spec.steps - 1)
 
 
